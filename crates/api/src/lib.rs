@@ -7,6 +7,8 @@
 //! Addresses travel as strings ("10.244.0.5/32", "169.254.1.1") so this crate stays free of
 //! networking dependencies.
 
+pub mod journal;
+
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -46,9 +48,15 @@ pub struct Attachment {
 }
 
 impl Attachment {
-    /// The IPAM handle of this attachment: `<network>.<containerID>`, as Calico names it.
+    /// The IPAM handle of this attachment: `<network>.<containerID>`, as Calico names it; a
+    /// second interface of the same container gets its own handle (`<network>.<containerID>.<ifname>`)
+    /// so each interface is released independently.
     pub fn handle(&self) -> String {
-        format!("{}.{}", self.network, self.container_id)
+        if self.ifname == "eth0" || self.ifname.is_empty() {
+            format!("{}.{}", self.network, self.container_id)
+        } else {
+            format!("{}.{}.{}", self.network, self.container_id, self.ifname)
+        }
     }
 }
 

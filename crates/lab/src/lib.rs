@@ -1,1 +1,97 @@
-//! tern-lab
+//! tern-lab: throwaway clusters built from network namespaces, for tests, benches and
+//! `ternctl lab`.
+//!
+//! A lab named `<lab>` consists of (every name prefixed `tl-<lab>-`, nothing in the root
+//! namespace is touched):
+//!
+//! ```text
+//!   tl-<lab>-ul        underlay: bridge br0 198.18.0.1/24
+//!     |  veth n1 <-> eth0
+//!   tl-<lab>-node1     eth0 198.18.0.11/24, default via 198.18.0.1, ip_forward=1, runs ternd
+//!     |  veth made by ternd
+//!   tl-<lab>-pod-<p>   eth0 configured by the real `tern` CNI plugin
+//! ```
+//!
+//! The lab's state (namespaces, PIDs, pods) is recorded in `/run/tern-lab/<lab>/state.json`
+//! after every step, so [`down`] can undo a half-finished [`up`]. Set-up uses `ip` commands
+//! (iproute2), which always name a namespace (`ip -n NS`, `ip netns exec NS`).
+//!
+//! Modules: [`state`] (state file), [`topology`] (up/down/status), [`pod`] (CNI ADD/DEL of
+//! pods), [`traffic`] (echo server and probe used to prove connectivity), [`process`] (commands
+//! and PIDs).
+
+use std::path::PathBuf;
+
+pub mod bench;
+pub mod pod;
+pub mod process;
+pub mod state;
+pub mod topology;
+pub mod traffic;
+
+pub use pod::{add_pod, del_pod, start_server};
+pub use state::{LabState, NodeState, PodState, ServerState};
+pub use topology::{UpOptions, down, status, up};
+
+/// Directory holding every lab's state directory.
+pub const RUN_DIR: &str = "/run/tern-lab";
+
+/// Errors of building, using and removing a lab.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A command could not be started.
+    #[error("cannot run `{command}`: {source}")]
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    /// A command ran and failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    /// A file operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    /// The state file could not be read or written.
+    #[error("lab state {path}: {message}")]
+    State { path: PathBuf, message: String },
+    /// The request does not make sense for this lab (bad name, unknown node, existing lab).
+    #[error("{0}")]
+    Invalid(String),
+    /// Something did not become ready in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The CNI plugin failed or printed something unexpected.
+    #[error("CNI {command} of pod {pod:?} failed: {message}")]
+    Cni {
+        command: &'static str,
+        pod: String,
+        message: String,
+    },
+    /// A traffic probe got no (or a wrong) answer.
+    #[error("probe {proto} {target}: {message}")]
+    Probe {
+        proto: &'static str,
+        target: String,
+        message: String,
+    },
+}
+
+impl LabError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> LabError {
+        LabError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Result of lab operations.
+pub type Result<T> = std::result::Result<T, LabError>;

@@ -9,9 +9,13 @@
 //! safe across processes on one host). The etcd backend drops in behind the same trait. All of
 //! them pass [`conformance`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
+pub mod conformance;
 pub mod keys;
+pub mod mem;
+pub mod sqlite;
 
 /// A stored key and its metadata, as etcd reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,4 +182,37 @@ pub trait Store: Send + Sync {
             })?
             .succeeded)
     }
+}
+
+/// Opens the store named by a URL:
+/// - `sqlite:///abs/path.db`: [`sqlite::SqliteStore`] on that file (parent directory created);
+/// - `mem://`: a fresh, empty [`mem::MemStore`];
+/// - `etcd://host:port[,host:port...]`: the etcd backend (not built yet: a `Config` error).
+pub fn open(url: &str) -> Result<Arc<dyn Store>> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if !path.starts_with('/') {
+            return Err(StoreError::Config(format!(
+                "store URL {url:?}: the sqlite path must be absolute (sqlite:///abs/path.db)"
+            )));
+        }
+        let path = std::path::Path::new(path);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot create directory {} for store {url:?}: {e}",
+                    dir.display()
+                ))
+            })?;
+        }
+        return Ok(Arc::new(sqlite::SqliteStore::open(path)?));
+    }
+    if url == "mem://" || url == "mem:" {
+        return Ok(Arc::new(mem::MemStore::new()));
+    }
+    if url.starts_with("etcd://") {
+        return Err(StoreError::Config("etcd backend not built yet".to_string()));
+    }
+    Err(StoreError::Config(format!(
+        "unsupported store URL {url:?} (expected sqlite:///abs/path.db, mem:// or etcd://host:port)"
+    )))
 }

@@ -1,1 +1,3 @@
-fn main() {}
+fn main() {
+    tern_plugin::main(tern_plugin::Plugin::Tern)
+}

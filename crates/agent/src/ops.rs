@@ -1,0 +1,481 @@
+//! The operations the plugins ask for: ADD, DEL, CHECK, STATUS, GC and standalone IPAM.
+//!
+//! Order matters for "nothing half-created remains": ADD allocates first (cheap to undo), then
+//! wires the kernel, then records the endpoint; each step undoes the earlier ones when it fails.
+//! DEL tears the kernel side down first, then releases; a release the store cannot take now is
+//! journaled and completed by the maintenance loop.
+
+use crate::endpoints::Endpoint;
+use crate::server::Agent;
+use ipnet::IpNet;
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::os::fd::OwnedFd;
+use tern_api::journal::{self, JournalEntry};
+use tern_api::{
+    AddRequest, Attachment, CheckRequest, DelRequest, ErrorReply, GcRequest, Interface, IpConfig,
+    IpamAddRequest, IpamRequest, NetResult, Reply, Response, Route, StatusReply,
+};
+use tern_ipam::{AllocationAttrs, AssignArgs, IpamError};
+use tern_linux::netns::NetNs;
+use tern_linux::veth;
+use tern_store::StoreError;
+
+/// CNI error codes the agent answers with (spec codes below 100, tern's from 100).
+pub mod code {
+    pub const INVALID_ENV: u32 = 4;
+    pub const INVALID_CONFIG: u32 = 7;
+    pub const TRY_AGAIN: u32 = 11;
+    pub const NOT_AVAILABLE: u32 = 50;
+    pub const POOL_EXHAUSTED: u32 = 100;
+    pub const INTERNAL: u32 = 101;
+    pub const INTERFACE: u32 = 102;
+    pub const ADDRESS_UNAVAILABLE: u32 = 103;
+    pub const CHECK_FAILED: u32 = 104;
+}
+
+fn err(code: u32, msg: impl Into<String>) -> ErrorReply {
+    ErrorReply { code, msg: msg.into(), details: String::new() }
+}
+
+fn store_err(what: &str, e: &StoreError) -> ErrorReply {
+    match e {
+        StoreError::Unavailable(_) => err(
+            code::TRY_AGAIN,
+            format!("{what}: the datastore is unreachable ({e}); retry when it is back"),
+        ),
+        _ => err(code::INTERNAL, format!("{what}: {e}")),
+    }
+}
+
+fn ipam_err(e: &IpamError) -> ErrorReply {
+    match e {
+        IpamError::Store(s) => store_err("IPAM", s),
+        IpamError::PoolsExhausted { .. } | IpamError::NoPools { .. } => {
+            err(code::POOL_EXHAUSTED, e.to_string())
+        }
+        IpamError::AddressInUse { .. } | IpamError::NotInPool { .. } => {
+            err(code::ADDRESS_UNAVAILABLE, e.to_string())
+        }
+        _ => err(code::INTERNAL, format!("IPAM: {e}")),
+    }
+}
+
+/// The pod-side /32 (/128) of an address.
+fn host_prefix(ip: IpAddr) -> IpNet {
+    IpNet::from(ip)
+}
+
+fn attrs_of(node: &str, a: &Attachment) -> AllocationAttrs {
+    let pod = a.pod.clone().unwrap_or_default();
+    AllocationAttrs {
+        namespace: pod.namespace,
+        pod: pod.name,
+        node: node.to_string(),
+        container_id: a.container_id.clone(),
+        ifname: a.ifname.clone(),
+    }
+}
+
+/// Removes a name from the in-flight set when dropped.
+struct InFlight<'a> {
+    agent: &'a Agent,
+    name: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.agent.in_flight.lock().unwrap().remove(&self.name);
+    }
+}
+
+impl Agent {
+    /// The host-side veth name of an attachment.
+    pub fn host_ifname(&self, a: &Attachment) -> String {
+        let pod = a.pod.as_ref().map(|p| (p.namespace.as_str(), p.name.as_str()));
+        tern_linux::host_veth_name(&self.cfg.interface_prefix, pod, &a.container_id)
+    }
+
+    /// Allocates the addresses an ADD asks for; returns them and whether tern IPAM holds them.
+    fn allocate(&self, a: &Attachment, req: &IpamRequest) -> Result<Vec<IpAddr>, ErrorReply> {
+        let handle = a.handle();
+        let attrs = attrs_of(&self.cfg.node_name, a);
+        if !req.requested.is_empty() {
+            let mut got = Vec::new();
+            for s in &req.requested {
+                let ip: IpAddr = match s.split('/').next().unwrap_or("").parse() {
+                    Ok(ip) => ip,
+                    Err(_) => {
+                        self.release_quietly(&handle);
+                        return Err(err(code::INVALID_CONFIG, format!("requested IP {s:?} is not an IP address")));
+                    }
+                };
+                if let Err(e) = self.ipam.assign_ip(ip, &handle, &attrs) {
+                    self.release_quietly(&handle);
+                    return Err(ipam_err(&e));
+                }
+                got.push(ip);
+            }
+            return Ok(got);
+        }
+        let args = AssignArgs {
+            handle,
+            node: self.cfg.node_name.clone(),
+            attrs,
+            num_v4: usize::from(req.assign_ipv4),
+            num_v6: usize::from(req.assign_ipv6),
+            v4_pools: req.ipv4_pools.clone(),
+            v6_pools: req.ipv6_pools.clone(),
+        };
+        if args.num_v4 + args.num_v6 == 0 {
+            return Err(err(code::INVALID_CONFIG, "ipam: both assign_ipv4 and assign_ipv6 are false"));
+        }
+        self.ipam.auto_assign(&args).map_err(|e| ipam_err(&e))
+    }
+
+    /// Releases a handle after a failed ADD; a store outage turns into a journal entry.
+    fn release_quietly(&self, handle: &str) {
+        if let Err(e) = self.ipam.release_by_handle(handle) {
+            log::warn!("rolling back allocation of {handle}: {e}");
+        }
+    }
+
+    pub(crate) fn add(&self, req: AddRequest, fd: Option<OwnedFd>) -> Response {
+        let a = &req.attachment;
+        let Some(fd) = fd else {
+            return Err(err(code::INVALID_ENV, "CNI_NETNS: no network namespace was passed with the ADD request"));
+        };
+        let ns = NetNs::from_fd(fd);
+        if self.endpoints.get(a).is_some() {
+            return Err(err(
+                code::INTERFACE,
+                format!(
+                    "container {} already has interface {} on network {} (ADD without DEL)",
+                    a.container_id, a.ifname, a.network
+                ),
+            ));
+        }
+        let host_if = self.host_ifname(a);
+        self.in_flight.lock().unwrap().insert(host_if.clone());
+        let _guard = InFlight { agent: self, name: host_if.clone() };
+
+        let delegated = req.delegated_ips.is_some();
+        let ips: Vec<IpAddr> = match &req.delegated_ips {
+            Some(list) => {
+                let mut v = Vec::new();
+                for c in list {
+                    match c.address.parse::<IpNet>() {
+                        Ok(n) => v.push(n.addr()),
+                        Err(_) => {
+                            return Err(err(
+                                code::INVALID_CONFIG,
+                                format!("delegated IPAM returned an invalid address {:?}", c.address),
+                            ));
+                        }
+                    }
+                }
+                v
+            }
+            None => self.allocate(a, &req.ipam)?,
+        };
+        let rollback = |why: ErrorReply| -> ErrorReply {
+            if !delegated {
+                self.release_quietly(&a.handle());
+            }
+            why
+        };
+        let addrs: Vec<IpNet> = ips.iter().map(|ip| host_prefix(*ip)).collect();
+        let mtu = if req.mtu > 0 { req.mtu } else { self.mtu };
+        let pod_mac = match req.mac.as_deref().map(parse_mac) {
+            Some(Some(m)) => Some(m),
+            Some(None) => {
+                return Err(rollback(err(
+                    code::INVALID_CONFIG,
+                    format!("runtimeConfig.mac: {:?} is not a MAC address", req.mac.unwrap_or_default()),
+                )));
+            }
+            None => None,
+        };
+        let cfg = veth::PodInterfaceConfig {
+            host_ifname: &host_if,
+            pod_ifname: &a.ifname,
+            pod_ns: &ns,
+            addresses: &addrs,
+            mtu,
+            pod_mac,
+            allow_ip_forwarding: req.allow_ip_forwarding,
+        };
+        let iface = match veth::setup_pod_interface(&cfg) {
+            Ok(i) => i,
+            Err(e) => {
+                let c = if e.is_already_exists() { code::INTERFACE } else { code::INTERNAL };
+                return Err(rollback(err(c, e.to_string())));
+            }
+        };
+        let ep = Endpoint {
+            node: self.cfg.node_name.clone(),
+            attachment: a.clone(),
+            host_ifname: host_if.clone(),
+            mac: fmt_mac(&iface.pod_mac),
+            ip_networks: addrs.iter().map(|n| n.to_string()).collect(),
+            labels: req.labels.clone(),
+            delegated_ipam: delegated,
+        };
+        if let Err(e) = self.endpoints.put(ep) {
+            if let Err(te) = veth::teardown_pod_interface(&host_if) {
+                log::warn!("rolling back interface {host_if}: {te}");
+            }
+            return Err(rollback(store_err("recording the endpoint", &e)));
+        }
+        let mut result = NetResult {
+            interfaces: vec![
+                Interface { name: host_if, mac: fmt_mac(&iface.host_mac), sandbox: String::new(), mtu: None },
+                Interface {
+                    name: a.ifname.clone(),
+                    mac: fmt_mac(&iface.pod_mac),
+                    sandbox: a.netns_path.clone(),
+                    mtu: Some(iface.mtu),
+                },
+            ],
+            ips: Vec::new(),
+            routes: Vec::new(),
+        };
+        let (mut v4, mut v6) = (false, false);
+        for n in &addrs {
+            result.ips.push(IpConfig { address: n.to_string(), gateway: None, interface: Some(1) });
+            match n {
+                IpNet::V4(_) => v4 = true,
+                IpNet::V6(_) => v6 = true,
+            }
+        }
+        if v4 {
+            result.routes.push(Route { dst: "0.0.0.0/0".into(), gw: None });
+        }
+        if v6 {
+            result.routes.push(Route { dst: "::/0".into(), gw: None });
+        }
+        Ok(Reply::Result(result))
+    }
+
+    pub(crate) fn del(&self, req: DelRequest) -> Response {
+        let a = &req.attachment;
+        let ep = self.endpoints.get(a);
+        let host_if = ep.as_ref().map(|e| e.host_ifname.clone()).unwrap_or_else(|| self.host_ifname(a));
+        if let Err(e) = veth::teardown_pod_interface(&host_if) {
+            return Err(err(code::INTERFACE, format!("removing interface {host_if}: {e}")));
+        }
+        let delegated = req.delegated_ipam || ep.as_ref().is_some_and(|e| e.delegated_ipam);
+        match self.release_attachment(a, delegated) {
+            Ok(()) => {}
+            Err(e) => {
+                // Local teardown is done; the release completes when the store is back.
+                let entry = JournalEntry {
+                    attachment: a.clone(),
+                    host_ifname: host_if,
+                    delegated_ipam: delegated,
+                    source: "agent".into(),
+                };
+                match journal::record(&self.cfg.state_dir, &entry) {
+                    Ok(p) => log::warn!("store unavailable ({e}); release journaled at {}", p.display()),
+                    Err(je) => {
+                        return Err(err(code::TRY_AGAIN, format!("store unavailable ({e}) and journal failed: {je}")));
+                    }
+                }
+            }
+        }
+        Ok(Reply::Done)
+    }
+
+    /// Releases an attachment's addresses (unless delegated) and deletes its endpoint.
+    pub(crate) fn release_attachment(&self, a: &Attachment, delegated: bool) -> Result<(), String> {
+        if !delegated {
+            self.ipam.release_by_handle(&a.handle()).map_err(|e| e.to_string())?;
+        }
+        self.endpoints.remove(a).map_err(|e| e.to_string())
+    }
+
+    pub(crate) fn check(&self, req: CheckRequest, fd: Option<OwnedFd>) -> Response {
+        let a = &req.attachment;
+        let Some(ep) = self.endpoints.get(a) else {
+            return Err(err(
+                code::CHECK_FAILED,
+                format!(
+                    "ternd has no endpoint for container {} interface {} on network {}",
+                    a.container_id, a.ifname, a.network
+                ),
+            ));
+        };
+        let Some(fd) = fd else {
+            return Err(err(code::INVALID_ENV, "CNI_NETNS: no network namespace was passed with the CHECK request"));
+        };
+        let ns = NetNs::from_fd(fd);
+        let addrs: Vec<IpNet> = ep.ip_networks.iter().filter_map(|s| s.parse().ok()).collect();
+        if let Err(e) = veth::check_pod_interface(&ep.host_ifname, &a.ifname, &ns, &addrs) {
+            return Err(err(code::CHECK_FAILED, e.to_string()));
+        }
+        if let Some(prev) = &req.prev_result {
+            for ip in &prev.ips {
+                let Ok(n) = ip.address.parse::<IpNet>() else { continue };
+                if !addrs.iter().any(|x| x.addr() == n.addr()) {
+                    return Err(err(
+                        code::CHECK_FAILED,
+                        format!("address {} of the previous result is not on the endpoint", ip.address),
+                    ));
+                }
+            }
+        }
+        if !ep.delegated_ipam {
+            let held = self.ipam.ips_by_handle(&a.handle()).map_err(|e| ipam_err(&e))?;
+            for n in &addrs {
+                if !held.contains(&n.addr()) {
+                    return Err(err(
+                        code::CHECK_FAILED,
+                        format!("address {} is not allocated to handle {} in IPAM", n.addr(), a.handle()),
+                    ));
+                }
+            }
+        }
+        Ok(Reply::Done)
+    }
+
+    pub(crate) fn status(&self) -> Response {
+        if let Err(e) = self.store.revision() {
+            return Err(err(code::NOT_AVAILABLE, format!("ternd cannot reach the datastore: {e}")));
+        }
+        let pools = self
+            .ipam
+            .usable_pools(&self.cfg.node_name)
+            .map_err(|e| err(code::NOT_AVAILABLE, format!("ternd cannot read IP pools: {e}")))?;
+        if pools.is_empty() {
+            return Err(err(
+                code::NOT_AVAILABLE,
+                format!("no IP pool is usable for workloads on node {}", self.cfg.node_name),
+            ));
+        }
+        Ok(Reply::Status(StatusReply {
+            node: self.cfg.node_name.clone(),
+            store_ok: true,
+            usable_pools: pools,
+            endpoints: self.endpoints.len(),
+        }))
+    }
+
+    pub(crate) fn gc(&self, req: GcRequest) -> Response {
+        let valid: HashSet<(String, String)> = req.valid.iter().cloned().collect();
+        let mut errors = Vec::new();
+        let mut released = 0usize;
+        for ep in self.endpoints.all() {
+            let a = &ep.attachment;
+            if a.network != req.network || valid.contains(&(a.container_id.clone(), a.ifname.clone())) {
+                continue;
+            }
+            if let Err(e) = veth::teardown_pod_interface(&ep.host_ifname) {
+                errors.push(format!("{}: {e}", ep.host_ifname));
+                continue;
+            }
+            match self.release_attachment(a, ep.delegated_ipam || req.delegated_ipam) {
+                Ok(()) => released += 1,
+                Err(e) => errors.push(format!("{}/{}: {e}", a.container_id, a.ifname)),
+            }
+        }
+        if !req.delegated_ipam {
+            // Allocations of this network on this node with no valid attachment (e.g. IPAM-only
+            // users of tern-ipam, or an ADD that died between allocation and endpoint).
+            match self.ipam.allocations(Some(&self.cfg.node_name)) {
+                Ok(allocs) => {
+                    let prefix = format!("{}.", req.network);
+                    let mut seen = HashSet::new();
+                    for al in allocs {
+                        let Some(handle) = al.handle else { continue };
+                        if !handle.starts_with(&prefix) || !seen.insert(handle.clone()) {
+                            continue;
+                        }
+                        let key = (al.attrs.container_id.clone(), al.attrs.ifname.clone());
+                        if valid.contains(&key) {
+                            continue;
+                        }
+                        match self.ipam.release_by_handle(&handle) {
+                            Ok(_) => released += 1,
+                            Err(e) => errors.push(format!("{handle}: {e}")),
+                        }
+                    }
+                }
+                Err(e) => errors.push(format!("listing allocations: {e}")),
+            }
+        }
+        log::info!("GC of network {}: released {released} attachments", req.network);
+        if errors.is_empty() {
+            Ok(Reply::Done)
+        } else {
+            Err(err(code::INTERNAL, format!("GC finished with errors: {}", errors.join("; "))))
+        }
+    }
+
+    pub(crate) fn ipam_add(&self, req: IpamAddRequest) -> Response {
+        let ips = self.allocate(&req.attachment, &req.ipam)?;
+        let mut result = NetResult::default();
+        for ip in ips {
+            let gw = if ip.is_ipv4() { "169.254.1.1" } else { "fe80::ecee:eeff:feee:eeee" };
+            result.ips.push(IpConfig {
+                address: host_prefix(ip).to_string(),
+                gateway: Some(gw.to_string()),
+                interface: None,
+            });
+            let dst = if ip.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
+            if !result.routes.iter().any(|r| r.dst == dst) {
+                result.routes.push(Route { dst: dst.into(), gw: None });
+            }
+        }
+        Ok(Reply::Result(result))
+    }
+
+    pub(crate) fn ipam_del(&self, a: Attachment) -> Response {
+        match self.ipam.release_by_handle(&a.handle()) {
+            Ok(_) => Ok(Reply::Done),
+            Err(IpamError::Store(StoreError::Unavailable(e))) => {
+                let entry = JournalEntry { attachment: a, host_ifname: String::new(), delegated_ipam: false, source: "agent".into() };
+                journal::record(&self.cfg.state_dir, &entry)
+                    .map_err(|je| err(code::TRY_AGAIN, format!("store unavailable ({e}) and journal failed: {je}")))?;
+                Ok(Reply::Done)
+            }
+            Err(e) => Err(ipam_err(&e)),
+        }
+    }
+
+    pub(crate) fn ipam_check(&self, a: Attachment) -> Response {
+        let held = self.ipam.ips_by_handle(&a.handle()).map_err(|e| ipam_err(&e))?;
+        if held.is_empty() {
+            return Err(err(code::CHECK_FAILED, format!("IPAM holds no address for handle {}", a.handle())));
+        }
+        Ok(Reply::Done)
+    }
+}
+
+/// Parses "aa:bb:cc:dd:ee:ff".
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in out.iter_mut() {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+/// Formats a MAC as lower-case colon-separated hex.
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_round_trip() {
+        let m = parse_mac("EE:ee:ee:ee:ee:01").unwrap();
+        assert_eq!(fmt_mac(&m), "ee:ee:ee:ee:ee:01");
+        assert!(parse_mac("ee:ee").is_none());
+        assert!(parse_mac("ee:ee:ee:ee:ee:ee:ee").is_none());
+        assert!(parse_mac("zz:ee:ee:ee:ee:ee").is_none());
+    }
+}

@@ -1,0 +1,187 @@
+//! The agent: start-up, the socket server and the maintenance loop.
+
+use crate::config::AgentConfig;
+use crate::endpoints::Endpoints;
+use anyhow::Context;
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tern_api::{ErrorReply, Request, Response};
+use tern_ipam::Ipam;
+use tern_store::Store;
+
+/// A running node agent.
+pub struct Agent {
+    pub(crate) cfg: AgentConfig,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) ipam: Ipam,
+    pub(crate) endpoints: Endpoints,
+    /// Pod MTU used when a request does not set one.
+    pub(crate) mtu: u32,
+    /// Host interfaces being created by an ADD that has not yet recorded its endpoint; the
+    /// reconciler must not mistake them for leftovers.
+    pub(crate) in_flight: Mutex<HashSet<String>>,
+    stop: AtomicBool,
+}
+
+impl Agent {
+    /// Opens the store, creates the default pool if no pool exists, loads this node's endpoints,
+    /// replays the release journal and reconciles the node's interfaces.
+    pub fn start(cfg: AgentConfig) -> anyhow::Result<Arc<Agent>> {
+        let store = tern_store::open(&cfg.store_url)
+            .with_context(|| format!("opening store {}", cfg.store_url))?;
+        let ipam = Ipam::new(store.clone());
+        match ipam.ensure_default_pool(&cfg.default_ipv4_pool) {
+            Ok(true) => log::info!("created IPPool default-ipv4-ippool ({})", cfg.default_ipv4_pool),
+            Ok(false) => {}
+            Err(e) => log::warn!("cannot check IP pools now (will serve anyway): {e}"),
+        }
+        let endpoints = match Endpoints::load(store.clone(), &cfg.node_name) {
+            Ok(e) => e,
+            Err(e) => anyhow::bail!("loading endpoints of node {}: {e}", cfg.node_name),
+        };
+        let mtu = if cfg.mtu > 0 { cfg.mtu } else { crate::reconcile::detect_mtu() };
+        let agent = Arc::new(Agent {
+            cfg,
+            store,
+            ipam,
+            endpoints,
+            mtu,
+            in_flight: Mutex::new(HashSet::new()),
+            stop: AtomicBool::new(false),
+        });
+        let report = agent.reconcile();
+        log::info!(
+            "ternd node {} ready: {} endpoints, mtu {}; start-up reconcile: {report}",
+            agent.cfg.node_name,
+            agent.endpoints.len(),
+            agent.mtu
+        );
+        Ok(agent)
+    }
+
+    /// Binds the socket and serves until [`Agent::shutdown`]; also runs the maintenance loop.
+    pub fn serve(self: &Arc<Self>) -> anyhow::Result<()> {
+        let listener = bind(&self.cfg.socket)?;
+        log::info!("listening on {}", self.cfg.socket.display());
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("maintenance".into())
+            .spawn(move || me.maintenance_loop())
+            .context("spawning maintenance thread")?;
+        for conn in listener.incoming() {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            match conn {
+                Ok(stream) => {
+                    let me = self.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("request".into())
+                        .spawn(move || me.serve_connection(stream));
+                    if let Err(e) = spawned {
+                        log::error!("cannot spawn request thread: {e}");
+                    }
+                }
+                Err(e) => log::warn!("accept failed: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the serve loop and maintenance thread to stop.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop.
+        let _ = UnixStream::connect(&self.cfg.socket);
+    }
+
+    fn serve_connection(&self, stream: UnixStream) {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+        let (body, fd) = match tern_api::read_frame(&stream) {
+            Ok(x) => x,
+            Err(e) => {
+                log::debug!("dropping connection: {e}");
+                return;
+            }
+        };
+        let resp: Response = match serde_json::from_slice::<Request>(&body) {
+            Ok(req) => self.handle(req, fd),
+            Err(e) => Err(ErrorReply { code: 6, msg: format!("cannot decode request: {e}"), details: String::new() }),
+        };
+        let out = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{}".to_vec());
+        if let Err(e) = tern_api::write_frame(&stream, &out, None) {
+            log::warn!("cannot send reply: {e}");
+        }
+    }
+
+    /// Serves one request. Public so tests can drive the agent without a socket.
+    pub fn handle(&self, req: Request, fd: Option<OwnedFd>) -> Response {
+        let started = std::time::Instant::now();
+        let what = op_name(&req);
+        let resp = match req {
+            Request::Add(r) => self.add(r, fd),
+            Request::Del(r) => self.del(r),
+            Request::Check(r) => self.check(r, fd),
+            Request::Status => self.status(),
+            Request::Gc(r) => self.gc(r),
+            Request::IpamAdd(r) => self.ipam_add(r),
+            Request::IpamDel(a) => self.ipam_del(a),
+            Request::IpamCheck(a) => self.ipam_check(a),
+        };
+        match &resp {
+            Ok(_) => log::debug!("{what} ok in {:?}", started.elapsed()),
+            Err(e) => log::info!("{what} failed (code {}): {}", e.code, e.msg),
+        }
+        resp
+    }
+
+    fn maintenance_loop(&self) {
+        let period = Duration::from_secs(self.cfg.resync_seconds.max(1));
+        loop {
+            let mut slept = Duration::ZERO;
+            while slept < period {
+                if self.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                slept += Duration::from_millis(200);
+            }
+            let report = self.reconcile();
+            if !report.is_empty() {
+                log::info!("periodic reconcile: {report}");
+            }
+        }
+    }
+}
+
+fn op_name(r: &Request) -> String {
+    match r {
+        Request::Add(a) => format!("ADD {}/{}", a.attachment.container_id, a.attachment.ifname),
+        Request::Del(d) => format!("DEL {}/{}", d.attachment.container_id, d.attachment.ifname),
+        Request::Check(c) => format!("CHECK {}/{}", c.attachment.container_id, c.attachment.ifname),
+        Request::Status => "STATUS".into(),
+        Request::Gc(g) => format!("GC {}", g.network),
+        Request::IpamAdd(a) => format!("IPAM ADD {}", a.attachment.container_id),
+        Request::IpamDel(a) => format!("IPAM DEL {}", a.container_id),
+        Request::IpamCheck(a) => format!("IPAM CHECK {}", a.container_id),
+    }
+}
+
+/// Binds the socket, replacing a stale socket file left by a previous run, but refusing to
+/// steal the socket of a live agent.
+fn bind(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            anyhow::bail!("another ternd is already serving {}", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+}

@@ -1,0 +1,194 @@
+//! The CNI error object: what a plugin prints on stdout when it fails.
+
+use serde::{Deserialize, Serialize};
+
+/// A CNI error: a numeric code from the specification (or >= 100 for
+/// tern-specific failures), a short message and optional details.
+///
+/// Printed as `{"cniVersion", "code", "msg", "details"}` with a non-zero exit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{msg}{}", if details.is_empty() { String::new() } else { format!(": {details}") })]
+pub struct CniError {
+    /// Error code (see the associated constants).
+    pub code: u32,
+    /// Short human-readable message; tern's messages name the field or variable at fault.
+    pub msg: String,
+    /// Longer explanation; omitted from JSON when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub details: String,
+}
+
+/// Shorthand for results whose error is a [`CniError`].
+pub type Result<T, E = CniError> = std::result::Result<T, E>;
+
+impl CniError {
+    /// 1: the configuration's version is not supported.
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    /// 2: a field of the configuration is not supported.
+    pub const UNSUPPORTED_FIELD: u32 = 2;
+    /// 3: the container is unknown or does not exist.
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    /// 4: an environment variable is missing or invalid.
+    pub const INVALID_ENV: u32 = 4;
+    /// 5: an I/O operation failed.
+    pub const IO: u32 = 5;
+    /// 6: decoding input (JSON) failed.
+    pub const DECODE: u32 = 6;
+    /// 7: the network configuration is invalid.
+    pub const INVALID_CONFIG: u32 = 7;
+    /// 11: a transient failure; the runtime should try again later.
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    /// 50: STATUS: the plugin is not available.
+    pub const NOT_AVAILABLE: u32 = 50;
+    /// 51: STATUS: not available, and existing containers may have limited connectivity.
+    pub const NOT_AVAILABLE_LIMITED_CONNECTIVITY: u32 = 51;
+    /// 100 (tern): no free address in any usable pool.
+    pub const POOL_EXHAUSTED: u32 = 100;
+    /// 101 (tern): the node agent failed or could not be reached.
+    pub const AGENT: u32 = 101;
+    /// 999: a generic failure, e.g. a delegated plugin failed without a readable error.
+    pub const GENERIC: u32 = 999;
+
+    /// An error with the given code and message and no details.
+    pub fn new(code: u32, msg: impl Into<String>) -> Self {
+        CniError {
+            code,
+            msg: msg.into(),
+            details: String::new(),
+        }
+    }
+
+    /// Replaces the details.
+    pub fn with_details(mut self, details: impl Into<String>) -> Self {
+        self.details = details.into();
+        self
+    }
+
+    /// Code 1.
+    pub fn incompatible_version(msg: impl Into<String>) -> Self {
+        Self::new(Self::INCOMPATIBLE_VERSION, msg)
+    }
+
+    /// Code 2.
+    pub fn unsupported_field(msg: impl Into<String>) -> Self {
+        Self::new(Self::UNSUPPORTED_FIELD, msg)
+    }
+
+    /// Code 3.
+    pub fn unknown_container(msg: impl Into<String>) -> Self {
+        Self::new(Self::UNKNOWN_CONTAINER, msg)
+    }
+
+    /// Code 4.
+    pub fn invalid_env(msg: impl Into<String>) -> Self {
+        Self::new(Self::INVALID_ENV, msg)
+    }
+
+    /// Code 5.
+    pub fn io(msg: impl Into<String>) -> Self {
+        Self::new(Self::IO, msg)
+    }
+
+    /// Code 6.
+    pub fn decode(msg: impl Into<String>) -> Self {
+        Self::new(Self::DECODE, msg)
+    }
+
+    /// Code 7.
+    pub fn invalid_config(msg: impl Into<String>) -> Self {
+        Self::new(Self::INVALID_CONFIG, msg)
+    }
+
+    /// Code 11.
+    pub fn try_again_later(msg: impl Into<String>) -> Self {
+        Self::new(Self::TRY_AGAIN_LATER, msg)
+    }
+
+    /// Code 50.
+    pub fn not_available(msg: impl Into<String>) -> Self {
+        Self::new(Self::NOT_AVAILABLE, msg)
+    }
+
+    /// Code 51.
+    pub fn not_available_limited_connectivity(msg: impl Into<String>) -> Self {
+        Self::new(Self::NOT_AVAILABLE_LIMITED_CONNECTIVITY, msg)
+    }
+
+    /// Code 100.
+    pub fn pool_exhausted(msg: impl Into<String>) -> Self {
+        Self::new(Self::POOL_EXHAUSTED, msg)
+    }
+
+    /// Code 101.
+    pub fn agent(msg: impl Into<String>) -> Self {
+        Self::new(Self::AGENT, msg)
+    }
+
+    /// The JSON object a failing plugin prints on stdout.
+    pub fn to_json(&self, cni_version: &str) -> serde_json::Value {
+        let mut obj = serde_json::Map::new();
+        obj.insert("cniVersion".into(), cni_version.into());
+        obj.insert("code".into(), self.code.into());
+        obj.insert("msg".into(), self.msg.clone().into());
+        if !self.details.is_empty() {
+            obj.insert("details".into(), self.details.clone().into());
+        }
+        serde_json::Value::Object(obj)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn to_json_shape() {
+        let e = CniError::invalid_env("invalid CNI_IFNAME").with_details("too long");
+        assert_eq!(
+            e.to_json("1.0.0"),
+            json!({"cniVersion": "1.0.0", "code": 4, "msg": "invalid CNI_IFNAME", "details": "too long"})
+        );
+        let e = CniError::pool_exhausted("no free address in pool default-ipv4");
+        assert_eq!(
+            e.to_json("0.3.1"),
+            json!({"cniVersion": "0.3.1", "code": 100, "msg": "no free address in pool default-ipv4"})
+        );
+    }
+
+    #[test]
+    fn constructors_set_codes() {
+        let cases = [
+            (CniError::incompatible_version("x"), 1),
+            (CniError::unsupported_field("x"), 2),
+            (CniError::unknown_container("x"), 3),
+            (CniError::invalid_env("x"), 4),
+            (CniError::io("x"), 5),
+            (CniError::decode("x"), 6),
+            (CniError::invalid_config("x"), 7),
+            (CniError::try_again_later("x"), 11),
+            (CniError::not_available("x"), 50),
+            (CniError::not_available_limited_connectivity("x"), 51),
+            (CniError::pool_exhausted("x"), 100),
+            (CniError::agent("x"), 101),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.code, code);
+        }
+    }
+
+    #[test]
+    fn display_includes_details() {
+        let e = CniError::io("reading stdin").with_details("broken pipe");
+        assert_eq!(e.to_string(), "reading stdin: broken pipe");
+        assert_eq!(CniError::io("reading stdin").to_string(), "reading stdin");
+    }
+
+    #[test]
+    fn parses_plugin_error_json() {
+        let e: CniError =
+            serde_json::from_str(r#"{"cniVersion":"1.0.0","code":7,"msg":"bad","details":"d"}"#)
+                .unwrap();
+        assert_eq!(e, CniError::invalid_config("bad").with_details("d"));
+    }
+}

@@ -1,0 +1,182 @@
+//! The command line of `ternctl` (clap). Dispatch lives in [`crate::run`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// ternctl: manage tern resources, IPAM, CNI installation and throwaway labs.
+#[derive(Debug, Parser)]
+#[command(name = "ternctl", version, about)]
+pub struct Cli {
+    /// Datastore URL (sqlite:///abs/path.db, etcd://host:port).
+    #[arg(long, global = true, env = "TERN_STORE")]
+    pub store: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update resources from a file (YAML or JSON, several documents).
+    Apply {
+        /// File to read, `-` for stdin.
+        #[arg(short = 'f', long = "filename")]
+        file: String,
+    },
+    /// Show resources.
+    Get {
+        /// Kind: ippool(s), workloadendpoint(s)/wep, ipamconfig, node(s).
+        kind: String,
+        /// Name of one resource; all when absent.
+        name: Option<String>,
+        /// Namespace (namespaced kinds); all namespaces when absent.
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Delete a resource.
+    Delete {
+        /// Kind (as for `get`).
+        kind: String,
+        /// Name of the resource.
+        name: String,
+        /// Namespace (namespaced kinds; default `default`).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
+    /// IP address management.
+    Ipam {
+        #[command(subcommand)]
+        command: IpamCommand,
+    },
+    /// Install the tern CNI binaries and network configuration on this host.
+    InstallCni(InstallCniArgs),
+    /// Throwaway clusters in network namespaces.
+    Lab(LabArgs),
+}
+
+/// Output formats of `get`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Yaml,
+    Json,
+}
+
+/// `ipam` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum IpamCommand {
+    /// Address usage per pool (and per block).
+    Show {
+        /// Also show one row per allocation block.
+        #[arg(long)]
+        show_blocks: bool,
+    },
+}
+
+/// Arguments of `install-cni`.
+#[derive(Debug, Clone, Args)]
+pub struct InstallCniArgs {
+    /// Where CNI binaries go (e.g. /opt/cni/bin).
+    #[arg(long)]
+    pub bin_dir: PathBuf,
+    /// Where the network configuration goes (e.g. /etc/cni/net.d).
+    #[arg(long)]
+    pub conf_dir: PathBuf,
+    /// The agent's socket, written into the configuration.
+    #[arg(long, default_value = tern_api::DEFAULT_SOCKET)]
+    pub agent_socket: PathBuf,
+    /// The agent's state directory, written into the configuration.
+    #[arg(long, default_value = tern_api::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Network name.
+    #[arg(long, default_value = "k8s-pod-network")]
+    pub name: String,
+    /// cniVersion of the configuration list.
+    #[arg(long, default_value = "0.3.1")]
+    pub cni_version: String,
+    /// Pod MTU; 0 lets the agent choose.
+    #[arg(long, default_value_t = 0)]
+    pub mtu: u32,
+    /// Directory to copy `tern` and `tern-ipam` from (default: ternctl's own directory).
+    #[arg(long)]
+    pub plugin_dir: Option<PathBuf>,
+}
+
+/// `lab` arguments.
+#[derive(Debug, Args)]
+pub struct LabArgs {
+    /// Lab name (lowercase letters and digits).
+    #[arg(long, global = true, default_value = "lab")]
+    pub name: String,
+    /// Directory with tern, tern-ipam and ternd (default: ternctl's own directory).
+    #[arg(long, global = true)]
+    pub bin_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: LabCommand,
+}
+
+/// `lab` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum LabCommand {
+    /// Build the lab and start the agents.
+    Up {
+        /// Number of nodes.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// Default IPv4 pool created by the agents.
+        #[arg(long)]
+        default_ipv4_pool: Option<String>,
+    },
+    /// Describe the lab.
+    Status,
+    /// Remove the lab (also after a failed `up`).
+    Down,
+    /// Build a one-node lab, add pods, prove connectivity with real packets, tear down.
+    Demo {
+        /// Number of pods.
+        #[arg(long, default_value_t = 2)]
+        pods: usize,
+    },
+    /// Pods of the lab.
+    Pod {
+        #[command(subcommand)]
+        command: PodCommand,
+    },
+    /// Echo server (run inside a pod namespace).
+    Serve {
+        /// TCP port to echo on.
+        #[arg(long)]
+        tcp: Option<u16>,
+        /// UDP port to echo on.
+        #[arg(long)]
+        udp: Option<u16>,
+        /// File created once listening.
+        #[arg(long, hide = true)]
+        ready_file: Option<PathBuf>,
+    },
+    /// Send a random token to an echo server and expect it back.
+    Probe {
+        /// TCP target IP:PORT.
+        #[arg(long, conflicts_with = "udp", required_unless_present = "udp")]
+        tcp: Option<std::net::SocketAddr>,
+        /// UDP target IP:PORT.
+        #[arg(long)]
+        udp: Option<std::net::SocketAddr>,
+        /// Give up after this many milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+    },
+}
+
+/// `lab pod` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PodCommand {
+    /// Create a pod on a node (CNI ADD).
+    Add { node: String, pod: String },
+    /// Delete a pod (CNI DEL, then its namespace).
+    Del { pod: String },
+}

@@ -1,0 +1,87 @@
+//! `tern-bench`: benchmarks for tern. `tern-bench cni` times CNI ADD/DEL of tern side by side with
+//! the reference `ptp` + `host-local` plugins, inside a private network namespace.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tern_lab::bench::{self, CniBenchOptions, PluginSet, Workload};
+
+#[derive(Parser)]
+#[command(
+    name = "tern-bench",
+    about = "Benchmarks for tern (run as root; never touches the host network namespace)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// CNI ADD/DEL latency (sequential and concurrent), binary sizes and ternd's RSS.
+    Cni(CniArgs),
+}
+
+#[derive(Args)]
+struct CniArgs {
+    /// Pods added then deleted one after another.
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Pods added (then deleted) concurrently, one thread each.
+    #[arg(long, default_value_t = 50)]
+    concurrency: usize,
+    /// Plugin sets to measure, in order: `ref` (ptp + host-local) and/or `tern`.
+    #[arg(long, value_delimiter = ',', default_value = "ref,tern")]
+    plugins: Vec<PluginSet>,
+    /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// Directory holding the reference plugins.
+    #[arg(long, default_value = bench::REFERENCE_PLUGIN_DIR)]
+    ref_dir: PathBuf,
+    /// Seconds to wait for ternd's socket.
+    #[arg(long, default_value_t = 10)]
+    agent_timeout: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("tern-bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<bool> {
+    let Cmd::Cni(args) = cli.command;
+    // Resolve relative paths before anything else changes.
+    let absolute =
+        |p: PathBuf| std::path::absolute(&p).with_context(|| format!("resolve {}", p.display()));
+    let options = CniBenchOptions {
+        workload: Workload {
+            pods: args.pods,
+            concurrency: args.concurrency,
+        },
+        plugins: args.plugins,
+        bin_dir: absolute(args.bin_dir)?,
+        ref_dir: absolute(args.ref_dir)?,
+        agent_timeout: Duration::from_secs(args.agent_timeout),
+    };
+    // Namespaces first, while this is the only thread, so every later thread inherits them.
+    bench::enter_private_namespaces().context("enter a private network namespace")?;
+    let report = bench::run_cni(&options).context("set up the bench namespace")?;
+    let mut out = std::io::stdout().lock();
+    match write!(out, "{report}").and_then(|()| out.flush()) {
+        // A closed pipe (`| head`) is the reader's choice, not a failure of the run.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("write the report"),
+        _ => Ok(report.all_ok()),
+    }
+}

@@ -1,0 +1,311 @@
+//! The lab's state file: what was created, so that it can be removed again. Written after
+//! every step (atomically: temp file + rename), so a crash or failure mid-way leaves an accurate
+//! record for `down`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{LabError, RUN_DIR, Result};
+
+/// Longest accepted lab name; keeps namespace and file names short.
+pub const MAX_NAME_LEN: usize = 12;
+
+/// Everything a lab consists of.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabState {
+    /// The lab's name (`lab` by default).
+    pub name: String,
+    /// Directory with the binaries `tern`, `tern-ipam` and `ternd` used by this lab.
+    pub bin_dir: PathBuf,
+    /// Every network namespace created for the lab, in creation order (pods excluded).
+    pub namespaces: Vec<String>,
+    /// The nodes.
+    pub nodes: Vec<NodeState>,
+    /// The pods.
+    pub pods: Vec<PodState>,
+    /// Echo servers started in pods.
+    pub servers: Vec<ServerState>,
+}
+
+/// One node: a namespace running `ternd`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeState {
+    /// Node name as the agent knows it (`node1`).
+    pub name: String,
+    /// The node's network namespace.
+    pub netns: String,
+    /// Underlay address of the node's `eth0`.
+    pub address: String,
+    /// PID of the node's `ternd`, once started.
+    pub ternd_pid: Option<u32>,
+    /// The agent's socket.
+    pub socket: PathBuf,
+    /// The agent's state directory (also holds `ternd.log`).
+    pub state_dir: PathBuf,
+}
+
+/// One pod: a namespace whose `eth0` was set up by the `tern` plugin.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodState {
+    /// Pod name (`K8S_POD_NAME`).
+    pub name: String,
+    /// The node whose agent serves the pod.
+    pub node: String,
+    /// The pod's network namespace.
+    pub netns: String,
+    /// `CNI_CONTAINERID` used for ADD and DEL.
+    pub container_id: String,
+    /// Addresses from the CNI result, without prefix length; empty until ADD succeeded.
+    pub addresses: Vec<String>,
+}
+
+/// An echo server (`ternctl lab serve`) running in a pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerState {
+    /// The pod it runs in.
+    pub pod: String,
+    /// Its PID.
+    pub pid: u32,
+    /// TCP port, if serving TCP.
+    pub tcp: Option<u16>,
+    /// UDP port, if serving UDP.
+    pub udp: Option<u16>,
+    /// File the server creates once it listens; also identifies the process as ours.
+    pub ready_file: PathBuf,
+}
+
+/// Checks a lab name: 1 to [`MAX_NAME_LEN`] lowercase letters and digits. No `-`, so the
+/// prefix `tl-<lab>-` can never match another lab's namespaces.
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(LabError::Invalid(format!(
+            "invalid lab name {name:?}: use 1 to {MAX_NAME_LEN} lowercase letters or digits"
+        )))
+    }
+}
+
+/// Checks a pod name: a DNS label (lowercase letters, digits, `-`), at most 30 characters.
+pub fn validate_pod_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 30
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(LabError::Invalid(format!(
+            "invalid pod name {name:?}: use up to 30 lowercase letters, digits or '-'"
+        )))
+    }
+}
+
+/// Prefix of every namespace of lab `name`.
+pub fn ns_prefix(name: &str) -> String {
+    format!("tl-{name}-")
+}
+
+/// Namespace of the underlay.
+pub fn underlay_ns(name: &str) -> String {
+    format!("{}ul", ns_prefix(name))
+}
+
+/// Namespace of a node.
+pub fn node_ns(name: &str, node: &str) -> String {
+    format!("{}{node}", ns_prefix(name))
+}
+
+/// Namespace of a pod.
+pub fn pod_ns(name: &str, pod: &str) -> String {
+    format!("{}pod-{pod}", ns_prefix(name))
+}
+
+/// Directory of lab `name` under `run_dir`.
+pub fn lab_dir_in(run_dir: &Path, name: &str) -> PathBuf {
+    run_dir.join(name)
+}
+
+/// Directory of lab `name` under [`RUN_DIR`].
+pub fn lab_dir(name: &str) -> PathBuf {
+    lab_dir_in(Path::new(RUN_DIR), name)
+}
+
+impl LabState {
+    /// An empty state for lab `name`.
+    pub fn new(name: &str, bin_dir: &Path) -> LabState {
+        LabState {
+            name: name.to_string(),
+            bin_dir: bin_dir.to_path_buf(),
+            ..LabState::default()
+        }
+    }
+
+    /// The lab's directory.
+    pub fn dir(&self) -> PathBuf {
+        lab_dir(&self.name)
+    }
+
+    /// The store URL shared by the lab's agents.
+    pub fn store_url(&self) -> String {
+        format!("sqlite://{}", self.dir().join("store.db").display())
+    }
+
+    /// Finds a node by name.
+    pub fn node(&self, name: &str) -> Result<&NodeState> {
+        self.nodes.iter().find(|n| n.name == name).ok_or_else(|| {
+            let names: Vec<_> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+            LabError::Invalid(format!(
+                "lab {:?} has no node {name:?} (nodes: {})",
+                self.name,
+                names.join(", ")
+            ))
+        })
+    }
+
+    /// Finds a pod by name.
+    pub fn pod(&self, name: &str) -> Result<&PodState> {
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| LabError::Invalid(format!("lab {:?} has no pod {name:?}", self.name)))
+    }
+
+    /// Reads the state file at `path`.
+    pub fn load_from(path: &Path) -> Result<LabState> {
+        let text = std::fs::read_to_string(path).map_err(|e| LabError::State {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        serde_json::from_str(&text).map_err(|e| LabError::State {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Reads the state of lab `name`; `None` when no such lab exists.
+    pub fn load(name: &str) -> Result<Option<LabState>> {
+        validate_name(name)?;
+        let path = lab_dir(name).join("state.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        LabState::load_from(&path).map(Some)
+    }
+
+    /// Writes the state to `path` atomically.
+    pub fn save_to(&self, path: &Path) -> Result<()> {
+        let err = |message: String| LabError::State {
+            path: path.to_path_buf(),
+            message,
+        };
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| err(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(self).map_err(|e| err(e.to_string()))?;
+        tmp.write_all(&json).map_err(|e| err(e.to_string()))?;
+        tmp.persist(path).map_err(|e| err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Writes the state to the lab's `state.json`.
+    pub fn save(&self) -> Result<()> {
+        self.save_to(&self.dir().join("state.json"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> LabState {
+        let mut s = LabState::new("lab", Path::new("/opt/tern/bin"));
+        s.namespaces = vec!["tl-lab-ul".into(), "tl-lab-node1".into()];
+        s.nodes.push(NodeState {
+            name: "node1".into(),
+            netns: "tl-lab-node1".into(),
+            address: "198.18.0.11".into(),
+            ternd_pid: Some(4242),
+            socket: "/run/tern-lab/lab/node1/ternd.sock".into(),
+            state_dir: "/run/tern-lab/lab/node1".into(),
+        });
+        s.pods.push(PodState {
+            name: "pod1".into(),
+            node: "node1".into(),
+            netns: "tl-lab-pod-pod1".into(),
+            container_id: "0123abcd".into(),
+            addresses: vec!["10.244.0.1".into()],
+        });
+        s.servers.push(ServerState {
+            pod: "pod1".into(),
+            pid: 77,
+            tcp: Some(7),
+            udp: None,
+            ready_file: "/run/tern-lab/lab/serve-pod1.ready".into(),
+        });
+        s
+    }
+
+    #[test]
+    fn state_file_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/state.json");
+        let s = sample();
+        s.save_to(&path).unwrap();
+        let back = LabState::load_from(&path).unwrap();
+        assert_eq!(back, s);
+        // Overwriting replaces, never appends.
+        let mut s2 = s.clone();
+        s2.pods.clear();
+        s2.save_to(&path).unwrap();
+        assert_eq!(LabState::load_from(&path).unwrap(), s2);
+    }
+
+    #[test]
+    fn corrupt_state_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        std::fs::write(&path, "{not json").unwrap();
+        let e = LabState::load_from(&path).unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+    }
+
+    #[test]
+    fn names_and_prefixes() {
+        assert!(validate_name("lab").is_ok());
+        assert!(validate_name("t123").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a-b").is_err(), "dash would make prefixes ambiguous");
+        assert!(validate_name("Lab").is_err());
+        assert!(validate_name("abcdefghijklm").is_err());
+        assert!(validate_pod_name("pod-1").is_ok());
+        assert!(validate_pod_name("-pod").is_err());
+        assert!(validate_pod_name("pod_1").is_err());
+        assert_eq!(underlay_ns("lab"), "tl-lab-ul");
+        assert_eq!(node_ns("lab", "node1"), "tl-lab-node1");
+        assert_eq!(pod_ns("lab", "web"), "tl-lab-pod-web");
+        assert_eq!(
+            sample().store_url(),
+            "sqlite:///run/tern-lab/lab/store.db"
+        );
+    }
+
+    #[test]
+    fn lookups_name_what_is_missing() {
+        let s = sample();
+        assert_eq!(s.node("node1").unwrap().address, "198.18.0.11");
+        let e = s.node("node9").unwrap_err().to_string();
+        assert!(e.contains("node9") && e.contains("node1"), "{e}");
+        assert!(s.pod("nope").is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! Built-in traffic tools, so the lab needs no external programs: an echo server (TCP and UDP)
+//! and a probe that sends a random token and expects it back. `ternctl lab serve` and
+//! `ternctl lab probe` are thin wrappers, run inside a namespace with `ip netns exec`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::{LabError, Result, process::random_hex};
+
+/// Transport of a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    /// `tcp` or `udp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+}
+
+/// A successful probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeOk {
+    pub proto: Proto,
+    pub target: SocketAddr,
+    /// Time from sending the token to receiving it back.
+    pub rtt: Duration,
+}
+
+impl std::fmt::Display for ProbeOk {
+    /// `ok tcp 10.244.0.1:7 rtt 0.2ms`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ok {} {} rtt {:.1}ms",
+            self.proto.as_str(),
+            self.target,
+            self.rtt.as_secs_f64() * 1000.0
+        )
+    }
+}
+
+/// Serves echo on the given ports (all addresses) until the process is killed. Once every
+/// socket is bound, creates `ready_file` (if given), so a starter knows it may probe.
+pub fn serve(tcp: Option<u16>, udp: Option<u16>, ready_file: Option<&Path>) -> Result<()> {
+    if tcp.is_none() && udp.is_none() {
+        return Err(LabError::Invalid(
+            "serve needs --tcp PORT and/or --udp PORT".into(),
+        ));
+    }
+    let tcp_listener = tcp
+        .map(|p| {
+            TcpListener::bind(("0.0.0.0", p))
+                .map_err(|e| LabError::io(format!("cannot listen on tcp port {p}"), e))
+        })
+        .transpose()?;
+    let udp_socket = udp
+        .map(|p| {
+            UdpSocket::bind(("0.0.0.0", p))
+                .map_err(|e| LabError::io(format!("cannot bind udp port {p}"), e))
+        })
+        .transpose()?;
+    if let Some(path) = ready_file {
+        std::fs::write(path, std::process::id().to_string())
+            .map_err(|e| LabError::io(format!("cannot write {}", path.display()), e))?;
+    }
+    let mut threads = Vec::new();
+    if let Some(l) = tcp_listener {
+        threads.push(std::thread::spawn(move || {
+            for conn in l.incoming().flatten() {
+                std::thread::spawn(move || echo_tcp(conn));
+            }
+        }));
+    }
+    if let Some(s) = udp_socket {
+        threads.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok((n, from)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(&buf[..n], from);
+            }
+        }));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+fn echo_tcp(mut conn: TcpStream) {
+    let mut buf = [0u8; 16384];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if conn.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn probe_err(proto: Proto, target: SocketAddr, message: impl Into<String>) -> LabError {
+    LabError::Probe {
+        proto: proto.as_str(),
+        target: target.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Connects to an echo server, sends a random token and checks that it comes back.
+pub fn probe_tcp(target: SocketAddr, timeout: Duration) -> Result<ProbeOk> {
+    let err = |m: String| probe_err(Proto::Tcp, target, m);
+    let mut s = TcpStream::connect_timeout(&target, timeout).map_err(|e| err(e.to_string()))?;
+    s.set_read_timeout(Some(timeout))
+        .and_then(|_| s.set_write_timeout(Some(timeout)))
+        .and_then(|_| s.set_nodelay(true))
+        .map_err(|e| err(e.to_string()))?;
+    let token = format!("tern-{}\n", random_hex(8));
+    let start = Instant::now();
+    s.write_all(token.as_bytes())
+        .map_err(|e| err(format!("send: {e}")))?;
+    let mut back = vec![0u8; token.len()];
+    s.read_exact(&mut back)
+        .map_err(|e| err(format!("no echo: {e}")))?;
+    let rtt = start.elapsed();
+    if back != token.as_bytes() {
+        return Err(err(format!(
+            "echo mismatch: sent {:?}, got {:?}",
+            token.trim_end(),
+            String::from_utf8_lossy(&back).trim_end()
+        )));
+    }
+    Ok(ProbeOk {
+        proto: Proto::Tcp,
+        target,
+        rtt,
+    })
+}
+
+/// Sends a random token by UDP and waits for it to be echoed, resending every 200 ms (the
+/// first datagram may wait for neighbour resolution) until `timeout`.
+pub fn probe_udp(target: SocketAddr, timeout: Duration) -> Result<ProbeOk> {
+    let err = |m: String| probe_err(Proto::Udp, target, m);
+    let bind: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap_or(target)
+    } else {
+        "[::]:0".parse().unwrap_or(target)
+    };
+    let s = UdpSocket::bind(bind).map_err(|e| err(format!("bind: {e}")))?;
+    s.connect(target).map_err(|e| err(format!("connect: {e}")))?;
+    let token = format!("tern-{}", random_hex(8));
+    let deadline = Instant::now() + timeout;
+    let mut last = String::from("no answer");
+    let mut buf = [0u8; 1500];
+    while Instant::now() < deadline {
+        let start = Instant::now();
+        if let Err(e) = s.send(token.as_bytes()) {
+            // ECONNREFUSED from an earlier ICMP port unreachable: report it if nothing works.
+            last = format!("send: {e}");
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let wait = Duration::from_millis(200).min(deadline.saturating_duration_since(start));
+        s.set_read_timeout(Some(wait.max(Duration::from_millis(1))))
+            .map_err(|e| err(e.to_string()))?;
+        // Stray replies to earlier tokens are skipped; only our current token counts.
+        loop {
+            match s.recv(&mut buf) {
+                Ok(n) if &buf[..n] == token.as_bytes() => {
+                    return Ok(ProbeOk {
+                        proto: Proto::Udp,
+                        target,
+                        rtt: start.elapsed(),
+                    });
+                }
+                Ok(_) => {
+                    if start.elapsed() >= wait {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    if e.kind() != std::io::ErrorKind::WouldBlock
+                        && e.kind() != std::io::ErrorKind::TimedOut
+                    {
+                        last = format!("receive: {e}");
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    Err(err(format!("{last} within {} ms", timeout.as_millis())))
+}
+
+/// Runs a probe of either kind.
+pub fn probe(proto: Proto, target: SocketAddr, timeout: Duration) -> Result<ProbeOk> {
+    match proto {
+        Proto::Tcp => probe_tcp(target, timeout),
+        Proto::Udp => probe_udp(target, timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Finds a free port on loopback for both protocols (bind to 0, read back, release).
+    fn free_port() -> u16 {
+        loop {
+            let t = TcpListener::bind("127.0.0.1:0").unwrap();
+            let p = t.local_addr().unwrap().port();
+            if UdpSocket::bind(("127.0.0.1", p)).is_ok() {
+                return p;
+            }
+        }
+    }
+
+    #[test]
+    fn echo_server_answers_probes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let port = free_port();
+        let r = ready.clone();
+        std::thread::spawn(move || serve(Some(port), Some(port), Some(&r)));
+        let t0 = Instant::now();
+        while !ready.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "server not ready");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let ok = probe_tcp(target, Duration::from_secs(2)).unwrap();
+        let line = ok.to_string();
+        assert!(line.starts_with(&format!("ok tcp 127.0.0.1:{port} rtt ")), "{line}");
+        assert!(line.ends_with("ms"), "{line}");
+        let ok = probe_udp(target, Duration::from_secs(2)).unwrap();
+        assert!(ok.to_string().starts_with("ok udp 127.0.0.1:"));
+    }
+
+    #[test]
+    fn probe_without_server_fails_with_target() {
+        let port = free_port();
+        let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let e = probe_tcp(target, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("probe tcp 127.0.0.1:{port}")), "{e}");
+        let e = probe_udp(target, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("probe udp"), "{e}");
+    }
+
+    #[test]
+    fn rtt_formatting() {
+        let ok = ProbeOk {
+            proto: Proto::Tcp,
+            target: "10.244.0.5:7".parse().unwrap(),
+            rtt: Duration::from_micros(230),
+        };
+        assert_eq!(ok.to_string(), "ok tcp 10.244.0.5:7 rtt 0.2ms");
+    }
+}

@@ -1,0 +1,300 @@
+//! Network namespaces: open by path or fd, run code inside one, and persistent named namespaces
+//! compatible with `ip netns` (bind mounts under `/run/netns`).
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::error::{LinuxError, Result};
+
+/// Where `ip netns` keeps its namespaces.
+pub const NETNS_RUN_DIR: &str = "/run/netns";
+
+/// `NS_GET_NSTYPE` ioctl: `_IO(0xb7, 0x3)`.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// An open network namespace (owned fd). The namespace stays alive while this is open.
+pub struct NetNs {
+    fd: OwnedFd,
+    path: Option<PathBuf>,
+}
+
+impl fmt::Debug for NetNs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NetNs({self})")
+    }
+}
+
+impl fmt::Display for NetNs {
+    /// The path it was opened from, or `fd N`: used in error messages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.path {
+            Some(p) => write!(f, "{}", p.display()),
+            None => write!(f, "fd {}", self.fd.as_raw_fd()),
+        }
+    }
+}
+
+fn cstring(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        LinuxError::InvalidArgument(format!("path {} contains a NUL byte", path.display()))
+    })
+}
+
+impl NetNs {
+    /// Opens the namespace file at `path` (`/proc/<pid>/ns/net`, `/run/netns/<name>`, ...).
+    /// A missing path is [`LinuxError::NetnsNotFound`]; a file that is not a network namespace
+    /// is an error naming the path.
+    pub fn open(path: &Path) -> Result<NetNs> {
+        let c = cstring(path)?;
+        // SAFETY: c is a valid NUL-terminated path.
+        let raw = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if raw < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOENT) {
+                return Err(LinuxError::NetnsNotFound {
+                    path: path.to_path_buf(),
+                });
+            }
+            return Err(LinuxError::io(
+                format!("open network namespace {}", path.display()),
+                err,
+            ));
+        }
+        // SAFETY: raw is a fresh fd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ioctl on a valid fd with no argument.
+        let kind = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE as _) };
+        if kind != libc::CLONE_NEWNET {
+            return Err(LinuxError::InvalidArgument(format!(
+                "{} is not a network namespace",
+                path.display()
+            )));
+        }
+        Ok(NetNs {
+            fd,
+            path: Some(path.to_path_buf()),
+        })
+    }
+
+    /// Wraps an fd already known to refer to a network namespace (e.g. received over SCM_RIGHTS).
+    pub fn from_fd(fd: OwnedFd) -> NetNs {
+        NetNs { fd, path: None }
+    }
+
+    /// The calling thread's network namespace.
+    pub fn current() -> Result<NetNs> {
+        let mut ns = NetNs::open(Path::new("/proc/thread-self/ns/net"))?;
+        // The path is relative to whichever thread reads it, so it must not be remembered.
+        ns.path = None;
+        Ok(ns)
+    }
+
+    /// The namespace's fd.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The path it was opened from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Duplicates the handle (a new fd to the same namespace).
+    pub fn try_clone(&self) -> Result<NetNs> {
+        let fd = self
+            .fd
+            .try_clone()
+            .map_err(|e| LinuxError::io(format!("duplicate fd of network namespace {self}"), e))?;
+        Ok(NetNs {
+            fd,
+            path: self.path.clone(),
+        })
+    }
+
+    /// Runs `f` on a dedicated new thread that has entered this namespace, and joins it.
+    /// The caller's thread never changes namespace. A panic in `f` is propagated.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
+        let fd = self.fd.as_raw_fd();
+        std::thread::scope(|s| {
+            let h = s.spawn(move || -> Result<T> {
+                // SAFETY: fd stays open for the scope (borrowed from self).
+                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                    return Err(LinuxError::last_os(format!("enter network namespace {self}")));
+                }
+                Ok(f())
+            });
+            match h.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+}
+
+impl AsFd for NetNs {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Runs `f` on a new thread inside a brand-new, anonymous network namespace and returns its
+/// result along with a handle that keeps the namespace alive.
+pub fn run_in_new<T: Send>(f: impl FnOnce() -> T + Send) -> Result<(NetNs, T)> {
+    std::thread::scope(|s| {
+        let h = s.spawn(move || -> Result<(NetNs, T)> {
+            unshare_net()?;
+            let ns = NetNs::current()?;
+            Ok((ns, f()))
+        });
+        match h.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// Creates a new anonymous network namespace and returns a handle keeping it alive.
+pub fn new_anonymous() -> Result<NetNs> {
+    run_in_new(|| ()).map(|(ns, ())| ns)
+}
+
+/// Moves the CALLING THREAD into a new network namespace (`unshare(CLONE_NEWNET)`). Only for
+/// threads created for that purpose (tests, examples, [`run_in_new`]).
+pub fn unshare_net() -> Result<()> {
+    // SAFETY: unshare affects only the calling thread's network namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(LinuxError::last_os("unshare network namespace"));
+    }
+    Ok(())
+}
+
+fn named_path(name: &str) -> Result<PathBuf> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.contains('\0') {
+        return Err(LinuxError::InvalidArgument(format!(
+            "network namespace name {name:?} must be a plain file name"
+        )));
+    }
+    Ok(Path::new(NETNS_RUN_DIR).join(name))
+}
+
+/// Serialises the one-time "make /run/netns a shared mount" step within this process.
+static RUN_DIR_SETUP: Mutex<bool> = Mutex::new(false);
+
+fn mount(src: &CString, target: &CString, flags: libc::c_ulong) -> io::Result<()> {
+    let none = c"none";
+    // SAFETY: all pointers are valid NUL-terminated strings; data is null.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            none.as_ptr(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Like `ip netns`: /run/netns is made a shared mount point so namespace bind mounts propagate
+/// to mount namespaces created later (agents and runtimes see the same names).
+fn prepare_run_dir() -> Result<()> {
+    let mut done = RUN_DIR_SETUP.lock().unwrap_or_else(|p| p.into_inner());
+    if *done {
+        return Ok(());
+    }
+    std::fs::create_dir_all(NETNS_RUN_DIR)
+        .map_err(|e| LinuxError::io(format!("create {NETNS_RUN_DIR}"), e))?;
+    let dir = cstring(Path::new(NETNS_RUN_DIR))?;
+    let empty = c"".to_owned();
+    match mount(&empty, &dir, libc::MS_SHARED | libc::MS_REC) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            // Not a mount point yet: bind it onto itself, then share it.
+            mount(&dir, &dir, libc::MS_BIND | libc::MS_REC)
+                .map_err(|e| LinuxError::io(format!("bind mount {NETNS_RUN_DIR}"), e))?;
+            mount(&empty, &dir, libc::MS_SHARED | libc::MS_REC)
+                .map_err(|e| LinuxError::io(format!("make {NETNS_RUN_DIR} shared"), e))?;
+        }
+        Err(e) => return Err(LinuxError::io(format!("make {NETNS_RUN_DIR} shared"), e)),
+    }
+    *done = true;
+    Ok(())
+}
+
+/// Creates a persistent named namespace like `ip netns add NAME` (a bind mount of a new
+/// namespace on `/run/netns/NAME`). Fails with `AlreadyExists` if the name is taken.
+pub fn add_named(name: &str) -> Result<PathBuf> {
+    let path = named_path(name)?;
+    prepare_run_dir()?;
+    let c = cstring(&path)?;
+    // SAFETY: valid path; O_EXCL makes the name ours or fails.
+    let raw = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+            0o444,
+        )
+    };
+    if raw < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EEXIST) {
+            return Err(LinuxError::AlreadyExists {
+                what: format!("network namespace {}", path.display()),
+            });
+        }
+        return Err(LinuxError::io(format!("create {}", path.display()), err));
+    }
+    // SAFETY: raw is a valid fd we own; closing it at once, only the file is needed.
+    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    let bound = std::thread::scope(|s| {
+        s.spawn(|| -> Result<()> {
+            unshare_net()?;
+            let src = c"/proc/thread-self/ns/net".to_owned();
+            mount(&src, &c, libc::MS_BIND).map_err(|e| {
+                LinuxError::io(format!("bind mount network namespace on {}", path.display()), e)
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(LinuxError::InvalidArgument(
+                "namespace creation thread panicked".into(),
+            ))
+        })
+    });
+    if let Err(e) = bound {
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
+    Ok(path)
+}
+
+/// Removes a named namespace (unmount + unlink); Ok if absent. The namespace itself lives on
+/// while something still holds it open.
+pub fn delete_named(name: &str) -> Result<()> {
+    let path = named_path(name)?;
+    let c = cstring(&path)?;
+    // SAFETY: valid path. MNT_DETACH so a busy namespace file does not block the delete.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let err = io::Error::last_os_error();
+        // EINVAL: not mounted (half-created); ENOENT: already gone. Both still need the unlink.
+        if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) {
+            return Err(LinuxError::io(
+                format!("unmount network namespace {}", path.display()),
+                err,
+            ));
+        }
+    }
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(LinuxError::io(format!("remove {}", path.display()), e)),
+    }
+}

@@ -1,0 +1,355 @@
+//! Pod interface wiring, Calico style: a veth pair whose host end answers ARP/NDP for the pod's
+//! gateway (169.254.1.1 / fe80::ecee:eeff:feee:eeee) by proxy, plus one /32 (/128) host route
+//! per pod address. No bridge, no per-pod subnet.
+//!
+//! ADD cost is kept to one netlink socket per namespace and one thread spawn (to enter the pod
+//! namespace): the veth is created with both MACs, MTU and admin state in a single request.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+
+use crate::error::{LinuxError, Result};
+use crate::netlink::{Handle, Link, MAIN_TABLE, RouteSpec, Scope, VethOptions, check_ifname};
+use crate::netns::NetNs;
+use crate::{HOST_VETH_MAC, TERN_ROUTE_PROTOCOL, sysctl};
+
+/// The pod's IPv4 gateway: never assigned anywhere, answered by proxy-ARP on the host veth.
+pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// The pod's IPv6 gateway: the EUI-64 link-local address of a host veth with MAC ee:ee:ee:ee:ee:ee.
+pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
+
+/// What to build for one pod.
+#[derive(Debug, Clone, Copy)]
+pub struct PodInterfaceConfig<'a> {
+    /// Host-side veth name (see [`crate::host_veth_name`]).
+    pub host_ifname: &'a str,
+    /// Interface name inside the pod (`CNI_IFNAME`, usually eth0).
+    pub pod_ifname: &'a str,
+    /// The pod's network namespace.
+    pub pod_ns: &'a NetNs,
+    /// Pod addresses; installed as /32 and /128 whatever prefix they carry.
+    pub addresses: &'a [IpNet],
+    /// MTU of both veth ends.
+    pub mtu: u32,
+    /// MAC for the pod interface; None lets the kernel choose.
+    pub pod_mac: Option<[u8; 6]>,
+    /// Enable IP forwarding inside the pod (`net/ipv4/ip_forward`, IPv6 `all/forwarding`).
+    pub allow_ip_forwarding: bool,
+}
+
+/// What was built, as the CNI result needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInterface {
+    /// Host-side veth name.
+    pub host_ifname: String,
+    /// Host-side MAC (always [`HOST_VETH_MAC`]).
+    pub host_mac: [u8; 6],
+    /// Pod-side interface name.
+    pub pod_ifname: String,
+    /// Pod-side MAC as the kernel reports it.
+    pub pod_mac: [u8; 6],
+    /// Pod-side interface index (in the pod namespace).
+    pub pod_ifindex: u32,
+    /// Host-side interface index.
+    pub host_ifindex: u32,
+    /// MTU of the pair.
+    pub mtu: u32,
+}
+
+fn host_prefix(addr: &IpNet) -> IpNet {
+    let ip = addr.addr();
+    IpNet::new(ip, if ip.is_ipv4() { 32 } else { 128 }).expect("max prefix is valid")
+}
+
+fn host_route(addr: &IpNet, host_index: u32) -> RouteSpec {
+    RouteSpec {
+        dst: host_prefix(addr),
+        gateway: None,
+        oif: Some(host_index),
+        scope: Scope::Link,
+        protocol: TERN_ROUTE_PROTOCOL,
+        table: MAIN_TABLE,
+    }
+}
+
+fn default_dst(v6: bool) -> IpNet {
+    if v6 {
+        IpNet::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0).expect("valid")
+    } else {
+        IpNet::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0).expect("valid")
+    }
+}
+
+/// Pod-side routes, in installation order (the gateway's link route before the default route
+/// that needs it).
+fn pod_routes(pod_index: u32, v4: bool, v6: bool) -> Vec<RouteSpec> {
+    let mut out = Vec::new();
+    if v4 {
+        out.push(RouteSpec {
+            dst: IpNet::new(IpAddr::V4(POD_GATEWAY_V4), 32).expect("valid"),
+            gateway: None,
+            oif: Some(pod_index),
+            scope: Scope::Link,
+            protocol: TERN_ROUTE_PROTOCOL,
+            table: MAIN_TABLE,
+        });
+        out.push(RouteSpec {
+            dst: default_dst(false),
+            gateway: Some(IpAddr::V4(POD_GATEWAY_V4)),
+            oif: Some(pod_index),
+            scope: Scope::Universe,
+            protocol: TERN_ROUTE_PROTOCOL,
+            table: MAIN_TABLE,
+        });
+    }
+    if v6 {
+        out.push(RouteSpec {
+            dst: default_dst(true),
+            gateway: Some(IpAddr::V6(POD_GATEWAY_V6)),
+            oif: Some(pod_index),
+            scope: Scope::Universe,
+            protocol: TERN_ROUTE_PROTOCOL,
+            table: MAIN_TABLE,
+        });
+    }
+    out
+}
+
+fn families(addresses: &[IpNet]) -> (bool, bool) {
+    (
+        addresses.iter().any(|a| a.addr().is_ipv4()),
+        addresses.iter().any(|a| a.addr().is_ipv6()),
+    )
+}
+
+/// Builds the pod's interface. Call from a thread in the HOST (node) namespace. See the module
+/// docs for the layout; on any failure after the veth exists it is deleted again.
+pub fn setup_pod_interface(cfg: &PodInterfaceConfig) -> Result<PodInterface> {
+    check_ifname(cfg.host_ifname)?;
+    check_ifname(cfg.pod_ifname)?;
+    let mut h = Handle::new()?;
+    let opts = VethOptions {
+        host_name: cfg.host_ifname,
+        peer_name: cfg.pod_ifname,
+        peer_ns: cfg.pod_ns.as_fd(),
+        mtu: cfg.mtu,
+        host_mac: Some(HOST_VETH_MAC),
+        peer_mac: cfg.pod_mac,
+        up: true,
+    };
+    // Try first and diagnose EEXIST only when it happens: the common path stays one request.
+    if let Err(e) = h.create_veth_with(&opts) {
+        if !e.is_already_exists() {
+            return Err(e);
+        }
+        let pod_ifname = cfg.pod_ifname;
+        let in_pod = cfg
+            .pod_ns
+            .run(|| Handle::new()?.link_by_name(pod_ifname))??;
+        if in_pod.is_some() {
+            return Err(LinuxError::AlreadyExists {
+                what: format!(
+                    "interface {} in container namespace {}",
+                    cfg.pod_ifname, cfg.pod_ns
+                ),
+            });
+        }
+        // A stale host veth from an earlier attempt (its pod side is already gone): replace it.
+        if !h.delete_link(cfg.host_ifname)? {
+            return Err(e);
+        }
+        h.create_veth_with(&opts)?;
+    }
+    let host = match h.link_by_name(cfg.host_ifname) {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            return Err(LinuxError::NotFound {
+                what: format!("host veth {} right after creating it", cfg.host_ifname),
+            });
+        }
+        Err(e) => {
+            let _ = h.delete_link(cfg.host_ifname);
+            return Err(e);
+        }
+    };
+    match configure(cfg, &mut h, &host) {
+        Ok(pi) => Ok(pi),
+        Err(e) => {
+            // Deleting the host end removes the pod end and the host routes with it.
+            let _ = h.delete_link_by_index(host.index);
+            Err(e)
+        }
+    }
+}
+
+fn configure(cfg: &PodInterfaceConfig, h: &mut Handle, host: &Link) -> Result<PodInterface> {
+    let (v4, v6) = families(cfg.addresses);
+    let name = cfg.host_ifname;
+    sysctl::set(&format!("net/ipv4/conf/{name}/proxy_arp"), "1")?;
+    sysctl::set(&format!("net/ipv4/neigh/{name}/proxy_delay"), "0")?;
+    sysctl::set(&format!("net/ipv4/conf/{name}/forwarding"), "1")?;
+    if v6 {
+        sysctl::set_if_present(&format!("net/ipv6/conf/{name}/proxy_ndp"), "1")?;
+        sysctl::set_if_present(&format!("net/ipv6/conf/{name}/forwarding"), "1")?;
+        sysctl::set_if_present(&format!("net/ipv6/conf/{name}/accept_ra"), "0")?;
+    }
+
+    let pod_ifname = cfg.pod_ifname;
+    let addresses = cfg.addresses;
+    let allow_fwd = cfg.allow_ip_forwarding;
+    let ns = cfg.pod_ns;
+    let pod = ns.run(move || -> Result<Link> {
+        let mut ph = Handle::new()?;
+        let mut pod = ph.link_by_name(pod_ifname)?.ok_or_else(|| LinuxError::NotFound {
+            what: format!("interface {pod_ifname} in container namespace {ns} after creating it"),
+        })?;
+        ph.set_link_up(pod.index)?;
+        // lo is ifindex 1 in every namespace.
+        ph.set_link_up(1)?;
+        for a in addresses {
+            ph.add_address(pod.index, host_prefix(a))
+                .map_err(|e| in_container(e, ns))?;
+        }
+        for r in pod_routes(pod.index, v4, v6) {
+            ph.replace_route(&r).map_err(|e| in_container(e, ns))?;
+        }
+        if allow_fwd {
+            sysctl::set("net/ipv4/ip_forward", "1")?;
+            if v6 {
+                sysctl::set_if_present("net/ipv6/conf/all/forwarding", "1")?;
+            }
+        }
+        pod.up = true;
+        Ok(pod)
+    })??;
+
+    for a in cfg.addresses {
+        h.replace_route(&host_route(a, host.index))?;
+    }
+    Ok(PodInterface {
+        host_ifname: host.name.clone(),
+        host_mac: host.mac.unwrap_or(HOST_VETH_MAC),
+        pod_ifname: pod.name,
+        pod_mac: pod.mac.ok_or_else(|| {
+            LinuxError::Malformed(format!("interface {pod_ifname} has no MAC address"))
+        })?,
+        pod_ifindex: pod.index,
+        host_ifindex: host.index,
+        mtu: host.mtu,
+    })
+}
+
+fn in_container(e: LinuxError, ns: &NetNs) -> LinuxError {
+    match e {
+        LinuxError::Netlink {
+            context,
+            source,
+            ext_ack,
+        } => LinuxError::Netlink {
+            context: format!("{context} in container namespace {ns}"),
+            source,
+            ext_ack,
+        },
+        other => other,
+    }
+}
+
+/// Removes the host veth, which removes the pod end with it, and with them every route through
+/// the veth (the kernel flushes routes of a deleted device). Ok when already gone, so DEL can
+/// be repeated.
+pub fn teardown_pod_interface(host_ifname: &str) -> Result<()> {
+    let mut h = Handle::new()?;
+    h.delete_link(host_ifname)?;
+    Ok(())
+}
+
+/// CNI CHECK: the host veth exists, is up and peers with the pod interface; the pod interface
+/// exists with every address and the default route(s); every host route exists. The error names
+/// the first thing found missing.
+pub fn check_pod_interface(
+    host_ifname: &str,
+    pod_ifname: &str,
+    pod_ns: &NetNs,
+    addresses: &[IpNet],
+) -> Result<()> {
+    check_ifname(host_ifname)?;
+    check_ifname(pod_ifname)?;
+    let (v4, v6) = families(addresses);
+    let mut h = Handle::new()?;
+    let host = h.link_by_name(host_ifname)?.ok_or_else(|| {
+        LinuxError::CheckFailed(format!("host veth {host_ifname} does not exist"))
+    })?;
+    if !host.up {
+        return Err(LinuxError::CheckFailed(format!(
+            "host veth {host_ifname} is down"
+        )));
+    }
+    if host.kind.as_deref() != Some("veth") {
+        return Err(LinuxError::CheckFailed(format!(
+            "host interface {host_ifname} is a {} device, not a veth",
+            host.kind.as_deref().unwrap_or("physical")
+        )));
+    }
+    let mut host_routes = Vec::new();
+    if v4 {
+        host_routes.extend(h.routes(false)?);
+    }
+    if v6 {
+        host_routes.extend(h.routes(true)?);
+    }
+    for a in addresses {
+        let dst = host_prefix(a);
+        if !host_routes
+            .iter()
+            .any(|r| r.dst == dst && r.oif == Some(host.index))
+        {
+            return Err(LinuxError::CheckFailed(format!(
+                "host route {dst} dev {host_ifname} is missing"
+            )));
+        }
+    }
+
+    pod_ns.run(|| -> Result<()> {
+        let mut ph = Handle::new()?;
+        let pod = ph.link_by_name(pod_ifname)?.ok_or_else(|| {
+            LinuxError::CheckFailed(format!(
+                "interface {pod_ifname} does not exist in container namespace {pod_ns}"
+            ))
+        })?;
+        if host.peer_index.is_some_and(|p| p != pod.index) {
+            return Err(LinuxError::CheckFailed(format!(
+                "host veth {host_ifname} is not the peer of {pod_ifname} in container namespace {pod_ns}"
+            )));
+        }
+        let have = ph.addresses(Some(pod.index))?;
+        for a in addresses {
+            if !have.iter().any(|(_, h)| h.addr() == a.addr()) {
+                return Err(LinuxError::CheckFailed(format!(
+                    "address {} is missing on {pod_ifname} in container namespace {pod_ns}",
+                    a.addr()
+                )));
+            }
+        }
+        for (want, is_v6) in [(v4, false), (v6, true)] {
+            if !want {
+                continue;
+            }
+            let gw = if is_v6 {
+                IpAddr::V6(POD_GATEWAY_V6)
+            } else {
+                IpAddr::V4(POD_GATEWAY_V4)
+            };
+            let routes = ph.routes(is_v6)?;
+            if !routes.iter().any(|r| {
+                r.dst == default_dst(is_v6) && r.gateway == Some(gw) && r.oif == Some(pod.index)
+            }) {
+                return Err(LinuxError::CheckFailed(format!(
+                    "default route via {gw} dev {pod_ifname} is missing in container namespace {pod_ns}"
+                )));
+            }
+        }
+        Ok(())
+    })?
+}
