@@ -23,7 +23,11 @@ pub struct Endpoint {
 impl Endpoint {
     /// Kubernetes namespace of the endpoint resource ("default" outside Kubernetes).
     pub fn namespace(&self) -> String {
-        self.attachment.pod.as_ref().map(|p| p.namespace.clone()).unwrap_or_else(|| "default".into())
+        self.attachment
+            .pod
+            .as_ref()
+            .map(|p| p.namespace.clone())
+            .unwrap_or_else(|| "default".into())
     }
 
     /// Resource name, as Calico builds it: `<node>-k8s-<pod>-<ifname>` or
@@ -38,7 +42,12 @@ pub fn endpoint_name(node: &str, a: &Attachment) -> String {
     let esc = |s: &str| s.replace('-', "--");
     match &a.pod {
         Some(p) => format!("{}-k8s-{}-{}", esc(node), esc(&p.name), esc(&a.ifname)),
-        None => format!("{}-cni-{}-{}", esc(node), esc(&a.container_id), esc(&a.ifname)),
+        None => format!(
+            "{}-cni-{}-{}",
+            esc(node),
+            esc(&a.container_id),
+            esc(&a.ifname)
+        ),
     }
 }
 
@@ -59,7 +68,11 @@ pub struct Endpoints {
 impl Endpoints {
     /// Loads this node's endpoints from the store.
     pub fn load(store: Arc<dyn Store>, node: &str) -> Result<Endpoints, StoreError> {
-        let eps = Endpoints { store, node: node.to_string(), cache: Mutex::new(HashMap::new()) };
+        let eps = Endpoints {
+            store,
+            node: node.to_string(),
+            cache: Mutex::new(HashMap::new()),
+        };
         eps.refresh()?;
         Ok(eps)
     }
@@ -94,7 +107,10 @@ impl Endpoints {
     /// Writes the endpoint to the store, then the cache.
     pub fn put(&self, ep: Endpoint) -> Result<(), StoreError> {
         store_io::put(&*self.store, &ep)?;
-        self.cache.lock().unwrap().insert(key_of(&ep.attachment), ep);
+        self.cache
+            .lock()
+            .unwrap()
+            .insert(key_of(&ep.attachment), ep);
         Ok(())
     }
 
@@ -123,18 +139,28 @@ pub mod store_io {
     fn to_resource(ep: &Endpoint) -> WorkloadEndpoint {
         let pod = ep.attachment.pod.clone().unwrap_or_default();
         let mut annotations = BTreeMap::new();
-        annotations.insert("tern.dev/netns".to_string(), ep.attachment.netns_path.clone());
+        annotations.insert(
+            "tern.dev/netns".to_string(),
+            ep.attachment.netns_path.clone(),
+        );
         if ep.delegated_ipam {
             annotations.insert("tern.dev/delegated-ipam".to_string(), "true".to_string());
         }
         if !pod.infra_container_id.is_empty() {
-            annotations.insert("tern.dev/infra-container-id".to_string(), pod.infra_container_id.clone());
+            annotations.insert(
+                "tern.dev/infra-container-id".to_string(),
+                pod.infra_container_id.clone(),
+            );
         }
         let mut doc = WorkloadEndpoint::new(
             ep.name(),
             WorkloadEndpointSpec {
                 node: ep.node.clone(),
-                orchestrator: if ep.attachment.pod.is_some() { "k8s".into() } else { "cni".into() },
+                orchestrator: if ep.attachment.pod.is_some() {
+                    "k8s".into()
+                } else {
+                    "cni".into()
+                },
                 pod: pod.name.clone(),
                 container_id: ep.attachment.container_id.clone(),
                 endpoint: ep.attachment.ifname.clone(),
@@ -162,7 +188,10 @@ pub mod store_io {
         let pod = (w.spec.orchestrator == "k8s").then(|| PodRef {
             namespace: ns,
             name: w.spec.pod.clone(),
-            infra_container_id: ann.get("tern.dev/infra-container-id").cloned().unwrap_or_default(),
+            infra_container_id: ann
+                .get("tern.dev/infra-container-id")
+                .cloned()
+                .unwrap_or_default(),
         });
         Endpoint {
             node: w.spec.node.clone(),
@@ -177,7 +206,9 @@ pub mod store_io {
             mac: w.spec.mac.clone(),
             ip_networks: w.spec.ip_networks.clone(),
             labels: w.metadata.labels.clone(),
-            delegated_ipam: ann.get("tern.dev/delegated-ipam").is_some_and(|v| v == "true"),
+            delegated_ipam: ann
+                .get("tern.dev/delegated-ipam")
+                .is_some_and(|v| v == "true"),
         }
     }
 
@@ -186,7 +217,8 @@ pub mod store_io {
     }
 
     pub fn put(store: &dyn Store, ep: &Endpoint) -> Result<(), StoreError> {
-        let body = serde_json::to_vec(&to_resource(ep)).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let body =
+            serde_json::to_vec(&to_resource(ep)).map_err(|e| StoreError::Backend(e.to_string()))?;
         store.put(&key(ep), &body)?;
         Ok(())
     }

@@ -22,6 +22,7 @@ pub mod config;
 pub mod endpoints;
 pub mod logger;
 pub mod ops;
+pub mod reaper;
 pub mod reconcile;
 pub mod server;
 

@@ -11,7 +11,9 @@ impl log::Log for StderrLogger {
         true
     }
     fn log(&self, record: &Record) {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         let lvl = match record.level() {
             Level::Error => "ERROR",
             Level::Warn => "WARN",

@@ -35,7 +35,11 @@ pub mod code {
 }
 
 fn err(code: u32, msg: impl Into<String>) -> ErrorReply {
-    ErrorReply { code, msg: msg.into(), details: String::new() }
+    ErrorReply {
+        code,
+        msg: msg.into(),
+        details: String::new(),
+    }
 }
 
 fn store_err(what: &str, e: &StoreError) -> ErrorReply {
@@ -49,6 +53,12 @@ fn store_err(what: &str, e: &StoreError) -> ErrorReply {
 }
 
 fn ipam_err(e: &IpamError) -> ErrorReply {
+    if e.is_unavailable() {
+        return err(
+            code::TRY_AGAIN,
+            format!("IPAM: the datastore is unreachable ({e}); retry when it is back"),
+        );
+    }
     match e {
         IpamError::Store(s) => store_err("IPAM", s),
         IpamError::PoolsExhausted { .. } | IpamError::NoPools { .. } => {
@@ -92,7 +102,10 @@ impl Drop for InFlight<'_> {
 impl Agent {
     /// The host-side veth name of an attachment.
     pub fn host_ifname(&self, a: &Attachment) -> String {
-        let pod = a.pod.as_ref().map(|p| (p.namespace.as_str(), p.name.as_str()));
+        let pod = a
+            .pod
+            .as_ref()
+            .map(|p| (p.namespace.as_str(), p.name.as_str()));
         tern_linux::host_veth_name(&self.cfg.interface_prefix, pod, &a.container_id)
     }
 
@@ -107,7 +120,10 @@ impl Agent {
                     Ok(ip) => ip,
                     Err(_) => {
                         self.release_quietly(&handle);
-                        return Err(err(code::INVALID_CONFIG, format!("requested IP {s:?} is not an IP address")));
+                        return Err(err(
+                            code::INVALID_CONFIG,
+                            format!("requested IP {s:?} is not an IP address"),
+                        ));
                     }
                 };
                 if let Err(e) = self.ipam.assign_ip(ip, &handle, &attrs) {
@@ -128,7 +144,10 @@ impl Agent {
             v6_pools: req.ipv6_pools.clone(),
         };
         if args.num_v4 + args.num_v6 == 0 {
-            return Err(err(code::INVALID_CONFIG, "ipam: both assign_ipv4 and assign_ipv6 are false"));
+            return Err(err(
+                code::INVALID_CONFIG,
+                "ipam: both assign_ipv4 and assign_ipv6 are false",
+            ));
         }
         self.ipam.auto_assign(&args).map_err(|e| ipam_err(&e))
     }
@@ -143,7 +162,10 @@ impl Agent {
     pub(crate) fn add(&self, req: AddRequest, fd: Option<OwnedFd>) -> Response {
         let a = &req.attachment;
         let Some(fd) = fd else {
-            return Err(err(code::INVALID_ENV, "CNI_NETNS: no network namespace was passed with the ADD request"));
+            return Err(err(
+                code::INVALID_ENV,
+                "CNI_NETNS: no network namespace was passed with the ADD request",
+            ));
         };
         let ns = NetNs::from_fd(fd);
         if self.endpoints.get(a).is_some() {
@@ -156,9 +178,17 @@ impl Agent {
             ));
         }
         let host_if = self.host_ifname(a);
+        // A pod re-created with the same name gets the same veth name: let an earlier DEL's
+        // deferred deletion of that name finish first.
+        self.reaper
+            .wait_gone(&host_if, std::time::Duration::from_secs(5));
         self.in_flight.lock().unwrap().insert(host_if.clone());
-        let _guard = InFlight { agent: self, name: host_if.clone() };
+        let _guard = InFlight {
+            agent: self,
+            name: host_if.clone(),
+        };
 
+        let t0 = std::time::Instant::now();
         let delegated = req.delegated_ips.is_some();
         let ips: Vec<IpAddr> = match &req.delegated_ips {
             Some(list) => {
@@ -169,7 +199,10 @@ impl Agent {
                         Err(_) => {
                             return Err(err(
                                 code::INVALID_CONFIG,
-                                format!("delegated IPAM returned an invalid address {:?}", c.address),
+                                format!(
+                                    "delegated IPAM returned an invalid address {:?}",
+                                    c.address
+                                ),
                             ));
                         }
                     }
@@ -191,7 +224,10 @@ impl Agent {
             Some(None) => {
                 return Err(rollback(err(
                     code::INVALID_CONFIG,
-                    format!("runtimeConfig.mac: {:?} is not a MAC address", req.mac.unwrap_or_default()),
+                    format!(
+                        "runtimeConfig.mac: {:?} is not a MAC address",
+                        req.mac.unwrap_or_default()
+                    ),
                 )));
             }
             None => None,
@@ -205,10 +241,15 @@ impl Agent {
             pod_mac,
             allow_ip_forwarding: req.allow_ip_forwarding,
         };
+        let t_ipam = t0.elapsed();
         let iface = match veth::setup_pod_interface(&cfg) {
             Ok(i) => i,
             Err(e) => {
-                let c = if e.is_already_exists() { code::INTERFACE } else { code::INTERNAL };
+                let c = if e.is_already_exists() {
+                    code::INTERFACE
+                } else {
+                    code::INTERNAL
+                };
                 return Err(rollback(err(c, e.to_string())));
             }
         };
@@ -221,15 +262,28 @@ impl Agent {
             labels: req.labels.clone(),
             delegated_ipam: delegated,
         };
+        let t_link = t0.elapsed();
         if let Err(e) = self.endpoints.put(ep) {
             if let Err(te) = veth::teardown_pod_interface(&host_if) {
                 log::warn!("rolling back interface {host_if}: {te}");
             }
             return Err(rollback(store_err("recording the endpoint", &e)));
         }
+        log::debug!(
+            "ADD {}: ipam {:?}, interface {:?}, endpoint {:?}",
+            a.container_id,
+            t_ipam,
+            t_link - t_ipam,
+            t0.elapsed() - t_link
+        );
         let mut result = NetResult {
             interfaces: vec![
-                Interface { name: host_if, mac: fmt_mac(&iface.host_mac), sandbox: String::new(), mtu: None },
+                Interface {
+                    name: host_if,
+                    mac: fmt_mac(&iface.host_mac),
+                    sandbox: String::new(),
+                    mtu: None,
+                },
                 Interface {
                     name: a.ifname.clone(),
                     mac: fmt_mac(&iface.pod_mac),
@@ -242,17 +296,27 @@ impl Agent {
         };
         let (mut v4, mut v6) = (false, false);
         for n in &addrs {
-            result.ips.push(IpConfig { address: n.to_string(), gateway: None, interface: Some(1) });
+            result.ips.push(IpConfig {
+                address: n.to_string(),
+                gateway: None,
+                interface: Some(1),
+            });
             match n {
                 IpNet::V4(_) => v4 = true,
                 IpNet::V6(_) => v6 = true,
             }
         }
         if v4 {
-            result.routes.push(Route { dst: "0.0.0.0/0".into(), gw: None });
+            result.routes.push(Route {
+                dst: "0.0.0.0/0".into(),
+                gw: None,
+            });
         }
         if v6 {
-            result.routes.push(Route { dst: "::/0".into(), gw: None });
+            result.routes.push(Route {
+                dst: "::/0".into(),
+                gw: None,
+            });
         }
         Ok(Reply::Result(result))
     }
@@ -260,9 +324,17 @@ impl Agent {
     pub(crate) fn del(&self, req: DelRequest) -> Response {
         let a = &req.attachment;
         let ep = self.endpoints.get(a);
-        let host_if = ep.as_ref().map(|e| e.host_ifname.clone()).unwrap_or_else(|| self.host_ifname(a));
-        if let Err(e) = veth::teardown_pod_interface(&host_if) {
-            return Err(err(code::INTERFACE, format!("removing interface {host_if}: {e}")));
+        let host_if = ep
+            .as_ref()
+            .map(|e| e.host_ifname.clone())
+            .unwrap_or_else(|| self.host_ifname(a));
+        // The kernel takes ~20 ms to unregister a veth; the pod is cut off now (link down) and
+        // the deletion itself happens off the request path.
+        if let Err(e) = self.reaper.detach(&host_if) {
+            return Err(err(
+                code::INTERFACE,
+                format!("removing interface {host_if}: {e}"),
+            ));
         }
         let delegated = req.delegated_ipam || ep.as_ref().is_some_and(|e| e.delegated_ipam);
         match self.release_attachment(a, delegated) {
@@ -276,9 +348,15 @@ impl Agent {
                     source: "agent".into(),
                 };
                 match journal::record(&self.cfg.state_dir, &entry) {
-                    Ok(p) => log::warn!("store unavailable ({e}); release journaled at {}", p.display()),
+                    Ok(p) => log::warn!(
+                        "store unavailable ({e}); release journaled at {}",
+                        p.display()
+                    ),
                     Err(je) => {
-                        return Err(err(code::TRY_AGAIN, format!("store unavailable ({e}) and journal failed: {je}")));
+                        return Err(err(
+                            code::TRY_AGAIN,
+                            format!("store unavailable ({e}) and journal failed: {je}"),
+                        ));
                     }
                 }
             }
@@ -289,7 +367,9 @@ impl Agent {
     /// Releases an attachment's addresses (unless delegated) and deletes its endpoint.
     pub(crate) fn release_attachment(&self, a: &Attachment, delegated: bool) -> Result<(), String> {
         if !delegated {
-            self.ipam.release_by_handle(&a.handle()).map_err(|e| e.to_string())?;
+            self.ipam
+                .release_by_handle(&a.handle())
+                .map_err(|e| e.to_string())?;
         }
         self.endpoints.remove(a).map_err(|e| e.to_string())
     }
@@ -306,31 +386,50 @@ impl Agent {
             ));
         };
         let Some(fd) = fd else {
-            return Err(err(code::INVALID_ENV, "CNI_NETNS: no network namespace was passed with the CHECK request"));
+            return Err(err(
+                code::INVALID_ENV,
+                "CNI_NETNS: no network namespace was passed with the CHECK request",
+            ));
         };
         let ns = NetNs::from_fd(fd);
-        let addrs: Vec<IpNet> = ep.ip_networks.iter().filter_map(|s| s.parse().ok()).collect();
+        let addrs: Vec<IpNet> = ep
+            .ip_networks
+            .iter()
+            .filter_map(|s| s.parse().ok())
+            .collect();
         if let Err(e) = veth::check_pod_interface(&ep.host_ifname, &a.ifname, &ns, &addrs) {
             return Err(err(code::CHECK_FAILED, e.to_string()));
         }
         if let Some(prev) = &req.prev_result {
             for ip in &prev.ips {
-                let Ok(n) = ip.address.parse::<IpNet>() else { continue };
+                let Ok(n) = ip.address.parse::<IpNet>() else {
+                    continue;
+                };
                 if !addrs.iter().any(|x| x.addr() == n.addr()) {
                     return Err(err(
                         code::CHECK_FAILED,
-                        format!("address {} of the previous result is not on the endpoint", ip.address),
+                        format!(
+                            "address {} of the previous result is not on the endpoint",
+                            ip.address
+                        ),
                     ));
                 }
             }
         }
         if !ep.delegated_ipam {
-            let held = self.ipam.ips_by_handle(&a.handle()).map_err(|e| ipam_err(&e))?;
+            let held = self
+                .ipam
+                .ips_by_handle(&a.handle())
+                .map_err(|e| ipam_err(&e))?;
             for n in &addrs {
                 if !held.contains(&n.addr()) {
                     return Err(err(
                         code::CHECK_FAILED,
-                        format!("address {} is not allocated to handle {} in IPAM", n.addr(), a.handle()),
+                        format!(
+                            "address {} is not allocated to handle {} in IPAM",
+                            n.addr(),
+                            a.handle()
+                        ),
                     ));
                 }
             }
@@ -340,16 +439,24 @@ impl Agent {
 
     pub(crate) fn status(&self) -> Response {
         if let Err(e) = self.store.revision() {
-            return Err(err(code::NOT_AVAILABLE, format!("ternd cannot reach the datastore: {e}")));
+            return Err(err(
+                code::NOT_AVAILABLE,
+                format!("ternd cannot reach the datastore: {e}"),
+            ));
         }
-        let pools = self
-            .ipam
-            .usable_pools(&self.cfg.node_name)
-            .map_err(|e| err(code::NOT_AVAILABLE, format!("ternd cannot read IP pools: {e}")))?;
+        let pools = self.ipam.usable_pools(&self.cfg.node_name).map_err(|e| {
+            err(
+                code::NOT_AVAILABLE,
+                format!("ternd cannot read IP pools: {e}"),
+            )
+        })?;
         if pools.is_empty() {
             return Err(err(
                 code::NOT_AVAILABLE,
-                format!("no IP pool is usable for workloads on node {}", self.cfg.node_name),
+                format!(
+                    "no IP pool is usable for workloads on node {}",
+                    self.cfg.node_name
+                ),
             ));
         }
         Ok(Reply::Status(StatusReply {
@@ -366,7 +473,9 @@ impl Agent {
         let mut released = 0usize;
         for ep in self.endpoints.all() {
             let a = &ep.attachment;
-            if a.network != req.network || valid.contains(&(a.container_id.clone(), a.ifname.clone())) {
+            if a.network != req.network
+                || valid.contains(&(a.container_id.clone(), a.ifname.clone()))
+            {
                 continue;
             }
             if let Err(e) = veth::teardown_pod_interface(&ep.host_ifname) {
@@ -403,11 +512,17 @@ impl Agent {
                 Err(e) => errors.push(format!("listing allocations: {e}")),
             }
         }
-        log::info!("GC of network {}: released {released} attachments", req.network);
+        log::info!(
+            "GC of network {}: released {released} attachments",
+            req.network
+        );
         if errors.is_empty() {
             Ok(Reply::Done)
         } else {
-            Err(err(code::INTERNAL, format!("GC finished with errors: {}", errors.join("; "))))
+            Err(err(
+                code::INTERNAL,
+                format!("GC finished with errors: {}", errors.join("; ")),
+            ))
         }
     }
 
@@ -415,7 +530,11 @@ impl Agent {
         let ips = self.allocate(&req.attachment, &req.ipam)?;
         let mut result = NetResult::default();
         for ip in ips {
-            let gw = if ip.is_ipv4() { "169.254.1.1" } else { "fe80::ecee:eeff:feee:eeee" };
+            let gw = if ip.is_ipv4() {
+                "169.254.1.1"
+            } else {
+                "fe80::ecee:eeff:feee:eeee"
+            };
             result.ips.push(IpConfig {
                 address: host_prefix(ip).to_string(),
                 gateway: Some(gw.to_string()),
@@ -423,7 +542,10 @@ impl Agent {
             });
             let dst = if ip.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
             if !result.routes.iter().any(|r| r.dst == dst) {
-                result.routes.push(Route { dst: dst.into(), gw: None });
+                result.routes.push(Route {
+                    dst: dst.into(),
+                    gw: None,
+                });
             }
         }
         Ok(Reply::Result(result))
@@ -433,9 +555,18 @@ impl Agent {
         match self.ipam.release_by_handle(&a.handle()) {
             Ok(_) => Ok(Reply::Done),
             Err(IpamError::Store(StoreError::Unavailable(e))) => {
-                let entry = JournalEntry { attachment: a, host_ifname: String::new(), delegated_ipam: false, source: "agent".into() };
-                journal::record(&self.cfg.state_dir, &entry)
-                    .map_err(|je| err(code::TRY_AGAIN, format!("store unavailable ({e}) and journal failed: {je}")))?;
+                let entry = JournalEntry {
+                    attachment: a,
+                    host_ifname: String::new(),
+                    delegated_ipam: false,
+                    source: "agent".into(),
+                };
+                journal::record(&self.cfg.state_dir, &entry).map_err(|je| {
+                    err(
+                        code::TRY_AGAIN,
+                        format!("store unavailable ({e}) and journal failed: {je}"),
+                    )
+                })?;
                 Ok(Reply::Done)
             }
             Err(e) => Err(ipam_err(&e)),
@@ -443,9 +574,15 @@ impl Agent {
     }
 
     pub(crate) fn ipam_check(&self, a: Attachment) -> Response {
-        let held = self.ipam.ips_by_handle(&a.handle()).map_err(|e| ipam_err(&e))?;
+        let held = self
+            .ipam
+            .ips_by_handle(&a.handle())
+            .map_err(|e| ipam_err(&e))?;
         if held.is_empty() {
-            return Err(err(code::CHECK_FAILED, format!("IPAM holds no address for handle {}", a.handle())));
+            return Err(err(
+                code::CHECK_FAILED,
+                format!("IPAM holds no address for handle {}", a.handle()),
+            ));
         }
         Ok(Reply::Done)
     }
@@ -463,7 +600,10 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
 
 /// Formats a MAC as lower-case colon-separated hex.
 pub fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]

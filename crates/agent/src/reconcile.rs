@@ -74,7 +74,8 @@ impl Agent {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
-                    r.errors.push(format!("{}: unreadable journal entry: {e}", path.display()));
+                    r.errors
+                        .push(format!("{}: unreadable journal entry: {e}", path.display()));
                     continue;
                 }
             };
@@ -84,7 +85,10 @@ impl Agent {
                 }
             }
             let delegated = entry.delegated_ipam
-                || self.endpoints.get(&entry.attachment).is_some_and(|e| e.delegated_ipam);
+                || self
+                    .endpoints
+                    .get(&entry.attachment)
+                    .is_some_and(|e| e.delegated_ipam);
             match self.release_attachment(&entry.attachment, delegated) {
                 Ok(()) => {
                     if let Err(e) = journal::complete(&path) {
@@ -125,14 +129,17 @@ impl Agent {
         let mut owned = HashSet::new();
         for ep in self.endpoints.all() {
             owned.insert(ep.host_ifname.clone());
-            if present.contains(&ep.host_ifname) || self.in_flight.lock().unwrap().contains(&ep.host_ifname) {
+            if present.contains(&ep.host_ifname)
+                || self.in_flight.lock().unwrap().contains(&ep.host_ifname)
+            {
                 continue;
             }
             self.repair_or_release(&ep, r);
         }
         let in_flight = self.in_flight.lock().unwrap().clone();
         for l in links {
-            let ours = l.name.starts_with(&self.cfg.interface_prefix) && l.kind.as_deref() == Some("veth");
+            let ours =
+                l.name.starts_with(&self.cfg.interface_prefix) && l.kind.as_deref() == Some("veth");
             if !ours || owned.contains(&l.name) || in_flight.contains(&l.name) {
                 continue;
             }
@@ -149,9 +156,17 @@ impl Agent {
     fn repair_or_release(&self, ep: &crate::endpoints::Endpoint, r: &mut Report) {
         let a = &ep.attachment;
         let ns_path = Path::new(&a.netns_path);
-        let ns = if a.netns_path.is_empty() { None } else { NetNs::open(ns_path).ok() };
+        let ns = if a.netns_path.is_empty() {
+            None
+        } else {
+            NetNs::open(ns_path).ok()
+        };
         if let Some(ns) = ns {
-            let addrs: Vec<IpNet> = ep.ip_networks.iter().filter_map(|s| s.parse().ok()).collect();
+            let addrs: Vec<IpNet> = ep
+                .ip_networks
+                .iter()
+                .filter_map(|s| s.parse().ok())
+                .collect();
             let cfg = veth::PodInterfaceConfig {
                 host_ifname: &ep.host_ifname,
                 pod_ifname: &a.ifname,
@@ -163,7 +178,12 @@ impl Agent {
             };
             match veth::setup_pod_interface(&cfg) {
                 Ok(_) => {
-                    log::info!("repaired interface {} of {}/{}", ep.host_ifname, a.container_id, a.ifname);
+                    log::info!(
+                        "repaired interface {} of {}/{}",
+                        ep.host_ifname,
+                        a.container_id,
+                        a.ifname
+                    );
                     r.endpoints_repaired += 1;
                     return;
                 }
@@ -179,7 +199,9 @@ impl Agent {
                 );
                 r.endpoints_released += 1;
             }
-            Err(e) => r.errors.push(format!("releasing {}/{}: {e}", a.container_id, a.ifname)),
+            Err(e) => r
+                .errors
+                .push(format!("releasing {}/{}: {e}", a.container_id, a.ifname)),
         }
     }
 }
@@ -188,7 +210,11 @@ impl Agent {
 pub fn detect_mtu() -> u32 {
     let detect = || -> Option<u32> {
         let mut h = Handle::new().ok()?;
-        let default = h.routes(false).ok()?.into_iter().find(|r| r.dst.prefix_len() == 0)?;
+        let default = h
+            .routes(false)
+            .ok()?
+            .into_iter()
+            .find(|r| r.dst.prefix_len() == 0)?;
         let link = h.link_by_index(default.oif?).ok()??;
         Some(link.mtu)
     };

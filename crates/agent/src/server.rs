@@ -24,6 +24,8 @@ pub struct Agent {
     /// Host interfaces being created by an ADD that has not yet recorded its endpoint; the
     /// reconciler must not mistake them for leftovers.
     pub(crate) in_flight: Mutex<HashSet<String>>,
+    /// Host interfaces a DEL has detached and the reaper thread has yet to delete.
+    pub(crate) reaper: crate::reaper::Reaper,
     stop: AtomicBool,
 }
 
@@ -35,7 +37,10 @@ impl Agent {
             .with_context(|| format!("opening store {}", cfg.store_url))?;
         let ipam = Ipam::new(store.clone());
         match ipam.ensure_default_pool(&cfg.default_ipv4_pool) {
-            Ok(true) => log::info!("created IPPool default-ipv4-ippool ({})", cfg.default_ipv4_pool),
+            Ok(true) => log::info!(
+                "created IPPool default-ipv4-ippool ({})",
+                cfg.default_ipv4_pool
+            ),
             Ok(false) => {}
             Err(e) => log::warn!("cannot check IP pools now (will serve anyway): {e}"),
         }
@@ -43,7 +48,11 @@ impl Agent {
             Ok(e) => e,
             Err(e) => anyhow::bail!("loading endpoints of node {}: {e}", cfg.node_name),
         };
-        let mtu = if cfg.mtu > 0 { cfg.mtu } else { crate::reconcile::detect_mtu() };
+        let mtu = if cfg.mtu > 0 {
+            cfg.mtu
+        } else {
+            crate::reconcile::detect_mtu()
+        };
         let agent = Arc::new(Agent {
             cfg,
             store,
@@ -51,6 +60,7 @@ impl Agent {
             endpoints,
             mtu,
             in_flight: Mutex::new(HashSet::new()),
+            reaper: crate::reaper::Reaper::start()?,
             stop: AtomicBool::new(false),
         });
         let report = agent.reconcile();
@@ -110,7 +120,11 @@ impl Agent {
         };
         let resp: Response = match serde_json::from_slice::<Request>(&body) {
             Ok(req) => self.handle(req, fd),
-            Err(e) => Err(ErrorReply { code: 6, msg: format!("cannot decode request: {e}"), details: String::new() }),
+            Err(e) => Err(ErrorReply {
+                code: 6,
+                msg: format!("cannot decode request: {e}"),
+                details: String::new(),
+            }),
         };
         let out = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{}".to_vec());
         if let Err(e) = tern_api::write_frame(&stream, &out, None) {
@@ -162,7 +176,10 @@ fn op_name(r: &Request) -> String {
     match r {
         Request::Add(a) => format!("ADD {}/{}", a.attachment.container_id, a.attachment.ifname),
         Request::Del(d) => format!("DEL {}/{}", d.attachment.container_id, d.attachment.ifname),
-        Request::Check(c) => format!("CHECK {}/{}", c.attachment.container_id, c.attachment.ifname),
+        Request::Check(c) => format!(
+            "CHECK {}/{}",
+            c.attachment.container_id, c.attachment.ifname
+        ),
         Request::Status => "STATUS".into(),
         Request::Gc(g) => format!("GC {}", g.network),
         Request::IpamAdd(a) => format!("IPAM ADD {}", a.attachment.container_id),
@@ -181,7 +198,8 @@ fn bind(path: &std::path::Path) -> anyhow::Result<UnixListener> {
         if UnixStream::connect(path).is_ok() {
             anyhow::bail!("another ternd is already serving {}", path.display());
         }
-        std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
     UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
 }

@@ -36,10 +36,21 @@ pub fn dir(state_dir: &Path) -> PathBuf {
 fn file_name(a: &Attachment) -> String {
     let clean = |s: &str| -> String {
         s.chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect()
     };
-    format!("{}.{}.{}.json", clean(&a.network), clean(&a.container_id), clean(&a.ifname))
+    format!(
+        "{}.{}.{}.json",
+        clean(&a.network),
+        clean(&a.container_id),
+        clean(&a.ifname)
+    )
 }
 
 /// Records a pending release; overwrites an entry for the same attachment.
@@ -47,7 +58,11 @@ pub fn record(state_dir: &Path, entry: &JournalEntry) -> io::Result<PathBuf> {
     let d = dir(state_dir);
     fs::create_dir_all(&d)?;
     let path = d.join(file_name(&entry.attachment));
-    let tmp = d.join(format!(".{}.tmp{}", file_name(&entry.attachment), std::process::id()));
+    let tmp = d.join(format!(
+        ".{}.tmp{}",
+        file_name(&entry.attachment),
+        std::process::id()
+    ));
     {
         let mut f = fs::File::create(&tmp)?;
         f.write_all(&serde_json::to_vec(entry).map_err(io::Error::other)?)?;
@@ -103,9 +118,20 @@ mod tests {
             ifname: "eth0".into(),
             ..Default::default()
         };
-        let e = JournalEntry { attachment: a, host_ifname: "ternabc".into(), delegated_ipam: false, source: "plugin".into() };
+        let e = JournalEntry {
+            attachment: a,
+            host_ifname: "ternabc".into(),
+            delegated_ipam: false,
+            source: "plugin".into(),
+        };
         let p = record(&d, &e).unwrap();
-        assert!(p.file_name().unwrap().to_str().unwrap().starts_with("net.c_1.eth0"));
+        assert!(
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("net.c_1.eth0")
+        );
         record(&d, &e).unwrap();
         let all = pending(&d).unwrap();
         assert_eq!(all.len(), 1);

@@ -130,7 +130,9 @@ pub fn plain(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = fmt_row(headers.to_vec());
     for r in rows {
         out.push_str(&fmt_row(
-            (0..n).map(|i| r.get(i).map(String::as_str).unwrap_or("")).collect(),
+            (0..n)
+                .map(|i| r.get(i).map(String::as_str).unwrap_or(""))
+                .collect(),
         ));
     }
     out
@@ -189,7 +191,11 @@ mod tests {
         let out = plain(
             &["NAME", "CIDR", "SELECTOR"],
             &[
-                vec!["default-ipv4-ippool".into(), "10.244.0.0/16".into(), "all()".into()],
+                vec![
+                    "default-ipv4-ippool".into(),
+                    "10.244.0.0/16".into(),
+                    "all()".into(),
+                ],
                 vec!["p2".into(), "10.9.0.0/24".into(), "all()".into()],
             ],
         );

@@ -40,7 +40,12 @@ pub fn result_addresses(result: &serde_json::Value) -> Vec<String> {
 }
 
 /// Runs the plugin for `command` (`ADD` or `DEL`); its stdout on success.
-fn run_plugin(st: &LabState, node: &NodeState, pod: &PodState, command: &'static str) -> Result<String> {
+fn run_plugin(
+    st: &LabState,
+    node: &NodeState,
+    pod: &PodState,
+    command: &'static str,
+) -> Result<String> {
     let mut cmd = netns_exec(&node.netns, &st.bin_dir.join("tern"));
     cmd.env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", &pod.container_id)
@@ -135,9 +140,18 @@ pub fn add_pod(st: &mut LabState, node: &str, pod: &str) -> Result<PodState> {
 /// returned.
 pub fn del_pod(st: &mut LabState, pod: &str) -> Result<()> {
     let p = st.pod(pod)?.clone();
-    let servers: Vec<ServerState> = st.servers.iter().filter(|s| s.pod == pod).cloned().collect();
+    let servers: Vec<ServerState> = st
+        .servers
+        .iter()
+        .filter(|s| s.pod == pod)
+        .cloned()
+        .collect();
     for s in &servers {
-        process::stop(s.pid, &s.ready_file.display().to_string(), Duration::from_secs(2));
+        process::stop(
+            s.pid,
+            &s.ready_file.display().to_string(),
+            Duration::from_secs(2),
+        );
     }
     st.servers.retain(|s| s.pod != pod);
     let del = match st.node(&p.node) {

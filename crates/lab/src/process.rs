@@ -27,10 +27,12 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 
 /// Runs a command to completion and returns its output whatever the exit status.
 pub fn output(cmd: &mut Command) -> Result<Output> {
-    cmd.stdin(Stdio::null()).output().map_err(|e| LabError::Spawn {
-        command: describe(cmd),
-        source: e,
-    })
+    cmd.stdin(Stdio::null())
+        .output()
+        .map_err(|e| LabError::Spawn {
+            command: describe(cmd),
+            source: e,
+        })
 }
 
 fn check(cmd: &Command, out: &Output) -> Result<()> {
@@ -114,6 +116,19 @@ fn live_cmdline(pid: u32) -> Option<String> {
     )
 }
 
+/// Whether `pid` exists and is not a zombie. For a child we have not reaped, the PID cannot
+/// have been reused, so this is exact even while the child is between two `exec`s (when its
+/// command line is briefly unreadable).
+pub fn is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
 /// Whether `pid` is alive and its command line contains `marker` (a path unique to the lab),
 /// i.e. it is still the process we started and not a reused PID.
 pub fn is_ours(pid: u32, marker: &str) -> bool {
@@ -168,13 +183,7 @@ pub fn random_hex(bytes: usize) -> String {
     let mut filled = 0;
     while filled < bytes {
         // SAFETY: getrandom writes at most `bytes - filled` bytes into the buffer's tail.
-        let n = unsafe {
-            libc::getrandom(
-                buf[filled..].as_mut_ptr().cast(),
-                bytes - filled,
-                0,
-            )
-        };
+        let n = unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), bytes - filled, 0) };
         if n > 0 {
             filled += n as usize;
         }

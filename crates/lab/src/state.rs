@@ -285,7 +285,10 @@ mod tests {
         assert!(validate_name("lab").is_ok());
         assert!(validate_name("t123").is_ok());
         assert!(validate_name("").is_err());
-        assert!(validate_name("a-b").is_err(), "dash would make prefixes ambiguous");
+        assert!(
+            validate_name("a-b").is_err(),
+            "dash would make prefixes ambiguous"
+        );
         assert!(validate_name("Lab").is_err());
         assert!(validate_name("abcdefghijklm").is_err());
         assert!(validate_pod_name("pod-1").is_ok());
@@ -294,10 +297,7 @@ mod tests {
         assert_eq!(underlay_ns("lab"), "tl-lab-ul");
         assert_eq!(node_ns("lab", "node1"), "tl-lab-node1");
         assert_eq!(pod_ns("lab", "web"), "tl-lab-pod-web");
-        assert_eq!(
-            sample().store_url(),
-            "sqlite:///run/tern-lab/lab/store.db"
-        );
+        assert_eq!(sample().store_url(), "sqlite:///run/tern-lab/lab/store.db");
     }
 
     #[test]

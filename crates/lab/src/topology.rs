@@ -197,14 +197,12 @@ fn add_node(st: &mut LabState, opts: &UpOptions, i: usize) -> Result<()> {
 /// if the agent exits.
 pub fn wait_for_agent(node: &NodeState, timeout: Duration) -> Result<()> {
     let start = Instant::now();
-    let marker = node.socket.display().to_string();
     loop {
         if std::os::unix::net::UnixStream::connect(&node.socket).is_ok() {
             return Ok(());
         }
-        let alive = node
-            .ternd_pid
-            .is_some_and(|pid| process::is_ours(pid, &marker));
+        // The agent is our unreaped child here, so liveness alone identifies it.
+        let alive = node.ternd_pid.is_some_and(process::is_alive);
         if !alive {
             return Err(LabError::Invalid(format!(
                 "ternd of {} exited during start-up; last log lines:\n{}",
@@ -249,7 +247,11 @@ pub fn down(name: &str) -> Result<Vec<String>> {
     };
     if let Some(mut st) = st {
         for s in std::mem::take(&mut st.servers) {
-            if process::stop(s.pid, &s.ready_file.display().to_string(), Duration::from_secs(2)) {
+            if process::stop(
+                s.pid,
+                &s.ready_file.display().to_string(),
+                Duration::from_secs(2),
+            ) {
                 done.push(format!("stopped echo server {} in pod {}", s.pid, s.pod));
             }
         }

@@ -156,7 +156,8 @@ pub fn probe_udp(target: SocketAddr, timeout: Duration) -> Result<ProbeOk> {
         "[::]:0".parse().unwrap_or(target)
     };
     let s = UdpSocket::bind(bind).map_err(|e| err(format!("bind: {e}")))?;
-    s.connect(target).map_err(|e| err(format!("connect: {e}")))?;
+    s.connect(target)
+        .map_err(|e| err(format!("connect: {e}")))?;
     let token = format!("tern-{}", random_hex(8));
     let deadline = Instant::now() + timeout;
     let mut last = String::from("no answer");
@@ -239,7 +240,10 @@ mod tests {
         let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let ok = probe_tcp(target, Duration::from_secs(2)).unwrap();
         let line = ok.to_string();
-        assert!(line.starts_with(&format!("ok tcp 127.0.0.1:{port} rtt ")), "{line}");
+        assert!(
+            line.starts_with(&format!("ok tcp 127.0.0.1:{port} rtt ")),
+            "{line}"
+        );
         assert!(line.ends_with("ms"), "{line}");
         let ok = probe_udp(target, Duration::from_secs(2)).unwrap();
         assert!(ok.to_string().starts_with("ok udp 127.0.0.1:"));

@@ -44,7 +44,13 @@ fn main() {
             .map(|_| netns::new_anonymous().expect("pod namespace"))
             .collect();
         let names: Vec<String> = (0..pods)
-            .map(|i| host_veth_name(DEFAULT_VETH_PREFIX, Some(("bench", &format!("pod-{i}"))), ""))
+            .map(|i| {
+                host_veth_name(
+                    DEFAULT_VETH_PREFIX,
+                    Some(("bench", &format!("pod-{i}"))),
+                    "",
+                )
+            })
             .collect();
         let mut setup = Vec::with_capacity(pods);
         let mut teardown = Vec::with_capacity(pods);

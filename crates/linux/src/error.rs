@@ -32,8 +32,15 @@ pub enum LinuxError {
         /// The kernel's extended acknowledgement message, when it sent one.
         ext_ack: Option<String>,
     },
-    /// Something that must not exist already does ("interface eth0 already exists in container
-    /// namespace /run/netns/x").
+    /// The pod interface name is taken inside the pod's namespace (CNI ADD must fail).
+    #[error("interface {name} already exists in container namespace {namespace}")]
+    InterfaceExists {
+        /// The interface name (`CNI_IFNAME`).
+        name: String,
+        /// The namespace path (or `fd N`).
+        namespace: String,
+    },
+    /// Something that must not exist already does ("network namespace /run/netns/x").
     #[error("{what} already exists")]
     AlreadyExists {
         /// Description of the existing object.
@@ -79,7 +86,7 @@ impl LinuxError {
     /// True when the kernel answered EEXIST (or the crate detected an existing object).
     pub fn is_already_exists(&self) -> bool {
         match self {
-            LinuxError::AlreadyExists { .. } => true,
+            LinuxError::AlreadyExists { .. } | LinuxError::InterfaceExists { .. } => true,
             LinuxError::Io { source, .. } | LinuxError::Netlink { source, .. } => {
                 source.raw_os_error() == Some(libc::EEXIST)
             }

@@ -30,7 +30,7 @@ pub const DEFAULT_VETH_PREFIX: &str = "tern";
 /// Linux interface name limit (IFNAMSIZ - 1).
 pub const MAX_IFNAME_LEN: usize = 15;
 
-/// Host-side veth name: `prefix` + the first 11 hex digits of sha1("<namespace>.<pod>") (or of
+/// Host-side veth name: `prefix` + the first 11 hex digits of `sha1("<namespace>.<pod>")` (or of
 /// `container_id` when no pod is known), truncated to 15 bytes. Same scheme as Calico's
 /// `cali` + sha1, so names are stable across ADD/DEL/CHECK and across agent restarts.
 pub fn host_veth_name(prefix: &str, pod: Option<(&str, &str)>, container_id: &str) -> String {

@@ -124,7 +124,9 @@ impl NetNs {
             let h = s.spawn(move || -> Result<T> {
                 // SAFETY: fd stays open for the scope (borrowed from self).
                 if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-                    return Err(LinuxError::last_os(format!("enter network namespace {self}")));
+                    return Err(LinuxError::last_os(format!(
+                        "enter network namespace {self}"
+                    )));
                 }
                 Ok(f())
             });
@@ -259,7 +261,10 @@ pub fn add_named(name: &str) -> Result<PathBuf> {
             unshare_net()?;
             let src = c"/proc/thread-self/ns/net".to_owned();
             mount(&src, &c, libc::MS_BIND).map_err(|e| {
-                LinuxError::io(format!("bind mount network namespace on {}", path.display()), e)
+                LinuxError::io(
+                    format!("bind mount network namespace on {}", path.display()),
+                    e,
+                )
             })
         })
         .join()

@@ -10,7 +10,9 @@ fn path_of(key: &str) -> Result<PathBuf> {
     // Slash-separated keys only: interface names may contain dots ("vxlan.tern").
     if key.is_empty()
         || key.starts_with('/')
-        || key.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+        || key
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
     {
         return Err(LinuxError::InvalidArgument(format!(
             "sysctl key {key:?} must look like net/ipv4/conf/eth0/proxy_arp"
@@ -51,7 +53,13 @@ mod tests {
 
     #[test]
     fn rejects_keys_that_escape_proc_sys() {
-        for bad in ["", "/net/ipv4/ip_forward", "net/../../etc/passwd", "net//ipv4", "net/ipv4/"] {
+        for bad in [
+            "",
+            "/net/ipv4/ip_forward",
+            "net/../../etc/passwd",
+            "net//ipv4",
+            "net/ipv4/",
+        ] {
             assert!(
                 matches!(path_of(bad), Err(LinuxError::InvalidArgument(_))),
                 "{bad:?} accepted"
@@ -73,7 +81,11 @@ mod tests {
     fn missing_key_error_names_the_key_and_is_not_found() {
         let e = get("net/ipv4/conf/nonexistent0/forwarding").unwrap_err();
         assert!(e.is_not_found(), "{e}");
-        assert!(e.to_string().contains("net/ipv4/conf/nonexistent0/forwarding"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("net/ipv4/conf/nonexistent0/forwarding"),
+            "{e}"
+        );
         assert!(set_if_present("net/ipv6/conf/nonexistent0/forwarding", "1").is_ok());
     }
 }

@@ -149,11 +149,9 @@ pub fn setup_pod_interface(cfg: &PodInterfaceConfig) -> Result<PodInterface> {
             .pod_ns
             .run(|| Handle::new()?.link_by_name(pod_ifname))??;
         if in_pod.is_some() {
-            return Err(LinuxError::AlreadyExists {
-                what: format!(
-                    "interface {} in container namespace {}",
-                    cfg.pod_ifname, cfg.pod_ns
-                ),
+            return Err(LinuxError::InterfaceExists {
+                name: cfg.pod_ifname.to_string(),
+                namespace: cfg.pod_ns.to_string(),
             });
         }
         // A stale host veth from an earlier attempt (its pod side is already gone): replace it.
@@ -202,9 +200,13 @@ fn configure(cfg: &PodInterfaceConfig, h: &mut Handle, host: &Link) -> Result<Po
     let ns = cfg.pod_ns;
     let pod = ns.run(move || -> Result<Link> {
         let mut ph = Handle::new()?;
-        let mut pod = ph.link_by_name(pod_ifname)?.ok_or_else(|| LinuxError::NotFound {
-            what: format!("interface {pod_ifname} in container namespace {ns} after creating it"),
-        })?;
+        let mut pod = ph
+            .link_by_name(pod_ifname)?
+            .ok_or_else(|| LinuxError::NotFound {
+                what: format!(
+                    "interface {pod_ifname} in container namespace {ns} after creating it"
+                ),
+            })?;
         ph.set_link_up(pod.index)?;
         // lo is ifindex 1 in every namespace.
         ph.set_link_up(1)?;

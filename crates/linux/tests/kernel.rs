@@ -70,7 +70,10 @@ fn open_missing_netns_path_is_not_found_and_names_the_path() {
     let e = NetNs::open(Path::new("/run/netns/tern-definitely-missing")).unwrap_err();
     assert!(e.is_not_found(), "{e:?}");
     assert!(matches!(e, LinuxError::NetnsNotFound { .. }));
-    assert!(e.to_string().contains("/run/netns/tern-definitely-missing"), "{e}");
+    assert!(
+        e.to_string().contains("/run/netns/tern-definitely-missing"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -130,7 +133,10 @@ fn veth_pair_across_namespaces_links_and_delete_idempotent() {
         assert_eq!(host.mtu, 1400);
         assert!(!host.up);
         assert!(host.link_netnsid.is_some(), "peer lives in another netns");
-        assert!(h.link_by_name("tvp0").unwrap().is_none(), "peer not created here");
+        assert!(
+            h.link_by_name("tvp0").unwrap().is_none(),
+            "peer not created here"
+        );
         let by_index = h.link_by_index(host.index).unwrap().unwrap();
         assert_eq!(by_index, host);
         let peer = pod
@@ -148,7 +154,9 @@ fn veth_pair_across_namespaces_links_and_delete_idempotent() {
         assert_eq!(l.mtu, 1300);
         assert!(l.up);
 
-        let dup = h.create_veth("tvh0", "tvp9", pod.as_fd(), 1400).unwrap_err();
+        let dup = h
+            .create_veth("tvh0", "tvp9", pod.as_fd(), 1400)
+            .unwrap_err();
         assert!(dup.is_already_exists(), "{dup}");
         assert!(dup.to_string().contains("tvh0"), "{dup}");
 
@@ -187,9 +195,17 @@ fn addresses_and_routes_round_trip() {
         h.add_address(a.index, net("198.18.5.1/24")).unwrap(); // EEXIST is success
         h.add_address(a.index, net("fd00:5::1/64")).unwrap();
         let addrs = h.addresses(Some(a.index)).unwrap();
-        assert!(addrs.contains(&(a.index, net("198.18.5.1/24"))), "{addrs:?}");
+        assert!(
+            addrs.contains(&(a.index, net("198.18.5.1/24"))),
+            "{addrs:?}"
+        );
         assert!(addrs.contains(&(a.index, net("fd00:5::1/64"))), "{addrs:?}");
-        assert!(h.addresses(Some(b.index)).unwrap().iter().all(|(_, n)| !n.addr().is_ipv4()));
+        assert!(
+            h.addresses(Some(b.index))
+                .unwrap()
+                .iter()
+                .all(|(_, n)| !n.addr().is_ipv4())
+        );
 
         let via = RouteSpec {
             dst: net("10.9.0.0/16"),
@@ -271,8 +287,14 @@ fn bridge_vxlan_neighbours_and_fdb() {
         h.set_link_up(br.index).unwrap();
         h.add_address(br.index, net("198.18.0.1/24")).unwrap();
 
-        h.create_vxlan("vxlan.tern", 4096, "198.18.0.1".parse().unwrap(), Some(br.index), 4789)
-            .unwrap();
+        h.create_vxlan(
+            "vxlan.tern",
+            4096,
+            "198.18.0.1".parse().unwrap(),
+            Some(br.index),
+            4789,
+        )
+        .unwrap();
         let vx = h.link_by_name("vxlan.tern").unwrap().unwrap();
         assert_eq!(vx.kind.as_deref(), Some("vxlan"));
         h.set_link_up(vx.index).unwrap();
@@ -290,7 +312,8 @@ fn bridge_vxlan_neighbours_and_fdb() {
         assert_eq!(n.state, 0x80, "NUD_PERMANENT");
         let fdb = h.fdb(vx.index).unwrap();
         assert!(
-            fdb.iter().any(|f| f.mac == vtep_mac && f.dst == Some(remote)),
+            fdb.iter()
+                .any(|f| f.mac == vtep_mac && f.dst == Some(remote)),
             "{fdb:?}"
         );
         // The block route through the tunnel, as Felix programs it (onlink not needed: the
@@ -320,6 +343,16 @@ fn bridge_vxlan_neighbours_and_fdb() {
         assert!(h.delete_neighbour(vx.index, vtep_ip).unwrap());
         assert!(!h.delete_neighbour(vx.index, vtep_ip).unwrap());
         h.set_master(port.index, 0).unwrap();
+
+        // Moving the other end of the veth into a node namespace, as the lab does.
+        let node = netns::new_anonymous().unwrap();
+        let p1 = h.link_by_name("bp1").unwrap().unwrap();
+        h.set_netns(p1.index, node.as_fd()).unwrap();
+        assert!(h.link_by_name("bp1").unwrap().is_none());
+        let moved = node
+            .run(|| Handle::new().unwrap().link_by_name("bp1").unwrap())
+            .unwrap();
+        assert_eq!(moved.map(|l| l.kind), Some(Some("veth".to_string())));
     });
 }
 
@@ -330,7 +363,9 @@ fn sysctl_is_per_thread_namespace() {
         assert_eq!(sysctl::get("net/ipv4/ip_forward").unwrap(), "1");
         // A fresh namespace has forwarding off: the write above stayed in ours.
         let other = netns::new_anonymous().unwrap();
-        let v = other.run(|| sysctl::get("net/ipv4/ip_forward").unwrap()).unwrap();
+        let v = other
+            .run(|| sysctl::get("net/ipv4/ip_forward").unwrap())
+            .unwrap();
         assert_eq!(v, "0");
     });
 }
@@ -359,8 +394,8 @@ fn pod_interface_setup_check_teardown_end_to_end() {
         let pod_ns = pod_named.open();
         let host_name = host_veth_name("tern", Some(("default", "nginx")), "cid");
         let addrs = [net("10.65.0.5/32"), net("fd00:65::5/128")];
-        let pi = veth::setup_pod_interface(&pod_config(&host_name, &pod_ns, &addrs, false))
-            .unwrap();
+        let pi =
+            veth::setup_pod_interface(&pod_config(&host_name, &pod_ns, &addrs, false)).unwrap();
         assert_eq!(pi.host_ifname, "ternc440f455693");
         assert_eq!(pi.host_mac, HOST_VETH_MAC);
         assert_eq!(pi.pod_ifname, "eth0");
@@ -383,14 +418,17 @@ fn pod_interface_setup_check_teardown_end_to_end() {
             assert_eq!(sysctl::get(&key).unwrap(), want, "{key}");
         }
         let r4 = h.routes(false).unwrap();
-        assert!(r4.contains(&RouteSpec {
-            dst: net("10.65.0.5/32"),
-            gateway: None,
-            oif: Some(host.index),
-            scope: Scope::Link,
-            protocol: TERN_ROUTE_PROTOCOL,
-            table: MAIN_TABLE,
-        }), "{r4:?}");
+        assert!(
+            r4.contains(&RouteSpec {
+                dst: net("10.65.0.5/32"),
+                gateway: None,
+                oif: Some(host.index),
+                scope: Scope::Link,
+                protocol: TERN_ROUTE_PROTOCOL,
+                table: MAIN_TABLE,
+            }),
+            "{r4:?}"
+        );
         let r6 = h.routes(true).unwrap();
         assert!(
             r6.iter().any(|r| r.dst == net("fd00:65::5/128")
@@ -419,27 +457,42 @@ fn pod_interface_setup_check_teardown_end_to_end() {
         assert_eq!(eth0.mac, Some(pi.pod_mac));
         assert!(eth0.up && lo_up);
         assert_eq!(eth0.mtu, 1450);
-        assert!(paddrs.contains(&(eth0.index, net("10.65.0.5/32"))), "{paddrs:?}");
-        assert!(paddrs.contains(&(eth0.index, net("fd00:65::5/128"))), "{paddrs:?}");
-        assert!(proutes4.contains(&RouteSpec {
-            dst: net("169.254.1.1/32"),
-            gateway: None,
-            oif: Some(eth0.index),
-            scope: Scope::Link,
-            protocol: TERN_ROUTE_PROTOCOL,
-            table: MAIN_TABLE,
-        }), "{proutes4:?}");
-        assert!(proutes4.contains(&RouteSpec {
-            dst: net("0.0.0.0/0"),
-            gateway: Some(IpAddr::V4(POD_GATEWAY_V4)),
-            oif: Some(eth0.index),
-            scope: Scope::Universe,
-            protocol: TERN_ROUTE_PROTOCOL,
-            table: MAIN_TABLE,
-        }), "{proutes4:?}");
-        assert!(proutes6.iter().any(|r| r.dst == net("::/0")
-            && r.gateway == Some(IpAddr::V6(POD_GATEWAY_V6))
-            && r.oif == Some(eth0.index)), "{proutes6:?}");
+        assert!(
+            paddrs.contains(&(eth0.index, net("10.65.0.5/32"))),
+            "{paddrs:?}"
+        );
+        assert!(
+            paddrs.contains(&(eth0.index, net("fd00:65::5/128"))),
+            "{paddrs:?}"
+        );
+        assert!(
+            proutes4.contains(&RouteSpec {
+                dst: net("169.254.1.1/32"),
+                gateway: None,
+                oif: Some(eth0.index),
+                scope: Scope::Link,
+                protocol: TERN_ROUTE_PROTOCOL,
+                table: MAIN_TABLE,
+            }),
+            "{proutes4:?}"
+        );
+        assert!(
+            proutes4.contains(&RouteSpec {
+                dst: net("0.0.0.0/0"),
+                gateway: Some(IpAddr::V4(POD_GATEWAY_V4)),
+                oif: Some(eth0.index),
+                scope: Scope::Universe,
+                protocol: TERN_ROUTE_PROTOCOL,
+                table: MAIN_TABLE,
+            }),
+            "{proutes4:?}"
+        );
+        assert!(
+            proutes6.iter().any(|r| r.dst == net("::/0")
+                && r.gateway == Some(IpAddr::V6(POD_GATEWAY_V6))
+                && r.oif == Some(eth0.index)),
+            "{proutes6:?}"
+        );
         assert_eq!(fwd, "0", "ip_forward stays off unless allowed");
 
         veth::check_pod_interface(&host_name, "eth0", &pod_ns, &addrs).unwrap();
@@ -461,21 +514,40 @@ fn pod_interface_setup_check_teardown_end_to_end() {
             })
             .unwrap();
         let e = veth::check_pod_interface(&host_name, "eth0", &pod_ns, &addrs).unwrap_err();
-        assert!(e.to_string().contains("default route via 169.254.1.1"), "{e}");
+        assert!(
+            e.to_string().contains("default route via 169.254.1.1"),
+            "{e}"
+        );
         let e = veth::check_pod_interface(&host_name, "eth0", &pod_ns, &[net("10.65.0.9/32")])
             .unwrap_err();
         assert!(e.to_string().contains("host route 10.65.0.9/32"), "{e}");
 
         veth::teardown_pod_interface(&host_name).unwrap();
         assert!(h.link_by_name(&host_name).unwrap().is_none());
-        assert!(!h.routes(false).unwrap().iter().any(|r| r.dst == net("10.65.0.5/32")));
-        assert!(!h.routes(true).unwrap().iter().any(|r| r.dst == net("fd00:65::5/128")));
-        let pod_links = pod_ns.run(|| Handle::new().unwrap().links().unwrap()).unwrap();
+        assert!(
+            !h.routes(false)
+                .unwrap()
+                .iter()
+                .any(|r| r.dst == net("10.65.0.5/32"))
+        );
+        assert!(
+            !h.routes(true)
+                .unwrap()
+                .iter()
+                .any(|r| r.dst == net("fd00:65::5/128"))
+        );
+        let pod_links = pod_ns
+            .run(|| Handle::new().unwrap().links().unwrap())
+            .unwrap();
         assert!(pod_links.iter().all(|l| l.name != "eth0"), "{pod_links:?}");
         // DEL is idempotent.
         veth::teardown_pod_interface(&host_name).unwrap();
         let e = veth::check_pod_interface(&host_name, "eth0", &pod_ns, &addrs).unwrap_err();
-        assert!(e.to_string().contains(&format!("host veth {host_name} does not exist")), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("host veth {host_name} does not exist")),
+            "{e}"
+        );
     });
 }
 
@@ -489,7 +561,9 @@ fn pod_ip_forwarding_and_fixed_mac_are_applied() {
         cfg.pod_mac = Some(mac);
         let pi = veth::setup_pod_interface(&cfg).unwrap();
         assert_eq!(pi.pod_mac, mac);
-        let fwd = pod_ns.run(|| sysctl::get("net/ipv4/ip_forward").unwrap()).unwrap();
+        let fwd = pod_ns
+            .run(|| sysctl::get("net/ipv4/ip_forward").unwrap())
+            .unwrap();
         assert_eq!(fwd, "1");
         veth::teardown_pod_interface("ternfwd").unwrap();
     });
@@ -510,11 +584,17 @@ fn existing_pod_interface_is_a_clear_error_and_leaves_nothing_behind() {
         assert_eq!(
             e.to_string(),
             format!(
-                "interface eth0 in container namespace {} already exists",
+                "interface eth0 already exists in container namespace {}",
                 pod_named.path.display()
             )
         );
-        assert!(Handle::new().unwrap().link_by_name("ternexists").unwrap().is_none());
+        assert!(
+            Handle::new()
+                .unwrap()
+                .link_by_name("ternexists")
+                .unwrap()
+                .is_none()
+        );
     });
 }
 
@@ -523,12 +603,13 @@ fn stale_host_veth_is_replaced() {
     in_private_netns(|| {
         let me = NetNs::current().unwrap();
         let mut h = Handle::new().unwrap();
-        h.create_veth("ternstale", "stalepeer", me.as_fd(), 0).unwrap();
+        h.create_veth("ternstale", "stalepeer", me.as_fd(), 0)
+            .unwrap();
         let old = h.link_by_name("ternstale").unwrap().unwrap();
         let pod_ns = netns::new_anonymous().unwrap();
         let addrs = [net("10.65.0.8/32")];
-        let pi = veth::setup_pod_interface(&pod_config("ternstale", &pod_ns, &addrs, false))
-            .unwrap();
+        let pi =
+            veth::setup_pod_interface(&pod_config("ternstale", &pod_ns, &addrs, false)).unwrap();
         assert_ne!(pi.host_ifindex, old.index);
         assert!(h.link_by_name("stalepeer").unwrap().is_none());
         veth::check_pod_interface("ternstale", "eth0", &pod_ns, &addrs).unwrap();
@@ -545,14 +626,24 @@ fn failure_inside_the_pod_rolls_back_the_host_veth() {
             .run(|| sysctl::set("net/ipv6/conf/default/disable_ipv6", "1").unwrap())
             .unwrap();
         let addrs = [net("10.65.0.9/32"), net("fd00:65::9/128")];
-        let e = veth::setup_pod_interface(&pod_config("ternfail", &pod_ns, &addrs, false))
-            .unwrap_err();
+        let e =
+            veth::setup_pod_interface(&pod_config("ternfail", &pod_ns, &addrs, false)).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("fd00:65::9") && msg.contains("container namespace"), "{msg}");
+        assert!(
+            msg.contains("fd00:65::9") && msg.contains("container namespace"),
+            "{msg}"
+        );
         let mut h = Handle::new().unwrap();
         assert!(h.link_by_name("ternfail").unwrap().is_none());
-        assert!(!h.routes(false).unwrap().iter().any(|r| r.dst == net("10.65.0.9/32")));
-        let pod_links = pod_ns.run(|| Handle::new().unwrap().links().unwrap()).unwrap();
+        assert!(
+            !h.routes(false)
+                .unwrap()
+                .iter()
+                .any(|r| r.dst == net("10.65.0.9/32"))
+        );
+        let pod_links = pod_ns
+            .run(|| Handle::new().unwrap().links().unwrap())
+            .unwrap();
         assert_eq!(pod_links.len(), 1, "{pod_links:?}");
     });
 }
@@ -581,7 +672,9 @@ fn pod_udp_packet_reaches_the_host_through_proxy_arp() {
         })
         .unwrap();
         let server = UdpSocket::bind("198.18.0.1:0").unwrap();
-        server.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         let server_addr = server.local_addr().unwrap();
 
         let pod_ns = netns::new_anonymous().unwrap();
@@ -604,7 +697,9 @@ fn pod_udp_packet_reaches_the_host_through_proxy_arp() {
         let client = pod_ns
             .run(|| UdpSocket::bind(SocketAddr::new(IpAddr::V4(pod_ip), 0)).unwrap())
             .unwrap();
-        client.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         let client_addr = client.local_addr().unwrap();
         server.send_to(b"pong", client_addr).unwrap();
         let (n, from) = client.recv_from(&mut buf).expect("reply in the pod");

@@ -80,11 +80,15 @@ pub struct TernConf {
 
 impl TernConf {
     pub fn agent_socket(&self) -> PathBuf {
-        self.agent_socket.clone().unwrap_or_else(|| PathBuf::from(tern_api::DEFAULT_SOCKET))
+        self.agent_socket
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(tern_api::DEFAULT_SOCKET))
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.state_dir.clone().unwrap_or_else(|| PathBuf::from(tern_api::DEFAULT_STATE_DIR))
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(tern_api::DEFAULT_STATE_DIR))
     }
 
     pub fn interface_prefix(&self) -> &str {
@@ -93,7 +97,11 @@ impl TernConf {
 
     /// The Calico keys present in this configuration that tern does not use.
     pub fn ignored_keys(&self) -> Vec<&str> {
-        IGNORED_CALICO_KEYS.iter().copied().filter(|k| self.other.contains_key(*k)).collect()
+        IGNORED_CALICO_KEYS
+            .iter()
+            .copied()
+            .filter(|k| self.other.contains_key(*k))
+            .collect()
     }
 }
 
@@ -111,7 +119,9 @@ fn flexible_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Err
         Some(B::Str(s)) => match s.to_ascii_lowercase().as_str() {
             "true" => Ok(Some(true)),
             "false" => Ok(Some(false)),
-            _ => Err(serde::de::Error::custom(format!("expected \"true\" or \"false\", found {s:?}"))),
+            _ => Err(serde::de::Error::custom(format!(
+                "expected \"true\" or \"false\", found {s:?}"
+            ))),
         },
     }
 }
@@ -137,12 +147,18 @@ mod tests {
 
     #[test]
     fn calico_strings_and_bools() {
-        let c: TernIpamConf =
-            serde_json::from_value(serde_json::json!({"assign_ipv4": "true", "assign_ipv6": false})).unwrap();
+        let c: TernIpamConf = serde_json::from_value(
+            serde_json::json!({"assign_ipv4": "true", "assign_ipv6": false}),
+        )
+        .unwrap();
         assert_eq!(c.assign_ipv4, Some(true));
         assert_eq!(c.assign_ipv6, Some(false));
         let e = serde_json::from_value::<TernIpamConf>(serde_json::json!({"assign_ipv4": "yes"}));
-        assert!(e.unwrap_err().to_string().contains("expected \"true\" or \"false\""));
+        assert!(
+            e.unwrap_err()
+                .to_string()
+                .contains("expected \"true\" or \"false\"")
+        );
     }
 
     #[test]

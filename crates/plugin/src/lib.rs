@@ -42,7 +42,9 @@ pub fn main(plugin: Plugin) -> ! {
     let version = peek_version(&stdin);
     let out = match read {
         Ok(_) => run(plugin, &stdin),
-        Err(e) => Err(CniError::io(format!("reading the network configuration from stdin: {e}"))),
+        Err(e) => Err(CniError::io(format!(
+            "reading the network configuration from stdin: {e}"
+        ))),
     };
     match out {
         Ok(Some(s)) => {
@@ -61,7 +63,11 @@ pub fn main(plugin: Plugin) -> ! {
 fn peek_version(stdin: &[u8]) -> String {
     serde_json::from_slice::<Value>(stdin)
         .ok()
-        .and_then(|v| v.get("cniVersion").and_then(|s| s.as_str()).map(str::to_string))
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(|s| s.as_str())
+                .map(str::to_string)
+        })
         .filter(|s| Version::parse(s).is_some())
         .unwrap_or_else(|| Version::LATEST.as_str().to_string())
 }
@@ -107,15 +113,27 @@ pub fn run(plugin: Plugin, stdin: &[u8]) -> Result<Option<String>, CniError> {
         tern.log_level.as_deref(),
         tern.log_file_path.as_deref(),
         tern.log_file_max_size,
-        format!("{prefix} {} {}/{}", env.command, env.container_id, env.ifname),
+        format!(
+            "{prefix} {} {}/{}",
+            env.command, env.container_id, env.ifname
+        ),
     );
     if log.enabled(Level::Debug) {
         let ignored = tern.ignored_keys();
         if !ignored.is_empty() {
-            log.log(Level::Debug, &format!("accepted and not used by tern: {}", ignored.join(", ")));
+            log.log(
+                Level::Debug,
+                &format!("accepted and not used by tern: {}", ignored.join(", ")),
+            );
         }
     }
-    let call = Call { env, conf, tern, stdin, log };
+    let call = Call {
+        env,
+        conf,
+        tern,
+        stdin,
+        log,
+    };
     let out = match plugin {
         Plugin::Tern => call.tern(),
         Plugin::TernIpam => call.tern_ipam(),
@@ -127,7 +145,8 @@ pub fn run(plugin: Plugin, stdin: &[u8]) -> Result<Option<String>, CniError> {
 }
 
 fn call_log_error(call: &Call, e: &CniError) {
-    call.log.log(Level::Error, &format!("code {}: {}", e.code, e.msg));
+    call.log
+        .log(Level::Error, &format!("code {}: {}", e.code, e.msg));
 }
 
 fn from_reply(e: ErrorReply) -> CniError {
@@ -136,7 +155,11 @@ fn from_reply(e: ErrorReply) -> CniError {
 
 impl Call<'_> {
     fn ipam_type(&self) -> &str {
-        self.conf.ipam.as_ref().map(|i| i.plugin_type.as_str()).unwrap_or(TERN_IPAM)
+        self.conf
+            .ipam
+            .as_ref()
+            .map(|i| i.plugin_type.as_str())
+            .unwrap_or(TERN_IPAM)
     }
 
     fn delegated(&self) -> bool {
@@ -157,7 +180,12 @@ impl Call<'_> {
             network: self.conf.name.clone(),
             container_id: self.env.container_id.clone(),
             ifname: self.env.ifname.clone(),
-            netns_path: self.env.netns.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            netns_path: self
+                .env
+                .netns
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
             pod,
         }
     }
@@ -171,12 +199,26 @@ impl Call<'_> {
     }
 
     /// Sends a request; an unreachable agent is `Err(CallError)`, an agent error `Ok(Err)`.
-    fn call(&self, req: &Request, fd: Option<&File>) -> Result<Result<Reply, ErrorReply>, CallError> {
-        tern_api::call(&self.tern.agent_socket(), req, fd.map(|f| f.as_raw_fd()), AGENT_TIMEOUT)
+    fn call(
+        &self,
+        req: &Request,
+        fd: Option<&File>,
+    ) -> Result<Result<Reply, ErrorReply>, CallError> {
+        tern_api::call(
+            &self.tern.agent_socket(),
+            req,
+            fd.map(|f| f.as_raw_fd()),
+            AGENT_TIMEOUT,
+        )
     }
 
     /// Like [`Call::call`], with an unreachable agent turned into `down(message)`.
-    fn call_or(&self, req: &Request, fd: Option<&File>, down: fn(String) -> CniError) -> Result<Reply, CniError> {
+    fn call_or(
+        &self,
+        req: &Request,
+        fd: Option<&File>,
+        down: fn(String) -> CniError,
+    ) -> Result<Reply, CniError> {
         match self.call(req, fd) {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => Err(from_reply(e)),
@@ -187,7 +229,9 @@ impl Call<'_> {
     /// Opens CNI_NETNS and makes sure it is a network namespace.
     fn open_netns(&self) -> Result<File, CniError> {
         let Some(path) = &self.env.netns else {
-            return Err(CniError::invalid_env("required env variable CNI_NETNS is missing"));
+            return Err(CniError::invalid_env(
+                "required env variable CNI_NETNS is missing",
+            ));
         };
         open_netns(path)
     }
@@ -195,10 +239,16 @@ impl Call<'_> {
     fn ipam_request(&self) -> Result<IpamRequest, CniError> {
         let mut req = IpamRequest::default();
         if let Some(ipam) = &self.conf.ipam {
-            let ic: TernIpamConf = serde_path_to_error::deserialize(Value::Object(ipam.extra.clone()))
-                .map_err(|e| {
-                    CniError::invalid_config(format!("invalid network config: field `ipam.{}`: {}", e.path(), e.inner()))
-                })?;
+            let ic: TernIpamConf = serde_path_to_error::deserialize(Value::Object(
+                ipam.extra.clone(),
+            ))
+            .map_err(|e| {
+                CniError::invalid_config(format!(
+                    "invalid network config: field `ipam.{}`: {}",
+                    e.path(),
+                    e.inner()
+                ))
+            })?;
             req.assign_ipv4 = ic.assign_ipv4.unwrap_or(true);
             req.assign_ipv6 = ic.assign_ipv6.unwrap_or(false);
             req.ipv4_pools = ic.ipv4_pools;
@@ -209,7 +259,11 @@ impl Call<'_> {
             requested.extend(rc.ips.iter().cloned());
         }
         if let Some(ip) = &self.env.args.ip {
-            requested.extend(ip.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()));
+            requested.extend(
+                ip.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty()),
+            );
         }
         if let Some(cni) = self.conf.args.as_ref().and_then(|a| a.cni.as_ref()) {
             requested.extend(cni.ips.iter().cloned());
@@ -220,7 +274,12 @@ impl Call<'_> {
     }
 
     fn labels(&self) -> std::collections::BTreeMap<String, String> {
-        self.conf.args.as_ref().and_then(|a| a.cni.as_ref()).map(|c| c.labels_map()).unwrap_or_default()
+        self.conf
+            .args
+            .as_ref()
+            .and_then(|a| a.cni.as_ref())
+            .map(|c| c.labels_map())
+            .unwrap_or_default()
     }
 
     fn delegate(&self, command: Command) -> Result<Option<Value>, CniError> {
@@ -247,13 +306,24 @@ impl Call<'_> {
             mtu: self.tern.mtu,
             ipam: IpamRequest::default(),
             delegated_ips: None,
-            mac: self.conf.runtime_config.as_ref().and_then(|r| r.mac.clone()),
-            allow_ip_forwarding: self.tern.container_settings.as_ref().is_some_and(|c| c.allow_ip_forwarding),
+            mac: self
+                .conf
+                .runtime_config
+                .as_ref()
+                .and_then(|r| r.mac.clone()),
+            allow_ip_forwarding: self
+                .tern
+                .container_settings
+                .as_ref()
+                .is_some_and(|c| c.allow_ip_forwarding),
             labels: self.labels(),
         };
         if self.delegated() {
             let out = self.delegate(Command::Add)?.ok_or_else(|| {
-                CniError::decode(format!("IPAM plugin {:?} returned no result", self.ipam_type()))
+                CniError::decode(format!(
+                    "IPAM plugin {:?} returned no result",
+                    self.ipam_type()
+                ))
             })?;
             let r = CniResult::from_json(&out)?;
             if r.ips.is_empty() {
@@ -296,7 +366,17 @@ impl Call<'_> {
         if let Some(prev) = &self.conf.prev_result {
             result = merge_prev(CniResult::from_json(prev)?, result);
         }
-        self.log.log(Level::Info, &format!("ADD ok: {}", nr.ips.iter().map(|i| i.address.as_str()).collect::<Vec<_>>().join(",")));
+        self.log.log(
+            Level::Info,
+            &format!(
+                "ADD ok: {}",
+                nr.ips
+                    .iter()
+                    .map(|i| i.address.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        );
         Ok(Some(result.to_json(self.conf.cni_version).to_string()))
     }
 
@@ -304,13 +384,17 @@ impl Call<'_> {
     /// main plugin runs the IPAM DEL before returning the failure).
     fn undo_delegated_add(&self) {
         if let Err(e) = self.delegate(Command::Del) {
-            self.log.log(Level::Warn, &format!("undoing IPAM ADD: {}", e.msg));
+            self.log
+                .log(Level::Warn, &format!("undoing IPAM ADD: {}", e.msg));
         }
     }
 
     fn del(&self) -> Result<(), CniError> {
         let attachment = self.attachment();
-        let req = Request::Del(DelRequest { attachment: attachment.clone(), delegated_ipam: self.delegated() });
+        let req = Request::Del(DelRequest {
+            attachment: attachment.clone(),
+            delegated_ipam: self.delegated(),
+        });
         match self.call(&req, None) {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(from_reply(e)),
@@ -324,10 +408,17 @@ impl Call<'_> {
 
     /// DEL while ternd is down: remove the host veth here, journal the release for ternd.
     fn del_without_agent(&self, a: &Attachment, why: &str) -> Result<(), CniError> {
-        let pod = a.pod.as_ref().map(|p| (p.namespace.as_str(), p.name.as_str()));
-        let host_if = tern_linux::host_veth_name(self.tern.interface_prefix(), pod, &a.container_id);
-        tern_linux::veth::teardown_pod_interface(&host_if)
-            .map_err(|e| CniError::io(format!("ternd is down ({why}) and removing {host_if} failed: {e}")))?;
+        let pod = a
+            .pod
+            .as_ref()
+            .map(|p| (p.namespace.as_str(), p.name.as_str()));
+        let host_if =
+            tern_linux::host_veth_name(self.tern.interface_prefix(), pod, &a.container_id);
+        tern_linux::veth::teardown_pod_interface(&host_if).map_err(|e| {
+            CniError::io(format!(
+                "ternd is down ({why}) and removing {host_if} failed: {e}"
+            ))
+        })?;
         let entry = tern_api::journal::JournalEntry {
             attachment: a.clone(),
             host_ifname: host_if,
@@ -340,7 +431,13 @@ impl Call<'_> {
                 self.tern.state_dir().display()
             ))
         })?;
-        self.log.log(Level::Warn, &format!("ternd is down ({why}); release journaled at {}", path.display()));
+        self.log.log(
+            Level::Warn,
+            &format!(
+                "ternd is down ({why}); release journaled at {}",
+                path.display()
+            ),
+        );
         Ok(())
     }
 
@@ -350,7 +447,10 @@ impl Call<'_> {
             Some(p) => Some(to_api_result(&CniResult::from_json(p)?)),
             None => None,
         };
-        let req = Request::Check(CheckRequest { attachment: self.attachment(), prev_result: prev });
+        let req = Request::Check(CheckRequest {
+            attachment: self.attachment(),
+            prev_result: prev,
+        });
         self.call_or(&req, Some(&netns), CniError::try_again_later)?;
         if self.delegated() {
             self.delegate(Command::Check)?;
@@ -360,7 +460,11 @@ impl Call<'_> {
 
     fn gc(&self) -> Result<(), CniError> {
         let valid = tern_cni::conf::valid_attachments(&self.conf);
-        let req = Request::Gc(GcRequest { network: self.conf.name.clone(), valid, delegated_ipam: self.delegated() });
+        let req = Request::Gc(GcRequest {
+            network: self.conf.name.clone(),
+            valid,
+            delegated_ipam: self.delegated(),
+        });
         let mut errors = Vec::new();
         if let Err(e) = self.call_or(&req, None, CniError::try_again_later) {
             errors.push(e);
@@ -375,7 +479,11 @@ impl Call<'_> {
             1 => Err(errors.remove(0)),
             _ => Err(CniError::new(
                 errors[0].code,
-                errors.iter().map(|e| e.msg.as_str()).collect::<Vec<_>>().join("; "),
+                errors
+                    .iter()
+                    .map(|e| e.msg.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
             )),
         }
     }
@@ -394,7 +502,10 @@ impl Call<'_> {
         let a = self.attachment();
         match self.env.command {
             Command::Add => {
-                let req = Request::IpamAdd(IpamAddRequest { attachment: a, ipam: self.ipam_request()? });
+                let req = Request::IpamAdd(IpamAddRequest {
+                    attachment: a,
+                    ipam: self.ipam_request()?,
+                });
                 let Reply::Result(nr) = self.call_or(&req, None, CniError::try_again_later)? else {
                     return Err(CniError::agent("ternd answered IPAM ADD without a result"));
                 };
@@ -419,13 +530,22 @@ impl Call<'_> {
                 }
                 Ok(None)
             }
-            Command::Check => self.call_or(&Request::IpamCheck(a), None, CniError::try_again_later).map(|_| None),
+            Command::Check => self
+                .call_or(&Request::IpamCheck(a), None, CniError::try_again_later)
+                .map(|_| None),
             Command::Gc => {
                 let valid = tern_cni::conf::valid_attachments(&self.conf);
-                let req = Request::Gc(GcRequest { network: self.conf.name.clone(), valid, delegated_ipam: false });
-                self.call_or(&req, None, CniError::try_again_later).map(|_| None)
+                let req = Request::Gc(GcRequest {
+                    network: self.conf.name.clone(),
+                    valid,
+                    delegated_ipam: false,
+                });
+                self.call_or(&req, None, CniError::try_again_later)
+                    .map(|_| None)
             }
-            Command::Status => self.call_or(&Request::Status, None, CniError::not_available).map(|_| None),
+            Command::Status => self
+                .call_or(&Request::Status, None, CniError::not_available)
+                .map(|_| None),
             Command::Version => unreachable!("handled before parsing"),
         }
     }
@@ -434,7 +554,10 @@ impl Call<'_> {
 /// Opens a netns path, with errors naming CNI_NETNS.
 pub fn open_netns(path: &Path) -> Result<File, CniError> {
     let f = File::open(path).map_err(|e| {
-        CniError::invalid_env(format!("CNI_NETNS {}: cannot open the network namespace: {e}", path.display()))
+        CniError::invalid_env(format!(
+            "CNI_NETNS {}: cannot open the network namespace: {e}",
+            path.display()
+        ))
     })?;
     const NSFS_MAGIC: i64 = 0x6e73_6673;
     // SAFETY: fstatfs writes into the zeroed struct we own.
@@ -451,7 +574,8 @@ pub fn open_netns(path: &Path) -> Result<File, CniError> {
 
 /// The agent's result in tern-cni's model.
 pub fn to_cni_result(nr: &NetResult) -> Result<CniResult, CniError> {
-    let bad = |what: &str, v: &str| CniError::agent(format!("ternd returned an invalid {what} {v:?}"));
+    let bad =
+        |what: &str, v: &str| CniError::agent(format!("ternd returned an invalid {what} {v:?}"));
     let mut r = CniResult::default();
     for i in &nr.interfaces {
         r.interfaces.push(tern_cni::Interface {
@@ -464,7 +588,10 @@ pub fn to_cni_result(nr: &NetResult) -> Result<CniResult, CniError> {
     }
     for ip in &nr.ips {
         r.ips.push(tern_cni::IpConfig {
-            address: ip.address.parse().map_err(|_| bad("address", &ip.address))?,
+            address: ip
+                .address
+                .parse()
+                .map_err(|_| bad("address", &ip.address))?,
             gateway: match &ip.gateway {
                 Some(g) => Some(g.parse().map_err(|_| bad("gateway", g))?),
                 None => None,
@@ -507,7 +634,10 @@ pub fn to_api_result(r: &CniResult) -> NetResult {
         routes: r
             .routes
             .iter()
-            .map(|rt| tern_api::Route { dst: rt.dst.to_string(), gw: rt.gw.map(|g| g.to_string()) })
+            .map(|rt| tern_api::Route {
+                dst: rt.dst.to_string(),
+                gw: rt.gw.map(|g| g.to_string()),
+            })
             .collect(),
     }
 }
@@ -535,11 +665,28 @@ mod tests {
     fn result_conversion_round_trip() {
         let nr = NetResult {
             interfaces: vec![
-                tern_api::Interface { name: "ternabc".into(), mac: "ee:ee:ee:ee:ee:ee".into(), sandbox: String::new(), mtu: None },
-                tern_api::Interface { name: "eth0".into(), mac: "02:00:00:00:00:01".into(), sandbox: "/run/netns/x".into(), mtu: Some(1500) },
+                tern_api::Interface {
+                    name: "ternabc".into(),
+                    mac: "ee:ee:ee:ee:ee:ee".into(),
+                    sandbox: String::new(),
+                    mtu: None,
+                },
+                tern_api::Interface {
+                    name: "eth0".into(),
+                    mac: "02:00:00:00:00:01".into(),
+                    sandbox: "/run/netns/x".into(),
+                    mtu: Some(1500),
+                },
             ],
-            ips: vec![tern_api::IpConfig { address: "10.244.0.5/32".into(), gateway: None, interface: Some(1) }],
-            routes: vec![tern_api::Route { dst: "0.0.0.0/0".into(), gw: None }],
+            ips: vec![tern_api::IpConfig {
+                address: "10.244.0.5/32".into(),
+                gateway: None,
+                interface: Some(1),
+            }],
+            routes: vec![tern_api::Route {
+                dst: "0.0.0.0/0".into(),
+                gw: None,
+            }],
         };
         let r = to_cni_result(&nr).unwrap();
         let j = r.to_json(Version::parse("0.3.1").unwrap());
@@ -552,7 +699,14 @@ mod tests {
 
     #[test]
     fn bad_agent_result_is_an_error() {
-        let nr = NetResult { ips: vec![tern_api::IpConfig { address: "nope".into(), gateway: None, interface: None }], ..Default::default() };
+        let nr = NetResult {
+            ips: vec![tern_api::IpConfig {
+                address: "nope".into(),
+                gateway: None,
+                interface: None,
+            }],
+            ..Default::default()
+        };
         let e = to_cni_result(&nr).unwrap_err();
         assert!(e.msg.contains("nope"));
     }
@@ -560,10 +714,20 @@ mod tests {
     #[test]
     fn merge_shifts_interface_indices() {
         let mut prev = CniResult::default();
-        prev.interfaces.push(tern_cni::Interface { name: "lo".into(), ..Default::default() });
+        prev.interfaces.push(tern_cni::Interface {
+            name: "lo".into(),
+            ..Default::default()
+        });
         let mut ours = CniResult::default();
-        ours.interfaces.push(tern_cni::Interface { name: "eth0".into(), ..Default::default() });
-        ours.ips.push(tern_cni::IpConfig { address: "10.0.0.1/32".parse().unwrap(), gateway: None, interface: Some(0) });
+        ours.interfaces.push(tern_cni::Interface {
+            name: "eth0".into(),
+            ..Default::default()
+        });
+        ours.ips.push(tern_cni::IpConfig {
+            address: "10.0.0.1/32".parse().unwrap(),
+            gateway: None,
+            interface: Some(0),
+        });
         let m = merge_prev(prev, ours);
         assert_eq!(m.interfaces.len(), 2);
         assert_eq!(m.ips[0].interface, Some(1));

@@ -35,7 +35,12 @@ pub struct Logger {
 
 impl Logger {
     /// A logger for one invocation; a log file that cannot be opened falls back to stderr.
-    pub fn new(level: Option<&str>, path: Option<&Path>, max_size_mb: Option<u64>, prefix: String) -> Logger {
+    pub fn new(
+        level: Option<&str>,
+        path: Option<&Path>,
+        max_size_mb: Option<u64>,
+        prefix: String,
+    ) -> Logger {
         let level = level.map(Level::parse).unwrap_or(Level::Info);
         let file = path.and_then(|p| {
             if let Some(dir) = p.parent() {
@@ -48,9 +53,18 @@ impl Logger {
             {
                 let _ = std::fs::rename(p, p.with_extension("log.1"));
             }
-            OpenOptions::new().create(true).append(true).open(p).ok().map(Mutex::new)
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .ok()
+                .map(Mutex::new)
         });
-        Logger { level, file, prefix }
+        Logger {
+            level,
+            file,
+            prefix,
+        }
     }
 
     pub fn enabled(&self, level: Level) -> bool {
@@ -61,7 +75,9 @@ impl Logger {
         if !self.enabled(level) {
             return;
         }
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         let line = format!(
             "{}.{:03} {:?} {} {msg}\n",
             now.as_secs(),

@@ -28,7 +28,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            lease_ttl: Duration::from_millis(600),
+            lease_ttl: Duration::from_secs(1),
             cas_threads: 4,
             cas_increments: 50,
         }

@@ -147,12 +147,9 @@ pub fn apply(store: &dyn Store, text: &str, file: &str) -> anyhow::Result<BTreeM
     let problems = validate_all(store, &resources, text, file)?;
     if !problems.is_empty() {
         bail!(
-            "{} invalid; nothing was applied:\n  {}",
-            if problems.len() == 1 {
-                "1 problem".to_string()
-            } else {
-                format!("{} problems", problems.len())
-            },
+            "{file} is invalid ({} problem{}); nothing was applied:\n  {}",
+            problems.len(),
+            if problems.len() == 1 { "" } else { "s" },
             problems.join("\n  ")
         );
     }
@@ -201,12 +198,20 @@ spec:
         let store = MemStore::new();
         let counts = apply(&store, TWO_POOLS, "pools.yaml").unwrap();
         assert_eq!(counts[&Kind::IpPool], 2);
-        assert_eq!(summary(&counts), "Successfully applied 2 'IPPool' resource(s)");
+        assert_eq!(
+            summary(&counts),
+            "Successfully applied 2 'IPPool' resource(s)"
+        );
         let pools = tern_model::list_resources(&store, Kind::IpPool).unwrap();
         assert_eq!(pools.len(), 2);
         // Re-applying the same file updates in place.
         apply(&store, TWO_POOLS, "pools.yaml").unwrap();
-        assert_eq!(tern_model::list_resources(&store, Kind::IpPool).unwrap().len(), 2);
+        assert_eq!(
+            tern_model::list_resources(&store, Kind::IpPool)
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[test]
@@ -214,10 +219,14 @@ spec:
         let store = MemStore::new();
         let text = TWO_POOLS.replace("10.245.0.0/16", "10.245.0.0/33");
         let e = format!("{:#}", apply(&store, &text, "pools.yaml").unwrap_err());
-        assert!(e.contains("pools.yaml:14:"), "{e}");
+        assert!(e.contains("pools.yaml:13:"), "{e}");
         assert!(e.contains("spec.cidr"), "{e}");
         assert!(e.contains("nothing was applied"), "{e}");
-        assert!(tern_model::list_resources(&store, Kind::IpPool).unwrap().is_empty());
+        assert!(
+            tern_model::list_resources(&store, Kind::IpPool)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -225,9 +234,13 @@ spec:
         let store = MemStore::new();
         let text = TWO_POOLS.replace("blockSize: 24", "blockSize: big");
         let e = format!("{:#}", apply(&store, &text, "pools.yaml").unwrap_err());
-        assert!(e.contains("pools.yaml:15"), "{e}");
+        assert!(e.contains("pools.yaml:14"), "{e}");
         assert!(e.contains("blockSize"), "{e}");
-        assert!(tern_model::list_resources(&store, Kind::IpPool).unwrap().is_empty());
+        assert!(
+            tern_model::list_resources(&store, Kind::IpPool)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -249,7 +262,11 @@ spec:
         let store2 = MemStore::new();
         let both = format!("{TWO_POOLS}---\n{other}");
         assert!(apply(&store2, &both, "x.yaml").is_err());
-        assert!(tern_model::list_resources(&store2, Kind::IpPool).unwrap().is_empty());
+        assert!(
+            tern_model::list_resources(&store2, Kind::IpPool)
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -258,7 +275,9 @@ spec:
         let json = r#"{"apiVersion":"tern.dev/v1","kind":"IPPool",
             "metadata":{"name":"j"},"spec":{"cidr":"10.1.0.0/16"}}"#;
         apply(&store, json, "p.json").unwrap();
-        let p = tern_model::get_resource(&store, Kind::IpPool, None, "j").unwrap().unwrap();
+        let p = tern_model::get_resource(&store, Kind::IpPool, None, "j")
+            .unwrap()
+            .unwrap();
         match p {
             Resource::IpPool(p) => assert_eq!(p.spec.block_size, 26),
             other => panic!("unexpected {other:?}"),

@@ -148,7 +148,13 @@ pub fn format_mac(mac: &[u8; 6]) -> String {
 }
 
 pub(crate) fn check_ifname(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > 15 || name.contains(['/', ':', '\0']) || name.contains(char::is_whitespace) || name == "." || name == ".." {
+    if name.is_empty()
+        || name.len() > 15
+        || name.contains(['/', ':', '\0'])
+        || name.contains(char::is_whitespace)
+        || name == "."
+        || name == ".."
+    {
         return Err(LinuxError::InvalidArgument(format!(
             "interface name {name:?} must be 1-15 bytes without '/', ':' or whitespace"
         )));
@@ -245,7 +251,9 @@ impl Handle {
     pub fn links(&mut self) -> Result<Vec<Link>> {
         let mut m = Msg::new(RTM_GETLINK, NLM_F_DUMP);
         m.raw(&ifinfomsg(libc::AF_UNSPEC as u8, 0, 0, 0));
-        let replies = self.sock.request_dump(&mut m, &|| "list links".to_string())?;
+        let replies = self
+            .sock
+            .request_dump(&mut m, &|| "list links".to_string())?;
         replies
             .iter()
             .filter(|r| r.msg_type == RTM_NEWLINK)
@@ -425,11 +433,28 @@ impl Handle {
         what: &dyn Fn() -> String,
     ) -> Result<()> {
         let mut m = Msg::new(RTM_NEWLINK, NLM_F_ACK);
-        m.raw(&ifinfomsg(libc::AF_UNSPEC as u8, index as i32, flags, change));
+        m.raw(&ifinfomsg(
+            libc::AF_UNSPEC as u8,
+            index as i32,
+            flags,
+            change,
+        ));
         if let Some((k, v)) = attr {
             m.attr(k, v);
         }
         self.sock.request_ack(&mut m, what)
+    }
+
+    /// Moves the link into the network namespace `ns` (it keeps its name; the index may change).
+    pub fn set_netns(&mut self, index: u32, ns: BorrowedFd<'_>) -> Result<()> {
+        let fd = ns.as_raw_fd() as u32;
+        self.set_link(
+            index,
+            0,
+            0,
+            Some((IFLA_NET_NS_FD, &fd.to_ne_bytes())),
+            &|| format!("move link index {index} to network namespace fd {fd}"),
+        )
     }
 
     /// Sets the link administratively up.
@@ -478,7 +503,13 @@ impl Handle {
         let v6 = ip.is_ipv6();
         let nodad = if v6 { IFA_F_NODAD } else { 0 };
         let mut m = Msg::new(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL);
-        m.raw(&ifaddrmsg(family_of(&ip), addr.prefix_len(), nodad as u8, 0, index));
+        m.raw(&ifaddrmsg(
+            family_of(&ip),
+            addr.prefix_len(),
+            nodad as u8,
+            0,
+            index,
+        ));
         let bytes = ip_bytes(&ip);
         if !v6 {
             m.attr(IFA_LOCAL, &bytes);
@@ -487,10 +518,9 @@ impl Handle {
         if v6 {
             m.attr_u32(IFA_FLAGS, nodad);
         }
-        match self
-            .sock
-            .request_ack(&mut m, &|| format!("add address {addr} to link index {index}"))
-        {
+        match self.sock.request_ack(&mut m, &|| {
+            format!("add address {addr} to link index {index}")
+        }) {
             Err(e) if e.is_already_exists() => Ok(()),
             other => other,
         }
@@ -557,7 +587,9 @@ impl Handle {
 
     /// Installs or replaces a unicast route.
     pub fn replace_route(&mut self, r: &RouteSpec) -> Result<()> {
-        if r.gateway.is_some_and(|g| g.is_ipv4() != r.dst.addr().is_ipv4()) {
+        if r.gateway
+            .is_some_and(|g| g.is_ipv4() != r.dst.addr().is_ipv4())
+        {
             return Err(LinuxError::InvalidArgument(format!(
                 "route {} has a gateway of another address family",
                 r.dst
@@ -674,7 +706,12 @@ impl Handle {
     /// Adds or replaces a permanent FDB entry `mac -> dst` on a VXLAN device (`NTF_SELF`).
     pub fn add_fdb(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> Result<()> {
         let mut m = Msg::new(RTM_NEWNEIGH, NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE);
-        m.raw(&ndmsg(libc::AF_BRIDGE as u8, index, NUD_PERMANENT, NTF_SELF));
+        m.raw(&ndmsg(
+            libc::AF_BRIDGE as u8,
+            index,
+            NUD_PERMANENT,
+            NTF_SELF,
+        ));
         m.attr(NDA_LLADDR, &mac);
         m.attr(NDA_DST, &ip_bytes(&dst));
         self.sock.request_ack(&mut m, &|| {

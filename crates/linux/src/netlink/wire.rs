@@ -135,7 +135,8 @@ impl Msg {
     pub(crate) fn begin_nest(&mut self, kind: u16) -> &mut Msg {
         self.nests.push(self.buf.len());
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
         self
     }
 
@@ -310,14 +311,7 @@ impl Socket {
         let seq = self.seq;
         let bytes = msg.finish(seq);
         // SAFETY: bytes is a valid buffer of the given length.
-        let n = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                bytes.as_ptr().cast(),
-                bytes.len(),
-                0,
-            )
-        };
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
         if n < 0 {
             return Err(LinuxError::io(
                 format!("{}: send netlink request", context()),
@@ -411,7 +405,11 @@ impl Socket {
     }
 
     /// Sends a request that expects only an acknowledgement.
-    pub(crate) fn request_ack(&mut self, msg: &mut Msg, context: &dyn Fn() -> String) -> Result<()> {
+    pub(crate) fn request_ack(
+        &mut self,
+        msg: &mut Msg,
+        context: &dyn Fn() -> String,
+    ) -> Result<()> {
         let seq = self.send(msg, context)?;
         while !self.recv_batch(seq, context, &mut |_, _| Ok(false))? {}
         Ok(())
@@ -488,8 +486,14 @@ mod tests {
         m.attr_str(IFLA_INFO_KIND, "veth");
         m.end_nest();
         let bytes = m.finish(7).to_vec();
-        assert_eq!(u32::from_ne_bytes(bytes[0..4].try_into().unwrap()) as usize, bytes.len());
-        assert_eq!(u16::from_ne_bytes(bytes[6..8].try_into().unwrap()), NLM_F_REQUEST | NLM_F_ACK);
+        assert_eq!(
+            u32::from_ne_bytes(bytes[0..4].try_into().unwrap()) as usize,
+            bytes.len()
+        );
+        assert_eq!(
+            u16::from_ne_bytes(bytes[6..8].try_into().unwrap()),
+            NLM_F_REQUEST | NLM_F_ACK
+        );
         assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 7);
         let body = &bytes[NLMSG_HDRLEN + 16..];
         let parsed: Vec<_> = attrs(body).collect();

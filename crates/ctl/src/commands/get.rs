@@ -1,0 +1,282 @@
+//! `ternctl get KIND [NAME] [-n NS] -o table|yaml|json`.
+
+use anyhow::bail;
+use tern_model::{Kind, Resource};
+use tern_store::Store;
+
+use crate::cli::Output;
+use crate::table;
+
+/// Parses a kind as users type it: case-insensitive, singular, plural or short
+/// (`ippools`, `wep`, `IPAMConfig`, `nodes`).
+pub fn parse_kind(s: &str) -> anyhow::Result<Kind> {
+    s.parse::<Kind>().map_err(anyhow::Error::msg)
+}
+
+/// Reads the requested resources. With a name: that resource (in `namespace`, or in any
+/// namespace for a namespaced kind when none is given), an error if absent. Without: every
+/// resource of the kind, restricted to `namespace` when given.
+pub fn fetch(
+    store: &dyn Store,
+    kind: Kind,
+    name: Option<&str>,
+    namespace: Option<&str>,
+) -> anyhow::Result<Vec<Resource>> {
+    let all = tern_model::list_resources(store, kind)?;
+    let in_ns =
+        |r: &Resource| !kind.namespaced() || namespace.is_none_or(|n| r.namespace() == Some(n));
+    let found: Vec<Resource> = all
+        .into_iter()
+        .filter(|r| in_ns(r) && name.is_none_or(|n| r.name() == n))
+        .collect();
+    if let Some(n) = name
+        && found.is_empty()
+    {
+        match (kind.namespaced(), namespace) {
+            (true, Some(ns)) => bail!("{kind} {n:?} not found in namespace {ns:?}"),
+            _ => bail!("{kind} {n:?} not found"),
+        }
+    }
+    Ok(found)
+}
+
+/// Renders resources in the requested format. YAML lists are `---`-separated documents and JSON
+/// lists are arrays, so the output can be fed back to `apply -f`.
+pub fn render(kind: Kind, resources: &[Resource], output: Output, single: bool) -> String {
+    match output {
+        Output::Table => render_table(kind, resources),
+        Output::Yaml => resources
+            .iter()
+            .map(|r| r.to_yaml())
+            .collect::<Vec<_>>()
+            .join("---\n"),
+        Output::Json => {
+            let v: Vec<serde_json::Value> = resources
+                .iter()
+                .map(|r| serde_json::to_value(r).unwrap_or_default())
+                .collect();
+            let v = if single && v.len() == 1 {
+                v.into_iter().next().unwrap_or_default()
+            } else {
+                serde_json::Value::Array(v)
+            };
+            serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+        }
+    }
+}
+
+fn render_table(kind: Kind, resources: &[Resource]) -> String {
+    let (headers, rows): (&[&str], Vec<Vec<String>>) = match kind {
+        Kind::IpPool => (
+            &["NAME", "CIDR", "SELECTOR"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::IpPool(p) => Some(vec![
+                        p.metadata.name.clone(),
+                        p.spec.cidr.clone(),
+                        p.spec.node_selector.clone(),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::WorkloadEndpoint => (
+            &[
+                "NAMESPACE",
+                "NAME",
+                "WORKLOAD",
+                "NODE",
+                "NETWORKS",
+                "INTERFACE",
+            ],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::WorkloadEndpoint(w) => Some(vec![
+                        w.metadata.namespace.clone().unwrap_or_default(),
+                        w.metadata.name.clone(),
+                        w.spec.pod.clone(),
+                        w.spec.node.clone(),
+                        w.spec.ip_networks.join(","),
+                        w.spec.interface_name.clone(),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::Node => (
+            &["NAME", "ADDRESSES"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::Node(n) => {
+                        let mut addrs: Vec<String> =
+                            n.spec.addresses.iter().map(|a| a.address.clone()).collect();
+                        if addrs.is_empty()
+                            && let Some(a) =
+                                n.spec.bgp.as_ref().and_then(|b| b.ipv4_address.clone())
+                        {
+                            addrs.push(a);
+                        }
+                        Some(vec![n.metadata.name.clone(), addrs.join(",")])
+                    }
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::IpamConfig => (
+            &["NAME", "STRICTAFFINITY", "MAXBLOCKSPERHOST"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::IpamConfig(c) => Some(vec![
+                        c.metadata.name.clone(),
+                        c.spec.strict_affinity.to_string(),
+                        c.spec.max_blocks_per_host.to_string(),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
+    };
+    table::plain(headers, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tern_model::{Document, IpPoolSpec, WorkloadEndpointSpec};
+    use tern_store::mem::MemStore;
+
+    #[test]
+    fn kind_aliases() {
+        for s in ["ippool", "IPPool", "ippools", "IPPOOLS", "pool"] {
+            assert_eq!(parse_kind(s).unwrap(), Kind::IpPool, "{s}");
+        }
+        for s in ["workloadendpoint", "WorkloadEndpoints", "wep", "weps"] {
+            assert_eq!(parse_kind(s).unwrap(), Kind::WorkloadEndpoint, "{s}");
+        }
+        for s in ["node", "Nodes", "no"] {
+            assert_eq!(parse_kind(s).unwrap(), Kind::Node, "{s}");
+        }
+        for s in ["ipamconfig", "IPAMConfig", "ipamconfigs"] {
+            assert_eq!(parse_kind(s).unwrap(), Kind::IpamConfig, "{s}");
+        }
+        let e = parse_kind("bogus").unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+    }
+
+    fn wep(ns: &str, name: &str, pod: &str, ip: &str) -> Resource {
+        let mut d = Document::new(
+            name,
+            WorkloadEndpointSpec {
+                node: "node1".into(),
+                orchestrator: "k8s".into(),
+                pod: pod.into(),
+                container_id: "abc".into(),
+                endpoint: "eth0".into(),
+                interface_name: "tern1234567890a".into(),
+                mac: String::new(),
+                ip_networks: vec![ip.into()],
+                network: String::new(),
+                profiles: vec![],
+                service_account_name: None,
+            },
+        );
+        d.metadata.namespace = Some(ns.into());
+        d.into()
+    }
+
+    fn seeded() -> MemStore {
+        let s = MemStore::new();
+        tern_model::put_resource(
+            &s,
+            &Document::new("default-pool", IpPoolSpec::new("10.244.0.0/16")).into(),
+        )
+        .unwrap();
+        tern_model::put_resource(
+            &s,
+            &wep("default", "node1-k8s-web-eth0", "web", "10.244.0.1/32"),
+        )
+        .unwrap();
+        tern_model::put_resource(&s, &wep("prod", "node1-k8s-db-eth0", "db", "10.244.0.2/32"))
+            .unwrap();
+        s
+    }
+
+    #[test]
+    fn pool_table() {
+        let s = seeded();
+        let r = fetch(&s, Kind::IpPool, None, None).unwrap();
+        assert_eq!(
+            render(Kind::IpPool, &r, Output::Table, false),
+            "NAME           CIDR            SELECTOR\ndefault-pool   10.244.0.0/16   all()\n"
+        );
+    }
+
+    #[test]
+    fn workload_endpoints_by_namespace() {
+        let s = seeded();
+        let all = fetch(&s, Kind::WorkloadEndpoint, None, None).unwrap();
+        assert_eq!(all.len(), 2);
+        let out = render(Kind::WorkloadEndpoint, &all, Output::Table, false);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            [
+                "NAMESPACE",
+                "NAME",
+                "WORKLOAD",
+                "NODE",
+                "NETWORKS",
+                "INTERFACE"
+            ]
+        );
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            [
+                "default",
+                "node1-k8s-web-eth0",
+                "web",
+                "node1",
+                "10.244.0.1/32",
+                "tern1234567890a"
+            ]
+        );
+        let prod = fetch(&s, Kind::WorkloadEndpoint, None, Some("prod")).unwrap();
+        assert_eq!(prod.len(), 1);
+        assert_eq!(prod[0].name(), "node1-k8s-db-eth0");
+        // A name without -n is looked up in every namespace.
+        assert_eq!(
+            fetch(&s, Kind::WorkloadEndpoint, Some("node1-k8s-db-eth0"), None)
+                .unwrap()
+                .len(),
+            1
+        );
+        let e = fetch(
+            &s,
+            Kind::WorkloadEndpoint,
+            Some("node1-k8s-db-eth0"),
+            Some("default"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not found in namespace \"default\""), "{e}");
+    }
+
+    #[test]
+    fn yaml_and_json_round_trip_through_parse() {
+        let s = seeded();
+        let all = fetch(&s, Kind::WorkloadEndpoint, None, None).unwrap();
+        let yaml = render(Kind::WorkloadEndpoint, &all, Output::Yaml, false);
+        let back = tern_model::parse_documents(&yaml, "out.yaml").unwrap();
+        assert_eq!(back, all);
+        let json = render(Kind::WorkloadEndpoint, &all, Output::Json, false);
+        assert_eq!(tern_model::parse_documents(&json, "out.json").unwrap(), all);
+        let one = fetch(&s, Kind::IpPool, Some("default-pool"), None).unwrap();
+        let json = render(Kind::IpPool, &one, Output::Json, true);
+        assert!(json.trim_start().starts_with('{'));
+        assert_eq!(tern_model::parse_documents(&json, "p.json").unwrap(), one);
+    }
+}

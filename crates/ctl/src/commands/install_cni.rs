@@ -1,0 +1,219 @@
+//! `ternctl install-cni`: copies the plugins into the CNI bin directory and writes
+//! `10-tern.conflist`, the shape of Calico's conflist with tern's plugins. Every file is
+//! written to a temporary name in the target directory and renamed, so a runtime never sees a
+//! half-written binary or configuration.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::cli::InstallCniArgs;
+
+/// File name of the network configuration list.
+pub const CONFLIST_NAME: &str = "10-tern.conflist";
+/// Binaries installed into the bin directory.
+pub const PLUGINS: [&str; 2] = ["tern", "tern-ipam"];
+/// Where distributions install the reference plugins.
+pub const SYSTEM_CNI_DIR: &str = "/usr/lib/cni";
+
+/// The configuration list. `bandwidth` and `portmap` are chained (with the capabilities
+/// Calico's list declares) only when those plugins are available.
+pub fn conflist(args: &InstallCniArgs, bandwidth: bool, portmap: bool) -> Value {
+    let mut plugins = vec![json!({
+        "type": "tern",
+        "agent_socket": args.agent_socket,
+        "state_dir": args.state_dir,
+        "mtu": args.mtu,
+        "ipam": {"type": "tern-ipam", "assign_ipv4": "true"},
+    })];
+    if bandwidth {
+        plugins.push(json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}));
+    }
+    if portmap {
+        plugins.push(json!({
+            "type": "portmap",
+            "snat": true,
+            "capabilities": {"portMappings": true},
+        }));
+    }
+    json!({
+        "name": args.name,
+        "cniVersion": args.cni_version,
+        "plugins": plugins,
+    })
+}
+
+/// Whether plugin `name` is available to the runtime: in `bin_dir` or [`SYSTEM_CNI_DIR`].
+pub fn plugin_available(bin_dir: &Path, name: &str) -> bool {
+    [bin_dir, Path::new(SYSTEM_CNI_DIR)]
+        .iter()
+        .any(|d| d.join(name).is_file())
+}
+
+/// Writes `bytes` to `dir/name` atomically with `mode`.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let target = dir.join(name);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    tmp.write_all(bytes)
+        .and_then(|_| tmp.as_file().sync_all())
+        .with_context(|| format!("cannot write {}", tmp.path().display()))?;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot chmod {}", tmp.path().display()))?;
+    tmp.persist(&target)
+        .with_context(|| format!("cannot rename into {}", target.display()))?;
+    Ok(())
+}
+
+/// What `install` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// Paths of the installed binaries.
+    pub binaries: Vec<PathBuf>,
+    /// Path of the configuration list.
+    pub conflist: PathBuf,
+    /// Plugins chained after tern.
+    pub chained: Vec<String>,
+}
+
+/// Installs binaries from `plugin_dir` and writes the configuration list.
+pub fn install(args: &InstallCniArgs, plugin_dir: &Path) -> anyhow::Result<Installed> {
+    for d in [&args.bin_dir, &args.conf_dir] {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    let mut binaries = Vec::new();
+    for p in PLUGINS {
+        let src = plugin_dir.join(p);
+        if !src.is_file() {
+            bail!(
+                "{} not found; pass --plugin-dir with the directory holding {}",
+                src.display(),
+                PLUGINS.join(" and ")
+            );
+        }
+        let bytes =
+            std::fs::read(&src).with_context(|| format!("cannot read {}", src.display()))?;
+        write_atomic(&args.bin_dir, p, &bytes, 0o755)?;
+        binaries.push(args.bin_dir.join(p));
+    }
+    let bandwidth = plugin_available(&args.bin_dir, "bandwidth");
+    let portmap = plugin_available(&args.bin_dir, "portmap");
+    let conf = conflist(args, bandwidth, portmap);
+    let text = serde_json::to_string_pretty(&conf)? + "\n";
+    write_atomic(&args.conf_dir, CONFLIST_NAME, text.as_bytes(), 0o644)?;
+    let chained = [("bandwidth", bandwidth), ("portmap", portmap)]
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(n, _)| n.to_string())
+        .collect();
+    Ok(Installed {
+        binaries,
+        conflist: args.conf_dir.join(CONFLIST_NAME),
+        chained,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(bin: &Path, conf: &Path) -> InstallCniArgs {
+        InstallCniArgs {
+            bin_dir: bin.to_path_buf(),
+            conf_dir: conf.to_path_buf(),
+            agent_socket: "/run/tern/ternd.sock".into(),
+            state_dir: "/var/lib/tern".into(),
+            name: "k8s-pod-network".into(),
+            cni_version: "0.3.1".into(),
+            mtu: 0,
+            plugin_dir: None,
+        }
+    }
+
+    #[test]
+    fn conflist_has_the_calico_shape() {
+        let a = args(Path::new("/x"), Path::new("/y"));
+        let c = conflist(&a, true, true);
+        assert_eq!(
+            c,
+            json!({
+                "name": "k8s-pod-network",
+                "cniVersion": "0.3.1",
+                "plugins": [
+                    {
+                        "type": "tern",
+                        "agent_socket": "/run/tern/ternd.sock",
+                        "state_dir": "/var/lib/tern",
+                        "mtu": 0,
+                        "ipam": {"type": "tern-ipam", "assign_ipv4": "true"}
+                    },
+                    {"type": "bandwidth", "capabilities": {"bandwidth": true}},
+                    {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}
+                ]
+            })
+        );
+        let only = conflist(&a, false, false);
+        assert_eq!(only["plugins"].as_array().unwrap().len(), 1);
+        let pm = conflist(&a, false, true);
+        assert_eq!(pm["plugins"][1]["type"], "portmap");
+    }
+
+    #[test]
+    fn installs_binaries_and_conflist() {
+        let src = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        for p in PLUGINS {
+            std::fs::write(src.path().join(p), format!("#!/bin/sh\necho {p}\n")).unwrap();
+        }
+        let bin = root.path().join("bin");
+        let conf = root.path().join("net.d");
+        std::fs::create_dir_all(&bin).unwrap();
+        // A portmap in the bin dir gets chained (bandwidth only if /usr/lib/cni has one).
+        std::fs::write(bin.join("portmap"), "").unwrap();
+        let a = args(&bin, &conf);
+        let done = install(&a, src.path()).unwrap();
+        for p in PLUGINS {
+            let path = bin.join(p);
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o755, "{p}");
+            assert_eq!(
+                std::fs::read_to_string(&path).unwrap(),
+                format!("#!/bin/sh\necho {p}\n")
+            );
+        }
+        let text = std::fs::read_to_string(conf.join(CONFLIST_NAME)).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let types: Vec<&str> = v["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types.first(), Some(&"tern"));
+        assert_eq!(types.last(), Some(&"portmap"));
+        assert!(done.chained.contains(&"portmap".to_string()));
+        // No temporary files are left behind.
+        let stray: Vec<_> = std::fs::read_dir(&bin)
+            .unwrap()
+            .chain(std::fs::read_dir(&conf).unwrap())
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(stray.is_empty(), "{stray:?}");
+    }
+
+    #[test]
+    fn missing_plugin_is_named() {
+        let src = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let a = args(&root.path().join("b"), &root.path().join("c"));
+        let e = format!("{:#}", install(&a, src.path()).unwrap_err());
+        assert!(e.contains("tern not found"), "{e}");
+        assert!(!root.path().join("c").join(CONFLIST_NAME).exists());
+    }
+}

@@ -1,0 +1,9 @@
+//! One module per `ternctl` command.
+
+pub mod apply;
+pub mod delete;
+pub mod demo;
+pub mod get;
+pub mod install_cni;
+pub mod ipam_show;
+pub mod lab;

@@ -1,0 +1,216 @@
+//! The plugin with ternd down and restarted: the release journal, start-up reconciliation,
+//! STATUS and GC.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+#[test]
+fn add_while_the_agent_is_down_is_code_11_and_says_how_to_start_it() {
+    if !can_run() {
+        return;
+    }
+    let mut node = Node::new();
+    node.stop();
+    let pod = Pod::new();
+    let msg = node
+        .cni("ADD", &pod, "down1", "eth0", &node.conf("1.0.0"))
+        .fails_with(11);
+    assert!(msg.contains("ternd"), "{msg}");
+    assert!(
+        msg.contains("ternd --node-name"),
+        "message does not say how to start the agent: {msg}"
+    );
+    assert!(node.tern_links().is_empty());
+    assert!(!pod.links().contains(&"eth0".to_string()));
+}
+
+#[test]
+fn del_while_the_agent_is_down_is_journaled_and_replayed_at_start() {
+    if !can_run() {
+        return;
+    }
+    let mut node = Node::new();
+    let pod = Pod::new();
+    let conf = node.conf("1.0.0");
+    let r = node.add(&pod, "journal1", &conf);
+    let (ip, host_if) = (result_ip(&r), result_host_if(&r));
+    node.stop();
+
+    node.cni("DEL", &pod, "journal1", "eth0", &conf).ok();
+    assert!(
+        !node.links().contains(&host_if),
+        "the plugin did not remove {host_if} itself"
+    );
+    let files = node.journal_files();
+    assert_eq!(files.len(), 1, "journal: {files:?}");
+    // The store still holds the address and endpoint until ternd replays the journal.
+    assert_eq!(node.allocated_to("journal1"), vec![ip]);
+    assert_eq!(node.endpoints_of("journal1").len(), 1);
+    // A second DEL while down is fine too.
+    node.cni("DEL", &pod, "journal1", "eth0", &conf).ok();
+
+    node.start();
+    assert!(
+        node.journal_files().is_empty(),
+        "journal not replayed at start: {:?}",
+        node.journal_files()
+    );
+    assert!(
+        node.allocated_to("journal1").is_empty(),
+        "address not released by the replay"
+    );
+    assert!(
+        node.endpoints_of("journal1").is_empty(),
+        "endpoint not deleted by the replay"
+    );
+}
+
+#[test]
+fn status_is_code_50_when_the_agent_is_down_and_ok_when_up() {
+    if !can_run() {
+        return;
+    }
+    let mut node = Node::new();
+    let conf = node.conf("1.1.0");
+    let out = node.cni_global("STATUS", &conf);
+    out.ok();
+    node.stop();
+    let msg = node.cni_global("STATUS", &conf).fails_with(50);
+    assert!(msg.contains("ternd"), "{msg}");
+    node.start();
+    node.cni_global("STATUS", &conf).ok();
+}
+
+#[test]
+fn start_up_reconciliation_releases_dead_pods_and_orphans() {
+    if !can_run() {
+        return;
+    }
+    let mut node = Node::new();
+    let conf = node.conf("1.0.0");
+    let mut a = Pod::new();
+    let b = Pod::new();
+    let ra = node.add(&a, "recona", &conf);
+    let rb = node.add(&b, "reconb", &conf);
+    let (host_a, host_b) = (result_host_if(&ra), result_host_if(&rb));
+    let ip_b = result_ip(&rb);
+    node.stop();
+
+    a.ns.delete();
+    // The veth dies with its namespace, asynchronously.
+    assert!(
+        wait_until(Duration::from_secs(5), || !node.links().contains(&host_a)),
+        "{host_a} outlived its pod"
+    );
+    ip(&[
+        "-n",
+        node.name(),
+        "link",
+        "add",
+        "ternorphan0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "orphpeer0",
+    ]);
+    assert_eq!(node.allocated_to("recona").len(), 1);
+
+    node.start();
+    // The start-up pass runs before the socket is served, so this holds right away.
+    assert!(
+        node.allocated_to("recona").is_empty(),
+        "pod A's address not released"
+    );
+    assert!(
+        node.endpoints_of("recona").is_empty(),
+        "pod A's endpoint not deleted"
+    );
+    let links = node.links();
+    assert!(
+        !links.contains(&"ternorphan0".to_string()),
+        "orphan veth not removed: {links:?}"
+    );
+    assert!(
+        links.contains(&host_b),
+        "pod B's veth was removed: {links:?}"
+    );
+    assert_eq!(node.allocated_to("reconb"), vec![ip_b]);
+    node.cni("CHECK", &b, "reconb", "eth0", &conf).ok();
+}
+
+#[test]
+fn periodic_reconciliation_removes_an_orphan_while_running() {
+    if !can_run() {
+        return;
+    }
+    let node = Node::new();
+    let pod = Pod::new();
+    let r = node.add(&pod, "periodic", &node.conf("1.0.0"));
+    ip(&[
+        "-n",
+        node.name(),
+        "link",
+        "add",
+        "ternorphan1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "orphpeer1",
+    ]);
+    // --resync-seconds 1.
+    assert!(
+        wait_until(Duration::from_secs(5), || !node
+            .links()
+            .contains(&"ternorphan1".to_string())),
+        "orphan not removed by the periodic pass"
+    );
+    assert!(node.links().contains(&result_host_if(&r)));
+    node.cni("CHECK", &pod, "periodic", "eth0", &node.conf("1.0.0"))
+        .ok();
+}
+
+#[test]
+fn gc_releases_attachments_that_are_not_valid() {
+    if !can_run() {
+        return;
+    }
+    let node = Node::new();
+    let conf = node.conf("1.1.0");
+    let pods: Vec<Pod> = (0..3).map(|_| Pod::new()).collect();
+    let results: Vec<_> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| node.add(p, &format!("gc{i}"), &conf))
+        .collect();
+    let mut gc_conf = conf.clone();
+    gc_conf["cni.dev/valid-attachments"] = json!([
+        {"containerID": "gc0", "ifname": "eth0"},
+        {"containerID": "gc1", "ifname": "eth0"},
+    ]);
+    node.cni_global("GC", &gc_conf).ok();
+
+    let links = node.links();
+    assert!(
+        !links.contains(&result_host_if(&results[2])),
+        "gc2's veth survived GC: {links:?}"
+    );
+    assert!(
+        node.allocated_to("gc2").is_empty(),
+        "gc2's address survived GC"
+    );
+    assert!(
+        node.endpoints_of("gc2").is_empty(),
+        "gc2's endpoint survived GC"
+    );
+    for (i, r) in results.iter().enumerate().take(2) {
+        let cid = format!("gc{i}");
+        assert!(links.contains(&result_host_if(r)));
+        assert_eq!(node.allocated_to(&cid), vec![result_ip(r)]);
+        node.cni("CHECK", &pods[i], &cid, "eth0", &conf).ok();
+    }
+}

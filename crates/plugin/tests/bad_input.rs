@@ -1,0 +1,256 @@
+//! Invalid input: each case asserts the CNI error code and that the message names the culprit,
+//! and, where the kernel or the store was reached, that nothing half-created remains.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+/// ADD with the usual environment except `overrides` (an empty value removes the variable).
+fn add_with_env(
+    node: &Node,
+    pod: &Pod,
+    cid: &str,
+    overrides: &[(&'static str, &str)],
+    stdin: &[u8],
+) -> Out {
+    let mut env = node.env("ADD", &pod.path(), cid, "eth0", pod.name());
+    for (k, v) in overrides {
+        env.retain(|(name, _)| name != k);
+        if !v.is_empty() {
+            env.push((k, v.to_string()));
+        }
+    }
+    node.run_plugin(&tern_bin(), &env, stdin)
+}
+
+/// Nothing of `cid` exists: no address, no endpoint, no host veth, no pod interface.
+fn assert_nothing_left(node: &Node, pod: &Pod, cid: &str) {
+    assert!(
+        node.allocated_to(cid).is_empty(),
+        "{cid} holds {:?}",
+        node.allocated_to(cid)
+    );
+    assert!(node.endpoints_of(cid).is_empty(), "{cid} has an endpoint");
+    assert!(
+        node.tern_links().is_empty(),
+        "host veths left: {:?}",
+        node.tern_links()
+    );
+    assert!(
+        !pod.links().contains(&"eth0".to_string()),
+        "eth0 left in the pod"
+    );
+}
+
+#[test]
+fn malformed_json_is_code_6() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let out = add_with_env(
+        &node,
+        &pod,
+        "bad1",
+        &[],
+        b"{\"cniVersion\": \"1.0.0\", \"name\": ",
+    );
+    out.fails_with(6);
+    assert_nothing_left(&node, &pod, "bad1");
+}
+
+#[test]
+fn mtu_of_the_wrong_type_is_code_7_naming_mtu() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let mut conf = node.conf("1.0.0");
+    conf["mtu"] = json!("x");
+    let msg = add_with_env(&node, &pod, "bad2", &[], conf.to_string().as_bytes()).fails_with(7);
+    assert!(msg.contains("mtu"), "{msg}");
+    assert_nothing_left(&node, &pod, "bad2");
+}
+
+#[test]
+fn assign_ipv4_maybe_is_code_7_naming_the_field() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let mut conf = node.conf("1.0.0");
+    conf["ipam"]["assign_ipv4"] = json!("maybe");
+    let msg = add_with_env(&node, &pod, "bad3", &[], conf.to_string().as_bytes()).fails_with(7);
+    assert!(msg.contains("assign_ipv4"), "{msg}");
+    assert_nothing_left(&node, &pod, "bad3");
+}
+
+#[test]
+fn unknown_cni_version_is_code_1() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let conf = node.conf("9.9.9");
+    let msg = add_with_env(&node, &pod, "bad4", &[], conf.to_string().as_bytes()).fails_with(1);
+    assert!(msg.contains("9.9.9"), "{msg}");
+    assert_nothing_left(&node, &pod, "bad4");
+}
+
+#[test]
+fn too_long_ifname_is_code_4_naming_cni_ifname() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let conf = node.conf("1.0.0").to_string();
+    let msg = add_with_env(
+        &node,
+        &pod,
+        "bad5",
+        &[("CNI_IFNAME", "eth0123456789abcdef")],
+        conf.as_bytes(),
+    )
+    .fails_with(4);
+    assert!(msg.contains("CNI_IFNAME"), "{msg}");
+    assert_nothing_left(&node, &pod, "bad5");
+}
+
+#[test]
+fn container_id_with_a_slash_is_code_4() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let conf = node.conf("1.0.0").to_string();
+    let msg = add_with_env(
+        &node,
+        &pod,
+        "bad6",
+        &[("CNI_CONTAINERID", "bad/6")],
+        conf.as_bytes(),
+    )
+    .fails_with(4);
+    assert!(msg.contains("CNI_CONTAINERID"), "{msg}");
+    assert!(node.allocations().is_empty());
+    assert!(node.tern_links().is_empty());
+}
+
+#[test]
+fn missing_netns_on_add_is_code_4() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let conf = node.conf("1.0.0").to_string();
+    let msg =
+        add_with_env(&node, &pod, "bad7", &[("CNI_NETNS", "")], conf.as_bytes()).fails_with(4);
+    assert!(msg.contains("CNI_NETNS"), "{msg}");
+    assert_nothing_left(&node, &pod, "bad7");
+}
+
+#[test]
+fn netns_that_does_not_exist_is_code_4_naming_cni_netns() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    let conf = node.conf("1.0.0").to_string();
+    let missing = format!("/run/netns/{}-absent", unique_name());
+    let msg = add_with_env(
+        &node,
+        &pod,
+        "bad8",
+        &[("CNI_NETNS", &missing)],
+        conf.as_bytes(),
+    )
+    .fails_with(4);
+    assert!(msg.contains("CNI_NETNS"), "{msg}");
+    assert!(msg.contains(&missing), "{msg}");
+    assert_nothing_left(&node, &pod, "bad8");
+}
+
+#[test]
+fn interface_already_in_the_pod_fails_and_leaves_nothing() {
+    if !can_run() {
+        return;
+    }
+    let (node, pod) = (Node::new(), Pod::new());
+    ip(&[
+        "-n",
+        pod.name(),
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "x0",
+    ]);
+    let out = node.cni("ADD", &pod, "dup1", "eth0", &node.conf("1.0.0"));
+    assert_ne!(
+        out.status, 0,
+        "ADD over an existing eth0 succeeded: {}",
+        out.json
+    );
+    let msg = out.message();
+    assert!(
+        msg.contains("eth0"),
+        "message does not name the interface: {msg}"
+    );
+    assert!(out.code().is_some_and(|c| c != 0), "{}", out.json);
+    assert!(
+        node.allocated_to("dup1").is_empty(),
+        "the failed ADD kept {:?}",
+        node.allocated_to("dup1")
+    );
+    assert!(node.endpoints_of("dup1").is_empty());
+    assert!(
+        node.tern_links().is_empty(),
+        "host veth left: {:?}",
+        node.tern_links()
+    );
+    // The pre-existing interface is the pod's and stays.
+    assert!(pod.links().contains(&"eth0".to_string()));
+}
+
+#[test]
+fn pool_exhaustion_is_code_100_and_leaves_nothing() {
+    if !can_run() {
+        return;
+    }
+    let node = Node::with_pool("10.99.0.0/30");
+    let conf = node.conf("1.0.0");
+    let pods: Vec<Pod> = (0..5).map(|_| Pod::new()).collect();
+    let mut got = Vec::new();
+    for (i, pod) in pods.iter().take(4).enumerate() {
+        let r = node.add(pod, &format!("full{i}"), &conf);
+        got.push(result_ip(&r));
+    }
+    let pool: std::collections::BTreeSet<String> = got.iter().map(|ip| ip.to_string()).collect();
+    let want: std::collections::BTreeSet<String> =
+        ["10.99.0.0", "10.99.0.1", "10.99.0.2", "10.99.0.3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    assert_eq!(pool, want, "a /30 pool gives its four addresses");
+
+    let out = node.cni("ADD", &pods[4], "full4", "eth0", &conf);
+    let msg = out.fails_with(100);
+    assert!(
+        msg.to_lowercase().contains("exhausted") || msg.to_lowercase().contains("no free"),
+        "{msg}"
+    );
+    assert!(node.allocated_to("full4").is_empty());
+    assert!(node.endpoints_of("full4").is_empty());
+    assert_eq!(node.tern_links().len(), 4, "{:?}", node.tern_links());
+    assert!(!pods[4].links().contains(&"eth0".to_string()));
+    assert_eq!(node.allocations().len(), 4);
+
+    // Releasing one makes room again.
+    node.cni("DEL", &pods[0], "full0", "eth0", &conf).ok();
+    let r = node.add(&pods[4], "full4", &conf);
+    assert_eq!(result_ip(&r), got[0]);
+}

@@ -1,0 +1,699 @@
+//! Harness of the real-kernel integration tests: a node (network namespace + `ternd`), pods
+//! (network namespaces) and a runner for the `tern` plugin inside the node.
+//!
+//! Every namespace is uniquely named (`tpt-<pid>-<n>`) and deleted by a drop guard, and every
+//! process this harness starts is killed by PID, so the tests can run in parallel and leave
+//! nothing behind even when an assertion panics. Nothing here touches the root network
+//! namespace: commands that change the network run with `ip -n NS` / `ip netns exec NS`, and
+//! sockets are created on short-lived threads that first `setns` into a test namespace.
+
+// Each test binary uses a different subset of the harness.
+#![allow(dead_code)]
+
+use serde_json::{Value, json};
+use std::fs::File;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The node's underlay address (every node is its own namespace, so they may share it).
+pub const NODE_IP: &str = "198.18.0.10";
+/// The network name used in the test configurations.
+pub const NETWORK: &str = "k8s-pod-network";
+/// The tern-assigned host veth MAC.
+pub const HOST_MAC: &str = "ee:ee:ee:ee:ee:ee";
+
+/// True when the tests can run; prints why not otherwise. Call first in every test.
+pub fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: kernel integration tests need root (network namespaces)");
+        return false;
+    }
+    true
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A name unique in this machine: `tpt-<pid>-<n>` (at most 15 bytes for netns names in practice).
+pub fn unique_name() -> String {
+    format!(
+        "tpt-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs `ip ARGS`, panicking with stderr on failure.
+pub fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `ip ARGS` and returns whether it succeeded (for commands whose failure is a result).
+pub fn ip_ok(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// `ip -n NS -j ARGS` parsed.
+pub fn ip_json(ns: &str, args: &[&str]) -> Value {
+    let mut all = vec!["-n", ns, "-j"];
+    all.extend_from_slice(args);
+    let out = ip(&all);
+    if out.trim().is_empty() {
+        return json!([]);
+    }
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("ip -j {args:?} in {ns}: {e}: {out}"))
+}
+
+/// Polls `cond` every 50 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A uniquely named network namespace (`/run/netns/<name>`), deleted on drop.
+pub struct Netns {
+    pub name: String,
+    deleted: bool,
+}
+
+impl Netns {
+    /// Creates the namespace and brings its loopback up.
+    pub fn new() -> Netns {
+        let name = unique_name();
+        ip(&["netns", "add", &name]);
+        let ns = Netns {
+            name,
+            deleted: false,
+        };
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// The bind-mounted path runtimes pass as CNI_NETNS.
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    /// Deletes the namespace now (as a runtime does when a pod sandbox goes away).
+    pub fn delete(&mut self) {
+        if !self.deleted {
+            ip(&["netns", "del", &self.name]);
+            self.deleted = true;
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if !self.deleted {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A pod sandbox: a network namespace.
+pub struct Pod {
+    pub ns: Netns,
+}
+
+impl Pod {
+    pub fn new() -> Pod {
+        Pod { ns: Netns::new() }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.ns.name
+    }
+
+    pub fn path(&self) -> String {
+        self.ns.path()
+    }
+
+    /// IPv4 addresses of `ifname` as "a.b.c.d/len" (empty when the interface is absent).
+    pub fn ipv4(&self, ifname: &str) -> Vec<String> {
+        let links = ip_json(self.name(), &["addr", "show"]);
+        let mut out = Vec::new();
+        for l in links.as_array().into_iter().flatten() {
+            if l["ifname"] != ifname {
+                continue;
+            }
+            for a in l["addr_info"].as_array().into_iter().flatten() {
+                if a["family"] == "inet" {
+                    out.push(format!(
+                        "{}/{}",
+                        a["local"].as_str().unwrap(),
+                        a["prefixlen"]
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// Names of the pod's links.
+    pub fn links(&self) -> Vec<String> {
+        link_names(self.name())
+    }
+
+    /// IPv4 routes of the pod's main table.
+    pub fn routes(&self) -> Vec<Value> {
+        ip_json(self.name(), &["route", "show"])
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// Names of the links of a namespace.
+pub fn link_names(ns: &str) -> Vec<String> {
+    ip_json(ns, &["link", "show"])
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Runs `f` on a fresh thread that first joins the network namespace at `ns_path`. Sockets
+/// created by `f` stay in that namespace after the thread ends; the thread's namespace change
+/// dies with it, so the test process's own threads never leave their namespace.
+pub fn in_netns<T: Send + 'static>(ns_path: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = ns_path.to_string();
+    std::thread::spawn(move || {
+        let file = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        // SAFETY: setns on a descriptor we own; it only changes this thread's namespace.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns({path}): {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("namespace thread panicked")
+}
+
+/// Sends a datagram from a socket in `from_ns` to a server bound on `to_ip` in `to_ns`, which
+/// echoes it back. Returns the source address the server saw. Retries a few times because the
+/// first packet may wait for neighbour resolution.
+pub fn udp_round_trip(from_ns: &str, to_ns: &str, to_ip: IpAddr) -> Result<IpAddr, String> {
+    let server = in_netns(to_ns, move || UdpSocket::bind(SocketAddr::new(to_ip, 0)))
+        .map_err(|e| format!("binding {to_ip} in {to_ns}: {e}"))?;
+    let client = in_netns(from_ns, || UdpSocket::bind("0.0.0.0:0"))
+        .map_err(|e| format!("binding a client in {from_ns}: {e}"))?;
+    let dst = server.local_addr().map_err(|e| e.to_string())?;
+    let t = Some(Duration::from_millis(700));
+    server.set_read_timeout(t).map_err(|e| e.to_string())?;
+    client.set_read_timeout(t).map_err(|e| e.to_string())?;
+    let mut last = String::new();
+    for attempt in 0..4 {
+        let msg = format!("tern-itest-{attempt}");
+        if let Err(e) = client.send_to(msg.as_bytes(), dst) {
+            last = format!("send to {dst}: {e}");
+            std::thread::sleep(Duration::from_millis(300));
+            continue;
+        }
+        let mut buf = [0u8; 64];
+        let (n, src) = match server.recv_from(&mut buf) {
+            Ok(x) => x,
+            Err(e) => {
+                last = format!("server {dst} received nothing: {e}");
+                continue;
+            }
+        };
+        server
+            .send_to(&buf[..n], src)
+            .map_err(|e| format!("reply to {src}: {e}"))?;
+        let mut back = [0u8; 64];
+        match client.recv_from(&mut back) {
+            Ok((m, from)) if &back[..m] == msg.as_bytes() && from == dst => return Ok(src.ip()),
+            Ok((m, from)) => last = format!("unexpected reply {:?} from {from}", &back[..m]),
+            Err(e) => last = format!("client got no reply from {dst}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// The `tern` plugin binary.
+pub fn tern_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tern"))
+}
+
+/// The `tern-ipam` plugin binary.
+pub fn tern_ipam_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tern-ipam"))
+}
+
+/// Directory of the plugin binaries (and of `ternd`).
+pub fn bin_dir() -> PathBuf {
+    tern_bin().parent().unwrap().to_path_buf()
+}
+
+/// CNI_PATH: our binaries, then the reference plugins (host-local, ptp).
+pub fn cni_path() -> String {
+    format!("{}:/usr/lib/cni", bin_dir().display())
+}
+
+static TERND_BUILD: Mutex<()> = Mutex::new(());
+
+/// `ternd`, next to the plugin binaries; built once when absent. (`scripts/test.sh` runs
+/// `cargo build --workspace --bins` before the tests, so it is normally there and current.)
+pub fn ternd_bin() -> PathBuf {
+    let path = bin_dir().join("ternd");
+    let _g = TERND_BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    if !path.exists() {
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let st = Command::new(cargo)
+            .args(["build", "-p", "tern-agent", "--bin", "ternd"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build for ternd");
+        assert!(st.success(), "cargo build -p tern-agent --bin ternd failed");
+    }
+    assert!(
+        path.exists(),
+        "{} is missing after building it",
+        path.display()
+    );
+    path
+}
+
+/// Result of one plugin run: exit status and stdout (JSON, or Null when empty).
+#[derive(Debug, Clone)]
+pub struct Out {
+    pub status: i32,
+    pub json: Value,
+    pub stderr: String,
+}
+
+impl Out {
+    /// The CNI error code, when stdout is an error object.
+    pub fn code(&self) -> Option<u64> {
+        self.json.get("code").and_then(Value::as_u64)
+    }
+
+    /// `msg` and `details` of an error, for "names the field" assertions.
+    pub fn message(&self) -> String {
+        format!(
+            "{} {}",
+            self.json.get("msg").and_then(Value::as_str).unwrap_or(""),
+            self.json
+                .get("details")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        )
+    }
+
+    /// Asserts success and returns stdout.
+    pub fn ok(&self) -> &Value {
+        assert_eq!(
+            self.status, 0,
+            "plugin failed: {} (stderr: {})",
+            self.json, self.stderr
+        );
+        &self.json
+    }
+
+    /// Asserts a failure with the CNI `code`; returns the message.
+    pub fn fails_with(&self, code: u64) -> String {
+        assert_ne!(
+            self.status, 0,
+            "expected failure code {code}, got success: {}",
+            self.json
+        );
+        assert_eq!(
+            self.code(),
+            Some(code),
+            "unexpected error: {} (stderr: {})",
+            self.json,
+            self.stderr
+        );
+        self.message()
+    }
+}
+
+/// A node: its network namespace (underlay veth pair with 198.18.0.10/24 and a default route,
+/// which proxy-ARP needs), a temp dir with the store, socket and state dir, and `ternd`.
+pub struct Node {
+    // Field order matters on drop: the agent is killed in `Drop::drop`, then the namespace is
+    // deleted, then the temp dir removed.
+    pub ns: Netns,
+    pub dir: tempfile::TempDir,
+    pub pool: Option<String>,
+    child: Option<Child>,
+    starts: usize,
+}
+
+impl Node {
+    /// A node with ternd running and the agent's default pool.
+    pub fn new() -> Node {
+        Node::build(None)
+    }
+
+    /// A node whose ternd creates `cidr` as its default IPv4 pool.
+    pub fn with_pool(cidr: &str) -> Node {
+        Node::build(Some(cidr.to_string()))
+    }
+
+    fn build(pool: Option<String>) -> Node {
+        let ternd = ternd_bin();
+        let ns = Netns::new();
+        let n = &ns.name;
+        ip(&[
+            "-n", n, "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
+        ]);
+        ip(&[
+            "-n",
+            n,
+            "addr",
+            "add",
+            &format!("{NODE_IP}/24"),
+            "dev",
+            "ul0",
+        ]);
+        ip(&["-n", n, "link", "set", "ul0", "up"]);
+        ip(&["-n", n, "link", "set", "ul1", "up"]);
+        ip(&["-n", n, "route", "add", "default", "via", "198.18.0.1"]);
+        let dir = tempfile::Builder::new()
+            .prefix("tpt-")
+            .tempdir()
+            .expect("temp dir");
+        let mut node = Node {
+            ns,
+            dir,
+            pool,
+            child: None,
+            starts: 0,
+        };
+        assert!(ternd.exists());
+        node.start();
+        node
+    }
+
+    pub fn name(&self) -> &str {
+        &self.ns.name
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("ternd.sock")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn journal_dir(&self) -> PathBuf {
+        self.state_dir().join("journal")
+    }
+
+    pub fn store_url(&self) -> String {
+        format!("sqlite://{}/store.db", self.dir.path().display())
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("ternd.{}.log", self.starts))
+    }
+
+    /// Starts ternd in the node namespace and waits until its socket accepts connections.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "ternd already running");
+        self.starts += 1;
+        let log = File::create(self.log_path()).expect("ternd log");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.name()])
+            .arg(ternd_bin())
+            .args(["--node-name", "itest-node", "--store", &self.store_url()])
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .args(["--resync-seconds", "1", "--log-level", "debug"]);
+        if let Some(p) = &self.pool {
+            cmd.args(["--default-ipv4-pool", p]);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        let child = cmd.spawn().expect("spawning ternd");
+        self.child = Some(child);
+        let sock = self.socket();
+        let up = wait_until(Duration::from_secs(10), || {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                panic!("ternd exited at start ({st}): {}", self.agent_log());
+            }
+            UnixStream::connect(&sock).is_ok()
+        });
+        assert!(
+            up,
+            "ternd did not listen on {} within 10 s: {}",
+            sock.display(),
+            self.agent_log()
+        );
+    }
+
+    /// Kills ternd (SIGKILL by PID, like a crash) and reaps it. The stale socket file stays.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Everything ternd logged in every run of this node.
+    pub fn agent_log(&self) -> String {
+        let mut s = String::new();
+        for i in 1..=self.starts {
+            let p = self.dir.path().join(format!("ternd.{i}.log"));
+            s.push_str(&format!("--- ternd run {i}\n"));
+            s.push_str(&std::fs::read_to_string(p).unwrap_or_default());
+        }
+        s
+    }
+
+    /// The `tern` plugin's network configuration for this node.
+    pub fn conf(&self, version: &str) -> Value {
+        json!({
+            "cniVersion": version,
+            "name": NETWORK,
+            "type": "tern",
+            "agent_socket": self.socket(),
+            "state_dir": self.state_dir(),
+            "ipam": {"type": "tern-ipam"},
+        })
+    }
+
+    /// Runs a plugin binary inside the node namespace with exactly `env` (plus PATH) and `conf`
+    /// on stdin.
+    pub fn run_plugin(&self, bin: &Path, env: &[(&str, String)], stdin: &[u8]) -> Out {
+        use std::io::Write;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.name()])
+            .arg(bin)
+            .env_clear();
+        if let Ok(p) = std::env::var("PATH") {
+            cmd.env("PATH", p);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning the plugin");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin)
+            .expect("writing the plugin's stdin");
+        let out = child.wait_with_output().expect("waiting for the plugin");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout)
+                .unwrap_or_else(|e| panic!("plugin stdout is not JSON ({e}): {stdout}"))
+        };
+        Out {
+            status: out.status.code().unwrap_or(-1),
+            json,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// The usual CNI environment for a per-attachment command on `pod`.
+    pub fn env(
+        &self,
+        cmd: &str,
+        netns: &str,
+        container_id: &str,
+        ifname: &str,
+        pod_name: &str,
+    ) -> Vec<(&'static str, String)> {
+        vec![
+            ("CNI_COMMAND", cmd.to_string()),
+            ("CNI_CONTAINERID", container_id.to_string()),
+            ("CNI_NETNS", netns.to_string()),
+            ("CNI_IFNAME", ifname.to_string()),
+            ("CNI_PATH", cni_path()),
+            (
+                "CNI_ARGS",
+                format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name}"),
+            ),
+        ]
+    }
+
+    /// Runs `tern` for `cmd` on `pod` (CNI_NETNS = the pod's path).
+    pub fn cni(&self, cmd: &str, pod: &Pod, container_id: &str, ifname: &str, conf: &Value) -> Out {
+        let env = self.env(cmd, &pod.path(), container_id, ifname, pod.name());
+        self.run_plugin(&tern_bin(), &env, conf.to_string().as_bytes())
+    }
+
+    /// Runs `tern` for a network-wide command (GC, STATUS): only CNI_COMMAND and CNI_PATH.
+    pub fn cni_global(&self, cmd: &str, conf: &Value) -> Out {
+        let env = vec![("CNI_COMMAND", cmd.to_string()), ("CNI_PATH", cni_path())];
+        self.run_plugin(&tern_bin(), &env, conf.to_string().as_bytes())
+    }
+
+    /// ADD that must succeed; returns the result.
+    pub fn add(&self, pod: &Pod, container_id: &str, conf: &Value) -> Value {
+        let out = self.cni("ADD", pod, container_id, "eth0", conf);
+        assert_eq!(
+            out.status,
+            0,
+            "ADD {container_id} failed: {}\n{}",
+            out.json,
+            self.agent_log()
+        );
+        out.json
+    }
+
+    /// Names of the node's links.
+    pub fn links(&self) -> Vec<String> {
+        link_names(self.name())
+    }
+
+    /// The node's host veths (`tern*`).
+    pub fn tern_links(&self) -> Vec<String> {
+        self.links()
+            .into_iter()
+            .filter(|l| l.starts_with("tern"))
+            .collect()
+    }
+
+    /// The node's IPv4 routes.
+    pub fn routes(&self) -> Vec<Value> {
+        ip_json(self.name(), &["route", "show"])
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Every IPAM allocation in the node's store, read through a second connection.
+    pub fn allocations(&self) -> Vec<tern_ipam::Allocation> {
+        let store = tern_store::open(&self.store_url()).expect("opening the store");
+        tern_ipam::Ipam::new(store)
+            .allocations(None)
+            .expect("listing allocations")
+    }
+
+    /// Allocated addresses of one container.
+    pub fn allocated_to(&self, container_id: &str) -> Vec<IpAddr> {
+        self.allocations()
+            .into_iter()
+            .filter(|a| a.attrs.container_id == container_id)
+            .map(|a| a.ip)
+            .collect()
+    }
+
+    /// WorkloadEndpoint specs in the store, as (containerID, endpoint ifname, host ifname).
+    pub fn endpoints(&self) -> Vec<(String, String, String)> {
+        let store = tern_store::open(&self.store_url()).expect("opening the store");
+        let (kvs, _) = store
+            .range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))
+            .expect("listing endpoints");
+        kvs.iter()
+            .map(|kv| {
+                let v: Value = serde_json::from_slice(&kv.value).expect("endpoint JSON");
+                let s = &v["spec"];
+                let f = |k: &str| s[k].as_str().unwrap_or("").to_string();
+                (f("containerID"), f("endpoint"), f("interfaceName"))
+            })
+            .collect()
+    }
+
+    /// Endpoints of one container.
+    pub fn endpoints_of(&self, container_id: &str) -> Vec<(String, String, String)> {
+        self.endpoints()
+            .into_iter()
+            .filter(|e| e.0 == container_id)
+            .collect()
+    }
+
+    /// Files in the release journal.
+    pub fn journal_files(&self) -> Vec<PathBuf> {
+        match std::fs::read_dir(self.journal_dir()) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect(),
+            Err(_) => vec![],
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("ternd log of node {}:\n{}", self.ns.name, self.agent_log());
+        }
+        self.stop();
+    }
+}
+
+/// The pod address of an ADD result (ips[0].address without the prefix).
+pub fn result_ip(result: &Value) -> IpAddr {
+    let a = result["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ips in {result}"));
+    a.split('/').next().unwrap().parse().unwrap()
+}
+
+/// The host veth of an ADD result (interfaces[0].name).
+pub fn result_host_if(result: &Value) -> String {
+    result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no host interface in {result}"))
+        .to_string()
+}
