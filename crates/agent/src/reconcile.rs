@@ -79,10 +79,10 @@ impl Agent {
                     continue;
                 }
             };
-            if !entry.host_ifname.is_empty() {
-                if let Err(e) = veth::teardown_pod_interface(&entry.host_ifname) {
-                    r.errors.push(format!("{}: {e}", entry.host_ifname));
-                }
+            if !entry.host_ifname.is_empty()
+                && let Err(e) = veth::teardown_pod_interface(&entry.host_ifname)
+            {
+                r.errors.push(format!("{}: {e}", entry.host_ifname));
             }
             let delegated = entry.delegated_ipam
                 || self

@@ -74,6 +74,9 @@ pub enum IpamCommand {
         /// Also show one row per allocation block.
         #[arg(long)]
         show_blocks: bool,
+        /// Show whether one address is allocated, and to what.
+        #[arg(long, conflicts_with = "show_blocks")]
+        ip: Option<std::net::IpAddr>,
     },
 }
 

@@ -54,10 +54,13 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("{}", delete::delete(s, kind, &name, namespace.as_deref())?);
         }
         Command::Ipam {
-            command: IpamCommand::Show { show_blocks },
+            command: IpamCommand::Show { show_blocks, ip },
         } => {
             let s = open_store(store)?;
-            print!("{}", ipam_show::show(s, show_blocks)?);
+            match ip {
+                Some(ip) => print!("{}", ipam_show::show_ip(s, ip)?),
+                None => print!("{}", ipam_show::show(s, show_blocks)?),
+            }
         }
         Command::InstallCni(args) => {
             let from = match &args.plugin_dir {

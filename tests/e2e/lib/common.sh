@@ -150,10 +150,10 @@ ternctl() { "$TERN_BIN/ternctl" --store "$TERN_DB" "$@"; }
 # tern_no_leftovers IP...: no allocation of any IP in `ipam show` and no WorkloadEndpoint left.
 tern_no_leftovers() {
   local show weps ip bad=0
-  show=$(ternctl ipam show 2>&1) || { echo "ternctl ipam show failed: $show"; return 1; }
   for ip in "$@"; do
-    if grep -qE "(^|[^0-9.])${ip//./\\.}([^0-9.]|\$)" <<<"$show"; then
-      echo "allocation of $ip still listed by ternctl ipam show:"; echo "$show"; bad=1
+    show=$(ternctl ipam show --ip "$ip" 2>&1) || { echo "ternctl ipam show --ip $ip failed: $show"; return 1; }
+    if grep -q "is in use" <<<"$show"; then
+      echo "allocation of $ip still held:"; echo "$show"; bad=1
     fi
   done
   weps=$(ternctl get workloadendpoint -o json 2>&1) || { echo "ternctl get workloadendpoint failed: $weps"; return 1; }
@@ -164,7 +164,7 @@ tern_no_leftovers() {
 ip_allocated() {
   local ip=$1
   if [ "$PLUGIN" = tern ]; then
-    ternctl ipam show 2>/dev/null | grep -qE "(^|[^0-9.])${ip//./\\.}([^0-9.]|\$)"
+    ternctl ipam show --ip "$ip" 2>/dev/null | grep -q "is in use"
   else
     [ -n "$(find "${HOSTLOCAL_DIR:-/var/lib/cni/networks}" -name "$ip" 2>/dev/null)" ]
   fi

@@ -44,6 +44,29 @@ pub fn show(store: Arc<dyn Store>, show_blocks: bool) -> anyhow::Result<String> 
     Ok(render(&usage, show_blocks))
 }
 
+/// `ipam show --ip IP`: whether the address is allocated and, if so, to what.
+pub fn show_ip(store: Arc<dyn Store>, ip: std::net::IpAddr) -> anyhow::Result<String> {
+    let allocs = Ipam::new(store).allocations(None)?;
+    let Some(a) = allocs.into_iter().find(|a| a.ip == ip) else {
+        return Ok(format!("IP {ip} is not assigned\n"));
+    };
+    let mut out = format!("IP {ip} is in use\nAttributes:\n");
+    let at = &a.attrs;
+    let mut field = |k: &str, v: &str| {
+        if !v.is_empty() {
+            out.push_str(&format!("  {k}: {v}\n"));
+        }
+    };
+    field("handle", a.handle.as_deref().unwrap_or(""));
+    field("namespace", &at.namespace);
+    field("pod", &at.pod);
+    field("node", &at.node);
+    field("containerID", &at.container_id);
+    field("interface", &at.ifname);
+    field("block", &a.block.to_string());
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -567,9 +567,10 @@ impl Node {
             ("CNI_NETNS", netns.to_string()),
             ("CNI_IFNAME", ifname.to_string()),
             ("CNI_PATH", cni_path()),
+            // As kubelet passes them: IgnoreUnknown lets host-local accept the K8S_ keys.
             (
                 "CNI_ARGS",
-                format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name}"),
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name}"),
             ),
         ]
     }
