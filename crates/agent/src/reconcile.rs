@@ -220,3 +220,25 @@ pub fn detect_mtu() -> u32 {
     };
     detect().unwrap_or(1500)
 }
+
+/// The addresses (with prefix) of the interface carrying the default route: the node's
+/// underlay addresses.
+pub fn node_addresses() -> Vec<IpNet> {
+    let find = || -> Option<Vec<IpNet>> {
+        let mut h = Handle::new().ok()?;
+        let default = h
+            .routes(false)
+            .ok()?
+            .into_iter()
+            .find(|r| r.dst.prefix_len() == 0)?;
+        let addrs = h.addresses(Some(default.oif?)).ok()?;
+        Some(
+            addrs
+                .into_iter()
+                .map(|(_, a)| a)
+                .filter(|a| !a.addr().is_loopback())
+                .collect(),
+        )
+    };
+    find().unwrap_or_default()
+}

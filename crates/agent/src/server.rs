@@ -63,6 +63,9 @@ impl Agent {
             reaper: crate::reaper::Reaper::start()?,
             stop: AtomicBool::new(false),
         });
+        if let Err(e) = agent.register_node() {
+            log::warn!("cannot record Node {} now: {e}", agent.cfg.node_name);
+        }
         let report = agent.reconcile();
         log::info!(
             "ternd node {} ready: {} endpoints, mtu {}; start-up reconcile: {report}",
@@ -71,6 +74,39 @@ impl Agent {
             agent.mtu
         );
         Ok(agent)
+    }
+
+    /// Records this node as a Node resource with the addresses of its default-route interface
+    /// (keeping fields other components set, such as BGP and tunnel addresses).
+    fn register_node(&self) -> anyhow::Result<()> {
+        use tern_model::{Kind, Node, NodeAddress, NodeSpec, Resource};
+        let addresses: Vec<NodeAddress> = crate::reconcile::node_addresses()
+            .into_iter()
+            .map(|a| NodeAddress {
+                address: a.to_string(),
+                kind: Some("InternalIP".into()),
+            })
+            .collect();
+        let existing =
+            tern_model::get_resource(&*self.store, Kind::Node, None, &self.cfg.node_name)?;
+        let node = match existing {
+            Some(Resource::Node(mut n)) => {
+                if n.spec.addresses == addresses {
+                    return Ok(());
+                }
+                n.spec.addresses = addresses;
+                n
+            }
+            _ => Node::new(
+                self.cfg.node_name.clone(),
+                NodeSpec {
+                    addresses,
+                    ..Default::default()
+                },
+            ),
+        };
+        tern_model::put_resource(&*self.store, &Resource::Node(node))?;
+        Ok(())
     }
 
     /// Binds the socket and serves until [`Agent::shutdown`]; also runs the maintenance loop.

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# THE main job: `bash scripts/demo.sh`, as root, on a fresh Debian machine.
+# Installs the packages tern needs, builds the binaries, and runs `ternctl lab demo`: a lab cluster
+# built inside network namespaces (the machine's own network is never changed), real pods wired by
+# the real CNI plugin and agent, real packets between them, then a full teardown.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+exec </dev/null
+if [ "$(id -u)" -ne 0 ]; then
+  echo "demo.sh: must run as root (the lab creates network namespaces)" >&2
+  exit 1
+fi
+bash scripts/deps.sh
+cargo build --release --workspace --bins
+exec target/release/ternctl lab demo "$@"
