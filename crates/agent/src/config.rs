@@ -21,6 +21,19 @@ pub struct AgentConfig {
     pub mtu: u32,
     /// Seconds between background reconciliation passes.
     pub resync_seconds: u64,
+    /// Seconds an allocation must look leaked (no endpoint, no owner, not in flight) before the
+    /// leak repair releases it.
+    pub leak_grace_seconds: u64,
+    /// `host:port` of the HTTP listener serving `/metrics` (and the health paths); `0` or
+    /// empty disables it.
+    pub metrics_addr: String,
+    /// `host:port` of the HTTP listener serving `/liveness` and `/readiness` (and `/metrics`);
+    /// `0` or empty disables it. May equal `metrics_addr`: one listener then serves both.
+    pub health_addr: String,
+    /// TLS files for an etcd store (`--etcd-ca`, `--etcd-cert`, `--etcd-key`).
+    pub etcd_ca: Option<PathBuf>,
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -35,6 +48,12 @@ impl AgentConfig {
             interface_prefix: "tern".to_string(),
             mtu: 0,
             resync_seconds: 30,
+            leak_grace_seconds: 60,
+            metrics_addr: "127.0.0.1:9091".to_string(),
+            health_addr: "127.0.0.1:9099".to_string(),
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
         }
     }
 }

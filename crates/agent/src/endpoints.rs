@@ -230,11 +230,23 @@ pub mod store_io {
 
     /// Every endpoint of `node`; documents that do not parse are skipped with a warning.
     pub fn list(store: &dyn Store, node: &str) -> Result<Vec<Endpoint>, StoreError> {
+        list_where(store, |n| n == node)
+    }
+
+    /// Every endpoint of every node (for `ternctl ipam check`).
+    pub fn list_all(store: &dyn Store) -> Result<Vec<Endpoint>, StoreError> {
+        list_where(store, |_| true)
+    }
+
+    fn list_where(
+        store: &dyn Store,
+        on_node: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Endpoint>, StoreError> {
         let (kvs, _) = store.range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))?;
         let mut out = Vec::new();
         for kv in kvs {
             match serde_json::from_slice::<WorkloadEndpoint>(&kv.value) {
-                Ok(w) if w.spec.node == node => out.push(from_resource(w)),
+                Ok(w) if on_node(&w.spec.node) => out.push(from_resource(w)),
                 Ok(_) => {}
                 Err(e) => log::warn!("skipping unreadable endpoint {}: {e}", kv.key),
             }

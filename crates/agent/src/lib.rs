@@ -11,16 +11,22 @@
 //!          (add, del, check: kernel    over the store
 //!           via tern-linux, store)
 //!
-//!   maintenance thread: release journal replay, start-up and periodic reconciliation
+//!   maintenance thread: release journal replay (every 2 s while entries are pending),
+//!                       start-up and periodic reconciliation, leak repair (leak.rs)
+//!   http thread(s):     /metrics, /liveness, /readiness (metrics.rs)
 //! ```
 //!
 //! Every request is handled on its own thread; the only shared state is the store (which
 //! serialises by compare-and-swap) and the endpoint cache (a mutex held only for map updates).
 //! Namespaces are entered only on dedicated threads (`NetNs::run`), never on a server thread.
 
+pub mod audit;
+pub mod claims;
 pub mod config;
 pub mod endpoints;
+pub mod leak;
 pub mod logger;
+pub mod metrics;
 pub mod ops;
 pub mod reaper;
 pub mod reconcile;

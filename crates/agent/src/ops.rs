@@ -42,6 +42,16 @@ fn err(code: u32, msg: impl Into<String>) -> ErrorReply {
     }
 }
 
+/// How long an ADD or DEL waits for another operation on the same interface.
+const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn busy(host_if: &str) -> ErrorReply {
+    err(
+        code::TRY_AGAIN,
+        format!("another operation on interface {host_if} is still running; retry"),
+    )
+}
+
 fn store_err(what: &str, e: &StoreError) -> ErrorReply {
     match e {
         StoreError::Unavailable(_) => err(
@@ -87,15 +97,30 @@ fn attrs_of(node: &str, a: &Attachment) -> AllocationAttrs {
     }
 }
 
-/// Removes a name from the in-flight set when dropped.
-struct InFlight<'a> {
+/// Removes an IPAM handle from the in-flight handles when dropped (leak repair skips them).
+struct HandleInFlight<'a> {
     agent: &'a Agent,
-    name: String,
+    handle: String,
 }
 
-impl Drop for InFlight<'_> {
+impl<'a> HandleInFlight<'a> {
+    fn new(agent: &'a Agent, handle: String) -> HandleInFlight<'a> {
+        agent
+            .in_flight_handles
+            .lock()
+            .unwrap()
+            .insert(handle.clone());
+        HandleInFlight { agent, handle }
+    }
+}
+
+impl Drop for HandleInFlight<'_> {
     fn drop(&mut self) {
-        self.agent.in_flight.lock().unwrap().remove(&self.name);
+        self.agent
+            .in_flight_handles
+            .lock()
+            .unwrap()
+            .remove(&self.handle);
     }
 }
 
@@ -106,7 +131,12 @@ impl Agent {
             .pod
             .as_ref()
             .map(|p| (p.namespace.as_str(), p.name.as_str()));
-        tern_linux::host_veth_name(&self.cfg.interface_prefix, pod, &a.container_id)
+        tern_linux::attachment_veth_name(
+            &self.cfg.interface_prefix,
+            pod,
+            &a.container_id,
+            &a.ifname,
+        )
     }
 
     /// Allocates the addresses an ADD asks for; returns them and whether tern IPAM holds them.
@@ -182,11 +212,10 @@ impl Agent {
         // deferred deletion of that name finish first.
         self.reaper
             .wait_gone(&host_if, std::time::Duration::from_secs(5));
-        self.in_flight.lock().unwrap().insert(host_if.clone());
-        let _guard = InFlight {
-            agent: self,
-            name: host_if.clone(),
+        let Some(_claim) = self.in_flight.claim(&host_if, CLAIM_WAIT) else {
+            return Err(busy(&host_if));
         };
+        let _handle_guard = HandleInFlight::new(self, a.handle());
 
         let t0 = std::time::Instant::now();
         let delegated = req.delegated_ips.is_some();
@@ -328,6 +357,9 @@ impl Agent {
             .as_ref()
             .map(|e| e.host_ifname.clone())
             .unwrap_or_else(|| self.host_ifname(a));
+        let Some(_claim) = self.in_flight.claim(&host_if, CLAIM_WAIT) else {
+            return Err(busy(&host_if));
+        };
         // The kernel takes ~20 ms to unregister a veth; the pod is cut off now (link down) and
         // the deletion itself happens off the request path.
         if let Err(e) = self.reaper.detach(&host_if) {
@@ -348,10 +380,14 @@ impl Agent {
                     source: "agent".into(),
                 };
                 match journal::record(&self.cfg.state_dir, &entry) {
-                    Ok(p) => log::warn!(
-                        "store unavailable ({e}); release journaled at {}",
-                        p.display()
-                    ),
+                    Ok(p) => {
+                        self.journal_dirty
+                            .store(true, std::sync::atomic::Ordering::Relaxed);
+                        log::warn!(
+                            "store unavailable ({e}); release journaled at {}",
+                            p.display()
+                        )
+                    }
                     Err(je) => {
                         return Err(err(
                             code::TRY_AGAIN,
@@ -527,16 +563,46 @@ impl Agent {
     }
 
     pub(crate) fn ipam_add(&self, req: IpamAddRequest) -> Response {
-        let ips = self.allocate(&req.attachment, &req.ipam)?;
+        let a = &req.attachment;
+        let _handle_guard = HandleInFlight::new(self, a.handle());
+        // Standalone IPAM allocations have no tern endpoint: the owner record (written before
+        // allocating) tells leak repair which sandbox holds them.
+        let owner = crate::leak::OwnerRecord {
+            handle: a.handle(),
+            node: self.cfg.node_name.clone(),
+            network: a.network.clone(),
+            container_id: a.container_id.clone(),
+            ifname: a.ifname.clone(),
+            netns: a.netns_path.clone(),
+        };
+        crate::leak::record_owner(&*self.store, &owner)
+            .map_err(|e| store_err("recording the IPAM owner", &e))?;
+        let ips = match self.allocate(a, &req.ipam) {
+            Ok(ips) => ips,
+            Err(e) => {
+                if let Err(de) =
+                    crate::leak::delete_owner(&*self.store, &self.cfg.node_name, &a.handle())
+                {
+                    log::warn!("removing owner record of {}: {de}", a.handle());
+                }
+                return Err(e);
+            }
+        };
+        // Main plugins such as the reference ptp expect a subnet-style result: the address with
+        // its block's prefix and an on-link gateway inside that block. Each block served this way
+        // gets one gateway address of its own, allocated like a pod address and never released
+        // automatically (as host-local keeps its gateway out of its range).
         let mut result = NetResult::default();
         for ip in ips {
-            let gw = if ip.is_ipv4() {
-                "169.254.1.1"
-            } else {
-                "fe80::ecee:eeff:feee:eeee"
+            let (addr, gw) = match self.block_gateway(ip) {
+                Ok(x) => x,
+                Err(e) => {
+                    self.release_quietly(&a.handle());
+                    return Err(e);
+                }
             };
             result.ips.push(IpConfig {
-                address: host_prefix(ip).to_string(),
+                address: addr.to_string(),
                 gateway: Some(gw.to_string()),
                 interface: None,
             });
@@ -551,9 +617,67 @@ impl Agent {
         Ok(Reply::Result(result))
     }
 
+    /// The address `ip` with its block's prefix, and the block's gateway for standalone IPAM
+    /// results (allocated on first use under the handle `tern-ipam-gateway.<node>.<block>`).
+    fn block_gateway(&self, ip: IpAddr) -> Result<(IpNet, IpAddr), ErrorReply> {
+        let node = &self.cfg.node_name;
+        let allocs = self.ipam.allocations(None).map_err(|e| ipam_err(&e))?;
+        let block = allocs
+            .iter()
+            .find(|al| al.ip == ip)
+            .map(|al| al.block)
+            .ok_or_else(|| {
+                err(
+                    code::INTERNAL,
+                    format!("allocated address {ip} has no block"),
+                )
+            })?;
+        let addr = IpNet::new(ip, block.prefix_len()).unwrap_or_else(|_| host_prefix(ip));
+        let handle = format!(
+            "tern-ipam-gateway.{node}.{}",
+            tern_store::keys::cidr_segment(&block.to_string())
+        );
+        if let Some(gw) = allocs
+            .iter()
+            .find(|al| al.handle.as_deref() == Some(handle.as_str()) && block.contains(&al.ip))
+        {
+            return Ok((addr, gw.ip));
+        }
+        let owner = crate::leak::OwnerRecord {
+            handle: handle.clone(),
+            node: node.clone(),
+            network: String::new(),
+            container_id: String::new(),
+            ifname: String::new(),
+            netns: String::new(),
+        };
+        crate::leak::record_owner(&*self.store, &owner)
+            .map_err(|e| store_err("recording the gateway owner", &e))?;
+        let attrs = AllocationAttrs {
+            node: node.clone(),
+            ..Default::default()
+        };
+        // Highest addresses first: pods fill a block from the bottom.
+        for candidate in block.hosts().collect::<Vec<_>>().into_iter().rev() {
+            match self.ipam.assign_ip(candidate, &handle, &attrs) {
+                Ok(()) => return Ok((addr, candidate)),
+                Err(IpamError::AddressInUse { .. }) => continue,
+                Err(e) => return Err(ipam_err(&e)),
+            }
+        }
+        Err(err(
+            code::POOL_EXHAUSTED,
+            format!("block {block} has no free address for its gateway"),
+        ))
+    }
+
     pub(crate) fn ipam_del(&self, a: Attachment) -> Response {
-        match self.ipam.release_by_handle(&a.handle()) {
-            Ok(_) => Ok(Reply::Done),
+        let released = self.ipam.release_by_handle(&a.handle()).and_then(|_| {
+            crate::leak::delete_owner(&*self.store, &self.cfg.node_name, &a.handle())
+                .map_err(IpamError::Store)
+        });
+        match released {
+            Ok(()) => Ok(Reply::Done),
             Err(IpamError::Store(StoreError::Unavailable(e))) => {
                 let entry = JournalEntry {
                     attachment: a,
@@ -567,6 +691,8 @@ impl Agent {
                         format!("store unavailable ({e}) and journal failed: {je}"),
                     )
                 })?;
+                self.journal_dirty
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 Ok(Reply::Done)
             }
             Err(e) => Err(ipam_err(&e)),

@@ -62,6 +62,11 @@ impl Agent {
         r
     }
 
+    /// Replays the release journal only (the quick retry while releases are pending).
+    pub fn replay_pending(&self, r: &mut Report) {
+        self.replay_journal(r);
+    }
+
     fn replay_journal(&self, r: &mut Report) {
         let entries = match journal::pending(&self.cfg.state_dir) {
             Ok(e) => e,
@@ -89,7 +94,18 @@ impl Agent {
                     .endpoints
                     .get(&entry.attachment)
                     .is_some_and(|e| e.delegated_ipam);
-            match self.release_attachment(&entry.attachment, delegated) {
+            let released = self
+                .release_attachment(&entry.attachment, delegated)
+                .and_then(|()| {
+                    // A standalone tern-ipam DEL also ends the allocation's owner record.
+                    crate::leak::delete_owner(
+                        &*self.store,
+                        &self.cfg.node_name,
+                        &entry.attachment.handle(),
+                    )
+                    .map_err(|e| e.to_string())
+                });
+            match released {
                 Ok(()) => {
                     if let Err(e) = journal::complete(&path) {
                         r.errors.push(format!("{}: {e}", path.display()));
@@ -129,18 +145,32 @@ impl Agent {
         let mut owned = HashSet::new();
         for ep in self.endpoints.all() {
             owned.insert(ep.host_ifname.clone());
-            if present.contains(&ep.host_ifname)
-                || self.in_flight.lock().unwrap().contains(&ep.host_ifname)
+            if present.contains(&ep.host_ifname) {
+                continue;
+            }
+            // An ADD or DEL of this interface is running: it decides, not us.
+            let Some(_claim) = self.in_flight.try_claim(&ep.host_ifname) else {
+                continue;
+            };
+            // Re-check under the claim: a DEL may have finished since the snapshot.
+            if self.endpoints.get(&ep.attachment).is_none()
+                || self.reaper.is_pending(&ep.host_ifname)
+                || h.link_by_name(&ep.host_ifname).ok().flatten().is_some()
             {
                 continue;
             }
             self.repair_or_release(&ep, r);
         }
-        let in_flight = self.in_flight.lock().unwrap().clone();
         for l in links {
             let ours =
                 l.name.starts_with(&self.cfg.interface_prefix) && l.kind.as_deref() == Some("veth");
-            if !ours || owned.contains(&l.name) || in_flight.contains(&l.name) {
+            if !ours || owned.contains(&l.name) || self.reaper.is_pending(&l.name) {
+                continue;
+            }
+            let Some(_claim) = self.in_flight.try_claim(&l.name) else {
+                continue;
+            };
+            if self.endpoints.all().iter().any(|e| e.host_ifname == l.name) {
                 continue;
             }
             match h.delete_link(&l.name) {

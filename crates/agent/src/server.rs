@@ -6,9 +6,9 @@ use anyhow::Context;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tern_api::{ErrorReply, Request, Response};
 use tern_ipam::Ipam;
 use tern_store::Store;
@@ -23,9 +23,22 @@ pub struct Agent {
     pub(crate) mtu: u32,
     /// Host interfaces being created by an ADD that has not yet recorded its endpoint; the
     /// reconciler must not mistake them for leftovers.
-    pub(crate) in_flight: Mutex<HashSet<String>>,
+    pub(crate) in_flight: crate::claims::Claims,
     /// Host interfaces a DEL has detached and the reaper thread has yet to delete.
     pub(crate) reaper: crate::reaper::Reaper,
+    /// IPAM handles of ADDs (tern and standalone IPAM) between "about to allocate" and
+    /// "endpoint recorded / reply sent": leak repair must not take their addresses.
+    pub(crate) in_flight_handles: Mutex<HashSet<String>>,
+    /// Leak-repair suspects and when they were first seen.
+    pub(crate) leaks: crate::leak::LeakTracker,
+    /// Request counters and the reclamation counter.
+    pub(crate) metrics: crate::metrics::Metrics,
+    /// Set when a release was journaled: the maintenance loop retries every few seconds until
+    /// the journal is empty, instead of waiting for the next resync.
+    pub(crate) journal_dirty: AtomicBool,
+    /// Milliseconds since `started` at the maintenance loop's last tick (liveness).
+    heartbeat_ms: AtomicU64,
+    started: Instant,
     stop: AtomicBool,
 }
 
@@ -33,8 +46,19 @@ impl Agent {
     /// Opens the store, creates the default pool if no pool exists, loads this node's endpoints,
     /// replays the release journal and reconciles the node's interfaces.
     pub fn start(cfg: AgentConfig) -> anyhow::Result<Arc<Agent>> {
-        let store = tern_store::open(&cfg.store_url)
-            .with_context(|| format!("opening store {}", cfg.store_url))?;
+        let store = tern_store::etcd::open_with_tls(
+            &cfg.store_url,
+            cfg.etcd_ca.as_deref(),
+            cfg.etcd_cert.as_deref(),
+            cfg.etcd_key.as_deref(),
+        )
+        .with_context(|| format!("opening store {}", cfg.store_url))?;
+        Agent::start_with_store(cfg, store)
+    }
+
+    /// As [`Agent::start`], on a store the caller opened (`cfg.store_url` is then only
+    /// informative). Lets tests wrap the store, e.g. to simulate an outage.
+    pub fn start_with_store(cfg: AgentConfig, store: Arc<dyn Store>) -> anyhow::Result<Arc<Agent>> {
         let ipam = Ipam::new(store.clone());
         match ipam.ensure_default_pool(&cfg.default_ipv4_pool) {
             Ok(true) => log::info!(
@@ -59,14 +83,23 @@ impl Agent {
             ipam,
             endpoints,
             mtu,
-            in_flight: Mutex::new(HashSet::new()),
+            in_flight: crate::claims::Claims::default(),
             reaper: crate::reaper::Reaper::start()?,
+            in_flight_handles: Mutex::new(HashSet::new()),
+            leaks: crate::leak::LeakTracker::default(),
+            metrics: crate::metrics::Metrics::default(),
+            journal_dirty: AtomicBool::new(false),
+            heartbeat_ms: AtomicU64::new(0),
+            started: Instant::now(),
             stop: AtomicBool::new(false),
         });
         if let Err(e) = agent.register_node() {
             log::warn!("cannot record Node {} now: {e}", agent.cfg.node_name);
         }
         let report = agent.reconcile();
+        if report.journal_pending > 0 {
+            agent.journal_dirty.store(true, Ordering::Relaxed);
+        }
         log::info!(
             "ternd node {} ready: {} endpoints, mtu {}; start-up reconcile: {report}",
             agent.cfg.node_name,
@@ -113,11 +146,8 @@ impl Agent {
     pub fn serve(self: &Arc<Self>) -> anyhow::Result<()> {
         let listener = bind(&self.cfg.socket)?;
         log::info!("listening on {}", self.cfg.socket.display());
-        let me = self.clone();
-        std::thread::Builder::new()
-            .name("maintenance".into())
-            .spawn(move || me.maintenance_loop())
-            .context("spawning maintenance thread")?;
+        crate::metrics::start_http(self);
+        self.start_maintenance()?;
         for conn in listener.incoming() {
             if self.stop.load(Ordering::Relaxed) {
                 break;
@@ -136,6 +166,35 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Starts the maintenance thread (journal replay, reconciliation, leak repair). [`Agent::serve`]
+    /// calls it; public for tests that drive the agent without a socket.
+    pub fn start_maintenance(self: &Arc<Self>) -> anyhow::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("maintenance".into())
+            .spawn(move || me.maintenance_loop())
+            .context("spawning maintenance thread")?;
+        Ok(())
+    }
+
+    /// True once [`Agent::shutdown`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Time since the maintenance loop last ticked (since start if it never ran).
+    pub fn heartbeat_age(&self) -> Duration {
+        let now = self.started.elapsed();
+        now.saturating_sub(Duration::from_millis(
+            self.heartbeat_ms.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// Addresses released by leak repair since start.
+    pub fn gc_reclamations(&self) -> u64 {
+        self.metrics.gc_reclamations()
     }
 
     /// Asks the serve loop and maintenance thread to stop.
@@ -172,6 +231,7 @@ impl Agent {
     pub fn handle(&self, req: Request, fd: Option<OwnedFd>) -> Response {
         let started = std::time::Instant::now();
         let what = op_name(&req);
+        let kind = op_kind(&req);
         let resp = match req {
             Request::Add(r) => self.add(r, fd),
             Request::Del(r) => self.del(r),
@@ -182,6 +242,9 @@ impl Agent {
             Request::IpamDel(a) => self.ipam_del(a),
             Request::IpamCheck(a) => self.ipam_check(a),
         };
+        let result = if resp.is_ok() { "ok" } else { "error" };
+        self.metrics
+            .observe_request(kind, result, started.elapsed());
         match &resp {
             Ok(_) => log::debug!("{what} ok in {:?}", started.elapsed()),
             Err(e) => log::info!("{what} failed (code {}): {}", e.code, e.msg),
@@ -189,22 +252,70 @@ impl Agent {
         resp
     }
 
+    /// Gives back this node's blocks that have been empty for longer than the configured grace
+    /// period (never the node's last block).
+    fn release_empty_blocks(&self) {
+        let grace = match self.ipam.config() {
+            Ok(c) => Duration::from_secs(c.empty_block_grace_seconds),
+            Err(e) => {
+                log::debug!("cannot read the IPAM configuration: {e}");
+                return;
+            }
+        };
+        match self.ipam.release_empty_blocks(&self.cfg.node_name, grace) {
+            Ok(blocks) if !blocks.is_empty() => log::info!("released empty blocks {blocks:?}"),
+            Ok(_) => {}
+            Err(e) => log::warn!("releasing empty blocks: {e}"),
+        }
+    }
+
     fn maintenance_loop(&self) {
         let period = Duration::from_secs(self.cfg.resync_seconds.max(1));
+        // While releases are journaled, retry this often rather than once per resync.
+        let retry = Duration::from_secs(2).min(period);
         loop {
             let mut slept = Duration::ZERO;
+            let mut since_retry = Duration::ZERO;
             while slept < period {
                 if self.stop.load(Ordering::Relaxed) {
                     return;
                 }
+                self.tick();
                 std::thread::sleep(Duration::from_millis(200));
                 slept += Duration::from_millis(200);
+                since_retry += Duration::from_millis(200);
+                if since_retry >= retry && self.journal_dirty.load(Ordering::Relaxed) {
+                    since_retry = Duration::ZERO;
+                    let mut r = crate::reconcile::Report::default();
+                    self.replay_pending(&mut r);
+                    if !r.is_empty() {
+                        log::info!("journal retry: {r}");
+                    }
+                }
             }
+            self.tick();
             let report = self.reconcile();
             if !report.is_empty() {
                 log::info!("periodic reconcile: {report}");
             }
+            self.journal_dirty
+                .store(report.journal_pending > 0, Ordering::Relaxed);
+            self.release_empty_blocks();
+            let leaks = self.repair_leaks();
+            if !leaks.released.is_empty() || !leaks.errors.is_empty() {
+                log::info!(
+                    "leak repair: {} suspects, released {:?}, errors {:?}",
+                    leaks.suspects,
+                    leaks.released,
+                    leaks.errors
+                );
+            }
         }
+    }
+
+    fn tick(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.heartbeat_ms.store(ms, Ordering::Relaxed);
     }
 }
 
@@ -221,6 +332,20 @@ fn op_name(r: &Request) -> String {
         Request::IpamAdd(a) => format!("IPAM ADD {}", a.attachment.container_id),
         Request::IpamDel(a) => format!("IPAM DEL {}", a.container_id),
         Request::IpamCheck(a) => format!("IPAM CHECK {}", a.container_id),
+    }
+}
+
+/// The `op` label of a request in the metrics.
+fn op_kind(r: &Request) -> &'static str {
+    match r {
+        Request::Add(_) => "add",
+        Request::Del(_) => "del",
+        Request::Check(_) => "check",
+        Request::Status => "status",
+        Request::Gc(_) => "gc",
+        Request::IpamAdd(_) => "ipam_add",
+        Request::IpamDel(_) => "ipam_del",
+        Request::IpamCheck(_) => "ipam_check",
     }
 }
 

@@ -11,6 +11,15 @@ pub struct Cli {
     /// Datastore URL (sqlite:///abs/path.db, etcd://host:port).
     #[arg(long, global = true, env = "TERN_STORE")]
     pub store: Option<String>,
+    /// CA certificate for an etcd store over TLS.
+    #[arg(long, global = true, env = "TERN_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate for an etcd store over TLS.
+    #[arg(long, global = true, env = "TERN_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Client key for an etcd store over TLS.
+    #[arg(long, global = true, env = "TERN_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -69,14 +78,50 @@ pub enum Output {
 /// `ipam` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum IpamCommand {
-    /// Address usage per pool (and per block).
+    /// Address usage per pool (and per block), one address, borrowed addresses or the IPAM
+    /// configuration.
     Show {
         /// Also show one row per allocation block.
         #[arg(long)]
         show_blocks: bool,
         /// Show whether one address is allocated, and to what.
-        #[arg(long, conflicts_with = "show_blocks")]
+        #[arg(long, conflicts_with_all = ["show_blocks", "show_borrowed", "show_configuration"])]
         ip: Option<std::net::IpAddr>,
+        /// List addresses allocated from blocks affine to another node, with block and owner.
+        #[arg(long)]
+        show_borrowed: bool,
+        /// Show the IPAM configuration (StrictAffinity, MaxBlocksPerHost).
+        #[arg(long)]
+        show_configuration: bool,
+    },
+    /// Find addresses allocated but not in use, used but not allocated, and used twice.
+    Check {
+        /// Write the full report as JSON to this file (input of `release --from-report`).
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+    },
+    /// Release addresses: one (refused while an endpoint uses it) or the leaks of a report.
+    Release {
+        /// The address to release.
+        #[arg(
+            long,
+            required_unless_present = "from_report",
+            conflicts_with = "from_report"
+        )]
+        ip: Option<std::net::IpAddr>,
+        /// Release the allocations a `check -o` report lists as not in use that are still not
+        /// in use.
+        #[arg(long)]
+        from_report: Option<PathBuf>,
+    },
+    /// Change the IPAM configuration.
+    Configure {
+        /// Never borrow addresses from blocks affine to other nodes.
+        #[arg(long = "strictaffinity", value_parser = clap::builder::BoolishValueParser::new())]
+        strict_affinity: Option<bool>,
+        /// Maximum blocks one node may claim (0 = unlimited).
+        #[arg(long)]
+        max_blocks_per_host: Option<u32>,
     },
 }
 

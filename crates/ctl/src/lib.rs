@@ -1,5 +1,5 @@
 //! ternctl: the command-line client of tern, in the manner of calicoctl. Resources
-//! (`apply`, `get`, `delete`), IPAM (`ipam show`), CNI installation (`install-cni`) and
+//! (`apply`, `get`, `delete`), IPAM (`ipam show|check|release|configure`), CNI installation (`install-cni`) and
 //! throwaway labs in network namespaces (`lab`).
 //!
 //! [`cli`] defines the command line, [`commands`] holds one module per command, [`table`] the
@@ -15,20 +15,91 @@ pub mod commands;
 pub mod table;
 
 use cli::{Cli, Command, IpamCommand};
-use commands::{apply, delete, get, install_cni, ipam_show, lab};
+use commands::{
+    apply, delete, get, install_cni, ipam_check, ipam_configure, ipam_release, ipam_show, lab,
+};
 
-fn open_store(url: Option<&str>) -> anyhow::Result<Arc<dyn Store>> {
-    let url = url.context("no datastore given: pass --store URL or set TERN_STORE")?;
-    tern_store::open(url).with_context(|| format!("cannot open datastore {url}"))
+/// Where the datastore is and how to reach it.
+struct StoreArgs<'a> {
+    url: Option<&'a str>,
+    ca: Option<&'a std::path::Path>,
+    cert: Option<&'a std::path::Path>,
+    key: Option<&'a std::path::Path>,
+}
+
+fn open_store(args: &StoreArgs) -> anyhow::Result<Arc<dyn Store>> {
+    let url = args
+        .url
+        .context("no datastore given: pass --store URL or set TERN_STORE")?;
+    tern_store::etcd::open_with_tls(url, args.ca, args.cert, args.key)
+        .with_context(|| format!("cannot open datastore {url}"))
+}
+
+/// Runs one `ipam` subcommand; returns the exit code (`check` exits 1 when it finds
+/// problems, so scripts can act on it).
+fn run_ipam(s: Arc<dyn Store>, command: IpamCommand) -> anyhow::Result<i32> {
+    match command {
+        IpamCommand::Show {
+            show_blocks,
+            ip,
+            show_borrowed,
+            show_configuration,
+        } => {
+            if let Some(ip) = ip {
+                print!("{}", ipam_show::show_ip(s, ip)?);
+                return Ok(0);
+            }
+            if show_configuration {
+                print!("{}", ipam_configure::show(&*s)?);
+            }
+            if show_borrowed {
+                print!("{}", ipam_show::show_borrowed(s.clone())?);
+            }
+            if !show_configuration && !show_borrowed || show_blocks {
+                print!("{}", ipam_show::show(s, show_blocks)?);
+            }
+        }
+        IpamCommand::Check { output } => {
+            let report = ipam_check::check(s)?;
+            print!("{}", tern_agent::audit::summary(&report));
+            if let Some(path) = output {
+                ipam_check::write_report(&report, &path)?;
+                println!("Report written to {}", path.display());
+            }
+            return Ok(i32::from(report.problems() > 0));
+        }
+        IpamCommand::Release { ip, from_report } => {
+            let out = match (ip, from_report) {
+                (Some(ip), _) => ipam_release::release_ip(s, ip)?,
+                (None, Some(path)) => ipam_release::release_from_report(s, &path)?,
+                (None, None) => anyhow::bail!("pass --ip IP or --from-report FILE"),
+            };
+            print!("{out}");
+        }
+        IpamCommand::Configure {
+            strict_affinity,
+            max_blocks_per_host,
+        } => {
+            let spec = ipam_configure::configure(&*s, strict_affinity, max_blocks_per_host)?;
+            println!("Successfully set IPAM configuration.");
+            print!("{}", ipam_configure::render(&spec));
+        }
+    }
+    Ok(0)
 }
 
 /// Runs a parsed command line; returns the process exit code (errors are returned, not
 /// printed).
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    let store = cli.store.as_deref();
+    let store = StoreArgs {
+        url: cli.store.as_deref(),
+        ca: cli.etcd_ca.as_deref(),
+        cert: cli.etcd_cert.as_deref(),
+        key: cli.etcd_key.as_deref(),
+    };
     match cli.command {
         Command::Apply { file } => {
-            let s = open_store(store)?;
+            let s = open_store(&store)?;
             let (text, name) = apply::read_input(&file)?;
             let counts = apply::apply(&*s, &text, &name)?;
             println!("{}", apply::summary(&counts));
@@ -40,7 +111,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             output,
         } => {
             let kind = get::parse_kind(&kind)?;
-            let s = open_store(store)?;
+            let s = open_store(&store)?;
             let found = get::fetch(&*s, kind, name.as_deref(), namespace.as_deref())?;
             print!("{}", get::render(kind, &found, output, name.is_some()));
         }
@@ -50,17 +121,12 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             namespace,
         } => {
             let kind = get::parse_kind(&kind)?;
-            let s = open_store(store)?;
+            let s = open_store(&store)?;
             println!("{}", delete::delete(s, kind, &name, namespace.as_deref())?);
         }
-        Command::Ipam {
-            command: IpamCommand::Show { show_blocks, ip },
-        } => {
-            let s = open_store(store)?;
-            match ip {
-                Some(ip) => print!("{}", ipam_show::show_ip(s, ip)?),
-                None => print!("{}", ipam_show::show(s, show_blocks)?),
-            }
+        Command::Ipam { command } => {
+            let s = open_store(&store)?;
+            return run_ipam(s, command);
         }
         Command::InstallCni(args) => {
             let from = match &args.plugin_dir {

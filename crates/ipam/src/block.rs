@@ -36,6 +36,13 @@ pub struct Block {
     pub sequence_number_for_allocation: BTreeMap<u32, u64>,
     #[serde(default)]
     pub deleted: bool,
+    /// When each free ordinal was last released (unix seconds), for the release cooldown;
+    /// the entry goes when the ordinal is allocated again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub released_at: BTreeMap<u32, u64>,
+    /// Since when (unix seconds) the block has had no allocation; `None` while in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emptied_at: Option<u64>,
 }
 
 /// The affinity prefix of a node's blocks.
@@ -56,7 +63,14 @@ impl Block {
             sequence_number: 0,
             sequence_number_for_allocation: BTreeMap::new(),
             deleted: false,
+            released_at: BTreeMap::new(),
+            emptied_at: None,
         }
+    }
+
+    /// The address at `ordinal` of a block over `cidr`, without building the block.
+    pub(crate) fn new_view(cidr: &IpNet) -> BlockView {
+        BlockView(*cidr)
     }
 
     /// The node the block is affine to.
@@ -68,14 +82,7 @@ impl Block {
 
     /// The address at an ordinal.
     pub fn ip(&self, ordinal: u32) -> IpAddr {
-        match self.cidr {
-            IpNet::V4(n) => {
-                IpAddr::V4(Ipv4Addr::from(u32::from(n.network()).wrapping_add(ordinal)))
-            }
-            IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(
-                u128::from(n.network()).wrapping_add(ordinal as u128),
-            )),
-        }
+        BlockView(self.cidr).ip(ordinal)
     }
 
     /// The ordinal of an address, if it is in the block.
@@ -118,15 +125,37 @@ impl Block {
         self.sequence_number += 1;
         self.sequence_number_for_allocation
             .insert(ordinal, self.sequence_number);
+        self.released_at.remove(&ordinal);
+        self.emptied_at = None;
     }
 
     /// Allocates up to `n` free ordinals (oldest-free first) to the handle.
     pub fn allocate(&mut self, n: usize, handle: &str, attrs: &AllocationAttrs) -> Vec<u32> {
-        let take = n.min(self.unallocated.len());
-        if take == 0 {
-            return Vec::new();
+        self.allocate_where(n, handle, attrs, |_| true)
+    }
+
+    /// Allocates up to `n` free ordinals accepted by `usable` (reservations, cooldown),
+    /// oldest-free first; ordinals skipped keep their place in the free list.
+    pub fn allocate_where(
+        &mut self,
+        n: usize,
+        handle: &str,
+        attrs: &AllocationAttrs,
+        usable: impl Fn(u32) -> bool,
+    ) -> Vec<u32> {
+        let mut ords = Vec::new();
+        let mut kept = Vec::with_capacity(self.unallocated.len());
+        for &o in &self.unallocated {
+            if ords.len() < n && usable(o) {
+                ords.push(o);
+            } else {
+                kept.push(o);
+            }
         }
-        let ords: Vec<u32> = self.unallocated.drain(..take).collect();
+        if ords.is_empty() {
+            return ords;
+        }
+        self.unallocated = kept;
         let attr = self.attribute_index(handle, attrs);
         for &o in &ords {
             self.record(o, attr);
@@ -152,7 +181,14 @@ impl Block {
     }
 
     /// Frees the ordinals (those allocated); returns, per freed ordinal, the handle it had.
+    /// The release time is recorded as 0 (no cooldown); see [`Block::release_at`].
     pub fn release(&mut self, ordinals: &[u32]) -> Vec<(u32, Option<String>)> {
+        self.release_at(ordinals, 0)
+    }
+
+    /// Frees the ordinals at time `now` (unix seconds): each freed ordinal goes to the back of
+    /// the free list stamped `now`, and a block left empty records `emptied_at = now`.
+    pub fn release_at(&mut self, ordinals: &[u32], now: u64) -> Vec<(u32, Option<String>)> {
         let mut freed = Vec::new();
         for &o in ordinals {
             let Some(Some(idx)) = self.allocations.get(o as usize).copied() else {
@@ -165,10 +201,16 @@ impl Block {
             self.allocations[o as usize] = None;
             self.sequence_number_for_allocation.remove(&o);
             self.unallocated.push(o);
+            if now > 0 {
+                self.released_at.insert(o, now);
+            }
             freed.push((o, handle));
         }
         if !freed.is_empty() {
             self.compact_attributes();
+            if self.in_use() == 0 {
+                self.emptied_at = Some(now);
+            }
         }
         freed
     }
@@ -197,6 +239,22 @@ impl Block {
     }
 }
 
+/// Address arithmetic of a block's CIDR alone.
+pub(crate) struct BlockView(IpNet);
+
+impl BlockView {
+    pub(crate) fn ip(&self, ordinal: u32) -> IpAddr {
+        match self.0 {
+            IpNet::V4(n) => {
+                IpAddr::V4(Ipv4Addr::from(u32::from(n.network()).wrapping_add(ordinal)))
+            }
+            IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from(
+                u128::from(n.network()).wrapping_add(ordinal as u128),
+            )),
+        }
+    }
+}
+
 /// Number of addresses in a block.
 pub fn block_len(cidr: &IpNet) -> usize {
     1usize << (cidr.max_prefix_len() - cidr.prefix_len())
@@ -216,6 +274,22 @@ pub enum AffinityState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Affinity {
     pub state: AffinityState,
+}
+
+/// One stored affinity, with the node and block it links (for `ipam check`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AffinityRecord {
+    pub node: String,
+    pub cidr: IpNet,
+    pub state: AffinityState,
+}
+
+/// One stored handle with its per-block counts (for `ipam check`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleRecord {
+    pub id: String,
+    /// Block CIDR → number of the handle's addresses in it.
+    pub blocks: BTreeMap<String, u32>,
 }
 
 /// All blocks holding addresses of one handle, with counts, for O(blocks) release.

@@ -9,18 +9,26 @@
 //! block only if absent (`Compare::ModRevision(block, 0)`), then confirm the affinity. A crash in
 //! between leaves a pending affinity that the next claim by the same node repairs.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
-use tern_model::{AllowedUse, IpPool, IpPoolSpec, IpamConfigSpec, Kind, ModelError, Resource};
+use tern_model::{
+    AllowedUse, IpPool, IpPoolSpec, IpamConfig, IpamConfigSpec, Kind, ModelError, Resource,
+    Selector,
+};
 use tern_store::{Compare, KeyValue, Op, Store, StoreError, Txn, keys};
 
 pub mod block;
+pub mod storm;
 
-pub use block::{Affinity, AffinityState, AllocationAttribute, Block, Handle, host_affinity};
+pub use block::{
+    Affinity, AffinityRecord, AffinityState, AllocationAttribute, Block, Handle, HandleRecord,
+    host_affinity,
+};
 
 /// How often a compare-and-swap is retried on conflict before giving up.
 const RETRIES: usize = 100;
@@ -148,10 +156,62 @@ pub struct Allocation {
     pub sequence_number: u64,
 }
 
+/// Addresses of both families from one dual-stack request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Assigned {
+    pub ipv4: Vec<Ipv4Addr>,
+    pub ipv6: Vec<Ipv6Addr>,
+}
+
+/// The clock of the allocator: unix seconds. Injectable so tests of cooldowns and grace
+/// periods need not sleep.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock in unix seconds.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    })
+}
+
 /// The allocator. Cheap to clone; safe to use from many threads and processes at once.
 #[derive(Clone)]
 pub struct Ipam {
     store: Arc<dyn Store>,
+    clock: Clock,
+    /// Per node, the affine block that last had room: only an ordering hint (every write is
+    /// still a compare-and-swap), shared by clones.
+    hints: Arc<Mutex<HashMap<String, IpNet>>>,
+}
+
+/// Which free ordinals automatic assignment may hand out, decided once per request.
+struct Filter {
+    /// `IPReservation` networks: never handed out automatically.
+    reserved: Vec<IpNet>,
+    cooldown: u64,
+    now: u64,
+}
+
+impl Filter {
+    fn usable(&self, cidr: &IpNet, released_at: &BTreeMap<u32, u64>, ordinal: u32) -> bool {
+        if let Some(&t) = released_at.get(&ordinal)
+            && t.saturating_add(self.cooldown) > self.now
+        {
+            return false;
+        }
+        if self.reserved.is_empty() {
+            return true;
+        }
+        let ip = Block::new_view(cidr).ip(ordinal);
+        !self.reserved.iter().any(|r| r.contains(&ip))
+    }
+
+    /// Whether some reservation covers the whole block, so claiming it is pointless.
+    fn covers(&self, block: &IpNet) -> bool {
+        self.reserved.iter().any(|r| r.contains(block))
+    }
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(kv: &KeyValue) -> Result<T> {
@@ -166,6 +226,14 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
+/// Everything one automatic assignment decides on up front.
+struct Cx<'a> {
+    pools: &'a [Pool],
+    cfg: &'a IpamConfigSpec,
+    labels: Option<&'a BTreeMap<String, String>>,
+    filter: &'a Filter,
+}
+
 /// A pool that has been parsed and checked once.
 #[derive(Debug, Clone)]
 struct Pool {
@@ -175,18 +243,20 @@ struct Pool {
 }
 
 impl Pool {
-    fn workload_usable(&self) -> bool {
+    /// Enabled, allowed for workloads, and its node selector selects the node. `labels` is
+    /// `None` when the node has no Node resource: then only `all()` pools qualify, since
+    /// nothing is known about the node. A selector that does not parse selects nothing.
+    fn workload_usable(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
         !self.spec.disabled
             && self.spec.allowed_uses.contains(&AllowedUse::Workload)
-            && selects_every_node(&self.spec.node_selector)
+            && match Selector::parse(&self.spec.node_selector) {
+                Ok(sel) => match labels {
+                    Some(l) => sel.matches(l),
+                    None => sel.is_all(),
+                },
+                Err(_) => false,
+            }
     }
-}
-
-/// Node selectors are not evaluated yet: only `all()` (every node) is honoured; a pool with any
-/// other selector is not used for automatic assignment.
-fn selects_every_node(sel: &str) -> bool {
-    let s = sel.trim();
-    s.is_empty() || s == "all()"
 }
 
 /// FNV-1a: a stable hash, so a node walks the pool's blocks in the same order across restarts
@@ -222,7 +292,58 @@ fn family_of(net: &IpNet) -> u8 {
 impl Ipam {
     /// An allocator over the store.
     pub fn new(store: Arc<dyn Store>) -> Ipam {
-        Ipam { store }
+        Ipam::with_clock(store, system_clock())
+    }
+
+    /// An allocator with its own clock (unix seconds), for tests of time-based behaviour.
+    pub fn with_clock(store: Arc<dyn Store>, clock: Clock) -> Ipam {
+        Ipam {
+            store,
+            clock,
+            hints: Arc::default(),
+        }
+    }
+
+    fn remember(&self, node: &str, block: IpNet) {
+        if let Ok(mut h) = self.hints.lock() {
+            h.insert(node.to_string(), block);
+        }
+    }
+
+    /// The store the allocator works on.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn now(&self) -> u64 {
+        (self.clock)()
+    }
+
+    /// The node's labels from its Node resource (`metadata.labels`), `None` without one.
+    fn node_labels(&self, node: &str) -> Result<Option<BTreeMap<String, String>>> {
+        Ok(
+            tern_model::get_resource(&*self.store, Kind::Node, None, node)?
+                .map(|r| r.metadata().labels.clone()),
+        )
+    }
+
+    /// Every reserved network of every `IPReservation`.
+    fn reservations(&self) -> Result<Vec<IpNet>> {
+        let mut out = Vec::new();
+        for r in tern_model::list_resources(&*self.store, Kind::IpReservation)? {
+            if let Resource::IpReservation(r) = r {
+                out.extend(r.spec.nets());
+            }
+        }
+        Ok(out)
+    }
+
+    fn filter(&self, cfg: &IpamConfigSpec) -> Result<Filter> {
+        Ok(Filter {
+            reserved: self.reservations()?,
+            cooldown: cfg.release_cooldown_seconds,
+            now: self.now(),
+        })
     }
 
     fn pools(&self) -> Result<Vec<Pool>> {
@@ -241,7 +362,8 @@ impl Ipam {
         Ok(out)
     }
 
-    fn config(&self) -> Result<IpamConfigSpec> {
+    /// The cluster IPAM configuration (defaults when none is stored).
+    pub fn config(&self) -> Result<IpamConfigSpec> {
         Ok(
             match tern_model::get_resource(&*self.store, Kind::IpamConfig, None, "default")? {
                 Some(Resource::IpamConfig(c)) => c.spec,
@@ -253,11 +375,17 @@ impl Ipam {
     /// Creates `default-ipv4-ippool` (or `default-ipv6-ippool` for an IPv6 CIDR) with the
     /// family's default block size when no IPPool exists; returns whether it was created. A
     /// pool smaller than the default block gets one block covering the whole pool.
+    /// Pools of the other family do not count, so a dual-stack node can ensure one of each.
     pub fn ensure_default_pool(&self, cidr: &str) -> Result<bool> {
-        if !self.pools()?.is_empty() {
+        let mut spec = IpPoolSpec::new(cidr);
+        let family = spec.net().map(|n| family_of(&n));
+        if self
+            .pools()?
+            .iter()
+            .any(|p| Some(family_of(&p.net)) == family)
+        {
             return Ok(false);
         }
-        let mut spec = IpPoolSpec::new(cidr);
         let name = match spec.net() {
             Some(IpNet::V6(_)) => "default-ipv6-ippool",
             _ => "default-ipv4-ippool",
@@ -275,15 +403,80 @@ impl Ipam {
         }
     }
 
+    /// Stores the configuration (compare-and-swap on the stored revision, retried).
+    pub fn put_config(&self, spec: &IpamConfigSpec) -> Result<()> {
+        for _ in 0..RETRIES {
+            let rv =
+                match tern_model::get_resource(&*self.store, Kind::IpamConfig, None, "default")? {
+                    Some(r) => r.metadata().resource_version.clone(),
+                    None => Some("0".to_string()),
+                };
+            let mut c = IpamConfig::new("default", spec.clone());
+            c.metadata.resource_version = rv;
+            match tern_model::put_resource(&*self.store, &c.into()) {
+                Ok(_) => return Ok(()),
+                Err(ModelError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::Contention {
+            key: keys::IPAM_CONFIG.to_string(),
+        })
+    }
+
+    /// `ipam configure`: sets `strictAffinity` and `maxBlocksPerHost`, keeping the other
+    /// fields. Existing allocations stay valid either way (borrowed addresses are kept and
+    /// still released normally).
+    pub fn set_config(&self, strict_affinity: bool, max_blocks_per_host: u32) -> Result<()> {
+        let mut spec = self.config()?;
+        spec.strict_affinity = strict_affinity;
+        spec.max_blocks_per_host = max_blocks_per_host;
+        self.put_config(&spec)
+    }
+
     /// Names of the pools usable for workloads on this node: enabled, `Workload` allowed,
-    /// node selector `all()`.
-    pub fn usable_pools(&self, _node: &str) -> Result<Vec<String>> {
+    /// and `nodeSelector` matching the labels of the node's Node resource (without a Node
+    /// resource, only pools selecting `all()`).
+    pub fn usable_pools(&self, node: &str) -> Result<Vec<String>> {
+        let labels = self.node_labels(node)?;
         Ok(self
             .pools()?
             .into_iter()
-            .filter(Pool::workload_usable)
+            .filter(|p| p.workload_usable(labels.as_ref()))
             .map(|p| p.name)
             .collect())
+    }
+
+    /// `assign_ipv4`: `max(num_v4, 1)` IPv4 addresses for the handle (no IPv6).
+    pub fn assign_ipv4(&self, args: &AssignArgs) -> Result<Vec<Ipv4Addr>> {
+        let a = AssignArgs {
+            num_v4: args.num_v4.max(1),
+            num_v6: 0,
+            ..args.clone()
+        };
+        Ok(self.auto_assign_dual(&a)?.ipv4)
+    }
+
+    /// `assign_ipv6`: `max(num_v6, 1)` IPv6 addresses for the handle (no IPv4).
+    pub fn assign_ipv6(&self, args: &AssignArgs) -> Result<Vec<Ipv6Addr>> {
+        let a = AssignArgs {
+            num_v4: 0,
+            num_v6: args.num_v6.max(1),
+            ..args.clone()
+        };
+        Ok(self.auto_assign_dual(&a)?.ipv6)
+    }
+
+    /// [`Ipam::auto_assign`] with the result split by family; all or nothing.
+    pub fn auto_assign_dual(&self, args: &AssignArgs) -> Result<Assigned> {
+        let mut out = Assigned::default();
+        for ip in self.auto_assign(args)? {
+            match ip {
+                IpAddr::V4(a) => out.ipv4.push(a),
+                IpAddr::V6(a) => out.ipv6.push(a),
+            }
+        }
+        Ok(out)
     }
 
     /// Allocates `num_v4` IPv4 and `num_v6` IPv6 addresses for the handle; all or nothing:
@@ -291,6 +484,14 @@ impl Ipam {
     pub fn auto_assign(&self, args: &AssignArgs) -> Result<Vec<IpAddr>> {
         let pools = self.pools()?;
         let cfg = self.config()?;
+        let labels = self.node_labels(&args.node)?;
+        let filter = self.filter(&cfg)?;
+        let cx = Cx {
+            pools: &pools,
+            cfg: &cfg,
+            labels: labels.as_ref(),
+            filter: &filter,
+        };
         let mut got = Vec::new();
         for (family, n, wanted) in [
             (4u8, args.num_v4, &args.v4_pools),
@@ -299,7 +500,7 @@ impl Ipam {
             if n == 0 {
                 continue;
             }
-            if let Err(e) = self.assign_family(args, family, n, wanted, &pools, &cfg, &mut got) {
+            if let Err(e) = self.assign_family(args, family, n, wanted, &cx, &mut got) {
                 if !got.is_empty() {
                     // Best effort: the original error matters more than a failed rollback.
                     let _ = self.release_ips(&got);
@@ -310,17 +511,16 @@ impl Ipam {
         Ok(got)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn assign_family(
         &self,
         args: &AssignArgs,
         family: u8,
         n: usize,
         wanted: &[String],
-        pools: &[Pool],
-        cfg: &IpamConfigSpec,
+        cx: &Cx,
         got: &mut Vec<IpAddr>,
     ) -> Result<()> {
+        let (pools, cfg, labels, filter) = (cx.pools, cx.cfg, cx.labels, cx.filter);
         let node = args.node.as_str();
         let of_family: Vec<&Pool> = pools
             .iter()
@@ -329,7 +529,7 @@ impl Ipam {
         let candidates: Vec<&Pool> = if wanted.is_empty() {
             of_family
                 .into_iter()
-                .filter(|p| p.workload_usable())
+                .filter(|p| p.workload_usable(labels))
                 .collect()
         } else {
             let mut c = Vec::new();
@@ -344,12 +544,12 @@ impl Ipam {
                         detail: format!("requested pool {w:?} does not exist"),
                     });
                 };
-                if !p.workload_usable() {
+                if !p.workload_usable(labels) {
                     return Err(IpamError::NoPools {
                         family,
                         node: node.into(),
                         detail: format!(
-                            "requested pool {w:?} is disabled or not usable for workloads"
+                            "requested pool {w:?} is disabled, not usable for workloads or does not select this node"
                         ),
                     });
                 }
@@ -368,13 +568,24 @@ impl Ipam {
         let start = got.len();
         let missing = |got: &Vec<IpAddr>| n - (got.len() - start);
 
-        // 1. Blocks this node already owns.
-        for cidr in self.affine_blocks(node)? {
+        // 1. Blocks this node already owns; the block that last had room first, so a node
+        //    with many full blocks does not re-read them all for every allocation.
+        let mut mine = self.affine_blocks(node)?;
+        let hint = self.hints.lock().ok().and_then(|h| h.get(node).copied());
+        if let Some(pos) = hint.and_then(|h| mine.iter().position(|c| *c == h)) {
+            let h = mine.remove(pos);
+            mine.insert(0, h);
+        }
+        for cidr in mine {
             if missing(got) == 0 {
                 return Ok(());
             }
             if in_candidates(&cidr) {
-                got.extend(self.alloc_in_block(&cidr, missing(got), args, Some(node))?);
+                let ips = self.alloc_in_block(&cidr, missing(got), args, Some(node), filter)?;
+                if !ips.is_empty() {
+                    self.remember(node, cidr);
+                }
+                got.extend(ips);
             }
         }
         // 2. Claim new blocks, pool by pool.
@@ -386,10 +597,11 @@ impl Ipam {
                     limit_hit = true;
                     break 'claim;
                 }
-                let Some(cidr) = self.claim_block(node, pool)? else {
+                let Some(cidr) = self.claim_block(node, pool, filter)? else {
                     break;
                 };
-                got.extend(self.alloc_in_block(&cidr, missing(got), args, Some(node))?);
+                self.remember(node, cidr);
+                got.extend(self.alloc_in_block(&cidr, missing(got), args, Some(node), filter)?);
             }
         }
         // 3. Borrow from other nodes' blocks unless affinity is strict.
@@ -401,7 +613,7 @@ impl Ipam {
                 }
                 let b: Block = decode(&kv)?;
                 if !b.deleted && !b.unallocated.is_empty() && in_candidates(&b.cidr) {
-                    got.extend(self.alloc_in_block(&b.cidr, missing(got), args, None)?);
+                    got.extend(self.alloc_in_block(&b.cidr, missing(got), args, None, filter)?);
                 }
             }
         }
@@ -472,7 +684,7 @@ impl Ipam {
 
     /// Claims the first free block of `pool` in this node's order; `None` when the pool has
     /// no block left to claim.
-    fn claim_block(&self, node: &str, pool: &Pool) -> Result<Option<IpNet>> {
+    fn claim_block(&self, node: &str, pool: &Pool, filter: &Filter) -> Result<Option<IpNet>> {
         let bs = pool.spec.block_size;
         if bs < pool.net.prefix_len() || bs > pool.net.max_prefix_len() {
             return Ok(None);
@@ -489,7 +701,7 @@ impl Ipam {
         for i in 0..count {
             let cidr = nth_block(&pool.net, bs, (start + i) % count);
             let cs = cidr.to_string();
-            if taken.contains(&cs) {
+            if taken.contains(&cs) || filter.covers(&cidr) {
                 continue;
             }
             let aff_key = keys::affinity(node, &cs);
@@ -499,12 +711,12 @@ impl Ipam {
                     state: AffinityState::Pending,
                 }),
             )?;
+            let mut block = Block::new(cidr, Some(host_affinity(node)));
+            // A fresh block counts as empty from now, for the empty-block grace period.
+            block.emptied_at = Some(filter.now);
             let created = self.store.txn(Txn {
                 compare: vec![Compare::ModRevision(keys::block(&cs), 0)],
-                success: vec![Op::put(
-                    keys::block(&cs),
-                    encode(&Block::new(cidr, Some(host_affinity(node)))),
-                )],
+                success: vec![Op::put(keys::block(&cs), encode(&block))],
                 failure: vec![],
             })?;
             if !created.succeeded {
@@ -532,6 +744,7 @@ impl Ipam {
         want: usize,
         args: &AssignArgs,
         owner: Option<&str>,
+        filter: &Filter,
     ) -> Result<Vec<IpAddr>> {
         let bkey = keys::block(&cidr.to_string());
         let hkey = keys::handle(&args.handle);
@@ -543,7 +756,17 @@ impl Ipam {
             if b.deleted || owner.is_some_and(|o| b.affine_node() != Some(o)) {
                 return Ok(Vec::new());
             }
-            let ords = b.allocate(want, &args.handle, &args.attrs);
+            // The release stamps are moved out so the filter can read them while the block
+            // is being changed; those of the ordinals just allocated are dropped.
+            let mut released = std::mem::take(&mut b.released_at);
+            let cidr_b = b.cidr;
+            let ords = b.allocate_where(want, &args.handle, &args.attrs, |o| {
+                filter.usable(&cidr_b, &released, o)
+            });
+            for o in &ords {
+                released.remove(o);
+            }
+            b.released_at = released;
             if ords.is_empty() {
                 return Ok(Vec::new());
             }
@@ -573,6 +796,9 @@ impl Ipam {
 
     /// Assigns a specific address to the handle. It must lie in an enabled pool and be free.
     /// When its block does not exist yet, the block is created affine to `attrs.node`.
+    /// An address inside an `IPReservation` is allowed here, as in Calico: reservations
+    /// only keep addresses out of automatic assignment, and an explicit request (a static
+    /// pod IP, a gateway) is the operator's decision.
     pub fn assign_ip(&self, ip: IpAddr, handle: &str, attrs: &AllocationAttrs) -> Result<()> {
         let pools = self.pools()?;
         let Some(pool) = pools
@@ -664,7 +890,7 @@ impl Ipam {
             if let Some(bkv) = self.store.get(&bkey)? {
                 let mut b: Block = decode(&bkv)?;
                 let ords = b.ordinals_of(handle);
-                b.release(&ords);
+                b.release_at(&ords, self.now());
                 freed = ords.into_iter().map(|o| b.ip(o)).collect();
                 compare.push(Compare::ModRevision(bkey.clone(), bkv.mod_revision));
                 success.push(Op::put(bkey, encode(&b)));
@@ -723,7 +949,7 @@ impl Ipam {
                     }
                 })
                 .collect();
-            let freed = b.release(&ords);
+            let freed = b.release_at(&ords, self.now());
             if freed.is_empty() {
                 return Ok(Vec::new());
             }
@@ -864,5 +1090,177 @@ impl Ipam {
             released.extend(self.release_in_block(&bkey, &ips)?);
         }
         Ok(released)
+    }
+
+    /// Releases the node's blocks that have been empty for longer than `grace` and returns
+    /// them; never the node's last block. Per block, as in Calico: the affinity goes
+    /// `Confirmed → PendingDeletion` (CAS), then the block and the affinity are deleted in one
+    /// transaction that holds only if the block is unchanged (still empty); if an allocation
+    /// (a borrower's) slipped in, the affinity is put back to `Confirmed`.
+    pub fn release_empty_blocks(&self, node: &str, grace: Duration) -> Result<Vec<IpNet>> {
+        let now = self.now();
+        let mine = self.affine_blocks(node)?;
+        let mut remaining = mine.len();
+        let mut out = Vec::new();
+        for cidr in mine {
+            if remaining <= 1 {
+                break;
+            }
+            let cs = cidr.to_string();
+            let bkey = keys::block(&cs);
+            let Some(bkv) = self.store.get(&bkey)? else {
+                continue;
+            };
+            let b: Block = decode(&bkv)?;
+            // Blocks written before `emptiedAt` existed count as empty since forever.
+            let emptied = b.emptied_at.unwrap_or(0);
+            if b.in_use() > 0
+                || b.affine_node() != Some(node)
+                || now < emptied.saturating_add(grace.as_secs())
+            {
+                continue;
+            }
+            let akey = keys::affinity(node, &cs);
+            let Some(akv) = self.store.get(&akey)? else {
+                continue;
+            };
+            let a: Affinity = decode(&akv)?;
+            if a.state != AffinityState::Confirmed {
+                continue;
+            }
+            let marked = self.store.txn(Txn {
+                compare: vec![Compare::ModRevision(akey.clone(), akv.mod_revision)],
+                success: vec![Op::put(
+                    akey.clone(),
+                    encode(&Affinity {
+                        state: AffinityState::PendingDeletion,
+                    }),
+                )],
+                failure: vec![],
+            })?;
+            if !marked.succeeded {
+                continue;
+            }
+            let deleted = self.store.txn(Txn {
+                compare: vec![
+                    Compare::ModRevision(bkey.clone(), bkv.mod_revision),
+                    Compare::ModRevision(akey.clone(), marked.revision),
+                ],
+                success: vec![Op::delete(bkey), Op::delete(akey.clone())],
+                failure: vec![],
+            })?;
+            if deleted.succeeded {
+                remaining -= 1;
+                out.push(cidr);
+            } else {
+                // Someone allocated in the block meanwhile: it stays the node's.
+                self.store.txn(Txn {
+                    compare: vec![Compare::ModRevision(akey.clone(), marked.revision)],
+                    success: vec![Op::put(
+                        akey,
+                        encode(&Affinity {
+                            state: AffinityState::Confirmed,
+                        }),
+                    )],
+                    failure: vec![],
+                })?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Why the pool named `name` cannot be deleted: `Some("IPPool \"p\" (10.0.0.0/16)
+    /// still has 3 addresses allocated in blocks 10.0.0.0/26 (3 in use)")` while any of its
+    /// blocks holds an allocation, `None` when it holds none (or does not exist).
+    pub fn pool_in_use(&self, name: &str) -> Result<Option<String>> {
+        let Some(pool) = self.pools()?.into_iter().find(|p| p.name == name) else {
+            return Ok(None);
+        };
+        let mut total = 0usize;
+        let mut held = Vec::new();
+        for b in self.blocks()? {
+            let n = b.in_use();
+            if n > 0 && pool.net.contains(&b.cidr) {
+                total += n;
+                held.push(format!("{} ({n} in use)", b.cidr));
+            }
+        }
+        if total == 0 {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "IPPool {name:?} ({}) still has {total} addresses allocated in blocks {}; release them first",
+            pool.net,
+            held.join(", ")
+        )))
+    }
+
+    /// Every stored block, in key order.
+    pub fn blocks(&self) -> Result<Vec<Block>> {
+        let (kvs, _) = self.store.range(keys::BLOCKS)?;
+        kvs.iter().map(decode).collect()
+    }
+
+    /// Every stored affinity, or only those of `node`.
+    pub fn affinities(&self, node: Option<&str>) -> Result<Vec<AffinityRecord>> {
+        let prefix = match node {
+            Some(n) => keys::node_affinities(n),
+            None => keys::AFFINITIES.to_string(),
+        };
+        let (kvs, _) = self.store.range(&prefix)?;
+        let mut out = Vec::new();
+        for kv in &kvs {
+            let a: Affinity = decode(kv)?;
+            let rest = &kv.key[keys::AFFINITIES.len()..];
+            let Some((n, seg)) = rest.split_once('/') else {
+                continue;
+            };
+            let Ok(cidr) = keys::segment_cidr(seg).parse::<IpNet>() else {
+                return Err(IpamError::Corrupt {
+                    key: kv.key.clone(),
+                    message: format!("{seg:?} is not a block CIDR"),
+                });
+            };
+            out.push(AffinityRecord {
+                node: n.to_string(),
+                cidr,
+                state: a.state,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every stored handle with its per-block counts.
+    pub fn handles(&self) -> Result<Vec<HandleRecord>> {
+        let (kvs, _) = self.store.range(keys::HANDLES)?;
+        let mut out = Vec::new();
+        for kv in &kvs {
+            let h: Handle = decode(kv)?;
+            out.push(HandleRecord {
+                id: kv.key[keys::HANDLES.len()..].to_string(),
+                blocks: h.block,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Borrowed allocations: those whose `node` attribute names a node other than the one
+    /// the block is affine to (or the block has no affinity); only those made by `node`
+    /// when given. For `ipam show --show-borrowed`.
+    pub fn borrowed(&self, node: Option<&str>) -> Result<Vec<Allocation>> {
+        let affine: BTreeMap<IpNet, Option<String>> = self
+            .blocks()?
+            .into_iter()
+            .map(|b| (b.cidr, b.affine_node().map(str::to_string)))
+            .collect();
+        Ok(self
+            .allocations(None)?
+            .into_iter()
+            .filter(|a| {
+                !a.attrs.node.is_empty()
+                    && node.is_none_or(|n| a.attrs.node == n)
+                    && affine.get(&a.block).cloned().flatten().as_deref() != Some(&a.attrs.node)
+            })
+            .collect())
     }
 }

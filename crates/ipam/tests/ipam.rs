@@ -27,6 +27,7 @@ fn set_config(store: &dyn Store, strict: bool, max_blocks: u32) {
         IpamConfigSpec {
             strict_affinity: strict,
             max_blocks_per_host: max_blocks,
+            ..IpamConfigSpec::default()
         },
     );
     put_resource(store, &c.into()).unwrap();

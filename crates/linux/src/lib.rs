@@ -30,6 +30,28 @@ pub const DEFAULT_VETH_PREFIX: &str = "tern";
 /// Linux interface name limit (IFNAMSIZ - 1).
 pub const MAX_IFNAME_LEN: usize = 15;
 
+/// Host-side veth name of one attachment: [`host_veth_name`] for `eth0` (Calico's name), and
+/// for any other interface of the same pod a name hashed over `<namespace>.<pod>.<ifname>` (or
+/// `<containerID>.<ifname>`), so a pod's second interface never collides with its first.
+pub fn attachment_veth_name(
+    prefix: &str,
+    pod: Option<(&str, &str)>,
+    container_id: &str,
+    ifname: &str,
+) -> String {
+    if ifname == "eth0" || ifname.is_empty() {
+        return host_veth_name(prefix, pod, container_id);
+    }
+    match pod {
+        Some((ns, name)) => host_veth_name(
+            prefix,
+            Some((ns, &format!("{name}.{ifname}"))),
+            container_id,
+        ),
+        None => host_veth_name(prefix, None, &format!("{container_id}.{ifname}")),
+    }
+}
+
 /// Host-side veth name: `prefix` + the first 11 hex digits of `sha1("<namespace>.<pod>")` (or of
 /// `container_id` when no pod is known), truncated to 15 bytes. Same scheme as Calico's
 /// `cali` + sha1, so names are stable across ADD/DEL/CHECK and across agent restarts.

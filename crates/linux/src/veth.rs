@@ -214,7 +214,19 @@ fn configure(cfg: &PodInterfaceConfig, h: &mut Handle, host: &Link) -> Result<Po
             ph.add_address(pod.index, host_prefix(a))
                 .map_err(|e| in_container(e, ns))?;
         }
-        for r in pod_routes(pod.index, v4, v6) {
+        // The pod's first interface owns its default route; a second interface of the same pod
+        // (e.g. `net1`) gets its addresses only, so it never takes the default away.
+        let has_default = |ph: &mut Handle, v6: bool| -> Result<bool> {
+            Ok(ph
+                .routes(v6)?
+                .iter()
+                .any(|r| r.dst.prefix_len() == 0 && r.oif != Some(pod.index)))
+        };
+        let (v4_routes, v6_routes) = (
+            v4 && !has_default(&mut ph, false)?,
+            v6 && !has_default(&mut ph, true)?,
+        );
+        for r in pod_routes(pod.index, v4_routes, v6_routes) {
             ph.replace_route(&r).map_err(|e| in_container(e, ns))?;
         }
         if allow_fwd {
@@ -343,10 +355,12 @@ pub fn check_pod_interface(
             } else {
                 IpAddr::V4(POD_GATEWAY_V4)
             };
+            // A secondary interface relies on the default route of the pod's first interface.
             let routes = ph.routes(is_v6)?;
-            if !routes.iter().any(|r| {
-                r.dst == default_dst(is_v6) && r.gateway == Some(gw) && r.oif == Some(pod.index)
-            }) {
+            if !routes
+                .iter()
+                .any(|r| r.dst == default_dst(is_v6) && r.gateway == Some(gw))
+            {
                 return Err(LinuxError::CheckFailed(format!(
                     "default route via {gw} dev {pod_ifname} is missing in container namespace {pod_ns}"
                 )));

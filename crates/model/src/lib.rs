@@ -9,11 +9,13 @@ use std::fmt;
 
 pub mod parse;
 pub mod resources;
+pub mod selector;
 pub mod storage;
 pub mod validate;
 
 pub use parse::parse_documents;
 pub use resources::*;
+pub use selector::{Selector, SelectorError};
 pub use storage::{delete_resource, get_resource, list_resources, put_resource, resource_key};
 pub use validate::{ip_pool_overlaps, validate_dns1123_subdomain};
 

@@ -177,6 +177,7 @@ fn parse_yaml(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
             Kind::IpamConfig => Resource::IpamConfig(typed(&doc, &yaml_err)?),
             Kind::Node => Resource::Node(typed(&doc, &yaml_err)?),
             Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(&doc, &yaml_err)?),
+            Kind::IpReservation => Resource::IpReservation(typed(&doc, &yaml_err)?),
         });
     }
     Ok(out)
@@ -231,6 +232,7 @@ fn parse_json(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
                 Kind::IpamConfig => Resource::IpamConfig(typed(v, file, &at)?),
                 Kind::Node => Resource::Node(typed(v, file, &at)?),
                 Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(v, file, &at)?),
+                Kind::IpReservation => Resource::IpReservation(typed(v, file, &at)?),
             });
         }
         return Ok(out);
@@ -253,5 +255,6 @@ fn parse_json(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
         Kind::IpamConfig => Resource::IpamConfig(typed(text, &json_err)?),
         Kind::Node => Resource::Node(typed(text, &json_err)?),
         Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(text, &json_err)?),
+        Kind::IpReservation => Resource::IpReservation(typed(text, &json_err)?),
     }])
 }

@@ -17,6 +17,7 @@ pub enum Kind {
     IpamConfig,
     Node,
     WorkloadEndpoint,
+    IpReservation,
 }
 
 /// Kinds that belong to tern's API but are not implemented yet; parsing them fails with a
@@ -31,11 +32,12 @@ pub const PLANNED_KINDS: &[&str] = &[
 
 impl Kind {
     /// Every supported kind.
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::IpPool,
         Kind::IpamConfig,
         Kind::Node,
         Kind::WorkloadEndpoint,
+        Kind::IpReservation,
     ];
 
     /// The `kind:` string of documents.
@@ -45,6 +47,7 @@ impl Kind {
             Kind::IpamConfig => "IPAMConfig",
             Kind::Node => "Node",
             Kind::WorkloadEndpoint => "WorkloadEndpoint",
+            Kind::IpReservation => "IPReservation",
         }
     }
 
@@ -72,6 +75,7 @@ impl FromStr for Kind {
             "ipamconfig" | "ipamconfigs" | "ipamconfiguration" => Kind::IpamConfig,
             "node" | "nodes" | "no" => Kind::Node,
             "workloadendpoint" | "workloadendpoints" | "wep" | "weps" => Kind::WorkloadEndpoint,
+            "ipreservation" | "ipreservations" => Kind::IpReservation,
             _ => {
                 if let Some(p) = PLANNED_KINDS.iter().find(|p| p.eq_ignore_ascii_case(s)) {
                     return Err(format!("kind {p} is not supported yet"));
@@ -154,6 +158,8 @@ pub type IpamConfig = Document<IpamConfigSpec>;
 pub type Node = Document<NodeSpec>;
 /// A pod's network interface.
 pub type WorkloadEndpoint = Document<WorkloadEndpointSpec>;
+/// Addresses excluded from automatic assignment (cluster-scoped).
+pub type IpReservation = Document<IpReservationSpec>;
 
 /// When a pool's traffic is encapsulated between nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,6 +261,18 @@ pub struct IpamConfigSpec {
     /// Maximum blocks one node may claim; 0 = unlimited.
     #[serde(default = "default_max_blocks")]
     pub max_blocks_per_host: u32,
+    /// A released address is not handed out again for this many seconds (0 = immediately;
+    /// free addresses are reused oldest-first either way).
+    #[serde(default)]
+    pub release_cooldown_seconds: u64,
+    /// An empty block stays affine to its node for at least this long before it may be
+    /// released (never the node's last block).
+    #[serde(default = "default_empty_block_grace")]
+    pub empty_block_grace_seconds: u64,
+}
+
+fn default_empty_block_grace() -> u64 {
+    300
 }
 
 impl Default for IpamConfigSpec {
@@ -262,8 +280,37 @@ impl Default for IpamConfigSpec {
         IpamConfigSpec {
             strict_affinity: false,
             max_blocks_per_host: default_max_blocks(),
+            release_cooldown_seconds: 0,
+            empty_block_grace_seconds: default_empty_block_grace(),
         }
     }
+}
+
+/// Spec of an [`IpReservation`]: CIDRs (or single addresses) that automatic assignment never
+/// hands out. An explicitly requested address (`assign_ip`) may still be reserved, as in Calico.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IpReservationSpec {
+    #[serde(rename = "reservedCIDRs")]
+    pub reserved_cidrs: Vec<String>,
+}
+
+impl IpReservationSpec {
+    /// The reserved networks that parse (a bare address counts as a host route).
+    pub fn nets(&self) -> Vec<ipnet::IpNet> {
+        self.reserved_cidrs
+            .iter()
+            .filter_map(|c| {
+                c.parse::<ipnet::IpNet>()
+                    .ok()
+                    .or_else(|| c.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
+            })
+            .collect()
+    }
+}
+
+impl Spec for IpReservationSpec {
+    const KIND: Kind = Kind::IpReservation;
 }
 
 impl Spec for IpamConfigSpec {
@@ -369,6 +416,7 @@ pub enum Resource {
     IpamConfig(IpamConfig),
     Node(Node),
     WorkloadEndpoint(WorkloadEndpoint),
+    IpReservation(IpReservation),
 }
 
 macro_rules! each {
@@ -378,6 +426,7 @@ macro_rules! each {
             Resource::IpamConfig($d) => $e,
             Resource::Node($d) => $e,
             Resource::WorkloadEndpoint($d) => $e,
+            Resource::IpReservation($d) => $e,
         }
     };
 }
@@ -390,6 +439,7 @@ impl Resource {
             Resource::IpamConfig(_) => Kind::IpamConfig,
             Resource::Node(_) => Kind::Node,
             Resource::WorkloadEndpoint(_) => Kind::WorkloadEndpoint,
+            Resource::IpReservation(_) => Kind::IpReservation,
         }
     }
 
@@ -450,6 +500,7 @@ impl Resource {
             Kind::IpamConfig => Resource::IpamConfig(typed(bytes)?),
             Kind::Node => Resource::Node(typed(bytes)?),
             Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(bytes)?),
+            Kind::IpReservation => Resource::IpReservation(typed(bytes)?),
         })
     }
 }
@@ -472,5 +523,10 @@ impl From<Node> for Resource {
 impl From<WorkloadEndpoint> for Resource {
     fn from(d: WorkloadEndpoint) -> Resource {
         Resource::WorkloadEndpoint(d)
+    }
+}
+impl From<IpReservation> for Resource {
+    fn from(d: IpReservation) -> Resource {
+        Resource::IpReservation(d)
     }
 }

@@ -6,8 +6,10 @@ use ipnet::IpNet;
 
 use crate::ModelError;
 use crate::resources::{
-    EncapMode, IpPool, IpamConfig, Kind, Node, ObjectMeta, Resource, WorkloadEndpoint,
+    EncapMode, IpPool, IpReservation, IpamConfig, Kind, Node, ObjectMeta, Resource,
+    WorkloadEndpoint,
 };
+use crate::selector::Selector;
 
 /// Checks that `name` is a DNS-1123 subdomain: at most 253 characters of lowercase
 /// alphanumerics, `-` and `.`, starting and ending with an alphanumeric.
@@ -58,6 +60,7 @@ pub(crate) fn validate(r: &Resource) -> Result<(), ModelError> {
         Resource::IpamConfig(c) => validate_ipam_config(&cx, c),
         Resource::Node(n) => validate_node(&cx, n),
         Resource::WorkloadEndpoint(w) => validate_wep(&cx, w),
+        Resource::IpReservation(r) => validate_ip_reservation(&cx, r),
     }
 }
 
@@ -152,6 +155,21 @@ fn validate_ip_pool(cx: &Ctx, p: &IpPool) -> Result<(), ModelError> {
             "must not be empty (use \"all()\" to select every node)",
         ));
     }
+    Selector::parse(&s.node_selector).map_err(|e| cx.err("spec.nodeSelector", e.to_string()))?;
+    Ok(())
+}
+
+fn validate_ip_reservation(cx: &Ctx, r: &IpReservation) -> Result<(), ModelError> {
+    if r.spec.reserved_cidrs.is_empty() {
+        return Err(cx.err("spec.reservedCIDRs", "must list at least one CIDR"));
+    }
+    for (i, c) in r.spec.reserved_cidrs.iter().enumerate() {
+        let field = format!("spec.reservedCIDRs[{i}]");
+        if c.parse::<IpAddr>().is_ok() {
+            continue;
+        }
+        parse_pool_cidr(c).map_err(|e| cx.err(&field, e))?;
+    }
     Ok(())
 }
 
@@ -174,11 +192,21 @@ pub fn ip_pool_overlaps(pool: &IpPool, others: &[IpPool]) -> Option<String> {
         })
 }
 
-fn validate_ipam_config(cx: &Ctx, _c: &IpamConfig) -> Result<(), ModelError> {
+fn validate_ipam_config(cx: &Ctx, c: &IpamConfig) -> Result<(), ModelError> {
     if cx.name != "default" {
         return Err(cx.err(
             "metadata.name",
             "the IPAM configuration is a singleton and must be named \"default\"",
+        ));
+    }
+    // Calico caps the cooldown at 20 minutes: longer only starves small pools.
+    if c.spec.release_cooldown_seconds > 1200 {
+        return Err(cx.err(
+            "spec.releaseCooldownSeconds",
+            format!(
+                "{} is more than the maximum 1200",
+                c.spec.release_cooldown_seconds
+            ),
         ));
     }
     Ok(())

@@ -110,7 +110,7 @@ fn header_errors() {
             "# c\napiVersion: tern.dev/v1\nkind: Pod\nmetadata: {name: x}\n",
             "x.yaml"
         ),
-        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint"
+        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint, IPReservation"
     );
     assert_eq!(
         parse_err("apiVersion: tern.dev/v1\nkind: BGPPeer\n", "x.yaml"),
@@ -384,6 +384,7 @@ fn store_round_trip_and_conflicts() {
         IpamConfigSpec {
             strict_affinity: true,
             max_blocks_per_host: 0,
+            ..IpamConfigSpec::default()
         },
     )
     .into();

@@ -412,8 +412,12 @@ impl Call<'_> {
             .pod
             .as_ref()
             .map(|p| (p.namespace.as_str(), p.name.as_str()));
-        let host_if =
-            tern_linux::host_veth_name(self.tern.interface_prefix(), pod, &a.container_id);
+        let host_if = tern_linux::attachment_veth_name(
+            self.tern.interface_prefix(),
+            pod,
+            &a.container_id,
+            &a.ifname,
+        );
         tern_linux::veth::teardown_pod_interface(&host_if).map_err(|e| {
             CniError::io(format!(
                 "ternd is down ({why}) and removing {host_if} failed: {e}"

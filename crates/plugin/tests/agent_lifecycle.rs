@@ -23,7 +23,7 @@ fn add_while_the_agent_is_down_is_code_11_and_says_how_to_start_it() {
         msg.contains("ternd --node-name"),
         "message does not say how to start the agent: {msg}"
     );
-    assert!(node.tern_links().is_empty());
+    assert!(node.tern_links_settled().is_empty());
     assert!(!pod.links().contains(&"eth0".to_string()));
 }
 

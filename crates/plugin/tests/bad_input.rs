@@ -33,7 +33,7 @@ fn assert_nothing_left(node: &Node, pod: &Pod, cid: &str) {
     );
     assert!(node.endpoints_of(cid).is_empty(), "{cid} has an endpoint");
     assert!(
-        node.tern_links().is_empty(),
+        node.tern_links_settled().is_empty(),
         "host veths left: {:?}",
         node.tern_links()
     );
@@ -134,7 +134,7 @@ fn container_id_with_a_slash_is_code_4() {
     .fails_with(4);
     assert!(msg.contains("CNI_CONTAINERID"), "{msg}");
     assert!(node.allocations().is_empty());
-    assert!(node.tern_links().is_empty());
+    assert!(node.tern_links_settled().is_empty());
 }
 
 #[test]
@@ -208,7 +208,7 @@ fn interface_already_in_the_pod_fails_and_leaves_nothing() {
     );
     assert!(node.endpoints_of("dup1").is_empty());
     assert!(
-        node.tern_links().is_empty(),
+        node.tern_links_settled().is_empty(),
         "host veth left: {:?}",
         node.tern_links()
     );

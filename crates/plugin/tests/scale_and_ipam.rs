@@ -56,7 +56,7 @@ fn thirty_parallel_adds_then_thirty_parallel_dels() {
         assert_eq!(out.status, 0, "DEL par{i} failed: {}", out.json);
     }
     assert!(
-        node.tern_links().is_empty(),
+        node.tern_links_settled().is_empty(),
         "veths left: {:?}",
         node.tern_links()
     );
@@ -113,7 +113,7 @@ fn delegated_host_local_ipam() {
         lease.display()
     );
     assert!(node.endpoints_of("hl1").is_empty());
-    assert!(node.tern_links().is_empty());
+    assert!(node.tern_links_settled().is_empty());
     node.cni("DEL", &pod, "hl1", "eth0", &conf).ok();
 }
 
@@ -151,7 +151,21 @@ fn tern_ipam_under_the_reference_ptp_plugin() {
         out.json
     );
     assert_eq!(node.allocated_to("ptp1"), vec![ip]);
-    assert_eq!(pod.ipv4("eth0"), vec![format!("{ip}/32")]);
+    // Standalone tern-ipam answers subnet-style (the block's prefix and an on-link gateway in
+    // the block), which is what ptp needs.
+    assert_eq!(
+        out.json["ips"][0]["address"],
+        format!("{ip}/26"),
+        "{}",
+        out.json
+    );
+    let gw: IpAddr = out.json["ips"][0]["gateway"]
+        .as_str()
+        .expect("gateway")
+        .parse()
+        .unwrap();
+    assert_ne!(gw, ip);
+    assert_eq!(pod.ipv4("eth0"), vec![format!("{ip}/26")]);
     let node_ip: IpAddr = NODE_IP.parse().unwrap();
     assert_eq!(
         udp_round_trip(&pod.path(), &node.ns.path(), node_ip).expect("pod -> node"),

@@ -6,13 +6,14 @@
 //! existence), exactly as they would against etcd. Watchers resume from a revision.
 //!
 //! Backends: [`mem::MemStore`] (in-process, for unit tests), [`sqlite::SqliteStore`] (embedded,
-//! safe across processes on one host). The etcd backend drops in behind the same trait. All of
+//! safe across processes on one host), [`etcd::EtcdStore`] (an etcd v3 cluster). All of
 //! them pass [`conformance`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub mod conformance;
+pub mod etcd;
 pub mod keys;
 pub mod mem;
 pub mod sqlite;
@@ -187,7 +188,8 @@ pub trait Store: Send + Sync {
 /// Opens the store named by a URL:
 /// - `sqlite:///abs/path.db`: [`sqlite::SqliteStore`] on that file (parent directory created);
 /// - `mem://`: a fresh, empty [`mem::MemStore`];
-/// - `etcd://host:port[,host:port...]`: the etcd backend (not built yet: a `Config` error).
+/// - `etcd://host:port[,host:port...]`: [`etcd::EtcdStore`] over plain HTTP (for TLS, see
+///   [`etcd::open_with_tls`]); fails with `Unavailable` when no endpoint answers.
 pub fn open(url: &str) -> Result<Arc<dyn Store>> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         if !path.starts_with('/') {
@@ -210,7 +212,7 @@ pub fn open(url: &str) -> Result<Arc<dyn Store>> {
         return Ok(Arc::new(mem::MemStore::new()));
     }
     if url.starts_with("etcd://") {
-        return Err(StoreError::Config("etcd backend not built yet".to_string()));
+        return etcd::open_with_tls(url, None, None, None);
     }
     Err(StoreError::Config(format!(
         "unsupported store URL {url:?} (expected sqlite:///abs/path.db, mem:// or etcd://host:port)"

@@ -32,6 +32,24 @@ struct Args {
     /// Seconds between reconciliation passes.
     #[arg(long, env = "TERN_RESYNC_SECONDS", default_value_t = 30)]
     resync_seconds: u64,
+    /// Seconds an allocation must look leaked before leak repair releases it.
+    #[arg(long, env = "TERN_LEAK_GRACE_SECONDS", default_value_t = 60)]
+    leak_grace_seconds: u64,
+    /// Address of the Prometheus `/metrics` listener (`0` disables).
+    #[arg(long, env = "TERN_METRICS_ADDR", default_value = "127.0.0.1:9091")]
+    metrics_addr: String,
+    /// Address of the `/liveness` and `/readiness` listener (`0` disables).
+    #[arg(long, env = "TERN_HEALTH_ADDR", default_value = "127.0.0.1:9099")]
+    health_addr: String,
+    /// CA certificate for an etcd store over TLS.
+    #[arg(long, env = "TERN_ETCD_CA")]
+    etcd_ca: Option<PathBuf>,
+    /// Client certificate for an etcd store over TLS.
+    #[arg(long, env = "TERN_ETCD_CERT")]
+    etcd_cert: Option<PathBuf>,
+    /// Client key for an etcd store over TLS.
+    #[arg(long, env = "TERN_ETCD_KEY")]
+    etcd_key: Option<PathBuf>,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, env = "TERN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -46,6 +64,12 @@ fn main() {
     cfg.interface_prefix = args.interface_prefix;
     cfg.mtu = args.mtu;
     cfg.resync_seconds = args.resync_seconds;
+    cfg.leak_grace_seconds = args.leak_grace_seconds;
+    cfg.metrics_addr = args.metrics_addr;
+    cfg.health_addr = args.health_addr;
+    cfg.etcd_ca = args.etcd_ca;
+    cfg.etcd_cert = args.etcd_cert;
+    cfg.etcd_key = args.etcd_key;
     let run = || -> anyhow::Result<()> {
         let agent = Agent::start(cfg)?;
         agent.serve()

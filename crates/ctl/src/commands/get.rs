@@ -125,6 +125,19 @@ fn render_table(kind: Kind, resources: &[Resource]) -> String {
                 })
                 .collect(),
         ),
+        Kind::IpReservation => (
+            &["NAME", "RESERVED CIDRS"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::IpReservation(x) => Some(vec![
+                        x.metadata.name.clone(),
+                        x.spec.reserved_cidrs.join(","),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
         Kind::IpamConfig => (
             &["NAME", "STRICTAFFINITY", "MAXBLOCKSPERHOST"],
             resources

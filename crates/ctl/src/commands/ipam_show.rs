@@ -1,8 +1,9 @@
-//! `ternctl ipam show [--show-blocks]`: address usage in calicoctl's table.
+//! `ternctl ipam show [--show-blocks] [--ip IP] [--show-borrowed]`: address usage in
+//! calicoctl's tables.
 
 use std::sync::Arc;
 
-use tern_ipam::{Ipam, PoolUsage};
+use tern_ipam::{Allocation, Ipam, PoolUsage};
 use tern_store::Store;
 
 use crate::table::{Align, BoxTable, count_with_percent};
@@ -67,6 +68,78 @@ pub fn show_ip(store: Arc<dyn Store>, ip: std::net::IpAddr) -> anyhow::Result<St
     Ok(out)
 }
 
+/// One borrowed address: allocated by a node from a block affine to another node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Borrowed {
+    pub ip: std::net::IpAddr,
+    pub borrowing_node: String,
+    pub block: ipnet::IpNet,
+    /// The node the block is affine to (empty when none).
+    pub block_owner: String,
+    /// `<namespace>/<pod>`, or the handle when the allocation has no pod.
+    pub allocated_to: String,
+}
+
+/// Borrowed addresses among `allocs`, given every block's affinity from `pools`.
+pub fn borrowed(pools: &[PoolUsage], allocs: &[Allocation]) -> Vec<Borrowed> {
+    let owner = |block: &ipnet::IpNet| -> Option<String> {
+        pools
+            .iter()
+            .flat_map(|p| p.blocks.iter())
+            .find(|b| b.cidr == *block)
+            .map(|b| b.affinity.clone().unwrap_or_default())
+    };
+    let mut out: Vec<Borrowed> = allocs
+        .iter()
+        .filter(|a| !a.attrs.node.is_empty())
+        .filter_map(|a| {
+            let block_owner = owner(&a.block).unwrap_or_default();
+            (block_owner != a.attrs.node).then(|| Borrowed {
+                ip: a.ip,
+                borrowing_node: a.attrs.node.clone(),
+                block: a.block,
+                block_owner,
+                allocated_to: if a.attrs.pod.is_empty() {
+                    a.handle.clone().unwrap_or_default()
+                } else {
+                    format!("{}/{}", a.attrs.namespace, a.attrs.pod)
+                },
+            })
+        })
+        .collect();
+    out.sort_by_key(|b| b.ip);
+    out
+}
+
+/// Renders borrowed addresses as calicoctl's `--show-borrowed` table.
+pub fn render_borrowed(list: &[Borrowed]) -> String {
+    let mut t = BoxTable::new(&[
+        ("IP", Align::Left),
+        ("BORROWING-NODE", Align::Left),
+        ("BLOCK", Align::Left),
+        ("BLOCK OWNER", Align::Left),
+        ("ALLOCATED-TO", Align::Left),
+    ]);
+    for b in list {
+        t.row(vec![
+            b.ip.to_string(),
+            b.borrowing_node.clone(),
+            b.block.to_string(),
+            b.block_owner.clone(),
+            b.allocated_to.clone(),
+        ]);
+    }
+    t.render()
+}
+
+/// `ipam show --show-borrowed`.
+pub fn show_borrowed(store: Arc<dyn Store>) -> anyhow::Result<String> {
+    let ipam = Ipam::new(store);
+    let usage = ipam.usage()?;
+    let allocs = ipam.allocations(None)?;
+    Ok(render_borrowed(&borrowed(&usage, &allocs)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +195,42 @@ mod tests {
         assert!(
             out.contains("| IP Pool  | 10.250.0.0/24 |       256 | 0 (0%)     | 256 (100%) |"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn borrowed_table_lists_foreign_block_allocations() {
+        use tern_ipam::AllocationAttrs;
+        let usage = seed_usage();
+        let mk = |ip: &str, node: &str, pod: &str| Allocation {
+            ip: ip.parse().unwrap(),
+            handle: Some(format!("net.{pod}")),
+            attrs: AllocationAttrs {
+                namespace: "default".into(),
+                pod: pod.into(),
+                node: node.into(),
+                ..Default::default()
+            },
+            block: "172.20.147.0/26".parse().unwrap(),
+            sequence_number: 1,
+        };
+        let list = borrowed(
+            &usage,
+            &[
+                mk("172.20.147.1", "node1", "own"),
+                mk("172.20.147.2", "node2", "guest"),
+            ],
+        );
+        assert_eq!(list.len(), 1);
+        assert_eq!(
+            render_borrowed(&list),
+            "\
++--------------+----------------+-----------------+-------------+---------------+
+|      IP      | BORROWING-NODE |      BLOCK      | BLOCK OWNER | ALLOCATED-TO  |
++--------------+----------------+-----------------+-------------+---------------+
+| 172.20.147.2 | node2          | 172.20.147.0/26 | node1       | default/guest |
++--------------+----------------+-----------------+-------------+---------------+
+"
         );
     }
 }

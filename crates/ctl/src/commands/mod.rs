@@ -5,5 +5,8 @@ pub mod delete;
 pub mod demo;
 pub mod get;
 pub mod install_cni;
+pub mod ipam_check;
+pub mod ipam_configure;
+pub mod ipam_release;
 pub mod ipam_show;
 pub mod lab;

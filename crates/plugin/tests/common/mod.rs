@@ -613,6 +613,20 @@ impl Node {
             .collect()
     }
 
+    /// The node's `tern*` links once deferred deletions have finished: a DEL takes the host veth
+    /// down at once and ternd deletes it off the request path (~20 ms each in the kernel), so
+    /// this waits up to 5 s for the list to stop shrinking to empty.
+    pub fn tern_links_settled(&self) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let links = self.tern_links();
+            if links.is_empty() || std::time::Instant::now() > deadline {
+                return links;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// The node's IPv4 routes.
     pub fn routes(&self) -> Vec<Value> {
         ip_json(self.name(), &["route", "show"])

@@ -1,0 +1,472 @@
+//! Prometheus metrics and the health endpoints, over a minimal HTTP/1.1 server on std.
+//!
+//! Counters live in memory ([`Metrics`]); the IPAM gauges are computed from the store at
+//! scrape time, so they are never stale and cost nothing between scrapes. Gauges cover only
+//! this node (label `node`), so that a cluster of agents exports each series exactly once;
+//! they are labelled by pool as Calico's kube-controllers label theirs.
+
+use crate::server::Agent;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the request latency histogram buckets.
+pub const LATENCY_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    /// Cumulative counts per bucket of [`LATENCY_BUCKETS`].
+    buckets: [u64; LATENCY_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+/// The agent's in-memory counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, String), u64>>,
+    latency: Mutex<BTreeMap<String, Histogram>>,
+    gc_reclamations: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts one CNI request of `op` ("add", "del", ...) that ended in `result` ("ok" or
+    /// "error") after `elapsed`.
+    pub fn observe_request(&self, op: &str, result: &str, elapsed: Duration) {
+        *self
+            .requests
+            .lock()
+            .unwrap()
+            .entry((op.to_string(), result.to_string()))
+            .or_default() += 1;
+        let secs = elapsed.as_secs_f64();
+        let mut lat = self.latency.lock().unwrap();
+        let h = lat.entry(op.to_string()).or_default();
+        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+            if secs <= *le {
+                h.buckets[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += secs;
+    }
+
+    /// Counts addresses released by leak repair.
+    pub fn add_gc_reclamations(&self, n: u64) {
+        self.gc_reclamations.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Addresses released by leak repair since start.
+    pub fn gc_reclamations(&self) -> u64 {
+        self.gc_reclamations.load(Ordering::Relaxed)
+    }
+
+    /// Renders the counters (not the store-derived gauges) in Prometheus text format.
+    pub fn render_counters(&self, node: &str, out: &mut String) {
+        let node = escape(node);
+        out.push_str("# HELP tern_cni_requests_total CNI requests served, by operation and result.\n# TYPE tern_cni_requests_total counter\n");
+        for ((op, result), n) in self.requests.lock().unwrap().iter() {
+            let _ = writeln!(
+                out,
+                "tern_cni_requests_total{{op=\"{}\",result=\"{}\"}} {n}",
+                escape(op),
+                escape(result)
+            );
+        }
+        out.push_str("# HELP tern_cni_request_duration_seconds Time to serve a CNI request.\n# TYPE tern_cni_request_duration_seconds histogram\n");
+        for (op, h) in self.latency.lock().unwrap().iter() {
+            let op = escape(op);
+            for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "tern_cni_request_duration_seconds_bucket{{op=\"{op}\",le=\"{le}\"}} {}",
+                    h.buckets[i]
+                );
+            }
+            let _ = writeln!(
+                out,
+                "tern_cni_request_duration_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "tern_cni_request_duration_seconds_sum{{op=\"{op}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "tern_cni_request_duration_seconds_count{{op=\"{op}\"}} {}",
+                h.count
+            );
+        }
+        out.push_str("# HELP ipam_gc_reclamations Leaked addresses released by the agent's leak repair.\n# TYPE ipam_gc_reclamations counter\n");
+        let _ = writeln!(
+            out,
+            "ipam_gc_reclamations{{node=\"{node}\"}} {}",
+            self.gc_reclamations()
+        );
+    }
+}
+
+/// Escapes a Prometheus label value.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Per-pool IPAM figures of one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolGauges {
+    /// Addresses allocated by this node (attribute `node`).
+    pub in_use: u64,
+    /// Blocks affine to this node.
+    pub blocks: u64,
+    /// Addresses this node allocated from blocks affine to another node (or to none).
+    pub borrowed: u64,
+}
+
+/// Computes this node's IPAM gauges per pool name from the store.
+pub fn ipam_gauges(
+    ipam: &tern_ipam::Ipam,
+    node: &str,
+) -> Result<BTreeMap<String, PoolGauges>, tern_ipam::IpamError> {
+    let usage = ipam.usage()?;
+    let allocs = ipam.allocations(None)?;
+    let mut out: BTreeMap<String, PoolGauges> = BTreeMap::new();
+    let pool_of = |block: &ipnet::IpNet| -> Option<(&str, Option<&str>)> {
+        usage.iter().find_map(|p| {
+            p.blocks
+                .iter()
+                .find(|b| b.cidr == *block)
+                .map(|b| (p.pool.as_str(), b.affinity.as_deref()))
+        })
+    };
+    for p in &usage {
+        let g = out.entry(p.pool.clone()).or_default();
+        g.blocks = p
+            .blocks
+            .iter()
+            .filter(|b| b.affinity.as_deref() == Some(node))
+            .count() as u64;
+    }
+    for a in allocs.iter().filter(|a| a.attrs.node == node) {
+        let Some((pool, affinity)) = pool_of(&a.block) else {
+            continue;
+        };
+        let g = out.entry(pool.to_string()).or_default();
+        g.in_use += 1;
+        if affinity != Some(node) {
+            g.borrowed += 1;
+        }
+    }
+    Ok(out)
+}
+
+impl Agent {
+    /// The full `/metrics` page.
+    pub fn render_metrics(&self) -> String {
+        let node = &self.cfg.node_name;
+        let en = escape(node);
+        let mut out = String::new();
+        match ipam_gauges(&self.ipam, node) {
+            Ok(g) => {
+                for (name, help, get) in [
+                    (
+                        "ipam_allocations_in_use",
+                        "Addresses allocated by this node, per pool.",
+                        (|g: &PoolGauges| g.in_use) as fn(&PoolGauges) -> u64,
+                    ),
+                    (
+                        "ipam_blocks",
+                        "Blocks affine to this node, per pool.",
+                        |g: &PoolGauges| g.blocks,
+                    ),
+                    (
+                        "ipam_allocations_borrowed",
+                        "Addresses this node allocated from blocks of other nodes, per pool.",
+                        |g: &PoolGauges| g.borrowed,
+                    ),
+                ] {
+                    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+                    for (pool, v) in &g {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{ippool=\"{}\",node=\"{en}\"}} {}",
+                            escape(pool),
+                            get(v)
+                        );
+                    }
+                }
+                out.push_str("# HELP tern_datastore_up Whether the last scrape could read the datastore.\n# TYPE tern_datastore_up gauge\n");
+                let _ = writeln!(out, "tern_datastore_up{{node=\"{en}\"}} 1");
+            }
+            Err(e) => {
+                log::debug!("metrics: cannot read IPAM: {e}");
+                out.push_str("# HELP tern_datastore_up Whether the last scrape could read the datastore.\n# TYPE tern_datastore_up gauge\n");
+                let _ = writeln!(out, "tern_datastore_up{{node=\"{en}\"}} 0");
+            }
+        }
+        out.push_str("# HELP tern_endpoints Pod interfaces (WorkloadEndpoints) of this node.\n# TYPE tern_endpoints gauge\n");
+        let _ = writeln!(
+            out,
+            "tern_endpoints{{node=\"{en}\"}} {}",
+            self.endpoints.len()
+        );
+        self.metrics.render_counters(node, &mut out);
+        out
+    }
+
+    /// Readiness: the store answers and at least one pool can serve workloads on this node.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.store
+            .revision()
+            .map_err(|e| format!("datastore unreachable: {e}"))?;
+        let pools = self
+            .ipam
+            .usable_pools(&self.cfg.node_name)
+            .map_err(|e| format!("cannot read IP pools: {e}"))?;
+        if pools.is_empty() {
+            return Err(format!(
+                "no IP pool is usable for workloads on node {}",
+                self.cfg.node_name
+            ));
+        }
+        Ok(())
+    }
+
+    /// Liveness: the maintenance loop has ticked recently (it is not wedged).
+    pub fn liveness(&self) -> Result<(), String> {
+        let age = self.heartbeat_age();
+        let limit = Duration::from_secs(self.cfg.resync_seconds.max(1) * 3 + 60);
+        if age > limit {
+            return Err(format!(
+                "maintenance loop has not run for {}s",
+                age.as_secs()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Answers one HTTP request path: (status, content type, body).
+    pub fn http_response(&self, path: &str) -> (u16, &'static str, String) {
+        let path = path.split('?').next().unwrap_or("");
+        match path {
+            "/metrics" => (
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.render_metrics(),
+            ),
+            "/liveness" | "/livez" | "/healthz" => match self.liveness() {
+                Ok(()) => (200, "text/plain", "ok\n".into()),
+                Err(e) => (503, "text/plain", format!("{e}\n")),
+            },
+            "/readiness" | "/readyz" => match self.readiness() {
+                Ok(()) => (200, "text/plain", "ready\n".into()),
+                Err(e) => (503, "text/plain", format!("{e}\n")),
+            },
+            _ => (404, "text/plain", format!("no such path {path}\n")),
+        }
+    }
+}
+
+/// Binds the HTTP listeners of the configuration (one when both addresses are equal); a
+/// listener that cannot bind is logged and skipped: metrics must never stop the agent.
+pub fn start_http(agent: &Arc<Agent>) -> Vec<std::net::SocketAddr> {
+    let mut addrs: Vec<&str> = Vec::new();
+    for a in [
+        agent.cfg.metrics_addr.as_str(),
+        agent.cfg.health_addr.as_str(),
+    ] {
+        let a = a.trim();
+        if a.is_empty() || a == "0" || addrs.contains(&a) {
+            continue;
+        }
+        addrs.push(a);
+    }
+    let mut bound = Vec::new();
+    for a in addrs {
+        let listener = match TcpListener::bind(a) {
+            Ok(l) => l,
+            Err(e) => {
+                log::warn!("cannot serve metrics/health on {a}: {e}");
+                continue;
+            }
+        };
+        if let Ok(local) = listener.local_addr() {
+            bound.push(local);
+        }
+        let me = agent.clone();
+        let spawned = std::thread::Builder::new()
+            .name("http".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if me.stopping() {
+                        return;
+                    }
+                    if let Ok(stream) = conn {
+                        // Scrapes are rare and short: serve them one at a time.
+                        if let Err(e) = serve_http(&me, stream) {
+                            log::debug!("http: {e}");
+                        }
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => log::info!("serving /metrics, /liveness, /readiness on {a}"),
+            Err(e) => log::warn!("cannot spawn http thread: {e}"),
+        }
+    }
+    bound
+}
+
+fn serve_http(agent: &Agent, stream: TcpStream) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    // Drain the headers; a GET has no body.
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
+            break;
+        }
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("/");
+    let (status, ctype, body) = if method == "GET" || method == "HEAD" {
+        agent.http_response(path)
+    } else {
+        (405, "text/plain", "only GET is supported\n".to_string())
+    };
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let mut w = stream;
+    write!(
+        w,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    if method != "HEAD" {
+        w.write_all(body.as_bytes())?;
+    }
+    w.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_in_prometheus_format() {
+        let m = Metrics::default();
+        m.observe_request("add", "ok", Duration::from_millis(20));
+        m.observe_request("add", "ok", Duration::from_millis(700));
+        m.observe_request("del", "error", Duration::from_millis(1));
+        m.add_gc_reclamations(3);
+        let mut out = String::new();
+        m.render_counters("n1", &mut out);
+        assert!(
+            out.contains("tern_cni_requests_total{op=\"add\",result=\"ok\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tern_cni_requests_total{op=\"del\",result=\"error\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tern_cni_request_duration_seconds_bucket{op=\"add\",le=\"0.025\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tern_cni_request_duration_seconds_bucket{op=\"add\",le=\"1\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tern_cni_request_duration_seconds_bucket{op=\"add\",le=\"+Inf\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tern_cni_request_duration_seconds_count{op=\"add\"} 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("ipam_gc_reclamations{node=\"n1\"} 3\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("# TYPE ipam_gc_reclamations counter\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn gauges_count_own_borrowed_and_blocks() {
+        use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
+        use tern_model::{Document, IpPoolSpec};
+        let store: Arc<dyn tern_store::Store> = Arc::new(tern_store::mem::MemStore::new());
+        let mut spec = IpPoolSpec::new("10.250.0.0/28");
+        spec.block_size = 30;
+        tern_model::put_resource(&*store, &Document::new("p1", spec).into()).unwrap();
+        let ipam_store = store.clone();
+        let ipam = Ipam::new(store);
+        let assign = |node: &str, h: &str, n: usize| {
+            ipam.auto_assign(&AssignArgs {
+                handle: h.into(),
+                node: node.into(),
+                attrs: AllocationAttrs {
+                    node: node.into(),
+                    ..Default::default()
+                },
+                num_v4: n,
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        // n2 claims a block; n1 may hold one block only, fills it, then borrows from n2's.
+        assign("n2", "h2", 1);
+        let cfg = tern_model::IpamConfigSpec {
+            strict_affinity: false,
+            max_blocks_per_host: 1,
+            ..Default::default()
+        };
+        tern_model::put_resource(&*ipam_store, &Document::new("default", cfg).into()).unwrap();
+        assign("n1", "h1", 4);
+        assign("n1", "h3", 1);
+        let g = ipam_gauges(&ipam, "n1").unwrap();
+        assert_eq!(
+            g["p1"],
+            PoolGauges {
+                in_use: 5,
+                blocks: 1,
+                borrowed: 1
+            }
+        );
+        let g2 = ipam_gauges(&ipam, "n2").unwrap();
+        assert_eq!(
+            g2["p1"],
+            PoolGauges {
+                in_use: 1,
+                blocks: 1,
+                borrowed: 0
+            }
+        );
+    }
+}

@@ -1,0 +1,416 @@
+//! The agent against a store that can be switched off, in a fresh network namespace (the
+//! agent reconciles interfaces of its namespace; the root namespace is never touched):
+//! store outage (ADD answers code 11, DEL journals, the journal is replayed when the store is
+//! back), leak repair (orphans released after the grace period, live ones kept), metrics and
+//! health over HTTP.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tern_agent::{Agent, AgentConfig};
+use tern_api::{
+    AddRequest, Attachment, IpamAddRequest, IpamRequest, PodRef, Reply, Request, Response,
+};
+use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
+use tern_store::{KeyValue, Store, StoreError, Txn, TxnResponse, Watch};
+
+/// A store that answers `Unavailable` while `down` is set.
+struct Flaky {
+    inner: Arc<dyn Store>,
+    down: Arc<AtomicBool>,
+}
+
+impl Flaky {
+    fn check(&self) -> tern_store::Result<()> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable("test: store switched off".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Store for Flaky {
+    fn get(&self, key: &str) -> tern_store::Result<Option<KeyValue>> {
+        self.check()?;
+        self.inner.get(key)
+    }
+    fn range(&self, prefix: &str) -> tern_store::Result<(Vec<KeyValue>, i64)> {
+        self.check()?;
+        self.inner.range(prefix)
+    }
+    fn txn(&self, txn: Txn) -> tern_store::Result<TxnResponse> {
+        self.check()?;
+        self.inner.txn(txn)
+    }
+    fn revision(&self) -> tern_store::Result<i64> {
+        self.check()?;
+        self.inner.revision()
+    }
+    fn watch(&self, prefix: &str, after: i64) -> tern_store::Result<Box<dyn Watch>> {
+        self.check()?;
+        self.inner.watch(prefix, after)
+    }
+    fn lease_grant(&self, ttl: Duration) -> tern_store::Result<i64> {
+        self.check()?;
+        self.inner.lease_grant(ttl)
+    }
+    fn lease_keepalive(&self, lease: i64) -> tern_store::Result<()> {
+        self.check()?;
+        self.inner.lease_keepalive(lease)
+    }
+    fn lease_revoke(&self, lease: i64) -> tern_store::Result<()> {
+        self.check()?;
+        self.inner.lease_revoke(lease)
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cond()
+}
+
+fn attachment(cid: &str, netns: &str) -> Attachment {
+    Attachment {
+        network: "k8s-pod-network".into(),
+        container_id: cid.into(),
+        ifname: "eth0".into(),
+        netns_path: netns.into(),
+        pod: Some(PodRef {
+            namespace: "default".into(),
+            name: format!("pod-{cid}"),
+            infra_container_id: String::new(),
+        }),
+    }
+}
+
+fn ip_of(resp: &Response) -> std::net::IpAddr {
+    match resp {
+        Ok(Reply::Result(r)) => r.ips[0]
+            .address
+            .parse::<ipnet::IpNet>()
+            .expect("address")
+            .addr(),
+        other => panic!("expected a result, got {other:?}"),
+    }
+}
+
+struct Setup {
+    agent: Arc<Agent>,
+    store: Arc<dyn Store>,
+    down: Arc<AtomicBool>,
+    _dir: tempfile::TempDir,
+}
+
+fn setup(resync: u64, grace: u64) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn Store> =
+        Arc::new(tern_store::sqlite::SqliteStore::open(dir.path().join("s.db")).unwrap());
+    let down = Arc::new(AtomicBool::new(false));
+    let store: Arc<dyn Store> = Arc::new(Flaky {
+        inner: inner.clone(),
+        down: down.clone(),
+    });
+    let mut cfg = AgentConfig::new("n1", "test://flaky", dir.path().join("ternd.sock"));
+    cfg.state_dir = dir.path().join("state");
+    cfg.default_ipv4_pool = "10.77.0.0/24".into();
+    cfg.mtu = 1500;
+    cfg.resync_seconds = resync;
+    cfg.leak_grace_seconds = grace;
+    cfg.metrics_addr = "127.0.0.1:0".into();
+    cfg.health_addr = "127.0.0.1:0".into();
+    let agent = Agent::start_with_store(cfg, store.clone()).unwrap();
+    Setup {
+        agent,
+        store: inner,
+        down,
+        _dir: dir,
+    }
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (status, body)
+}
+
+fn lo_up() {
+    let mut h = tern_linux::netlink::Handle::new().unwrap();
+    let lo = h.link_by_name("lo").unwrap().unwrap();
+    h.set_link_up(lo.index).unwrap();
+}
+
+#[test]
+fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
+    if !is_root() {
+        eprintln!("skipping: needs root (network namespace)");
+        return;
+    }
+    tern_linux::netns::run_in_new(|| {
+        lo_up();
+        let s = setup(1, 3600);
+        let ipam = Ipam::new(s.store.clone());
+        let addrs = tern_agent::metrics::start_http(&s.agent);
+        assert_eq!(addrs.len(), 1, "one listener when both addresses are equal");
+        assert_eq!(http_get(addrs[0], "/readiness").0, 200);
+
+        let a = attachment("c-a", "/proc/self/ns/net");
+        let r = s.agent.handle(
+            Request::IpamAdd(IpamAddRequest {
+                attachment: a.clone(),
+                ipam: IpamRequest::default(),
+            }),
+            None,
+        );
+        let ip_a = ip_of(&r);
+        assert_eq!(ipam.ips_by_handle(&a.handle()).unwrap(), vec![ip_a]);
+
+        s.down.store(true, Ordering::SeqCst);
+        // ADD: code 11 with a clear message, nothing created.
+        let me: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net")
+            .unwrap()
+            .into();
+        let add = s.agent.handle(
+            Request::Add(AddRequest {
+                attachment: attachment("c-b", "/proc/self/ns/net"),
+                mtu: 0,
+                ipam: IpamRequest::default(),
+                delegated_ips: None,
+                mac: None,
+                allow_ip_forwarding: false,
+                labels: Default::default(),
+            }),
+            Some(me),
+        );
+        let e = add.unwrap_err();
+        assert_eq!(e.code, 11, "{e:?}");
+        assert!(e.msg.contains("datastore is unreachable"), "{}", e.msg);
+        let e = s
+            .agent
+            .handle(
+                Request::IpamAdd(IpamAddRequest {
+                    attachment: attachment("c-c", ""),
+                    ipam: IpamRequest::default(),
+                }),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(e.code, 11, "{e:?}");
+        let (code, body) = http_get(addrs[0], "/readiness");
+        assert_eq!(code, 503);
+        assert!(body.contains("datastore unreachable"), "{body}");
+        let (code, metrics) = http_get(addrs[0], "/metrics");
+        assert_eq!(code, 200);
+        assert!(
+            metrics.contains("tern_datastore_up{node=\"n1\"} 0"),
+            "{metrics}"
+        );
+
+        // DEL succeeds: journaled.
+        assert_eq!(
+            s.agent.handle(Request::IpamDel(a.clone()), None),
+            Ok(Reply::Done)
+        );
+        let journal = s.agent_state_journal();
+        assert_eq!(journal, 1);
+        assert_eq!(ipam.ips_by_handle(&a.handle()).unwrap(), vec![ip_a]);
+
+        // Store back: the maintenance loop completes the release within a few seconds.
+        s.down.store(false, Ordering::SeqCst);
+        s.agent.start_maintenance().unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), || ipam
+                .ips_by_handle(&a.handle())
+                .unwrap()
+                .is_empty()
+                && s.agent_state_journal() == 0),
+            "journaled release not completed"
+        );
+        assert!(
+            tern_agent::leak::list_owners(&*s.store, None)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(http_get(addrs[0], "/readiness").0, 200);
+        assert_eq!(http_get(addrs[0], "/liveness").0, 200);
+        let (_, metrics) = http_get(addrs[0], "/metrics");
+        assert!(
+            metrics.contains("tern_cni_requests_total{op=\"add\",result=\"error\"} 1\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("tern_cni_requests_total{op=\"ipam_del\",result=\"ok\"} 1\n"),
+            "{metrics}"
+        );
+        assert_eq!(http_get(addrs[0], "/nope").0, 404);
+        s.agent.shutdown();
+    })
+    .unwrap();
+}
+
+impl Setup {
+    fn agent_state_journal(&self) -> usize {
+        tern_api::journal::pending(&self._dir.path().join("state"))
+            .unwrap()
+            .len()
+    }
+}
+
+#[test]
+fn leak_repair_releases_orphans_and_keeps_what_is_used() {
+    if !is_root() {
+        eprintln!("skipping: needs root (network namespace)");
+        return;
+    }
+    tern_linux::netns::run_in_new(|| {
+        lo_up();
+        let s = setup(1, 2);
+        let ipam = Ipam::new(s.store.clone());
+        let addrs = tern_agent::metrics::start_http(&s.agent);
+
+        // A real pod interface (endpoint recorded): must survive.
+        let pod = tern_linux::netns::new_anonymous().unwrap();
+        let pod_fd: OwnedFd = pod.as_fd().try_clone_to_owned().unwrap();
+        let live = attachment("live", "/proc/self/ns/net");
+        let r = s.agent.handle(
+            Request::Add(AddRequest {
+                attachment: live.clone(),
+                mtu: 0,
+                ipam: IpamRequest::default(),
+                delegated_ips: None,
+                mac: None,
+                allow_ip_forwarding: false,
+                labels: Default::default(),
+            }),
+            Some(pod_fd),
+        );
+        let live_ip = ip_of(&r);
+
+        // Standalone tern-ipam allocations: one whose sandbox exists, one whose sandbox goes.
+        let marker_dir = tempfile::tempdir().unwrap();
+        let alive = marker_dir.path().join("alive");
+        let gone = marker_dir.path().join("gone");
+        std::fs::write(&alive, "").unwrap();
+        std::fs::write(&gone, "").unwrap();
+        let ipam_alive = attachment("ipam-alive", alive.to_str().unwrap());
+        let ipam_gone = attachment("ipam-gone", gone.to_str().unwrap());
+        for a in [&ipam_alive, &ipam_gone] {
+            let r = s.agent.handle(
+                Request::IpamAdd(IpamAddRequest {
+                    attachment: a.clone(),
+                    ipam: IpamRequest::default(),
+                }),
+                None,
+            );
+            ip_of(&r);
+        }
+        std::fs::remove_file(&gone).unwrap();
+
+        // An ADD that died after allocating (no endpoint), and another node's allocation.
+        let assign = |handle: &str, node: &str| {
+            ipam.auto_assign(&AssignArgs {
+                handle: handle.into(),
+                node: node.into(),
+                attrs: AllocationAttrs {
+                    node: node.into(),
+                    container_id: handle.into(),
+                    ..Default::default()
+                },
+                num_v4: 1,
+                ..Default::default()
+            })
+            .unwrap()[0]
+        };
+        let orphan_ip = assign("k8s-pod-network.crashed", "n1");
+        let foreign_ip = assign("k8s-pod-network.elsewhere", "n2");
+
+        // Not before the grace period.
+        let first = s.agent.repair_leaks();
+        assert_eq!(first.suspects, 2, "{first:?}");
+        assert!(first.released.is_empty(), "{first:?}");
+
+        s.agent.start_maintenance().unwrap();
+        assert!(
+            wait_until(Duration::from_secs(15), || s.agent.gc_reclamations() == 2),
+            "orphans not reclaimed: {:?}",
+            ipam.allocations(None).unwrap()
+        );
+        let left: Vec<std::net::IpAddr> = ipam
+            .allocations(None)
+            .unwrap()
+            .iter()
+            .map(|a| a.ip)
+            .collect();
+        assert!(left.contains(&live_ip));
+        assert!(left.contains(&foreign_ip));
+        assert!(!left.contains(&orphan_ip));
+        assert!(ipam.ips_by_handle(&ipam_gone.handle()).unwrap().is_empty());
+        assert_eq!(ipam.ips_by_handle(&ipam_alive.handle()).unwrap().len(), 1);
+        let owners = tern_agent::leak::list_owners(&*s.store, Some("n1")).unwrap();
+        assert!(owners.contains_key(&ipam_alive.handle()));
+        assert!(!owners.contains_key(&ipam_gone.handle()));
+
+        // Nothing else goes, however long we wait.
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(s.agent.gc_reclamations(), 2);
+
+        // The cluster check sees only the other node's allocation as unused.
+        let report = tern_agent::audit::check(&*s.store, &ipam).unwrap();
+        let leaked: Vec<std::net::IpAddr> =
+            report.allocated_not_in_use.iter().map(|l| l.ip).collect();
+        assert_eq!(leaked, vec![foreign_ip], "{report:?}");
+        assert!(report.in_use_not_allocated.is_empty(), "{report:?}");
+        assert!(report.duplicates.is_empty(), "{report:?}");
+
+        let (_, metrics) = http_get(addrs[0], "/metrics");
+        assert!(
+            metrics.contains("ipam_gc_reclamations{node=\"n1\"} 2\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("tern_endpoints{node=\"n1\"} 1\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains(
+                "ipam_allocations_in_use{ippool=\"default-ipv4-ippool\",node=\"n1\"} 2\n"
+            ),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("ipam_blocks{ippool=\"default-ipv4-ippool\",node=\"n1\"} 1\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains(
+                "ipam_allocations_borrowed{ippool=\"default-ipv4-ippool\",node=\"n1\"} 0\n"
+            ),
+            "{metrics}"
+        );
+        s.agent.shutdown();
+        drop(pod);
+    })
+    .unwrap();
+}

@@ -1,0 +1,199 @@
+//! `ternctl ipam check|release|configure|show` against a SQLite store holding real IPAM
+//! allocations and WorkloadEndpoints (no kernel involved).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use tern_agent::endpoints::{Endpoint, store_io};
+use tern_api::{Attachment, PodRef};
+use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
+use tern_store::Store;
+
+fn ternctl(store: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ternctl"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .expect("running ternctl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn allocate(ipam: &Ipam, cid: &str, node: &str) -> std::net::IpAddr {
+    ipam.auto_assign(&AssignArgs {
+        handle: format!("k8s-pod-network.{cid}"),
+        node: node.into(),
+        attrs: AllocationAttrs {
+            namespace: "default".into(),
+            pod: format!("pod-{cid}"),
+            node: node.into(),
+            container_id: cid.into(),
+            ifname: "eth0".into(),
+        },
+        num_v4: 1,
+        ..Default::default()
+    })
+    .unwrap()[0]
+}
+
+fn endpoint(store: &dyn Store, cid: &str, ip: std::net::IpAddr) {
+    let ep = Endpoint {
+        node: "n1".into(),
+        attachment: Attachment {
+            network: "k8s-pod-network".into(),
+            container_id: cid.into(),
+            ifname: "eth0".into(),
+            netns_path: "/run/netns/x".into(),
+            pod: Some(PodRef {
+                namespace: "default".into(),
+                name: format!("pod-{cid}"),
+                infra_container_id: String::new(),
+            }),
+        },
+        host_ifname: format!("tern{cid}"),
+        mac: "ee:ee:ee:ee:ee:01".into(),
+        ip_networks: vec![format!("{ip}/32")],
+        labels: BTreeMap::new(),
+        delegated_ipam: false,
+    };
+    store_io::put(store, &ep).unwrap();
+}
+
+#[test]
+fn check_release_configure_show() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let url = format!("sqlite://{}", db.display());
+    let store: Arc<dyn Store> = tern_store::open(&url).unwrap();
+    let ipam = Ipam::new(store.clone());
+    assert!(ipam.ensure_default_pool("10.90.0.0/24").unwrap());
+    let used = allocate(&ipam, "used", "n1");
+    endpoint(&*store, "used", used);
+    let leaked = allocate(&ipam, "leaked", "n1");
+    endpoint(&*store, "ghost", "10.90.0.200".parse().unwrap());
+
+    let report = dir.path().join("report.json");
+    let (code, out, err) = ternctl(&url, &["ipam", "check", "-o", report.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("Found 1 IPs allocated but not in use.\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("  {leaked} handle k8s-pod-network.leaked node n1")),
+        "{out}"
+    );
+    assert!(
+        out.contains("Found 1 IPs in use but not allocated.\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Found 0 IPs used by more than one endpoint.\n"),
+        "{out}"
+    );
+    assert!(Path::new(&report).is_file());
+
+    // An address in use is never released.
+    let (code, _, err) = ternctl(&url, &["ipam", "release", "--ip", &used.to_string()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("in use by endpoint"), "{err}");
+
+    let (code, out, err) = ternctl(
+        &url,
+        &["ipam", "release", "--from-report", report.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("Released {leaked}\n")), "{out}");
+    assert!(
+        out.contains("Released 1 IP addresses; skipped 0.\n"),
+        "{out}"
+    );
+    assert!(
+        ipam.ips_by_handle("k8s-pod-network.leaked")
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        ipam.ips_by_handle("k8s-pod-network.used").unwrap(),
+        vec![used]
+    );
+    // Replaying the report releases nothing more.
+    let (_, out, _) = ternctl(
+        &url,
+        &["ipam", "release", "--from-report", report.to_str().unwrap()],
+    );
+    assert!(
+        out.contains("Released 0 IP addresses; skipped 1.\n"),
+        "{out}"
+    );
+
+    let (_, out, _) = ternctl(&url, &["ipam", "show", "--ip", &used.to_string()]);
+    assert!(out.contains(&format!("IP {used} is in use")), "{out}");
+    assert!(out.contains("pod: pod-used"), "{out}");
+
+    let (code, out, err) = ternctl(
+        &url,
+        &[
+            "ipam",
+            "configure",
+            "--strictaffinity=true",
+            "--max-blocks-per-host",
+            "3",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("Successfully set IPAM configuration."),
+        "{out}"
+    );
+    let (_, out, _) = ternctl(&url, &["ipam", "show", "--show-configuration"]);
+    assert!(out.contains("| StrictAffinity   |  true |"), "{out}");
+    assert!(out.contains("| MaxBlocksPerHost |     3 |"), "{out}");
+
+    // n1 may hold one block: once it is full, n1 borrows from n2's block.
+    ternctl(
+        &url,
+        &[
+            "ipam",
+            "configure",
+            "--strictaffinity=false",
+            "--max-blocks-per-host",
+            "1",
+        ],
+    );
+    let n2_ip = allocate(&ipam, "other", "n2");
+    let own_block = ipnet::IpNet::new(used, 26).unwrap().trunc();
+    let lent = (0..70)
+        .map(|i| allocate(&ipam, &format!("fill{i}"), "n1"))
+        .find(|ip| !own_block.contains(ip))
+        .expect("n1 borrowed an address");
+    assert!(
+        ipnet::IpNet::new(n2_ip, 26)
+            .unwrap()
+            .trunc()
+            .contains(&lent)
+    );
+    let (code, out, err) = ternctl(&url, &["ipam", "show", "--show-borrowed"]);
+    assert_eq!(code, 0, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.contains(&format!("| {lent} ")))
+        .unwrap_or_else(|| panic!("{lent} not listed:\n{out}"));
+    assert!(row.contains("| n1 "), "{row}");
+    assert!(row.contains("| n2 "), "{row}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("| 10.")).count(),
+        1,
+        "{out}"
+    );
+
+    let (code, out, _) = ternctl(&url, &["ipam", "show", "--show-blocks"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("| IP Pool  | 10.90.0.0/24"), "{out}");
+    assert!(out.contains("| Block    |"), "{out}");
+}

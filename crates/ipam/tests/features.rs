@@ -1,0 +1,439 @@
+//! Calico-class IPAM behaviour: node selectors, reservations, release cooldown, empty-block
+//! release, migrations (strictAffinity flip, disabling a pool with live allocations), dual
+//! stack all-or-nothing, stale releases and bad input.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tern_ipam::*;
+use tern_model::{
+    IpPool, IpPoolSpec, IpReservation, IpReservationSpec, IpamConfigSpec, Node, NodeSpec,
+    put_resource,
+};
+use tern_store::mem::MemStore;
+use tern_store::{Store, keys};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn pool(store: &dyn Store, name: &str, cidr: &str, block: u8, selector: &str, disabled: bool) {
+    let mut spec = IpPoolSpec::new(cidr);
+    spec.block_size = block;
+    spec.node_selector = selector.into();
+    spec.disabled = disabled;
+    put_resource(store, &IpPool::new(name, spec).into()).unwrap();
+}
+
+fn node(store: &dyn Store, name: &str, labels: &[(&str, &str)]) {
+    let mut n = Node::new(name, NodeSpec::default());
+    n.metadata.labels = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    put_resource(store, &n.into()).unwrap();
+}
+
+fn args(handle: &str, node: &str, v4: usize, v6: usize) -> AssignArgs {
+    AssignArgs {
+        handle: handle.into(),
+        node: node.into(),
+        attrs: AllocationAttrs {
+            namespace: "default".into(),
+            pod: format!("pod-{handle}"),
+            node: node.into(),
+            container_id: handle.into(),
+            ifname: "eth0".into(),
+        },
+        num_v4: v4,
+        num_v6: v6,
+        ..AssignArgs::default()
+    }
+}
+
+/// A manual clock (unix seconds) and an allocator using it.
+fn clocked(store: Arc<dyn Store>, start: u64) -> (Ipam, Arc<AtomicU64>) {
+    let t = Arc::new(AtomicU64::new(start));
+    let t2 = t.clone();
+    (
+        Ipam::with_clock(store, Arc::new(move || t2.load(Ordering::SeqCst))),
+        t,
+    )
+}
+
+fn mem() -> Arc<dyn Store> {
+    Arc::new(MemStore::new())
+}
+
+#[test]
+fn node_selector_picks_pools_by_node_labels() {
+    let s = mem();
+    pool(&*s, "zone-a", "10.1.0.0/24", 26, "zone == 'a'", false);
+    pool(
+        &*s,
+        "edge",
+        "10.2.0.0/24",
+        26,
+        "has(edge) && zone != 'a'",
+        false,
+    );
+    pool(&*s, "everyone", "10.3.0.0/24", 26, "all()", false);
+    node(&*s, "na", &[("zone", "a")]);
+    node(&*s, "nb", &[("zone", "b"), ("edge", "true")]);
+    let ipam = Ipam::new(s.clone());
+    assert_eq!(ipam.usable_pools("na").unwrap(), ["everyone", "zone-a"]);
+    assert_eq!(ipam.usable_pools("nb").unwrap(), ["edge", "everyone"]);
+    // No Node resource: nothing is known about its labels, only all() pools.
+    assert_eq!(ipam.usable_pools("ghost").unwrap(), ["everyone"]);
+
+    let mut a = args("h1", "na", 1, 0);
+    a.v4_pools = vec!["zone-a".into()];
+    assert!(
+        "10.1.0.0/24"
+            .parse::<ipnet::IpNet>()
+            .unwrap()
+            .contains(&ipam.auto_assign(&a).unwrap()[0])
+    );
+    let mut b = args("h2", "nb", 1, 0);
+    b.v4_pools = vec!["zone-a".into()];
+    let e = ipam.auto_assign(&b).unwrap_err().to_string();
+    assert!(e.contains("does not select this node"), "{e}");
+    // Unrestricted: every address comes from a pool selecting the node.
+    for i in 0..20 {
+        let got = ipam
+            .auto_assign(&args(&format!("g{i}"), "ghost", 1, 0))
+            .unwrap();
+        assert!(got[0].to_string().starts_with("10.3."), "{got:?}");
+    }
+    // Relabelling the node takes effect on the next request.
+    node(&*s, "ghost", &[("zone", "a")]);
+    assert_eq!(ipam.usable_pools("ghost").unwrap(), ["everyone", "zone-a"]);
+}
+
+#[test]
+fn reservations_are_never_auto_assigned_but_may_be_requested() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/28", 28, "all()", false);
+    let r = IpReservation::new(
+        "gw",
+        IpReservationSpec {
+            reserved_cidrs: vec!["10.0.0.0/30".into(), "10.0.0.9".into()],
+        },
+    );
+    put_resource(&*s, &r.into()).unwrap();
+    let ipam = Ipam::new(s);
+    let mut got = BTreeSet::new();
+    for i in 0..11 {
+        got.insert(
+            ipam.auto_assign(&args(&format!("h{i}"), "n1", 1, 0))
+                .unwrap()[0],
+        );
+    }
+    let e = ipam.auto_assign(&args("more", "n1", 1, 0)).unwrap_err();
+    assert!(matches!(e, IpamError::PoolsExhausted { .. }), "{e}");
+    for reserved in ["10.0.0.0", "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.9"] {
+        assert!(!got.contains(&ip(reserved)), "{reserved} was handed out");
+    }
+    assert_eq!(got.len(), 11);
+    // Explicitly requested: allowed (Calico does the same), and then taken.
+    let attrs = AllocationAttrs::default();
+    ipam.assign_ip(ip("10.0.0.9"), "explicit", &attrs).unwrap();
+    let e = ipam.assign_ip(ip("10.0.0.9"), "again", &attrs).unwrap_err();
+    assert!(matches!(e, IpamError::AddressInUse { .. }), "{e}");
+}
+
+#[test]
+fn release_cooldown_delays_reuse_and_keeps_fifo() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/30", 30, "all()", false);
+    let (ipam, t) = clocked(s, 1_000);
+    ipam.put_config(&IpamConfigSpec {
+        release_cooldown_seconds: 10,
+        ..IpamConfigSpec::default()
+    })
+    .unwrap();
+    let mut held = Vec::new();
+    for i in 0..4 {
+        held.push(
+            ipam.auto_assign(&args(&format!("h{i}"), "n1", 1, 0))
+                .unwrap()[0],
+        );
+    }
+    assert_eq!(ipam.release_by_handle("h2").unwrap(), [held[2]]);
+    t.store(1_001, Ordering::SeqCst);
+    assert_eq!(ipam.release_by_handle("h0").unwrap(), [held[0]]);
+    // Both cooling down: nothing to hand out.
+    t.store(1_009, Ordering::SeqCst);
+    let e = ipam.auto_assign(&args("x", "n1", 1, 0)).unwrap_err();
+    assert!(matches!(e, IpamError::PoolsExhausted { .. }), "{e}");
+    // h2's address cooled first.
+    t.store(1_010, Ordering::SeqCst);
+    assert_eq!(ipam.auto_assign(&args("x", "n1", 1, 0)).unwrap(), [held[2]]);
+    assert!(ipam.auto_assign(&args("y", "n1", 1, 0)).is_err());
+    t.store(1_011, Ordering::SeqCst);
+    assert_eq!(ipam.auto_assign(&args("y", "n1", 1, 0)).unwrap(), [held[0]]);
+
+    // Without cooldown, the longest-free address comes first even if later ones are free.
+    ipam.put_config(&IpamConfigSpec::default()).unwrap();
+    ipam.release_by_handle("h3").unwrap();
+    ipam.release_by_handle("h1").unwrap();
+    assert_eq!(ipam.auto_assign(&args("z", "n1", 1, 0)).unwrap(), [held[3]]);
+    assert_eq!(ipam.auto_assign(&args("w", "n1", 1, 0)).unwrap(), [held[1]]);
+}
+
+#[test]
+fn empty_blocks_are_released_after_grace_but_never_the_last() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/28", 30, "all()", false);
+    let (ipam, t) = clocked(s.clone(), 5_000);
+    for i in 0..12 {
+        ipam.auto_assign(&args(&format!("h{i}"), "n1", 1, 0))
+            .unwrap();
+    }
+    assert_eq!(ipam.affinities(Some("n1")).unwrap().len(), 3);
+    // n2 fills the pool's fourth block, then borrows the address h0 frees in n1's first.
+    ipam.auto_assign(&args("n2a", "n2", 4, 0)).unwrap();
+    ipam.release_by_handle("h0").unwrap(); // frees one address in n1's first block
+    ipam.auto_assign(&args("borrow", "n2", 1, 0)).unwrap();
+    assert_eq!(ipam.borrowed(Some("n2")).unwrap().len(), 1);
+    for i in 1..12 {
+        ipam.release_by_handle(&format!("h{i}")).unwrap();
+    }
+    // Just emptied: within grace nothing goes.
+    t.store(5_100, Ordering::SeqCst);
+    assert!(
+        ipam.release_empty_blocks("n1", Duration::from_secs(300))
+            .unwrap()
+            .is_empty()
+    );
+    t.store(5_301, Ordering::SeqCst);
+    let released = ipam
+        .release_empty_blocks("n1", Duration::from_secs(300))
+        .unwrap();
+    // Of n1's three blocks, the one holding n2's borrowed address is in use and stays; it
+    // remains the node's block, so both empty ones may go.
+    let kept: Vec<_> = ipam.affinities(Some("n1")).unwrap();
+    assert_eq!(released.len() + kept.len(), 3);
+    assert!(!kept.is_empty());
+    for b in &released {
+        assert!(s.get(&keys::block(&b.to_string())).unwrap().is_none());
+        assert!(
+            s.get(&keys::affinity("n1", &b.to_string()))
+                .unwrap()
+                .is_none()
+        );
+    }
+    let borrowed_block = ipam.borrowed(Some("n2")).unwrap()[0].block;
+    assert!(
+        !released.contains(&borrowed_block),
+        "a block in use was released"
+    );
+    assert_eq!(
+        released.len(),
+        2,
+        "both empty blocks go: the borrowed one remains"
+    );
+    // With only one block left, it stays even when empty.
+    ipam.release_by_handle("borrow").unwrap();
+    t.store(9_000, Ordering::SeqCst);
+    assert!(
+        ipam.release_empty_blocks("n1", Duration::ZERO)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(ipam.affinities(Some("n1")).unwrap().len(), 1);
+    // A released block can be claimed again.
+    ipam.auto_assign(&args("again", "n3", 1, 0)).unwrap();
+}
+
+#[test]
+fn strict_affinity_flip_keeps_borrowed_allocations_valid() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/29", 30, "all()", false);
+    let ipam = Ipam::new(s);
+    ipam.set_config(false, 1).unwrap();
+    ipam.auto_assign(&args("a", "n1", 2, 0)).unwrap();
+    ipam.auto_assign(&args("b", "n2", 4, 0)).unwrap();
+    let borrowed = ipam.auto_assign(&args("c", "n2", 1, 0)).unwrap();
+    assert_eq!(ipam.borrowed(None).unwrap().len(), 1);
+    assert_eq!(ipam.borrowed(None).unwrap()[0].ip, borrowed[0]);
+
+    ipam.set_config(true, 1).unwrap();
+    let cfg = ipam.config().unwrap();
+    assert!(cfg.strict_affinity);
+    assert_eq!(cfg.empty_block_grace_seconds, 300, "other fields kept");
+    // The borrowed allocation is still counted and still listed.
+    assert_eq!(ipam.usage().unwrap()[0].in_use, 7);
+    assert_eq!(ipam.ips_by_handle("c").unwrap(), borrowed);
+    // n2 may no longer borrow; n1 gets the last address of its own block, not a double.
+    let e = ipam
+        .auto_assign(&args("d", "n2", 1, 0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("strict affinity"), "{e}");
+    let last = ipam.auto_assign(&args("e", "n1", 1, 0)).unwrap();
+    assert_ne!(last, borrowed);
+    assert!(ipam.auto_assign(&args("f", "n1", 1, 0)).is_err());
+    // Release still works, and the freed address goes back to n1's block.
+    assert_eq!(ipam.release_by_handle("c").unwrap(), borrowed);
+    assert_eq!(ipam.auto_assign(&args("g", "n1", 1, 0)).unwrap(), borrowed);
+    let all: Vec<IpAddr> = ipam
+        .allocations(None)
+        .unwrap()
+        .iter()
+        .map(|a| a.ip)
+        .collect();
+    let uniq: BTreeSet<_> = all.iter().collect();
+    assert_eq!(all.len(), uniq.len());
+    assert_eq!(all.len(), 8);
+}
+
+#[test]
+fn disabling_a_pool_keeps_its_allocations_valid() {
+    let s = mem();
+    pool(&*s, "old", "10.0.0.0/24", 26, "all()", false);
+    let ipam = Ipam::new(s.clone());
+    let old = ipam.auto_assign(&args("old1", "n1", 3, 0)).unwrap();
+    assert!(ipam.pool_in_use("old").unwrap().is_some());
+    pool(&*s, "old", "10.0.0.0/24", 26, "all()", true);
+    pool(&*s, "new", "10.1.0.0/24", 26, "all()", false);
+    // New allocations come from the enabled pool, even for the node owning an old block.
+    let new = ipam.auto_assign(&args("new1", "n1", 1, 0)).unwrap();
+    assert!(new[0].to_string().starts_with("10.1."), "{new:?}");
+    let usage: BTreeMap<String, u128> = ipam
+        .usage()
+        .unwrap()
+        .into_iter()
+        .map(|u| (u.pool, u.in_use))
+        .collect();
+    assert_eq!(usage["old"], 3);
+    assert_eq!(usage["new"], 1);
+    let msg = ipam.pool_in_use("old").unwrap().unwrap();
+    assert!(
+        msg.contains("IPPool \"old\" (10.0.0.0/24) still has 3 addresses allocated"),
+        "{msg}"
+    );
+    assert!(msg.contains("/26 (3 in use)"), "{msg}");
+    // A specific address in the disabled pool is refused.
+    let e = ipam
+        .assign_ip(ip("10.0.0.200"), "x", &AllocationAttrs::default())
+        .unwrap_err();
+    assert!(matches!(e, IpamError::NotInPool { .. }), "{e}");
+    let mut rel = ipam.release_by_handle("old1").unwrap();
+    rel.sort();
+    assert_eq!(rel, old);
+    assert_eq!(ipam.pool_in_use("old").unwrap(), None);
+    assert_eq!(ipam.pool_in_use("nonexistent").unwrap(), None);
+}
+
+#[test]
+fn dual_stack_is_all_or_nothing() {
+    let s = mem();
+    let ipam = Ipam::new(s.clone());
+    assert!(ipam.ensure_default_pool("10.0.0.0/30").unwrap());
+    assert!(
+        ipam.ensure_default_pool("fd00::/126").unwrap(),
+        "v6 pool besides the v4 one"
+    );
+    assert!(!ipam.ensure_default_pool("fd00:1::/120").unwrap());
+    let got = ipam.auto_assign_dual(&args("h1", "n1", 1, 1)).unwrap();
+    assert_eq!(got.ipv4.len(), 1);
+    assert_eq!(got.ipv6.len(), 1);
+    assert_eq!(ipam.assign_ipv6(&args("h2", "n1", 0, 3)).unwrap().len(), 3);
+    assert_eq!(ipam.assign_ipv4(&args("h3", "n1", 0, 0)).unwrap().len(), 1);
+    // IPv6 exhausted: the IPv4 half is rolled back.
+    let before = ipam.allocations(None).unwrap().len();
+    let e = ipam.auto_assign(&args("h4", "n1", 1, 1)).unwrap_err();
+    assert!(matches!(e, IpamError::PoolsExhausted { .. }), "{e}");
+    assert_eq!(ipam.allocations(None).unwrap().len(), before);
+    assert!(ipam.ips_by_handle("h4").unwrap().is_empty());
+    assert!(s.get(&keys::handle("h4")).unwrap().is_none());
+    // The v4 address the failed request briefly held is still available.
+    assert_eq!(ipam.assign_ipv4(&args("h5", "n1", 2, 0)).unwrap().len(), 2);
+}
+
+#[test]
+fn stale_release_of_a_reused_address_is_rejected() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/32", 32, "all()", false);
+    let ipam = Ipam::new(s);
+    ipam.auto_assign(&args("first", "n1", 1, 0)).unwrap();
+    let seen = ipam.allocations(Some("n1")).unwrap();
+    ipam.release_by_handle("first").unwrap();
+    let again = ipam.auto_assign(&args("second", "n1", 1, 0)).unwrap();
+    assert_eq!(again, [seen[0].ip], "the only address is reused");
+    assert!(ipam.release_allocations(&seen).unwrap().is_empty());
+    assert_eq!(ipam.ips_by_handle("second").unwrap(), again);
+    let now = ipam.allocations(None).unwrap();
+    assert!(now[0].sequence_number > seen[0].sequence_number);
+    assert_eq!(ipam.release_allocations(&now).unwrap(), again);
+}
+
+#[test]
+fn inspection_api_lists_blocks_affinities_and_handles() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/24", 26, "all()", false);
+    let ipam = Ipam::new(s);
+    ipam.auto_assign(&args("h1", "n1", 2, 0)).unwrap();
+    ipam.auto_assign(&args("h2", "n2", 1, 0)).unwrap();
+    let blocks = ipam.blocks().unwrap();
+    assert_eq!(blocks.len(), 2);
+    let affs = ipam.affinities(None).unwrap();
+    assert_eq!(affs.len(), 2);
+    for a in &affs {
+        assert_eq!(a.state, AffinityState::Confirmed);
+        let b = blocks.iter().find(|b| b.cidr == a.cidr).unwrap();
+        assert_eq!(b.affine_node(), Some(a.node.as_str()));
+    }
+    assert_eq!(ipam.affinities(Some("n2")).unwrap().len(), 1);
+    let handles = ipam.handles().unwrap();
+    assert_eq!(handles.len(), 2);
+    let h1 = handles.iter().find(|h| h.id == "h1").unwrap();
+    assert_eq!(h1.blocks.values().sum::<u32>(), 2);
+    assert!(ipam.borrowed(None).unwrap().is_empty());
+}
+
+#[test]
+fn bad_input_is_refused_with_reasons() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/24", 26, "all()", false);
+    let try_pool = |cidr: &str, bs: u8| {
+        let mut spec = IpPoolSpec::new(cidr);
+        spec.block_size = bs;
+        put_resource(&*s, &IpPool::new("q", spec).into())
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(try_pool("10.0.1.1/24", 26).contains("not a network address"));
+    assert!(try_pool("10.1.0.0/16", 19).contains("out of range"));
+    assert!(try_pool("fd00::/64", 112).contains("out of range"));
+    assert!(try_pool("10.1.0.0/28", 26).contains("block must fit in the pool"));
+    assert!(try_pool("169.254.0.0/24", 26).contains("link-local"));
+    let q = IpPool::new("q", IpPoolSpec::new("10.0.0.128/25"));
+    let existing = match tern_model::get_resource(&*s, tern_model::Kind::IpPool, None, "p")
+        .unwrap()
+        .unwrap()
+    {
+        tern_model::Resource::IpPool(p) => p,
+        _ => unreachable!(),
+    };
+    let overlap = tern_model::ip_pool_overlaps(&q, &[existing]).unwrap();
+    assert!(overlap.contains("overlaps IPPool \"p\""), "{overlap}");
+
+    let ipam = Ipam::new(s.clone());
+    let attrs = AllocationAttrs::default();
+    let e = ipam
+        .assign_ip(ip("192.168.0.1"), "h", &attrs)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "192.168.0.1 is not in any enabled IP pool");
+    ipam.assign_ip(ip("10.0.0.7"), "h", &attrs).unwrap();
+    let e = ipam
+        .assign_ip(ip("10.0.0.7"), "h2", &attrs)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "10.0.0.7 is already in use (handle h)");
+}
