@@ -70,7 +70,10 @@ impl Agent {
         }
         let endpoints = match Endpoints::load(store.clone(), &cfg.node_name) {
             Ok(e) => e,
-            Err(e) => anyhow::bail!("loading endpoints of node {}: {e}", cfg.node_name),
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("loading endpoints of node {}", cfg.node_name)));
+            }
         };
         let mtu = if cfg.mtu > 0 {
             cfg.mtu

@@ -333,7 +333,10 @@ fn every_error_code_round_trips_through_the_wire_octets() {
     );
     assert_eq!(
         ErrorCode::from_wire(4, 1),
-        ErrorCode::Unknown { code: 4, subcode: 1 }
+        ErrorCode::Unknown {
+            code: 4,
+            subcode: 1
+        }
     );
 }
 

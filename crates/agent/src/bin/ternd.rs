@@ -70,12 +70,32 @@ fn main() {
     cfg.etcd_ca = args.etcd_ca;
     cfg.etcd_cert = args.etcd_cert;
     cfg.etcd_key = args.etcd_key;
-    let run = || -> anyhow::Result<()> {
-        let agent = Agent::start(cfg)?;
-        agent.serve()
+    // An unreachable datastore at start is waited for, not fatal: until the agent serves, the
+    // plugins treat it as down (DEL journals, ADD answers "try again later").
+    let agent = loop {
+        match Agent::start(cfg.clone()) {
+            Ok(a) => break a,
+            Err(e) if store_unavailable(&e) => {
+                log::warn!("waiting for the datastore: {e:#}");
+                std::thread::sleep(std::time::Duration::from_secs(2));
+            }
+            Err(e) => {
+                eprintln!("ternd: {e:#}");
+                std::process::exit(1);
+            }
+        }
     };
-    if let Err(e) = run() {
+    if let Err(e) = agent.serve() {
         eprintln!("ternd: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn store_unavailable(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<tern_store::StoreError>(),
+            Some(tern_store::StoreError::Unavailable(_))
+        )
+    })
 }
