@@ -34,6 +34,12 @@ pub struct AgentConfig {
     pub etcd_ca: Option<PathBuf>,
     pub etcd_cert: Option<PathBuf>,
     pub etcd_key: Option<PathBuf>,
+    /// Underlay address of this node (`--node-ip`); None = the default-route interface's
+    /// addresses. Must be on a local interface.
+    pub node_ip: Option<std::net::IpAddr>,
+    /// Run the dataplane reconciler (node registration with tunnel addresses, routes to
+    /// remote blocks, VXLAN/IPIP, natOutgoing). On by default.
+    pub dataplane: bool,
 }
 
 impl AgentConfig {
@@ -54,6 +60,8 @@ impl AgentConfig {
             etcd_ca: None,
             etcd_cert: None,
             etcd_key: None,
+            node_ip: None,
+            dataplane: true,
         }
     }
 }

@@ -13,6 +13,7 @@
 //!
 //!   maintenance thread: release journal replay (every 2 s while entries are pending),
 //!                       start-up and periodic reconciliation, leak repair (leak.rs)
+//!   dataplane-watch:    store watch → routes, tunnels, nftables (dataplane.rs)
 //!   http thread(s):     /metrics, /liveness, /readiness (metrics.rs)
 //! ```
 //!
@@ -23,13 +24,18 @@
 pub mod audit;
 pub mod claims;
 pub mod config;
+pub mod dataplane;
 pub mod endpoints;
 pub mod leak;
 pub mod logger;
 pub mod metrics;
+pub mod mtu;
+pub mod nat;
+pub mod node;
 pub mod ops;
 pub mod reaper;
 pub mod reconcile;
+pub mod routes;
 pub mod server;
 
 pub use config::AgentConfig;

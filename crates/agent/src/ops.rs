@@ -182,6 +182,23 @@ impl Agent {
         self.ipam.auto_assign(&args).map_err(|e| ipam_err(&e))
     }
 
+    /// The addresses of an ADD: the delegated IPAM plugin's, or allocated by tern IPAM.
+    fn addresses_for(&self, a: &Attachment, req: &AddRequest) -> Result<Vec<IpAddr>, ErrorReply> {
+        let Some(list) = &req.delegated_ips else {
+            return self.allocate(a, &req.ipam);
+        };
+        list.iter()
+            .map(|c| {
+                c.address.parse::<IpNet>().map(|n| n.addr()).map_err(|_| {
+                    err(
+                        code::INVALID_CONFIG,
+                        format!("delegated IPAM returned an invalid address {:?}", c.address),
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// Releases a handle after a failed ADD; a store outage turns into a journal entry.
     fn release_quietly(&self, handle: &str) {
         if let Err(e) = self.ipam.release_by_handle(handle) {
@@ -219,68 +236,73 @@ impl Agent {
 
         let t0 = std::time::Instant::now();
         let delegated = req.delegated_ips.is_some();
-        let ips: Vec<IpAddr> = match &req.delegated_ips {
-            Some(list) => {
-                let mut v = Vec::new();
-                for c in list {
-                    match c.address.parse::<IpNet>() {
-                        Ok(n) => v.push(n.addr()),
-                        Err(_) => {
-                            return Err(err(
-                                code::INVALID_CONFIG,
-                                format!(
-                                    "delegated IPAM returned an invalid address {:?}",
-                                    c.address
-                                ),
-                            ));
-                        }
-                    }
-                }
-                v
+        let mtu = if req.mtu > 0 { req.mtu } else { self.mtu };
+        let pod_mac = match req.mac.as_deref().map(parse_mac) {
+            Some(Some(m)) => Some(m),
+            Some(None) => {
+                return Err(err(
+                    code::INVALID_CONFIG,
+                    format!(
+                        "runtimeConfig.mac: {:?} is not a MAC address",
+                        req.mac.unwrap_or_default()
+                    ),
+                ));
             }
-            None => self.allocate(a, &req.ipam)?,
+            None => None,
         };
+        let mut cfg = veth::PodInterfaceConfig {
+            host_ifname: &host_if,
+            pod_ifname: &a.ifname,
+            pod_ns: &ns,
+            addresses: &[],
+            mtu,
+            pod_mac,
+            allow_ip_forwarding: req.allow_ip_forwarding,
+        };
+        // The veth pair is created while the addresses are allocated: the two costs overlap.
+        let (ips, created) = std::thread::scope(|s| {
+            let base = &cfg;
+            let creating = s.spawn(move || veth::create_pod_veth(base));
+            let ips = self.addresses_for(a, &req);
+            let created = creating.join().unwrap_or_else(|_| {
+                Err(tern_linux::LinuxError::CheckFailed(
+                    "veth creation panicked".into(),
+                ))
+            });
+            (ips, created)
+        });
         let rollback = |why: ErrorReply| -> ErrorReply {
             if !delegated {
                 self.release_quietly(&a.handle());
             }
             why
         };
+        let link_err = |e: tern_linux::LinuxError| {
+            let c = if e.is_already_exists() {
+                code::INTERFACE
+            } else {
+                code::INTERNAL
+            };
+            err(c, e.to_string())
+        };
+        let (ips, pending) = match (ips, created) {
+            (Ok(ips), Ok(p)) => (ips, p),
+            (Err(e), created) => {
+                if let Ok(p) = created
+                    && let Err(de) = veth::abandon_pod_veth(p)
+                {
+                    log::warn!("removing the veth of a failed ADD: {de}");
+                }
+                return Err(e);
+            }
+            (Ok(_), Err(e)) => return Err(rollback(link_err(e))),
+        };
         let addrs: Vec<IpNet> = ips.iter().map(|ip| host_prefix(*ip)).collect();
-        let mtu = if req.mtu > 0 { req.mtu } else { self.mtu };
-        let pod_mac = match req.mac.as_deref().map(parse_mac) {
-            Some(Some(m)) => Some(m),
-            Some(None) => {
-                return Err(rollback(err(
-                    code::INVALID_CONFIG,
-                    format!(
-                        "runtimeConfig.mac: {:?} is not a MAC address",
-                        req.mac.unwrap_or_default()
-                    ),
-                )));
-            }
-            None => None,
-        };
-        let cfg = veth::PodInterfaceConfig {
-            host_ifname: &host_if,
-            pod_ifname: &a.ifname,
-            pod_ns: &ns,
-            addresses: &addrs,
-            mtu,
-            pod_mac,
-            allow_ip_forwarding: req.allow_ip_forwarding,
-        };
+        cfg.addresses = &addrs;
         let t_ipam = t0.elapsed();
-        let iface = match veth::setup_pod_interface(&cfg) {
+        let iface = match veth::finish_pod_interface(&cfg, pending) {
             Ok(i) => i,
-            Err(e) => {
-                let c = if e.is_already_exists() {
-                    code::INTERFACE
-                } else {
-                    code::INTERNAL
-                };
-                return Err(rollback(err(c, e.to_string())));
-            }
+            Err(e) => return Err(rollback(link_err(e))),
         };
         let ep = Endpoint {
             node: self.cfg.node_name.clone(),
@@ -299,7 +321,7 @@ impl Agent {
             return Err(rollback(store_err("recording the endpoint", &e)));
         }
         log::debug!(
-            "ADD {}: ipam {:?}, interface {:?}, endpoint {:?}",
+            "ADD {}: allocate+create veth {:?}, configure {:?}, endpoint {:?}",
             a.container_id,
             t_ipam,
             t_link - t_ipam,

@@ -452,15 +452,18 @@ impl Session {
             } else {
                 None
             };
-            if let Some(r) = &retain {
-                self.stale = r.families.clone();
+            out.push(Action::SessionDown {
+                reason,
+                retain: retain.clone(),
+            });
+            if let Some(r) = retain {
+                self.stale = r.families;
                 out.push(Action::SetTimer(TimerKind::GracefulRestart, r.restart_time));
             } else if !self.stale.is_empty() {
                 // A second loss before End-of-RIB without GR: nothing stale survives.
                 out.push(Action::CancelTimer(TimerKind::GracefulRestart));
                 out.push(Action::PurgeStale(std::mem::take(&mut self.stale)));
             }
-            out.push(Action::SessionDown { reason, retain });
         }
         self.negotiated = None;
         self.state = State::Idle;
@@ -520,10 +523,8 @@ impl Session {
                     out.push(Action::SetTimer(TimerKind::Keepalive, secs(n.keepalive)));
                 }
             }
-            (TimerKind::GracefulRestart, _) => {
-                if !self.stale.is_empty() {
-                    out.push(Action::PurgeStale(std::mem::take(&mut self.stale)));
-                }
+            (TimerKind::GracefulRestart, _) if !self.stale.is_empty() => {
+                out.push(Action::PurgeStale(std::mem::take(&mut self.stale)));
             }
             _ => {}
         }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+pub use tern_lab::{Encap, StoreKind};
 
 /// ternctl: manage tern resources, IPAM, CNI installation and throwaway labs.
 #[derive(Debug, Parser)]
@@ -71,6 +72,8 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Table,
+    /// A table with more columns (for nodes: tunnel addresses and MAC).
+    Wide,
     Yaml,
     Json,
 }
@@ -175,24 +178,55 @@ pub enum LabCommand {
         /// Number of nodes.
         #[arg(long, default_value_t = 1)]
         nodes: usize,
-        /// Default IPv4 pool created by the agents.
+        /// Default IPv4 pool (CIDR) of the lab.
         #[arg(long)]
         default_ipv4_pool: Option<String>,
+        /// Encapsulation between nodes (crosssubnet: two subnets joined by a router, VXLAN
+        /// only across them).
+        #[arg(long, value_enum, default_value_t = Encap::None)]
+        encap: Encap,
+        /// Datastore: one SQLite file, or etcd in a namespace of its own on the underlay.
+        #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+        store: StoreKind,
+        /// Seconds between the agents' full resyncs.
+        #[arg(long)]
+        resync_seconds: Option<u64>,
     },
     /// Describe the lab.
     Status,
     /// Remove the lab (also after a failed `up`).
     Down,
-    /// Build a one-node lab, add pods, prove connectivity with real packets, tear down.
+    /// Build a lab, add pods, prove connectivity with real packets, tear down. With more than
+    /// one node: cross-node traffic, each node's routes and `ternctl get nodes -o wide`.
     Demo {
-        /// Number of pods.
+        /// Number of pods (spread over the nodes).
         #[arg(long, default_value_t = 2)]
         pods: usize,
+        /// Number of nodes.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// Encapsulation between nodes.
+        #[arg(long, value_enum, default_value_t = Encap::None)]
+        encap: Encap,
+        /// Datastore.
+        #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+        store: StoreKind,
     },
     /// Pods of the lab.
     Pod {
         #[command(subcommand)]
         command: PodCommand,
+    },
+    /// Nodes of the lab: join, leave, agent kill/restart.
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
+    /// Show the IPv4 routes of every node (or one).
+    Routes {
+        /// Only this node.
+        #[arg(long)]
+        node: Option<String>,
     },
     /// Echo server (run inside a pod namespace).
     Serve {
@@ -217,14 +251,48 @@ pub enum LabCommand {
         /// Give up after this many milliseconds.
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
+        /// Probe every --interval-ms for --duration-s and report the longest gap.
+        #[arg(long)]
+        continuous: bool,
+        /// Interval of a continuous probe.
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+        /// Duration of a continuous probe.
+        #[arg(long, default_value_t = 10)]
+        duration_s: u64,
+        /// Fail a continuous probe whose longest gap exceeds this many milliseconds.
+        #[arg(long)]
+        max_gap_ms: Option<u64>,
     },
+}
+
+/// `lab node` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Join a new node to the running lab.
+    Add,
+    /// Remove a node: its pods, its agent, its datastore records, its namespace.
+    Del { node: String },
+    /// Kill a node's ternd with SIGKILL (pods keep running).
+    Kill { node: String },
+    /// Start a node's ternd (after `kill`).
+    Start { node: String },
+    /// Kill and restart a node's ternd.
+    Restart { node: String },
 }
 
 /// `lab pod` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum PodCommand {
-    /// Create a pod on a node (CNI ADD).
-    Add { node: String, pod: String },
+    /// Create a pod on a node (CNI ADD): `add --node NODE POD` or `add NODE POD`.
+    Add {
+        /// The node (or, without --node, the node followed by the pod).
+        #[arg(num_args = 1..=2, required = true)]
+        names: Vec<String>,
+        /// The node.
+        #[arg(long)]
+        node: Option<String>,
+    },
     /// Delete a pod (CNI DEL, then its namespace).
     Del { pod: String },
 }

@@ -1,12 +1,21 @@
 //! IPAM allocation rate: allocations per second for one node and for four contending nodes
 //! (threads, each with its own store connection), store writes per allocation (counted by a
-//! store decorator), and the reference `host-local` plugin's ADD+DEL rate in the same run.
+//! store decorator), store requests per allocation (every `Store` call; on etcd each one is
+//! exactly one HTTP round trip), and the reference `host-local` plugin's ADD+DEL rate in the
+//! same run.
 //!
 //! ```text
-//! cargo run --release -p tern-ipam --example alloc_bench -- [--n 2000] [--store URL]
+//! cargo run --release -p tern-ipam --example alloc_bench -- [--n 2000] [--store sqlite|etcd|URL]
 //! ```
 //!
-//! Without `--store`, each scenario uses a fresh SQLite file in a temporary directory.
+//! - no `--store` or `--store sqlite`: each scenario uses a fresh SQLite file in a temporary
+//!   directory;
+//! - `--store etcd`: each scenario starts its own throw-away etcd on loopback
+//!   (`tern_store::etcd::harness::EtcdServer`: `$TERN_ETCD_BIN` or `etcd` on `PATH`), killed
+//!   and removed when the scenario ends;
+//! - `--store etcd://host:port[,...]`: an existing cluster; each scenario writes under its own
+//!   key prefix (`/alloc-bench/<pid>/<nodes>`) so runs do not see each other's blocks;
+//! - any other URL is opened with `tern_store::open` and shared by the scenarios.
 //! `host-local` is only executed (with a temporary `dataDir`); nothing under /var/lib/cni
 //! is touched.
 
@@ -20,39 +29,89 @@ use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_model::{IpPool, IpPoolSpec, IpamConfigSpec, put_resource};
 use tern_store::{KeyValue, Store, Txn, TxnResponse, Watch};
 
-/// Counts transactions that write (have any operation), i.e. store round trips that change
-/// or may change the datastore.
+/// Store calls made by the nodes of one scenario, shared by their [`Counting`] decorators.
+#[derive(Default)]
+struct Counters {
+    /// Transactions that write (have any operation): round trips that change or may change
+    /// the datastore.
+    writes: AtomicU64,
+    /// Every store call (get, range, txn, revision, ...): on etcd each is one HTTP request.
+    requests: AtomicU64,
+    gets: AtomicU64,
+    ranges: AtomicU64,
+    txns: AtomicU64,
+}
+
+/// Per-operation figures of one phase, taken from [`Counters`].
+#[derive(Clone, Copy)]
+struct Counted {
+    writes: u64,
+    requests: u64,
+    gets: u64,
+    ranges: u64,
+    txns: u64,
+}
+
+impl Counters {
+    /// Returns the counts so far and starts again from zero.
+    fn take(&self) -> Counted {
+        Counted {
+            writes: self.writes.swap(0, Ordering::Relaxed),
+            requests: self.requests.swap(0, Ordering::Relaxed),
+            gets: self.gets.swap(0, Ordering::Relaxed),
+            ranges: self.ranges.swap(0, Ordering::Relaxed),
+            txns: self.txns.swap(0, Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counts the store calls of one node (see [`Counters`]).
 struct Counting {
     inner: Arc<dyn Store>,
-    writes: Arc<AtomicU64>,
+    c: Arc<Counters>,
+}
+
+impl Counting {
+    fn count(&self, which: &AtomicU64) {
+        which.fetch_add(1, Ordering::Relaxed);
+        self.c.requests.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Store for Counting {
     fn get(&self, key: &str) -> tern_store::Result<Option<KeyValue>> {
+        self.count(&self.c.gets);
         self.inner.get(key)
     }
     fn range(&self, prefix: &str) -> tern_store::Result<(Vec<KeyValue>, i64)> {
+        self.count(&self.c.ranges);
         self.inner.range(prefix)
     }
     fn txn(&self, txn: Txn) -> tern_store::Result<TxnResponse> {
+        self.count(&self.c.txns);
         if !txn.success.is_empty() || !txn.failure.is_empty() {
-            self.writes.fetch_add(1, Ordering::Relaxed);
+            self.c.writes.fetch_add(1, Ordering::Relaxed);
         }
         self.inner.txn(txn)
     }
     fn revision(&self) -> tern_store::Result<i64> {
+        self.c.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.revision()
     }
     fn watch(&self, prefix: &str, after: i64) -> tern_store::Result<Box<dyn Watch>> {
+        self.c.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.watch(prefix, after)
     }
     fn lease_grant(&self, ttl: Duration) -> tern_store::Result<i64> {
+        self.c.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.lease_grant(ttl)
     }
     fn lease_keepalive(&self, lease: i64) -> tern_store::Result<()> {
+        self.c.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.lease_keepalive(lease)
     }
     fn lease_revoke(&self, lease: i64) -> tern_store::Result<()> {
+        self.c.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.lease_revoke(lease)
     }
 }
@@ -77,7 +136,7 @@ struct Row {
     scenario: String,
     ops: u64,
     secs: f64,
-    writes: Option<u64>,
+    counted: Option<Counted>,
 }
 
 /// One scenario: `nodes` threads allocate `per_node` addresses each, then release them.
@@ -94,12 +153,12 @@ fn scenario(
         max_blocks_per_host: 0,
         ..IpamConfigSpec::default()
     })?;
-    let writes = Arc::new(AtomicU64::new(0));
+    let counters = Arc::new(Counters::default());
     let ipams: Vec<Ipam> = (0..nodes)
         .map(|_| {
             Ipam::new(Arc::new(Counting {
                 inner: open(),
-                writes: writes.clone(),
+                c: counters.clone(),
             }))
         })
         .collect();
@@ -133,9 +192,9 @@ fn scenario(
     };
     let total = (nodes * per_node) as u64;
     let alloc_secs = run(false)?;
-    let alloc_writes = writes.swap(0, Ordering::Relaxed);
+    let alloc_counted = counters.take();
     let release_secs = run(true)?;
-    let release_writes = writes.load(Ordering::Relaxed);
+    let release_counted = counters.take();
     let label = if nodes == 1 {
         "1 node".to_string()
     } else {
@@ -146,13 +205,13 @@ fn scenario(
             scenario: format!("tern-ipam allocate, {label}"),
             ops: total,
             secs: alloc_secs,
-            writes: Some(alloc_writes),
+            counted: Some(alloc_counted),
         },
         Row {
             scenario: format!("tern-ipam release by handle, {label}"),
             ops: total,
             secs: release_secs,
-            writes: Some(release_writes),
+            counted: Some(release_counted),
         },
     ))
 }
@@ -212,13 +271,104 @@ fn host_local(n: usize) -> anyhow::Result<Option<Row>> {
         scenario: "host-local ADD+DEL (exec per call)".into(),
         ops: n as u64,
         secs: start.elapsed().as_secs_f64(),
-        writes: None,
+        counted: None,
     }))
+}
+
+/// Where the scenarios' stores come from.
+enum Backend {
+    /// A fresh SQLite file per scenario.
+    Sqlite,
+    /// A fresh throw-away etcd per scenario.
+    EtcdHarness,
+    /// An existing etcd cluster, one key prefix per scenario.
+    EtcdUrl(String),
+    /// Any other store URL, shared by the scenarios.
+    Url(String),
+}
+
+impl Backend {
+    fn parse(arg: Option<&str>) -> Backend {
+        match arg {
+            None | Some("sqlite") => Backend::Sqlite,
+            Some("etcd") => Backend::EtcdHarness,
+            Some(u) if u.starts_with("etcd://") => Backend::EtcdUrl(u.to_string()),
+            Some(u) => Backend::Url(u.to_string()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Backend::Sqlite => "sqlite (fresh file per scenario)".into(),
+            Backend::EtcdHarness => format!(
+                "etcd (fresh single-member {} on loopback per scenario)",
+                etcd_version()
+            ),
+            Backend::EtcdUrl(u) => format!("{u} (key prefix /alloc-bench/<pid>/<nodes>)"),
+            Backend::Url(u) => u.clone(),
+        }
+    }
+}
+
+/// `etcd --version`'s first line, for the report.
+fn etcd_version() -> String {
+    Command::new(tern_store::etcd::harness::etcd_binary())
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "etcd".into())
+}
+
+/// One scenario (`nodes` contending nodes) on a store of `backend`.
+fn run_scenario(backend: &Backend, nodes: usize, per_node: usize) -> anyhow::Result<(Row, Row)> {
+    match backend {
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().join("bench.db");
+            let open = move || -> Arc<dyn Store> {
+                Arc::new(tern_store::sqlite::SqliteStore::open(&path).expect("open sqlite"))
+            };
+            scenario(&open, nodes, per_node)
+        }
+        Backend::EtcdHarness => {
+            // Dropped at the end of this arm: etcd is killed by PID and its directory removed.
+            let server = tern_store::etcd::harness::EtcdServer::start()
+                .map_err(|e| anyhow::anyhow!("starting a throw-away etcd: {e}"))?;
+            let url = server.url();
+            let open = move || -> Arc<dyn Store> { tern_store::open(&url).expect("open etcd") };
+            scenario(&open, nodes, per_node)
+        }
+        Backend::EtcdUrl(url) => {
+            let endpoints = tern_store::etcd::parse_url(url)?;
+            let prefix = format!("/alloc-bench/{}/{nodes}", std::process::id());
+            let open = move || -> Arc<dyn Store> {
+                let store = tern_store::etcd::EtcdStore::connect(
+                    &endpoints,
+                    None,
+                    tern_store::etcd::Timeouts::default(),
+                )
+                .expect("connect to etcd");
+                Arc::new(store.with_namespace(&prefix))
+            };
+            scenario(&open, nodes, per_node)
+        }
+        Backend::Url(url) => {
+            let url = url.clone();
+            let open = move || -> Arc<dyn Store> { tern_store::open(&url).expect("open store") };
+            scenario(&open, nodes, per_node)
+        }
+    }
 }
 
 fn main() -> anyhow::Result<()> {
     let mut n = 2000usize;
-    let mut url: Option<String> = None;
+    let mut store: Option<String> = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -228,57 +378,63 @@ fn main() -> anyhow::Result<()> {
                     .ok_or_else(|| anyhow::anyhow!("--n needs a value"))?
                     .parse()?
             }
-            "--store" => url = it.next(),
+            "--store" => {
+                store = Some(
+                    it.next()
+                        .ok_or_else(|| anyhow::anyhow!("--store needs a value"))?,
+                )
+            }
             "-h" | "--help" => {
-                println!("alloc_bench [--n N] [--store URL]");
+                println!("alloc_bench [--n N] [--store sqlite|etcd|etcd://host:port|URL]");
                 return Ok(());
             }
             other => anyhow::bail!("unknown argument {other:?}"),
         }
     }
+    let backend = Backend::parse(store.as_deref());
     let mut rows = Vec::new();
     for nodes in [1usize, 4] {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("bench.db");
-        let url = url.clone();
-        let open = move || -> Arc<dyn Store> {
-            match &url {
-                Some(u) => tern_store::open(u).expect("open store"),
-                None => {
-                    Arc::new(tern_store::sqlite::SqliteStore::open(&path).expect("open sqlite"))
-                }
-            }
-        };
-        let (a, r) = scenario(&open, nodes, n / nodes)?;
+        let (a, r) = run_scenario(&backend, nodes, n / nodes)?;
         rows.push(a);
         rows.push(r);
     }
     if let Some(r) = host_local((n / 10).max(20))? {
         rows.push(r);
     }
+    println!("store: {}", backend.describe());
     println!(
-        "store: {}",
-        url.as_deref().unwrap_or("sqlite (fresh file per scenario)")
+        "| {:<47} | {:>6} | {:>8} | {:>10} | {:>13} | {:>15} | {:>20} |",
+        "scenario",
+        "ops",
+        "seconds",
+        "ops/s",
+        "writes per op",
+        "requests per op",
+        "get/range/txn per op"
     );
     println!(
-        "| {:<47} | {:>6} | {:>8} | {:>10} | {:>13} |",
-        "scenario", "ops", "seconds", "ops/s", "writes per op"
-    );
-    println!(
-        "|{:-<49}|{:->8}|{:->10}|{:->12}|{:->15}|",
-        "", "", "", "", ""
+        "|{:-<49}|{:->8}|{:->10}|{:->12}|{:->15}|{:->17}|{:->22}|",
+        "", "", "", "", "", "", ""
     );
     for r in rows {
-        let w = r.writes.map_or("-".to_string(), |w| {
-            format!("{:.2}", w as f64 / r.ops as f64)
-        });
+        let per = |x: u64| format!("{:.2}", x as f64 / r.ops as f64);
+        let (w, q, split) = match r.counted {
+            Some(c) => (
+                per(c.writes),
+                per(c.requests),
+                format!("{}/{}/{}", per(c.gets), per(c.ranges), per(c.txns)),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
         println!(
-            "| {:<47} | {:>6} | {:>8.2} | {:>10.0} | {:>13} |",
+            "| {:<47} | {:>6} | {:>8.2} | {:>10.0} | {:>13} | {:>15} | {:>20} |",
             r.scenario,
             r.ops,
             r.secs,
             r.ops as f64 / r.secs,
-            w
+            w,
+            q,
+            split
         );
     }
     Ok(())

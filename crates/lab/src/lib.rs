@@ -5,7 +5,8 @@
 //! namespace is touched):
 //!
 //! ```text
-//!   tl-<lab>-ul        underlay: bridge br0 198.18.0.1/24
+//!   tl-<lab>-ul        underlay: bridge br0 198.18.0.1/24 (two bridges and a router
+//!                      namespace tl-<lab>-rtr for cross-subnet; see [`topology`])
 //!     |  veth n1 <-> eth0
 //!   tl-<lab>-node1     eth0 198.18.0.11/24, default via 198.18.0.1, ip_forward=1, runs ternd
 //!     |  veth made by ternd
@@ -16,13 +17,19 @@
 //! after every step, so [`down`] can undo a half-finished [`up`]. Set-up uses `ip` commands
 //! (iproute2), which always name a namespace (`ip -n NS`, `ip netns exec NS`).
 //!
-//! Modules: [`state`] (state file), [`topology`] (up/down/status), [`pod`] (CNI ADD/DEL of
-//! pods), [`traffic`] (echo server and probe used to prove connectivity), [`process`] (commands
-//! and PIDs).
+//! Modules: [`state`] (state file), [`topology`] (up/down/status, nodes joining and leaving,
+//! agent restarts, etcd), [`cluster`] (the lab's datastore), [`pod`] (CNI ADD/DEL of pods),
+//! [`traffic`] (echo server and probes used to prove connectivity), [`mesh`] (every pod to every
+//! pod), [`netns`] (code inside a lab namespace), [`netbench`] (throughput and route
+//! convergence benchmarks), [`process`] (commands and PIDs).
 
 use std::path::PathBuf;
 
 pub mod bench;
+pub mod cluster;
+pub mod mesh;
+pub mod netns;
+
 pub mod pod;
 pub mod process;
 pub mod state;
@@ -30,8 +37,10 @@ pub mod topology;
 pub mod traffic;
 
 pub use pod::{add_pod, del_pod, start_server};
-pub use state::{LabState, NodeState, PodState, ServerState};
-pub use topology::{UpOptions, down, status, up};
+pub use state::{Encap, LabState, NodeState, PodState, ServerState, StoreKind};
+pub use topology::{
+    UpOptions, down, kill_agent, node_add, node_del, restart_agent, start_agent, status, up,
+};
 
 /// Directory holding every lab's state directory.
 pub const RUN_DIR: &str = "/run/tern-lab";

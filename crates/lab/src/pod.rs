@@ -246,6 +246,7 @@ mod tests {
             ternd_pid: None,
             socket: "/run/tern-lab/lab/node1/ternd.sock".into(),
             state_dir: "/run/tern-lab/lab/node1".into(),
+            ..NodeState::default()
         };
         let c = netconf(&n);
         assert_eq!(c["cniVersion"], "1.0.0");

@@ -177,6 +177,28 @@ pub fn stop(pid: u32, marker: &str, grace: Duration) -> bool {
     true
 }
 
+/// Kills a process we started with SIGKILL (as a crash would) and waits until it is gone.
+/// Does nothing unless the PID still runs a command containing `marker`.
+pub fn kill(pid: u32, marker: &str, timeout: Duration) -> Result<()> {
+    if !is_ours(pid, marker) {
+        reap(pid);
+        return Ok(());
+    }
+    // SAFETY: kill(2) on a PID verified above to be our process.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        reap(pid);
+        if !is_ours(pid, marker) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(LabError::Timeout(format!(
+        "process {pid} ({marker}) still runs {timeout:?} after SIGKILL"
+    )))
+}
+
 /// Random lowercase hex of `bytes` bytes, from the kernel's generator.
 pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];

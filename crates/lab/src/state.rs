@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{LabError, RUN_DIR, Result};
 
+/// Client port of the lab's etcd.
+pub const ETCD_CLIENT_PORT: u16 = 2379;
+
 /// Longest accepted lab name; keeps namespace and file names short.
 pub const MAX_NAME_LEN: usize = 12;
 
@@ -27,6 +30,107 @@ pub struct LabState {
     pub pods: Vec<PodState>,
     /// Echo servers started in pods.
     pub servers: Vec<ServerState>,
+    /// How pod traffic crosses the underlay (labs from before multi-node default to `none`).
+    #[serde(default)]
+    pub encap: Encap,
+    /// Which datastore the agents share.
+    #[serde(default)]
+    pub store: StoreKind,
+    /// The etcd server, when `store` is etcd.
+    #[serde(default)]
+    pub etcd: Option<EtcdState>,
+    /// Extra arguments given to every `ternd` (also to nodes added later).
+    #[serde(default)]
+    pub agent_args: Vec<String>,
+}
+
+/// How pod traffic between nodes is carried; set by the lab's default IPPool.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Encap {
+    /// Plain routing over the shared underlay subnet (`vxlanMode`/`ipipMode` Never).
+    #[default]
+    None,
+    /// VXLAN between every pair of nodes (`vxlanMode: Always`).
+    Vxlan,
+    /// IP-in-IP between every pair of nodes (`ipipMode: Always`).
+    Ipip,
+    /// Two underlay subnets joined by a router; VXLAN only between nodes of different
+    /// subnets (`vxlanMode: CrossSubnet`).
+    Crosssubnet,
+}
+
+impl Encap {
+    /// The name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encap::None => "none",
+            Encap::Vxlan => "vxlan",
+            Encap::Ipip => "ipip",
+            Encap::Crosssubnet => "crosssubnet",
+        }
+    }
+
+    /// `(vxlanMode, ipipMode)` of the lab's default IPPool.
+    pub fn pool_modes(self) -> (tern_model::EncapMode, tern_model::EncapMode) {
+        use tern_model::EncapMode::{Always, CrossSubnet, Never};
+        match self {
+            Encap::None => (Never, Never),
+            Encap::Vxlan => (Always, Never),
+            Encap::Ipip => (Never, Always),
+            Encap::Crosssubnet => (CrossSubnet, Never),
+        }
+    }
+}
+
+impl std::fmt::Display for Encap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The datastore kind of a lab.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// One SQLite file in the lab directory, shared by the nodes (they share a host).
+    #[default]
+    Sqlite,
+    /// An `etcd` server in a namespace of its own on the underlay.
+    Etcd,
+}
+
+impl StoreKind {
+    /// The name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Sqlite => "sqlite",
+            StoreKind::Etcd => "etcd",
+        }
+    }
+}
+
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The lab's etcd server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdState {
+    /// Its namespace.
+    pub netns: String,
+    /// Its underlay address (clients use `<address>:2379`).
+    pub address: String,
+    /// Its PID, once started.
+    pub pid: Option<u32>,
+    /// Its data directory (inside the lab directory; also identifies the process as ours).
+    pub data_dir: PathBuf,
 }
 
 /// One node: a namespace running `ternd`.
@@ -44,6 +148,12 @@ pub struct NodeState {
     pub socket: PathBuf,
     /// The agent's state directory (also holds `ternd.log`).
     pub state_dir: PathBuf,
+    /// The node's default gateway on the underlay.
+    #[serde(default)]
+    pub gateway: String,
+    /// Prefix length of the node's underlay subnet.
+    #[serde(default)]
+    pub prefix_len: u8,
 }
 
 /// One pod: a namespace whose `eth0` was set up by the `tern` plugin.
@@ -131,6 +241,16 @@ pub fn pod_ns(name: &str, pod: &str) -> String {
     format!("{}pod-{pod}", ns_prefix(name))
 }
 
+/// Namespace of the router joining the two subnets of a cross-subnet lab.
+pub fn router_ns(name: &str) -> String {
+    format!("{}rtr", ns_prefix(name))
+}
+
+/// Namespace of the lab's etcd.
+pub fn etcd_ns(name: &str) -> String {
+    format!("{}etcd", ns_prefix(name))
+}
+
 /// Directory of lab `name` under `run_dir`.
 pub fn lab_dir_in(run_dir: &Path, name: &str) -> PathBuf {
     run_dir.join(name)
@@ -156,9 +276,13 @@ impl LabState {
         lab_dir(&self.name)
     }
 
-    /// The store URL shared by the lab's agents.
+    /// The store URL shared by the lab's agents. An etcd URL is only reachable from inside
+    /// the lab's namespaces (see [`crate::cluster::with_store`]).
     pub fn store_url(&self) -> String {
-        format!("sqlite://{}", self.dir().join("store.db").display())
+        match (&self.store, &self.etcd) {
+            (StoreKind::Etcd, Some(e)) => format!("etcd://{}:{}", e.address, ETCD_CLIENT_PORT),
+            _ => format!("sqlite://{}", self.dir().join("store.db").display()),
+        }
     }
 
     /// Finds a node by name.
@@ -238,6 +362,8 @@ mod tests {
             ternd_pid: Some(4242),
             socket: "/run/tern-lab/lab/node1/ternd.sock".into(),
             state_dir: "/run/tern-lab/lab/node1".into(),
+            gateway: "198.18.0.1".into(),
+            prefix_len: 24,
         });
         s.pods.push(PodState {
             name: "pod1".into(),
@@ -272,6 +398,36 @@ mod tests {
     }
 
     #[test]
+    fn state_from_before_multi_node_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        std::fs::write(
+            &path,
+            r#"{"name":"old","bin_dir":"/b","namespaces":[],"nodes":[{"name":"node1",
+            "netns":"tl-old-node1","address":"198.18.0.11","ternd_pid":null,
+            "socket":"/s","state_dir":"/d"}],"pods":[],"servers":[]}"#,
+        )
+        .unwrap();
+        let s = LabState::load_from(&path).unwrap();
+        assert_eq!(s.encap, Encap::None);
+        assert_eq!(s.store, StoreKind::Sqlite);
+        assert!(s.etcd.is_none() && s.agent_args.is_empty());
+        assert_eq!(s.nodes[0].gateway, "");
+    }
+
+    #[test]
+    fn encap_pool_modes() {
+        use tern_model::EncapMode::{Always, CrossSubnet, Never};
+        assert_eq!(Encap::None.pool_modes(), (Never, Never));
+        assert_eq!(Encap::Vxlan.pool_modes(), (Always, Never));
+        assert_eq!(Encap::Ipip.pool_modes(), (Never, Always));
+        assert_eq!(Encap::Crosssubnet.pool_modes(), (CrossSubnet, Never));
+        assert_eq!(Encap::Crosssubnet.to_string(), "crosssubnet");
+        let j = serde_json::to_string(&(Encap::Vxlan, StoreKind::Etcd)).unwrap();
+        assert_eq!(j, r#"["vxlan","etcd"]"#);
+    }
+
+    #[test]
     fn corrupt_state_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
@@ -298,6 +454,17 @@ mod tests {
         assert_eq!(node_ns("lab", "node1"), "tl-lab-node1");
         assert_eq!(pod_ns("lab", "web"), "tl-lab-pod-web");
         assert_eq!(sample().store_url(), "sqlite:///run/tern-lab/lab/store.db");
+        assert_eq!(router_ns("lab"), "tl-lab-rtr");
+        assert_eq!(etcd_ns("lab"), "tl-lab-etcd");
+        let mut s = sample();
+        s.store = StoreKind::Etcd;
+        s.etcd = Some(EtcdState {
+            netns: etcd_ns("lab"),
+            address: "198.18.0.2".into(),
+            pid: None,
+            data_dir: "/run/tern-lab/lab/etcd".into(),
+        });
+        assert_eq!(s.store_url(), "etcd://198.18.0.2:2379");
     }
 
     #[test]

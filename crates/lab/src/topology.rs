@@ -1,4 +1,15 @@
 //! Creating, describing and removing a lab: the underlay, the nodes and their agents.
+//!
+//! Underlay layouts (all inside the lab's namespaces):
+//!
+//! ```text
+//! flat (encap none|vxlan|ipip)         crosssubnet
+//!   tl-<lab>-ul  br0 198.18.0.1/24       tl-<lab>-ul  br1 (198.18.1.0/24)  br2 (198.18.2.0/24)
+//!     nodeN  198.18.0.(10+N)                            |                  |
+//!     etcd   198.18.0.2                  tl-<lab>-rtr  eth1 198.18.1.1    eth2 198.18.2.1
+//!                                          odd nodes on br1 198.18.1.(10+N), even on br2
+//!                                          etcd on br1 198.18.1.2
+//! ```
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
@@ -7,8 +18,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::process::{self, ip_in, netns_add, netns_del, netns_exec, sysctl_in};
-use crate::state::{self, LabState, NodeState};
-use crate::{LabError, Result};
+use crate::state::{self, Encap, EtcdState, LabState, NodeState, StoreKind};
+use crate::{LabError, Result, cluster};
 
 /// Address of the underlay bridge: the nodes' default gateway.
 pub const UNDERLAY_GATEWAY: &str = "198.18.0.1";
@@ -16,6 +27,8 @@ pub const UNDERLAY_GATEWAY: &str = "198.18.0.1";
 pub const UNDERLAY_PREFIX: u8 = 24;
 /// Most nodes a lab may have (addresses 198.18.0.11 ..).
 pub const MAX_NODES: usize = 200;
+/// The etcd binary the lab runs for `--store etcd`.
+pub const ETCD_BIN: &str = "/usr/bin/etcd";
 
 /// How to build a lab.
 #[derive(Debug, Clone)]
@@ -26,10 +39,19 @@ pub struct UpOptions {
     pub nodes: usize,
     /// Directory holding `tern`, `tern-ipam` and `ternd`.
     pub bin_dir: PathBuf,
-    /// `--default-ipv4-pool` passed to every agent, when set.
+    /// `--default-ipv4-pool` passed to every agent, when set; also the CIDR of the pool the
+    /// lab applies when `encap` asks for one.
     pub default_ipv4_pool: Option<String>,
     /// How long to wait for each agent's socket.
     pub agent_timeout: Duration,
+    /// Encapsulation between nodes (and the underlay layout for `Crosssubnet`).
+    pub encap: Encap,
+    /// Datastore shared by the agents.
+    pub store: StoreKind,
+    /// `--resync-seconds` of every agent, when set.
+    pub resync_seconds: Option<u64>,
+    /// Further arguments given to every agent.
+    pub agent_args: Vec<String>,
 }
 
 impl UpOptions {
@@ -41,13 +63,85 @@ impl UpOptions {
             bin_dir: bin_dir.to_path_buf(),
             default_ipv4_pool: None,
             agent_timeout: Duration::from_secs(15),
+            encap: Encap::None,
+            store: StoreKind::Sqlite,
+            resync_seconds: None,
+            agent_args: Vec::new(),
         }
     }
 }
 
-/// Underlay address of node `i` (1-based).
+/// Underlay address of node `i` (1-based) in a flat lab.
 pub fn node_address(i: usize) -> String {
     format!("198.18.0.{}", 10 + i)
+}
+
+/// Where node `i` (1-based) sits on the underlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The node's address.
+    pub address: String,
+    /// Its default gateway (the underlay bridge, or the router for cross-subnet).
+    pub gateway: String,
+    /// The bridge in the underlay namespace its veth joins.
+    pub bridge: String,
+}
+
+/// Placement of node `i`: one subnet, or (cross-subnet) odd nodes in 198.18.1.0/24 and even
+/// nodes in 198.18.2.0/24.
+pub fn placement(encap: Encap, i: usize) -> Placement {
+    match encap {
+        Encap::Crosssubnet => {
+            let subnet = 1 + (i + 1) % 2;
+            Placement {
+                address: format!("198.18.{subnet}.{}", 10 + i),
+                gateway: format!("198.18.{subnet}.1"),
+                bridge: format!("br{subnet}"),
+            }
+        }
+        _ => Placement {
+            address: node_address(i),
+            gateway: UNDERLAY_GATEWAY.to_string(),
+            bridge: "br0".to_string(),
+        },
+    }
+}
+
+/// Placement of the etcd server.
+pub fn etcd_placement(encap: Encap) -> Placement {
+    let mut p = placement(encap, 1);
+    p.address = match encap {
+        Encap::Crosssubnet => "198.18.1.2".to_string(),
+        _ => "198.18.0.2".to_string(),
+    };
+    p
+}
+
+/// Whether the kernel can create links of `kind` (`vxlan`, `ipip`, ...). Tries in a private
+/// network namespace of a dedicated thread, so nothing outside it is touched.
+pub fn kernel_supports(kind: &str) -> Result<bool> {
+    let kind = kind.to_string();
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                // SAFETY: unshare affects only this thread, which exits afterwards.
+                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                    return Err(LabError::io(
+                        "cannot create a private network namespace",
+                        std::io::Error::last_os_error(),
+                    ));
+                }
+                let mut args = vec!["link", "add", "tprobe0", "type", kind.as_str()];
+                if kind == "vxlan" {
+                    args.extend(["id", "42", "dstport", "4789"]);
+                }
+                // `ip` inherits this thread's namespace.
+                let out = process::output(std::process::Command::new("ip").args(&args))?;
+                Ok(out.status.success())
+            })
+            .join()
+            .map_err(|_| LabError::Invalid("kernel probe thread panicked".into()))?
+    })
 }
 
 /// Builds the lab and starts one agent per node. The state file is updated after every step,
@@ -69,6 +163,11 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             )));
         }
     }
+    if opts.store == StoreKind::Etcd && !Path::new(ETCD_BIN).is_file() {
+        return Err(LabError::Invalid(format!(
+            "--store etcd needs {ETCD_BIN} (apt-get install etcd-server)"
+        )));
+    }
     if LabState::load(&opts.name)?.is_some() {
         return Err(LabError::Invalid(format!(
             "lab {:?} already exists; remove it with `ternctl lab down --name {}`",
@@ -84,29 +183,47 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             opts.name
         )));
     }
+    let encap_link = match opts.encap {
+        Encap::Vxlan | Encap::Crosssubnet => Some("vxlan"),
+        Encap::Ipip => Some("ipip"),
+        Encap::None => None,
+    };
+    if let Some(kind) = encap_link
+        && !kernel_supports(kind)?
+    {
+        return Err(LabError::Invalid(format!(
+            "this kernel cannot create {kind} devices (no {kind} support), so --encap {} \
+             cannot work here",
+            opts.encap
+        )));
+    }
     let mut st = LabState::new(&opts.name, &opts.bin_dir);
+    st.encap = opts.encap;
+    st.store = opts.store;
+    if let Some(pool) = &opts.default_ipv4_pool {
+        st.agent_args
+            .extend(["--default-ipv4-pool".to_string(), pool.clone()]);
+    }
+    if let Some(r) = opts.resync_seconds {
+        st.agent_args
+            .extend(["--resync-seconds".to_string(), r.to_string()]);
+    }
+    st.agent_args.extend(opts.agent_args.iter().cloned());
     st.save()?;
 
-    let ul = state::underlay_ns(&opts.name);
-    netns_add(&ul)?;
-    st.namespaces.push(ul.clone());
-    st.save()?;
-    ip_in(&ul, &["link", "set", "lo", "up"])?;
-    ip_in(&ul, &["link", "add", "br0", "type", "bridge"])?;
-    ip_in(
-        &ul,
-        &[
-            "addr",
-            "add",
-            &format!("{UNDERLAY_GATEWAY}/{UNDERLAY_PREFIX}"),
-            "dev",
-            "br0",
-        ],
-    )?;
-    ip_in(&ul, &["link", "set", "br0", "up"])?;
+    build_underlay(&mut st)?;
+    if opts.store == StoreKind::Etcd {
+        start_etcd(&mut st)?;
+    }
+    // The pool decides the encapsulation; it exists before any agent could create its own.
+    let cidr = opts
+        .default_ipv4_pool
+        .as_deref()
+        .unwrap_or(cluster::DEFAULT_POOL_CIDR);
+    cluster::apply_default_pool(&st, cidr)?;
 
     for i in 1..=opts.nodes {
-        add_node(&mut st, opts, i)?;
+        add_node(&mut st, i)?;
     }
     for n in &st.nodes {
         wait_for_agent(n, opts.agent_timeout)?;
@@ -114,69 +231,215 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
     Ok(st)
 }
 
-fn add_node(st: &mut LabState, opts: &UpOptions, i: usize) -> Result<()> {
-    let name = format!("node{i}");
-    let ns = state::node_ns(&st.name, &name);
+fn build_underlay(st: &mut LabState) -> Result<()> {
     let ul = state::underlay_ns(&st.name);
-    netns_add(&ns)?;
-    st.namespaces.push(ns.clone());
-    let dir = st.dir().join(&name);
-    let node = NodeState {
-        name: name.clone(),
-        netns: ns.clone(),
-        address: node_address(i),
-        ternd_pid: None,
-        socket: dir.join("ternd.sock"),
-        state_dir: dir.clone(),
-    };
-    st.nodes.push(node.clone());
+    netns_add(&ul)?;
+    st.namespaces.push(ul.clone());
     st.save()?;
+    ip_in(&ul, &["link", "set", "lo", "up"])?;
+    if st.encap != Encap::Crosssubnet {
+        ip_in(&ul, &["link", "add", "br0", "type", "bridge"])?;
+        let gw = format!("{UNDERLAY_GATEWAY}/{UNDERLAY_PREFIX}");
+        ip_in(&ul, &["addr", "add", &gw, "dev", "br0"])?;
+        ip_in(&ul, &["link", "set", "br0", "up"])?;
+        return Ok(());
+    }
+    // Two L2 segments with no address in the underlay namespace: only the router joins them.
+    let rtr = state::router_ns(&st.name);
+    netns_add(&rtr)?;
+    st.namespaces.push(rtr.clone());
+    st.save()?;
+    ip_in(&rtr, &["link", "set", "lo", "up"])?;
+    for subnet in [1, 2] {
+        let br = format!("br{subnet}");
+        let ul_end = format!("r{subnet}");
+        let rtr_end = format!("eth{subnet}");
+        ip_in(&ul, &["link", "add", &br, "type", "bridge"])?;
+        ip_in(&ul, &["link", "set", &br, "up"])?;
+        ip_in(
+            &ul,
+            &[
+                "link", "add", &ul_end, "type", "veth", "peer", "name", &rtr_end, "netns", &rtr,
+            ],
+        )?;
+        ip_in(&ul, &["link", "set", &ul_end, "master", &br, "up"])?;
+        let addr = format!("198.18.{subnet}.1/{UNDERLAY_PREFIX}");
+        ip_in(&rtr, &["addr", "add", &addr, "dev", &rtr_end])?;
+        ip_in(&rtr, &["link", "set", &rtr_end, "up"])?;
+    }
+    sysctl_in(&rtr, "net.ipv4.ip_forward", "1")?;
+    Ok(())
+}
 
-    // The veth's node end is created directly inside the node namespace, named eth0 there.
-    let ul_end = format!("n{i}");
+/// Plugs namespace `ns` into the underlay: a veth `ul_end` on `bridge` in the underlay
+/// namespace, `eth0` with `address` in `ns`, default route via `gateway`.
+fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Result<()> {
+    let ul = state::underlay_ns(&st.name);
+    // The veth's inner end is created directly inside `ns`, named eth0 there.
     ip_in(
         &ul,
         &[
-            "link", "add", &ul_end, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            "link", "add", ul_end, "type", "veth", "peer", "name", "eth0", "netns", ns,
         ],
     )?;
-    ip_in(&ul, &["link", "set", &ul_end, "master", "br0", "up"])?;
-    ip_in(&ns, &["link", "set", "lo", "up"])?;
-    ip_in(
-        &ns,
-        &[
-            "addr",
-            "add",
-            &format!("{}/{UNDERLAY_PREFIX}", node.address),
-            "dev",
-            "eth0",
-        ],
-    )?;
-    ip_in(&ns, &["link", "set", "eth0", "up"])?;
-    // Proxy-ARP for 169.254.1.1 needs a route covering it: the default route.
-    ip_in(&ns, &["route", "add", "default", "via", UNDERLAY_GATEWAY])?;
-    sysctl_in(&ns, "net.ipv4.ip_forward", "1")?;
+    ip_in(&ul, &["link", "set", ul_end, "master", &p.bridge, "up"])?;
+    ip_in(ns, &["link", "set", "lo", "up"])?;
+    let addr = format!("{}/{UNDERLAY_PREFIX}", p.address);
+    ip_in(ns, &["addr", "add", &addr, "dev", "eth0"])?;
+    ip_in(ns, &["link", "set", "eth0", "up"])?;
+    ip_in(ns, &["route", "add", "default", "via", &p.gateway])?;
+    Ok(())
+}
 
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
-    let log_path = dir.join("ternd.log");
-    let log = File::create(&log_path)
-        .map_err(|e| LabError::io(format!("cannot create {}", log_path.display()), e))?;
+fn start_etcd(st: &mut LabState) -> Result<()> {
+    let ns = state::etcd_ns(&st.name);
+    netns_add(&ns)?;
+    st.namespaces.push(ns.clone());
+    let p = etcd_placement(st.encap);
+    let data_dir = st.dir().join("etcd");
+    st.etcd = Some(EtcdState {
+        netns: ns.clone(),
+        address: p.address.clone(),
+        pid: None,
+        data_dir: data_dir.clone(),
+    });
+    st.save()?;
+    plug(st, &ns, "etcd", &p)?;
+    let log_path = st.dir().join("etcd.log");
+    let (log, log2) = open_log(&log_path, false)?;
+    let client = format!("http://{}:{}", p.address, state::ETCD_CLIENT_PORT);
+    let mut cmd = netns_exec(&ns, Path::new(ETCD_BIN));
+    cmd.arg("--name")
+        .arg("lab")
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args(["--listen-client-urls", &client])
+        .args(["--advertise-client-urls", &client])
+        // Peers are never used: a single member, peer port on the namespace's loopback.
+        .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
+        .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
+        .args(["--initial-cluster", "lab=http://127.0.0.1:2380"])
+        .args(["--log-level", "warn"])
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .process_group(0);
+    let child = cmd.spawn().map_err(|e| LabError::Spawn {
+        command: process::describe(&cmd),
+        source: e,
+    })?;
+    let pid = child.id();
+    if let Some(e) = st.etcd.as_mut() {
+        e.pid = Some(pid);
+    }
+    st.save()?;
+    let addr = format!("{}:{}", p.address, state::ETCD_CLIENT_PORT);
+    let start = Instant::now();
+    loop {
+        let healthy = crate::netns::in_netns(&ns, || etcd_healthy(&addr))?;
+        if healthy {
+            return Ok(());
+        }
+        if !process::is_alive(pid) {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(LabError::Invalid(format!(
+                "etcd exited during start-up: {}",
+                log.trim()
+            )));
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err(LabError::Timeout(format!(
+                "etcd at {addr} not healthy after 20 s (log {})",
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `GET /health` answers `"health":"true"`.
+fn etcd_healthy(addr: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(sa) = addr.parse::<std::net::SocketAddr>() else {
+        return false;
+    };
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(300)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let req = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
+
+fn open_log(path: &Path, append: bool) -> Result<(File, File)> {
+    let log = File::options()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(path)
+        .map_err(|e| LabError::io(format!("cannot create {}", path.display()), e))?;
     let log2 = log
         .try_clone()
-        .map_err(|e| LabError::io(format!("cannot reopen {}", log_path.display()), e))?;
-    let mut cmd = netns_exec(&ns, &opts.bin_dir.join("ternd"));
+        .map_err(|e| LabError::io(format!("cannot reopen {}", path.display()), e))?;
+    Ok((log, log2))
+}
+
+/// Index of a node named `node<i>`.
+fn node_index(name: &str) -> Option<usize> {
+    name.strip_prefix("node")?.parse().ok()
+}
+
+/// Creates node `i` (`node<i>`): its namespace on the underlay and its agent (not waited for).
+fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
+    let name = format!("node{i}");
+    let ns = state::node_ns(&st.name, &name);
+    netns_add(&ns)?;
+    st.namespaces.push(ns.clone());
+    let dir = st.dir().join(&name);
+    let p = placement(st.encap, i);
+    let node = NodeState {
+        name: name.clone(),
+        netns: ns.clone(),
+        address: p.address.clone(),
+        ternd_pid: None,
+        socket: dir.join("ternd.sock"),
+        state_dir: dir.clone(),
+        gateway: p.gateway.clone(),
+        prefix_len: UNDERLAY_PREFIX,
+    };
+    st.nodes.push(node.clone());
+    st.save()?;
+    // Proxy-ARP for 169.254.1.1 needs a route covering it: plug() adds the default route.
+    plug(st, &ns, &format!("n{i}"), &p)?;
+    sysctl_in(&ns, "net.ipv4.ip_forward", "1")?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
+    start_agent(st, &name, false)?;
+    Ok(st.node(&name)?.clone())
+}
+
+/// Starts `ternd` of an existing node (again), without waiting for its socket. The log is
+/// appended to when `append_log`.
+pub fn start_agent(st: &mut LabState, node: &str, append_log: bool) -> Result<u32> {
+    let n = st.node(node)?.clone();
+    let log_path = n.state_dir.join("ternd.log");
+    let (log, log2) = open_log(&log_path, append_log)?;
+    let mut cmd = netns_exec(&n.netns, &st.bin_dir.join("ternd"));
     cmd.arg("--node-name")
-        .arg(&name)
+        .arg(&n.name)
         .arg("--store")
         .arg(st.store_url())
         .arg("--socket")
-        .arg(&node.socket)
+        .arg(&n.socket)
         .arg("--state-dir")
-        .arg(&node.state_dir);
-    if let Some(pool) = &opts.default_ipv4_pool {
-        cmd.arg("--default-ipv4-pool").arg(pool);
-    }
+        .arg(&n.state_dir)
+        .args(&st.agent_args);
     // Own process group: a Ctrl-C aimed at ternctl does not kill the agents mid-teardown.
     cmd.stdin(Stdio::null())
         .stdout(log)
@@ -187,10 +450,92 @@ fn add_node(st: &mut LabState, opts: &UpOptions, i: usize) -> Result<()> {
         source: e,
     })?;
     // `ip netns exec` execs the program, so this PID is ternd's.
-    if let Some(n) = st.nodes.iter_mut().find(|n| n.name == name) {
-        n.ternd_pid = Some(child.id());
+    let pid = child.id();
+    if let Some(x) = st.nodes.iter_mut().find(|x| x.name == node) {
+        x.ternd_pid = Some(pid);
+    }
+    st.save()?;
+    Ok(pid)
+}
+
+/// Kills a node's `ternd` with SIGKILL (no graceful shutdown, as a crash would), and waits
+/// until it is gone. Its pods, routes and interfaces stay in the kernel.
+pub fn kill_agent(st: &mut LabState, node: &str) -> Result<()> {
+    let n = st.node(node)?.clone();
+    if let Some(pid) = n.ternd_pid {
+        process::kill(pid, &n.socket.display().to_string(), Duration::from_secs(5))?;
+    }
+    if let Some(x) = st.nodes.iter_mut().find(|x| x.name == node) {
+        x.ternd_pid = None;
     }
     st.save()
+}
+
+/// Kills and restarts a node's agent and waits until it serves again.
+pub fn restart_agent(st: &mut LabState, node: &str, timeout: Duration) -> Result<()> {
+    kill_agent(st, node)?;
+    start_agent(st, node, true)?;
+    wait_for_agent(st.node(node)?, timeout)
+}
+
+/// Joins a new node to a running lab (`node<max+1>`), starts its agent and waits for it.
+pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
+    let next = st
+        .nodes
+        .iter()
+        .filter_map(|n| node_index(&n.name))
+        .max()
+        .unwrap_or(0)
+        + 1;
+    if next > MAX_NODES {
+        return Err(LabError::Invalid(format!(
+            "a lab has at most {MAX_NODES} nodes"
+        )));
+    }
+    let n = add_node(st, next)?;
+    wait_for_agent(&n, timeout)?;
+    Ok(n)
+}
+
+/// Removes a node from a running lab: deletes its pods (CNI DEL while its agent runs), stops
+/// its agent, removes its records from the datastore (so the other agents withdraw their
+/// routes to it) and deletes its namespace. Returns what was done.
+pub fn node_del(st: &mut LabState, node: &str) -> Result<Vec<String>> {
+    let n = st.node(node)?.clone();
+    let mut done = Vec::new();
+    let pods: Vec<String> = st
+        .pods
+        .iter()
+        .filter(|p| p.node == node)
+        .map(|p| p.name.clone())
+        .collect();
+    for p in pods {
+        crate::pod::del_pod(st, &p)?;
+        done.push(format!("deleted pod {p}"));
+    }
+    if let Some(pid) = n.ternd_pid
+        && process::stop(pid, &n.socket.display().to_string(), Duration::from_secs(5))
+    {
+        done.push(format!("stopped ternd {pid} of {node}"));
+    }
+    let removed = cluster::remove_node_records(st, node)?;
+    done.push(format!(
+        "removed {node} from the datastore: {} address(es) released, blocks [{}], Node {}",
+        removed.released,
+        removed.blocks.join(", "),
+        if removed.node_deleted {
+            "deleted"
+        } else {
+            "absent"
+        }
+    ));
+    netns_del(&n.netns)?;
+    done.push(format!("deleted namespace {}", n.netns));
+    st.namespaces.retain(|x| *x != n.netns);
+    st.nodes.retain(|x| x.name != node);
+    st.save()?;
+    let _ = std::fs::remove_dir_all(&n.state_dir);
+    Ok(done)
 }
 
 /// Waits until the agent's socket accepts a connection, failing early (with the log's tail)
@@ -269,6 +614,16 @@ pub fn down(name: &str) -> Result<Vec<String>> {
                 done.push(format!("stopped ternd {pid} of {}", n.name));
             }
         }
+        if let Some(e) = &st.etcd
+            && let Some(pid) = e.pid
+            && process::stop(
+                pid,
+                &e.data_dir.display().to_string(),
+                Duration::from_secs(5),
+            )
+        {
+            done.push(format!("stopped etcd {pid}"));
+        }
         // Recorded namespaces in reverse creation order: nodes before the underlay.
         for ns in st.namespaces.iter().rev() {
             match netns_del(ns) {
@@ -308,7 +663,18 @@ pub fn status(name: &str) -> Result<String> {
         return Err(LabError::Invalid(format!("lab {name:?} does not exist")));
     };
     let mut out = format!("lab {}  (state {})\n", st.name, st.dir().display());
-    out.push_str(&format!("store {}\n", st.store_url()));
+    out.push_str(&format!("encap {}  store {}\n", st.encap, st.store_url()));
+    if let Some(e) = &st.etcd {
+        let running = e
+            .pid
+            .is_some_and(|pid| process::is_ours(pid, &e.data_dir.display().to_string()));
+        out.push_str(&format!(
+            "etcd  netns {}  eth0 {}  {}\n",
+            e.netns,
+            e.address,
+            if running { "running" } else { "NOT running" }
+        ));
+    }
     for n in &st.nodes {
         let agent = match n.ternd_pid {
             Some(pid) if process::is_ours(pid, &n.socket.display().to_string()) => {
@@ -355,6 +721,52 @@ mod tests {
     fn node_addresses_are_in_the_benchmarking_range() {
         assert_eq!(node_address(1), "198.18.0.11");
         assert_eq!(node_address(MAX_NODES), "198.18.0.210");
+    }
+
+    #[test]
+    fn placements() {
+        let flat = placement(Encap::Vxlan, 3);
+        assert_eq!(
+            flat,
+            Placement {
+                address: "198.18.0.13".into(),
+                gateway: "198.18.0.1".into(),
+                bridge: "br0".into()
+            }
+        );
+        let odd = placement(Encap::Crosssubnet, 1);
+        assert_eq!(
+            (
+                odd.address.as_str(),
+                odd.gateway.as_str(),
+                odd.bridge.as_str()
+            ),
+            ("198.18.1.11", "198.18.1.1", "br1")
+        );
+        let even = placement(Encap::Crosssubnet, 2);
+        assert_eq!(
+            (
+                even.address.as_str(),
+                even.gateway.as_str(),
+                even.bridge.as_str()
+            ),
+            ("198.18.2.12", "198.18.2.1", "br2")
+        );
+        assert_eq!(placement(Encap::Crosssubnet, 3).bridge, "br1");
+        assert_eq!(etcd_placement(Encap::None).address, "198.18.0.2");
+        assert_eq!(etcd_placement(Encap::Crosssubnet).address, "198.18.1.2");
+        assert_eq!(etcd_placement(Encap::Crosssubnet).gateway, "198.18.1.1");
+        assert_eq!(node_index("node12"), Some(12));
+        assert_eq!(node_index("etcd"), None);
+    }
+
+    #[test]
+    fn kernel_probe_answers_for_known_and_unknown_kinds() {
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        assert!(kernel_supports("bridge").unwrap());
+        assert!(!kernel_supports("no-such-link-kind").unwrap());
     }
 
     #[test]

@@ -210,6 +210,187 @@ pub fn probe(proto: Proto, target: SocketAddr, timeout: Duration) -> Result<Prob
     }
 }
 
+/// Outcome of a continuous probe: how many probes were answered and the longest time without
+/// an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContinuousReport {
+    pub proto: Proto,
+    pub target: SocketAddr,
+    /// Probes sent.
+    pub sent: u64,
+    /// Probes answered.
+    pub received: u64,
+    /// Longest interval with no answer: between two answers, or from the start to the first
+    /// answer, or from the last answer to the end.
+    pub longest_gap: Duration,
+    /// How long the probe ran.
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for ContinuousReport {
+    /// `continuous udp 10.244.0.5:7 sent 500 received 498 lost 2 longest gap 21.3ms over 5.00s`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "continuous {} {} sent {} received {} lost {} longest gap {:.1}ms over {:.2}s",
+            self.proto.as_str(),
+            self.target,
+            self.sent,
+            self.received,
+            self.sent.saturating_sub(self.received),
+            self.longest_gap.as_secs_f64() * 1000.0,
+            self.elapsed.as_secs_f64()
+        )
+    }
+}
+
+/// Tracks the longest stretch without an answer.
+struct Gaps {
+    start: Instant,
+    last: Instant,
+    longest: Duration,
+    received: u64,
+}
+
+impl Gaps {
+    fn new() -> Gaps {
+        let now = Instant::now();
+        Gaps {
+            start: now,
+            last: now,
+            longest: Duration::ZERO,
+            received: 0,
+        }
+    }
+    fn answer(&mut self, at: Instant) {
+        self.longest = self.longest.max(at.saturating_duration_since(self.last));
+        self.last = at;
+        self.received += 1;
+    }
+    fn finish(mut self, proto: Proto, target: SocketAddr, sent: u64) -> ContinuousReport {
+        let end = Instant::now();
+        self.longest = self.longest.max(end.saturating_duration_since(self.last));
+        ContinuousReport {
+            proto,
+            target,
+            sent,
+            received: self.received,
+            longest_gap: self.longest,
+            elapsed: end - self.start,
+        }
+    }
+}
+
+/// Probes `target` every `interval` for `duration` and reports the longest gap between
+/// answers. UDP sends numbered datagrams and counts the echoes as they arrive (a late echo
+/// still counts); TCP keeps one connection, sends a token per tick and waits up to `interval`
+/// for it, reconnecting after any error — an established connection that survives is exactly
+/// what running pods need from the network.
+pub fn probe_continuous(
+    proto: Proto,
+    target: SocketAddr,
+    interval: Duration,
+    duration: Duration,
+) -> Result<ContinuousReport> {
+    let interval = interval.max(Duration::from_millis(1));
+    match proto {
+        Proto::Udp => continuous_udp(target, interval, duration),
+        Proto::Tcp => Ok(continuous_tcp(target, interval, duration)),
+    }
+}
+
+fn continuous_udp(
+    target: SocketAddr,
+    interval: Duration,
+    duration: Duration,
+) -> Result<ContinuousReport> {
+    let err = |m: String| probe_err(Proto::Udp, target, m);
+    let bind = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let s = UdpSocket::bind(bind).map_err(|e| err(format!("bind: {e}")))?;
+    s.connect(target)
+        .map_err(|e| err(format!("connect: {e}")))?;
+    let prefix = format!("tern-c-{}-", random_hex(4));
+    let mut gaps = Gaps::new();
+    let end = gaps.start + duration;
+    let mut sent = 0u64;
+    let mut next_seq_expected = 0u64;
+    let mut buf = [0u8; 1500];
+    let mut next_send = gaps.start;
+    while Instant::now() < end {
+        if Instant::now() >= next_send {
+            // Errors (ECONNREFUSED from an ICMP error, no route) count as lost probes.
+            let _ = s.send(format!("{prefix}{sent}").as_bytes());
+            sent += 1;
+            next_send += interval;
+        }
+        let wait = next_send
+            .min(end)
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(200));
+        s.set_read_timeout(Some(wait))
+            .map_err(|e| err(e.to_string()))?;
+        if let Ok(n) = s.recv(&mut buf) {
+            let at = Instant::now();
+            let seq = std::str::from_utf8(&buf[..n])
+                .ok()
+                .and_then(|t| t.strip_prefix(&prefix))
+                .and_then(|t| t.parse::<u64>().ok());
+            // Only new answers of ours; duplicates or stray datagrams are not progress.
+            if let Some(seq) = seq
+                && seq >= next_seq_expected
+            {
+                next_seq_expected = seq + 1;
+                gaps.answer(at);
+            }
+        }
+    }
+    Ok(gaps.finish(Proto::Udp, target, sent))
+}
+
+fn continuous_tcp(target: SocketAddr, interval: Duration, duration: Duration) -> ContinuousReport {
+    let mut gaps = Gaps::new();
+    let end = gaps.start + duration;
+    let mut sent = 0u64;
+    let mut conn: Option<TcpStream> = None;
+    let mut next_send = gaps.start;
+    while Instant::now() < end {
+        let now = Instant::now();
+        if now < next_send {
+            std::thread::sleep(next_send - now);
+            continue;
+        }
+        next_send += interval;
+        sent += 1;
+        let timeout = interval.max(Duration::from_millis(50));
+        if conn.is_none() {
+            conn = TcpStream::connect_timeout(&target, timeout)
+                .and_then(|c| {
+                    c.set_nodelay(true)?;
+                    c.set_read_timeout(Some(timeout))?;
+                    Ok(c)
+                })
+                .ok();
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let token = format!("{}\n", random_hex(6));
+        let mut back = vec![0u8; token.len()];
+        let ok = c.write_all(token.as_bytes()).is_ok()
+            && c.read_exact(&mut back).is_ok()
+            && back == token.as_bytes();
+        if ok {
+            gaps.answer(Instant::now());
+        } else {
+            // A half-read echo would desynchronise the stream: start over.
+            conn = None;
+        }
+    }
+    gaps.finish(Proto::Tcp, target, sent)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +442,48 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("probe udp"), "{e}");
+    }
+
+    #[test]
+    fn continuous_probe_counts_answers_and_gaps() {
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let port = free_port();
+        let r = ready.clone();
+        std::thread::spawn(move || serve(Some(port), Some(port), Some(&r)));
+        let t0 = Instant::now();
+        while !ready.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "server not ready");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        for proto in [Proto::Udp, Proto::Tcp] {
+            let r = probe_continuous(
+                proto,
+                target,
+                Duration::from_millis(10),
+                Duration::from_millis(500),
+            )
+            .unwrap();
+            assert!(r.sent >= 40 && r.sent <= 51, "{r}");
+            assert!(r.received + 2 >= r.sent, "{r}");
+            assert!(r.longest_gap < Duration::from_millis(200), "{r}");
+            assert!(r.to_string().starts_with(&format!(
+                "continuous {} 127.0.0.1:{port} sent ",
+                proto.as_str()
+            )));
+        }
+        // Nobody answers: the gap is the whole run.
+        let silent: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let r = probe_continuous(
+            Proto::Udp,
+            silent,
+            Duration::from_millis(10),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        assert_eq!(r.received, 0);
+        assert!(r.longest_gap >= Duration::from_millis(290), "{r}");
     }
 
     #[test]

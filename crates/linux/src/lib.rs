@@ -10,6 +10,7 @@
 pub mod error;
 pub mod netlink;
 pub mod netns;
+pub mod nft;
 pub mod sysctl;
 pub mod veth;
 

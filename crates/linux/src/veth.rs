@@ -127,6 +127,23 @@ fn families(addresses: &[IpNet]) -> (bool, bool) {
 /// Builds the pod's interface. Call from a thread in the HOST (node) namespace. See the module
 /// docs for the layout; on any failure after the veth exists it is deleted again.
 pub fn setup_pod_interface(cfg: &PodInterfaceConfig) -> Result<PodInterface> {
+    let pending = create_pod_veth(cfg)?;
+    finish_pod_interface(cfg, pending)
+}
+
+/// A veth pair created and brought up by [`create_pod_veth`], not yet given addresses or routes.
+/// Hand it to [`finish_pod_interface`], or to [`abandon_pod_veth`] when the ADD fails.
+#[derive(Debug)]
+pub struct PendingVeth {
+    host: Link,
+    pod: Link,
+}
+
+/// First half of [`setup_pod_interface`]: everything that does not depend on the pod's
+/// addresses (veth pair with the peer made in the pod namespace, host MAC, host IPv4 sysctls,
+/// both ends and the pod's `lo` up). It runs while the agent allocates the addresses, so the two
+/// costs overlap. `cfg.addresses` is not read.
+pub fn create_pod_veth(cfg: &PodInterfaceConfig) -> Result<PendingVeth> {
     check_ifname(cfg.host_ifname)?;
     check_ifname(cfg.pod_ifname)?;
     let mut h = Handle::new()?;
@@ -172,46 +189,83 @@ pub fn setup_pod_interface(cfg: &PodInterfaceConfig) -> Result<PodInterface> {
             return Err(e);
         }
     };
-    match configure(cfg, &mut h, &host) {
-        Ok(pi) => Ok(pi),
+    let prepared = (|| -> Result<Link> {
+        let name = cfg.host_ifname;
+        sysctl::set(&format!("net/ipv4/conf/{name}/proxy_arp"), "1")?;
+        sysctl::set(&format!("net/ipv4/neigh/{name}/proxy_delay"), "0")?;
+        sysctl::set(&format!("net/ipv4/conf/{name}/forwarding"), "1")?;
+        let pod_ifname = cfg.pod_ifname;
+        let ns = cfg.pod_ns;
+        ns.run(move || -> Result<Link> {
+            let mut ph = Handle::new()?;
+            let mut pod = ph
+                .link_by_name(pod_ifname)?
+                .ok_or_else(|| LinuxError::NotFound {
+                    what: format!(
+                        "interface {pod_ifname} in container namespace {ns} after creating it"
+                    ),
+                })?;
+            ph.set_link_up(pod.index)?;
+            // lo is ifindex 1 in every namespace.
+            ph.set_link_up(1)?;
+            pod.up = true;
+            Ok(pod)
+        })?
+    })();
+    match prepared {
+        Ok(pod) => Ok(PendingVeth { host, pod }),
         Err(e) => {
-            // Deleting the host end removes the pod end and the host routes with it.
             let _ = h.delete_link_by_index(host.index);
             Err(e)
         }
     }
 }
 
-fn configure(cfg: &PodInterfaceConfig, h: &mut Handle, host: &Link) -> Result<PodInterface> {
+/// Second half of [`setup_pod_interface`]: the pod's addresses and routes, the host's IPv6
+/// sysctls and /32 (/128) routes. On failure the veth pair is deleted.
+pub fn finish_pod_interface(
+    cfg: &PodInterfaceConfig,
+    pending: PendingVeth,
+) -> Result<PodInterface> {
+    let mut h = Handle::new()?;
+    match configure(cfg, &mut h, &pending) {
+        Ok(pi) => Ok(pi),
+        Err(e) => {
+            // Deleting the host end removes the pod end and the host routes with it.
+            let _ = h.delete_link_by_index(pending.host.index);
+            Err(e)
+        }
+    }
+}
+
+/// Deletes a veth pair made by [`create_pod_veth`] whose ADD failed.
+pub fn abandon_pod_veth(pending: PendingVeth) -> Result<()> {
+    Handle::new()?.delete_link_by_index(pending.host.index)?;
+    Ok(())
+}
+
+fn configure(
+    cfg: &PodInterfaceConfig,
+    h: &mut Handle,
+    pending: &PendingVeth,
+) -> Result<PodInterface> {
     let (v4, v6) = families(cfg.addresses);
+    let (host, pod) = (&pending.host, &pending.pod);
     let name = cfg.host_ifname;
-    sysctl::set(&format!("net/ipv4/conf/{name}/proxy_arp"), "1")?;
-    sysctl::set(&format!("net/ipv4/neigh/{name}/proxy_delay"), "0")?;
-    sysctl::set(&format!("net/ipv4/conf/{name}/forwarding"), "1")?;
     if v6 {
         sysctl::set_if_present(&format!("net/ipv6/conf/{name}/proxy_ndp"), "1")?;
         sysctl::set_if_present(&format!("net/ipv6/conf/{name}/forwarding"), "1")?;
         sysctl::set_if_present(&format!("net/ipv6/conf/{name}/accept_ra"), "0")?;
     }
 
-    let pod_ifname = cfg.pod_ifname;
     let addresses = cfg.addresses;
     let allow_fwd = cfg.allow_ip_forwarding;
     let ns = cfg.pod_ns;
-    let pod = ns.run(move || -> Result<Link> {
+    let pod_index = pod.index;
+    ns.run(move || -> Result<()> {
         let mut ph = Handle::new()?;
-        let mut pod = ph
-            .link_by_name(pod_ifname)?
-            .ok_or_else(|| LinuxError::NotFound {
-                what: format!(
-                    "interface {pod_ifname} in container namespace {ns} after creating it"
-                ),
-            })?;
-        ph.set_link_up(pod.index)?;
-        // lo is ifindex 1 in every namespace.
-        ph.set_link_up(1)?;
         for a in addresses {
-            ph.add_address(pod.index, host_prefix(a))
+            ph.add_address(pod_index, host_prefix(a))
                 .map_err(|e| in_container(e, ns))?;
         }
         // The pod's first interface owns its default route; a second interface of the same pod
@@ -220,13 +274,13 @@ fn configure(cfg: &PodInterfaceConfig, h: &mut Handle, host: &Link) -> Result<Po
             Ok(ph
                 .routes(v6)?
                 .iter()
-                .any(|r| r.dst.prefix_len() == 0 && r.oif != Some(pod.index)))
+                .any(|r| r.dst.prefix_len() == 0 && r.oif != Some(pod_index)))
         };
         let (v4_routes, v6_routes) = (
             v4 && !has_default(&mut ph, false)?,
             v6 && !has_default(&mut ph, true)?,
         );
-        for r in pod_routes(pod.index, v4_routes, v6_routes) {
+        for r in pod_routes(pod_index, v4_routes, v6_routes) {
             ph.replace_route(&r).map_err(|e| in_container(e, ns))?;
         }
         if allow_fwd {
@@ -235,8 +289,7 @@ fn configure(cfg: &PodInterfaceConfig, h: &mut Handle, host: &Link) -> Result<Po
                 sysctl::set_if_present("net/ipv6/conf/all/forwarding", "1")?;
             }
         }
-        pod.up = true;
-        Ok(pod)
+        Ok(())
     })??;
 
     for a in cfg.addresses {
@@ -245,9 +298,9 @@ fn configure(cfg: &PodInterfaceConfig, h: &mut Handle, host: &Link) -> Result<Po
     Ok(PodInterface {
         host_ifname: host.name.clone(),
         host_mac: host.mac.unwrap_or(HOST_VETH_MAC),
-        pod_ifname: pod.name,
+        pod_ifname: pod.name.clone(),
         pod_mac: pod.mac.ok_or_else(|| {
-            LinuxError::Malformed(format!("interface {pod_ifname} has no MAC address"))
+            LinuxError::Malformed(format!("interface {} has no MAC address", pod.name))
         })?,
         pod_ifindex: pod.index,
         host_ifindex: host.index,

@@ -328,7 +328,7 @@ fn decode_capability(code: u8, value: &[u8]) -> Result<Capability, DecodeError> 
             Ok(Capability::RouteRefresh)
         }
         64 => {
-            if value.len() < 2 || (value.len() - 2) % 4 != 0 {
+            if value.len() < 2 || !(value.len() - 2).is_multiple_of(4) {
                 return Err(bad());
             }
             let word = r.u16().ok_or_else(bad)?;
@@ -657,7 +657,7 @@ fn decode_attribute(
             }
         }
         8 => {
-            if value.is_empty() || value.len() % 4 != 0 {
+            if value.is_empty() || !value.len().is_multiple_of(4) {
                 return Err(len_err("COMMUNITIES"));
             }
             let mut c = Vec::with_capacity(value.len() / 4);
@@ -674,7 +674,7 @@ fn decode_attribute(
             Ok(PathAttribute::OriginatorId(id))
         }
         10 => {
-            if value.is_empty() || value.len() % 4 != 0 {
+            if value.is_empty() || !value.len().is_multiple_of(4) {
                 return Err(len_err("CLUSTER_LIST"));
             }
             let mut c = Vec::with_capacity(value.len() / 4);

@@ -45,6 +45,8 @@ pub fn fetch(
 pub fn render(kind: Kind, resources: &[Resource], output: Output, single: bool) -> String {
     match output {
         Output::Table => render_table(kind, resources),
+        Output::Wide if kind == Kind::Node => render_nodes_wide(resources),
+        Output::Wide => render_table(kind, resources),
         Output::Yaml => resources
             .iter()
             .map(|r| r.to_yaml())
@@ -154,6 +156,53 @@ fn render_table(kind: Kind, resources: &[Resource]) -> String {
         ),
     };
     table::plain(headers, &rows)
+}
+
+/// `get nodes -o wide`: the node's addresses and its tunnel endpoints. Fields are read from the
+/// serialised spec by their document names, so tunnel fields added to the model later
+/// (`ipv4IPIPTunnelAddr`) show up without a change here.
+fn render_nodes_wide(resources: &[Resource]) -> String {
+    let field = |spec: &serde_json::Value, path: &[&str]| -> String {
+        let mut v = spec;
+        for p in path {
+            v = &v[*p];
+        }
+        v.as_str().unwrap_or("-").to_string()
+    };
+    let rows: Vec<Vec<String>> = resources
+        .iter()
+        .filter_map(|r| match r {
+            Resource::Node(n) => {
+                let spec = serde_json::to_value(&n.spec).unwrap_or_default();
+                let addrs: Vec<String> =
+                    n.spec.addresses.iter().map(|a| a.address.clone()).collect();
+                Some(vec![
+                    n.metadata.name.clone(),
+                    if addrs.is_empty() {
+                        "-".to_string()
+                    } else {
+                        addrs.join(",")
+                    },
+                    field(&spec, &["bgp", "ipv4Address"]),
+                    field(&spec, &["ipv4VXLANTunnelAddr"]),
+                    field(&spec, &["vxlanTunnelMACAddr"]),
+                    field(&spec, &["ipv4IPIPTunnelAddr"]),
+                ])
+            }
+            _ => None,
+        })
+        .collect();
+    table::plain(
+        &[
+            "NAME",
+            "ADDRESSES",
+            "IPV4",
+            "VXLAN TUNNEL ADDR",
+            "VXLAN MAC",
+            "IPIP TUNNEL ADDR",
+        ],
+        &rows,
+    )
 }
 
 #[cfg(test)]
@@ -276,6 +325,67 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("not found in namespace \"default\""), "{e}");
+    }
+
+    #[test]
+    fn nodes_wide_shows_tunnel_endpoints() {
+        use tern_model::{NodeAddress, NodeBgpSpec, NodeSpec};
+        let s = MemStore::new();
+        let spec = NodeSpec {
+            addresses: vec![NodeAddress {
+                address: "198.18.0.11".into(),
+                kind: Some("InternalIP".into()),
+            }],
+            bgp: Some(NodeBgpSpec {
+                ipv4_address: Some("198.18.0.11/24".into()),
+                ..NodeBgpSpec::default()
+            }),
+            ipv4_vxlan_tunnel_addr: Some("10.244.0.0".into()),
+            vxlan_tunnel_mac_addr: Some("66:1f:2a:00:00:01".into()),
+            ..NodeSpec::default()
+        };
+        tern_model::put_resource(&s, &Document::new("node1", spec).into()).unwrap();
+        tern_model::put_resource(&s, &Document::new("node2", NodeSpec::default()).into()).unwrap();
+        let r = fetch(&s, Kind::Node, None, None).unwrap();
+        let out = render(Kind::Node, &r, Output::Wide, false);
+        let lines: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| {
+                l.split("   ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            lines[0],
+            [
+                "NAME",
+                "ADDRESSES",
+                "IPV4",
+                "VXLAN TUNNEL ADDR",
+                "VXLAN MAC",
+                "IPIP TUNNEL ADDR"
+            ]
+        );
+        assert_eq!(
+            lines[1],
+            [
+                "node1",
+                "198.18.0.11",
+                "198.18.0.11/24",
+                "10.244.0.0",
+                "66:1f:2a:00:00:01",
+                "-"
+            ]
+        );
+        assert_eq!(lines[2], ["node2", "-", "-", "-", "-", "-"]);
+        // Other kinds fall back to the plain table.
+        let pools = fetch(&s, Kind::IpPool, None, None).unwrap();
+        assert_eq!(
+            render(Kind::IpPool, &pools, Output::Wide, false),
+            render(Kind::IpPool, &pools, Output::Table, false)
+        );
     }
 
     #[test]

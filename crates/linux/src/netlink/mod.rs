@@ -4,7 +4,10 @@
 //! created it, for its whole life, whichever thread later uses it: so open one per namespace
 //! (inside [`crate::netns::NetNs::run`]) and keep it.
 
+mod ext;
 mod wire;
+
+pub use ext::{Route, RouteKind, VxlanInfo};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, BorrowedFd};

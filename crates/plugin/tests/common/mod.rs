@@ -283,6 +283,27 @@ pub fn cni_path() -> String {
 
 static TERND_BUILD: Mutex<()> = Mutex::new(());
 
+/// `ternctl`, next to the plugin binaries; built once when absent (like [`ternd_bin`]).
+pub fn ternctl_bin() -> PathBuf {
+    let path = bin_dir().join("ternctl");
+    let _g = TERND_BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    if !path.exists() {
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let st = Command::new(cargo)
+            .args(["build", "-p", "tern-ctl", "--bin", "ternctl"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build for ternctl");
+        assert!(st.success(), "cargo build -p tern-ctl --bin ternctl failed");
+    }
+    assert!(
+        path.exists(),
+        "{} is missing after building it",
+        path.display()
+    );
+    path
+}
+
 /// `ternd`, next to the plugin binaries; built once when absent. (`scripts/test.sh` runs
 /// `cargo build --workspace --bins` before the tests, so it is normally there and current.)
 pub fn ternd_bin() -> PathBuf {
@@ -367,6 +388,8 @@ pub struct Node {
     pub ns: Netns,
     pub dir: tempfile::TempDir,
     pub pool: Option<String>,
+    /// The datastore URL given to ternd; `None` = a SQLite file in `dir`.
+    store: Option<String>,
     child: Option<Child>,
     starts: usize,
 }
@@ -374,15 +397,34 @@ pub struct Node {
 impl Node {
     /// A node with ternd running and the agent's default pool.
     pub fn new() -> Node {
-        Node::build(None)
+        let mut node = Node::build(None, None);
+        node.start();
+        node
     }
 
     /// A node whose ternd creates `cidr` as its default IPv4 pool.
     pub fn with_pool(cidr: &str) -> Node {
-        Node::build(Some(cidr.to_string()))
+        let mut node = Node::build(Some(cidr.to_string()), None);
+        node.start();
+        node
     }
 
-    fn build(pool: Option<String>) -> Node {
+    /// A node whose ternd runs on the datastore at `url` (e.g. `etcd://127.0.0.1:PORT`); the
+    /// URL is resolved inside the node namespace, so a loopback etcd must run there too.
+    pub fn with_store(url: &str) -> Node {
+        let mut node = Node::build(None, Some(url.to_string()));
+        node.start();
+        node
+    }
+
+    /// Like [`Node::with_store`] but ternd is not started yet: for tests that first start
+    /// the datastore inside the node namespace, or start ternd while it is down
+    /// ([`Node::spawn_agent`]).
+    pub fn unstarted_with_store(url: &str) -> Node {
+        Node::build(None, Some(url.to_string()))
+    }
+
+    fn build(pool: Option<String>, store: Option<String>) -> Node {
         let ternd = ternd_bin();
         let ns = Netns::new();
         let n = &ns.name;
@@ -405,16 +447,15 @@ impl Node {
             .prefix("tpt-")
             .tempdir()
             .expect("temp dir");
-        let mut node = Node {
+        assert!(ternd.exists());
+        Node {
             ns,
             dir,
             pool,
+            store,
             child: None,
             starts: 0,
-        };
-        assert!(ternd.exists());
-        node.start();
-        node
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -434,7 +475,31 @@ impl Node {
     }
 
     pub fn store_url(&self) -> String {
-        format!("sqlite://{}/store.db", self.dir.path().display())
+        match &self.store {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}/store.db", self.dir.path().display()),
+        }
+    }
+
+    /// Runs `f` with a fresh connection to the node's store. For a store given by URL (etcd)
+    /// `f` runs on a thread inside the node namespace, where ternd resolves the URL: an etcd on
+    /// the node's loopback is only reachable from there, and an etcd store opens its TCP
+    /// connections lazily on the calling thread. A SQLite file is opened directly.
+    pub fn with_store_conn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(std::sync::Arc<dyn tern_store::Store>) -> T + Send + 'static,
+    ) -> T {
+        let url = self.store_url();
+        let open = move || {
+            let store =
+                tern_store::open(&url).unwrap_or_else(|e| panic!("opening the store {url}: {e}"));
+            f(store)
+        };
+        if self.store.is_some() {
+            in_netns(&self.ns.path(), open)
+        } else {
+            open()
+        }
     }
 
     fn log_path(&self) -> PathBuf {
@@ -443,6 +508,19 @@ impl Node {
 
     /// Starts ternd in the node namespace and waits until its socket accepts connections.
     pub fn start(&mut self) {
+        self.spawn_agent();
+        let up = self.wait_listening(Duration::from_secs(10));
+        assert!(
+            up,
+            "ternd did not listen on {} within 10 s: {}",
+            self.socket().display(),
+            self.agent_log()
+        );
+    }
+
+    /// Starts ternd in the node namespace without waiting for its socket (ternd waits for an
+    /// unreachable datastore before it serves).
+    pub fn spawn_agent(&mut self) {
         assert!(self.child.is_none(), "ternd already running");
         self.starts += 1;
         let log = File::create(self.log_path()).expect("ternd log");
@@ -463,21 +541,19 @@ impl Node {
             .stderr(log);
         let child = cmd.spawn().expect("spawning ternd");
         self.child = Some(child);
+    }
+
+    /// Waits up to `timeout` until ternd's socket accepts connections; panics when ternd exits.
+    pub fn wait_listening(&mut self, timeout: Duration) -> bool {
         let sock = self.socket();
-        let up = wait_until(Duration::from_secs(10), || {
+        wait_until(timeout, || {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(st)) = c.try_wait()
             {
                 panic!("ternd exited at start ({st}): {}", self.agent_log());
             }
             UnixStream::connect(&sock).is_ok()
-        });
-        assert!(
-            up,
-            "ternd did not listen on {} within 10 s: {}",
-            sock.display(),
-            self.agent_log()
-        );
+        })
     }
 
     /// Kills ternd (SIGKILL by PID, like a crash) and reaps it. The stale socket file stays.
@@ -637,10 +713,11 @@ impl Node {
 
     /// Every IPAM allocation in the node's store, read through a second connection.
     pub fn allocations(&self) -> Vec<tern_ipam::Allocation> {
-        let store = tern_store::open(&self.store_url()).expect("opening the store");
-        tern_ipam::Ipam::new(store)
-            .allocations(None)
-            .expect("listing allocations")
+        self.with_store_conn(|store| {
+            tern_ipam::Ipam::new(store)
+                .allocations(None)
+                .expect("listing allocations")
+        })
     }
 
     /// Allocated addresses of one container.
@@ -654,10 +731,11 @@ impl Node {
 
     /// WorkloadEndpoint specs in the store, as (containerID, endpoint ifname, host ifname).
     pub fn endpoints(&self) -> Vec<(String, String, String)> {
-        let store = tern_store::open(&self.store_url()).expect("opening the store");
-        let (kvs, _) = store
-            .range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))
-            .expect("listing endpoints");
+        let (kvs, _) = self.with_store_conn(|store| {
+            store
+                .range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))
+                .expect("listing endpoints")
+        });
         kvs.iter()
             .map(|kv| {
                 let v: Value = serde_json::from_slice(&kv.value).expect("endpoint JSON");

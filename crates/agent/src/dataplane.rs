@@ -1,0 +1,748 @@
+//! The dataplane reconciler: node registration, routes to remote blocks, the VXLAN / IPIP
+//! tunnels and natOutgoing, computed from a store snapshot ([`crate::routes::compute`]) and
+//! diffed against the kernel of the namespace the caller runs in.
+//!
+//! Triggers: start-up, a store watch on `/tern/v1/` (debounced, so an event reaches the kernel
+//! within ~100 ms), and the periodic resync. Only tern-owned state is ever removed: routes with
+//! protocol 84 in the main table that do not go out of a tern veth (those are the endpoint
+//! code's per-pod routes), and neighbour / FDB entries on `vxlan.tern`.
+
+use crate::mtu;
+use crate::node::{self, Liveness, NodeError, Registration};
+use crate::routes::{
+    self, BlockInfo, Desired, IPIP_DEVICE, NodeInfo, PoolInfo, Snapshot, Target, VXLAN_DEVICE,
+    VXLAN_PORT, VXLAN_VNI, Vtep,
+};
+use ipnet::IpNet;
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tern_ipam::Ipam;
+use tern_linux::TERN_ROUTE_PROTOCOL;
+use tern_linux::netlink::{Handle, MAIN_TABLE, Route, RouteKind, Scope};
+use tern_model::{Kind, Resource};
+use tern_store::{Store, keys};
+
+/// Settings of the dataplane reconciler.
+#[derive(Debug, Clone)]
+pub struct DataplaneConfig {
+    /// This node's name.
+    pub node_name: String,
+    /// Underlay address (`--node-ip`); None = the default-route interface's addresses.
+    pub node_ip: Option<IpAddr>,
+    /// Host veth prefix: proto-84 routes out of such interfaces belong to the endpoint code.
+    pub interface_prefix: String,
+    /// Pod MTU forced by configuration (0 = computed).
+    pub mtu: u32,
+}
+
+/// What the last sync did and what is wrong (surfaced by readiness and logs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Routes installed or replaced.
+    pub routes_set: usize,
+    /// Routes removed.
+    pub routes_removed: usize,
+    /// Neighbour / FDB entries installed or removed.
+    pub vtep_changes: usize,
+    /// Problems; the rest of the dataplane was still applied.
+    pub errors: Vec<String>,
+}
+
+/// The reconciler of one node.
+pub struct Dataplane {
+    cfg: DataplaneConfig,
+    store: Arc<dyn Store>,
+    ipam: Ipam,
+    liveness: Liveness,
+    last: Mutex<SyncReport>,
+    pod_mtu: AtomicU64,
+    syncs: AtomicU64,
+    lock: Mutex<()>,
+}
+
+/// Reads the pools, nodes and blocks; a malformed pool or node is reported and skipped.
+pub fn load_snapshot(store: &dyn Store) -> Result<Snapshot, String> {
+    let mut s = Snapshot::default();
+    let (kvs, _) = store
+        .range(&keys::resource_prefix(Kind::IpPool.as_str()))
+        .map_err(|e| format!("reading IP pools: {e}"))?;
+    for kv in kvs {
+        let r = Resource::from_json(&kv.value).and_then(|mut r| {
+            r.fill_defaults();
+            r.validate().map_err(|e| e.to_string())?;
+            Ok(r)
+        });
+        match r {
+            Ok(Resource::IpPool(p)) => match p.spec.net() {
+                Some(cidr) => s.pools.push(PoolInfo {
+                    name: p.metadata.name.clone(),
+                    cidr,
+                    vxlan: p.spec.vxlan_mode,
+                    ipip: p.spec.ipip_mode,
+                    nat_outgoing: p.spec.nat_outgoing,
+                    disabled: p.spec.disabled,
+                }),
+                None => s
+                    .errors
+                    .push(format!("IPPool {}: bad cidr", p.metadata.name)),
+            },
+            Ok(_) => {}
+            Err(e) => s.errors.push(format!("IPPool at {} ignored: {e}", kv.key)),
+        }
+    }
+    let (kvs, _) = store
+        .range(&keys::resource_prefix(Kind::Node.as_str()))
+        .map_err(|e| format!("reading nodes: {e}"))?;
+    for kv in kvs {
+        match Resource::from_json(&kv.value) {
+            Ok(Resource::Node(n)) => {
+                let addresses = n
+                    .spec
+                    .addresses
+                    .iter()
+                    .filter_map(|a| {
+                        a.address
+                            .parse::<IpNet>()
+                            .ok()
+                            .or_else(|| a.address.parse::<IpAddr>().ok().map(IpNet::from))
+                    })
+                    .collect();
+                s.nodes.push(NodeInfo {
+                    name: n.metadata.name.clone(),
+                    addresses,
+                    vxlan_tunnel_addr: n
+                        .spec
+                        .ipv4_vxlan_tunnel_addr
+                        .as_deref()
+                        .and_then(|a| a.split('/').next()?.parse().ok()),
+                    vtep_mac: n
+                        .spec
+                        .vxlan_tunnel_mac_addr
+                        .as_deref()
+                        .and_then(crate::ops::parse_mac),
+                });
+            }
+            Ok(_) => {}
+            Err(e) => s.errors.push(format!("Node at {} ignored: {e}", kv.key)),
+        }
+    }
+    s.blocks = load_blocks(store)?;
+    Ok(s)
+}
+
+/// The allocation blocks with their affinity and the node behind each allocation.
+fn load_blocks(store: &dyn Store) -> Result<Vec<BlockInfo>, String> {
+    {
+        let (kvs, _) = store
+            .range(keys::BLOCKS)
+            .map_err(|e| format!("reading blocks: {e}"))?;
+        let mut out = Vec::new();
+        for kv in kvs {
+            let b: tern_ipam::Block = match serde_json::from_slice(&kv.value) {
+                Ok(b) => b,
+                Err(e) => return Err(format!("block {}: {e}", kv.key)),
+            };
+            if b.deleted {
+                continue;
+            }
+            let allocations = b
+                .allocations
+                .iter()
+                .enumerate()
+                .filter_map(|(ord, a)| {
+                    let idx = (*a)? as usize;
+                    let by = b
+                        .attributes
+                        .get(idx)
+                        .map(|at| at.secondary.node.clone())
+                        .unwrap_or_default();
+                    Some((b.ip(ord as u32), by))
+                })
+                .collect();
+            out.push(BlockInfo {
+                cidr: b.cidr,
+                affinity: b.affine_node().map(str::to_string),
+                allocations,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Dataplane {
+    /// A reconciler for `cfg.node_name` over `store`. Validates `--node-ip` at once: an
+    /// address that is not on a local interface is an error (the agent refuses to start).
+    pub fn new(cfg: DataplaneConfig, store: Arc<dyn Store>) -> Result<Dataplane, NodeError> {
+        if let Some(ip) = cfg.node_ip {
+            node::local_address(ip)?;
+        }
+        Ok(Dataplane {
+            ipam: Ipam::new(store.clone()),
+            store,
+            liveness: Liveness::new(Duration::from_secs(60)),
+            last: Mutex::new(SyncReport::default()),
+            pod_mtu: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            lock: Mutex::new(()),
+            cfg,
+        })
+    }
+
+    /// The pod MTU computed by the last sync (0 before the first).
+    pub fn pod_mtu(&self) -> u32 {
+        self.pod_mtu.load(Ordering::Relaxed) as u32
+    }
+
+    /// Number of completed syncs.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
+    /// The report of the last sync.
+    pub fn last_report(&self) -> SyncReport {
+        self.last.lock().unwrap().clone()
+    }
+
+    /// Keeps the node's liveness lease alive (maintenance loop).
+    pub fn keepalive(&self) -> Result<(), NodeError> {
+        self.liveness.keepalive(&*self.store, &self.cfg.node_name)
+    }
+
+    /// Revokes the liveness lease.
+    pub fn revoke(&self) {
+        self.liveness.revoke(&*self.store);
+    }
+
+    /// The node's underlay addresses: `--node-ip` (with its interface prefix) or the
+    /// default-route interface's addresses.
+    fn underlay(&self) -> Result<Vec<IpNet>, NodeError> {
+        match self.cfg.node_ip {
+            Some(ip) => Ok(vec![node::local_address(ip)?]),
+            None => Ok(crate::reconcile::node_addresses()),
+        }
+    }
+
+    fn underlay_mtu(&self, addr: Option<IpAddr>) -> u32 {
+        let find = || -> Option<u32> {
+            let mut h = Handle::new().ok()?;
+            let a = addr?;
+            let (idx, _) = h
+                .addresses(None)
+                .ok()?
+                .into_iter()
+                .find(|(_, n)| n.addr() == a)?;
+            Some(h.link_by_index(idx).ok()??.mtu)
+        };
+        find().unwrap_or_else(crate::reconcile::detect_mtu)
+    }
+
+    /// Registers the node (addresses, tunnel addresses, MTU); returns the registration.
+    pub fn register(&self, snap: &Snapshot) -> Result<Registration, NodeError> {
+        let me = &self.cfg.node_name;
+        let addresses = self.underlay()?;
+        let v4 = addresses.iter().find(|a| a.addr().is_ipv4()).copied();
+        let vx = node::tunnel_pools(&snap.pools, true);
+        let ii = node::tunnel_pools(&snap.pools, false);
+        let vxlan_tunnel_addr =
+            node::ensure_tunnel_address(&self.ipam, me, &node::vxlan_handle(me), &vx)?;
+        let ipip_tunnel_addr =
+            node::ensure_tunnel_address(&self.ipam, me, &node::ipip_handle(me), &ii)?;
+        let primary = v4.or(addresses.first().copied()).map(|a| a.addr());
+        let pod_mtu = if self.cfg.mtu > 0 {
+            self.cfg.mtu
+        } else {
+            let enabled: Vec<PoolInfo> =
+                snap.pools.iter().filter(|p| !p.disabled).cloned().collect();
+            mtu::pod_mtu(
+                self.underlay_mtu(primary),
+                &enabled,
+                primary.is_some_and(|a| a.is_ipv6()),
+            )
+        };
+        let reg = Registration {
+            addresses,
+            vxlan_tunnel_addr,
+            ipip_tunnel_addr,
+            pod_mtu,
+        };
+        let others = node::write_node(&*self.store, me, &reg)?;
+        let prev = self.pod_mtu.swap(pod_mtu as u64, Ordering::Relaxed) as u32;
+        let differ = mtu::disagreeing(pod_mtu, others.iter().map(|(n, m)| (n.as_str(), *m)));
+        if !differ.is_empty() && prev != pod_mtu {
+            log::warn!("pod MTU {pod_mtu} of node {me} differs from other nodes: {differ:?}");
+        }
+        Ok(reg)
+    }
+
+    /// One full pass: snapshot → register → desired state → kernel. Never panics on bad input;
+    /// problems end up in the report (and the previous state of what failed is kept).
+    pub fn sync(&self) -> SyncReport {
+        let _serial = self.lock.lock().unwrap();
+        let mut r = SyncReport::default();
+        let mut snap = match load_snapshot(&*self.store) {
+            Ok(s) => s,
+            Err(e) => {
+                r.errors.push(e);
+                return self.finish(r);
+            }
+        };
+        r.errors.append(&mut snap.errors);
+        match self.register(&snap) {
+            Ok(_) => {
+                // Registration may have changed our own Node: re-read it for the VTEP.
+                if let Ok(s2) = load_snapshot(&*self.store) {
+                    snap.nodes = s2.nodes;
+                    snap.blocks = s2.blocks;
+                }
+            }
+            Err(e) => r.errors.push(format!("registering node: {e}")),
+        }
+        let subnets = match node::local_subnets() {
+            Ok(s) => s,
+            Err(e) => {
+                r.errors.push(e.to_string());
+                Vec::new()
+            }
+        };
+        let desired = routes::compute(&snap, &self.cfg.node_name, &subnets);
+        r.errors.extend(desired.errors.iter().cloned());
+        let mut h = match Handle::new() {
+            Ok(h) => h,
+            Err(e) => {
+                r.errors.push(format!("netlink: {e}"));
+                return self.finish(r);
+            }
+        };
+        let me = snap.nodes.iter().find(|n| n.name == self.cfg.node_name);
+        let vxlan_idx = self.sync_vxlan(&mut h, &desired, me, &mut r);
+        let ipip_idx = self.sync_ipip(&mut h, &desired, &mut r);
+        self.sync_routes(&mut h, &desired, vxlan_idx, ipip_idx, &mut r);
+        let enabled: Vec<PoolInfo> = snap.pools.clone();
+        if let Err(e) = crate::nat::apply(&enabled) {
+            r.errors
+                .push(format!("natOutgoing (nftables table inet tern): {e}"));
+        }
+        self.finish(r)
+    }
+
+    fn finish(&self, r: SyncReport) -> SyncReport {
+        let prev = std::mem::replace(&mut *self.last.lock().unwrap(), r.clone());
+        for e in &r.errors {
+            if !prev.errors.contains(e) {
+                log::warn!("dataplane: {e}");
+            }
+        }
+        if r.routes_set + r.routes_removed + r.vtep_changes > 0 {
+            log::info!(
+                "dataplane: {} routes set, {} removed, {} VTEP entries changed",
+                r.routes_set,
+                r.routes_removed,
+                r.vtep_changes
+            );
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    /// Ensures `vxlan.tern` (when some pool uses VXLAN and this node has its tunnel address)
+    /// with its permanent neighbours and FDB entries; removes it otherwise. Returns its index.
+    fn sync_vxlan(
+        &self,
+        h: &mut Handle,
+        d: &Desired,
+        me: Option<&NodeInfo>,
+        r: &mut SyncReport,
+    ) -> Option<u32> {
+        let devices = match h.vxlan_devices() {
+            Ok(v) => v,
+            Err(e) => {
+                r.errors.push(format!("listing VXLAN devices: {e}"));
+                return None;
+            }
+        };
+        let ours = devices.iter().find(|v| v.name == VXLAN_DEVICE);
+        let want = me.and_then(|n| {
+            let tip = n.vxlan_tunnel_addr?;
+            let local = n.address_like(&tip)?.addr();
+            Some((tip, local))
+        });
+        let Some((tip, local)) = want.filter(|_| d.vxlan) else {
+            if let Some(v) = ours {
+                match h.delete_link(&v.name) {
+                    Ok(_) => log::info!("removed {VXLAN_DEVICE}: no pool uses VXLAN"),
+                    Err(e) => r.errors.push(format!("removing {VXLAN_DEVICE}: {e}")),
+                }
+            }
+            if d.vxlan {
+                r.errors.push(format!(
+                    "{VXLAN_DEVICE} not created: node {} has no VXLAN tunnel address or IPv4 underlay address yet",
+                    self.cfg.node_name
+                ));
+            }
+            return None;
+        };
+        if let Some(other) = devices.iter().find(|v| {
+            v.name != VXLAN_DEVICE && v.vni == Some(VXLAN_VNI) && v.port == Some(VXLAN_PORT)
+        }) {
+            r.errors.push(format!(
+                "cannot create {VXLAN_DEVICE}: VNI {VXLAN_VNI} on UDP port {VXLAN_PORT} is already used by device {}",
+                other.name
+            ));
+            return None;
+        }
+        let mac = routes::vtep_mac(&self.cfg.node_name);
+        let mtu = self
+            .underlay_mtu(Some(local))
+            .saturating_sub(mtu::VXLAN_OVERHEAD);
+        let stale = ours.is_some_and(|v| {
+            v.vni != Some(VXLAN_VNI) || v.port != Some(VXLAN_PORT) || v.local != Some(local)
+        });
+        if stale {
+            log::info!("re-creating {VXLAN_DEVICE}: VNI, port or local address changed");
+            let _ = h.delete_link(VXLAN_DEVICE);
+        }
+        if ours.is_none() || stale {
+            if let Err(e) = h.create_vxlan(VXLAN_DEVICE, VXLAN_VNI, local, None, VXLAN_PORT) {
+                r.errors.push(format!(
+                    "cannot create {VXLAN_DEVICE} (VNI {VXLAN_VNI}, UDP port {VXLAN_PORT}, local {local}): {e}"
+                ));
+                return None;
+            }
+            log::info!(
+                "created {VXLAN_DEVICE} (VNI {VXLAN_VNI}, port {VXLAN_PORT}, local {local})"
+            );
+        }
+        let link = match h.link_by_name(VXLAN_DEVICE) {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                r.errors.push(format!("{VXLAN_DEVICE} vanished"));
+                return None;
+            }
+            Err(e) => {
+                r.errors.push(format!("reading {VXLAN_DEVICE}: {e}"));
+                return None;
+            }
+        };
+        let idx = link.index;
+        let mut step = |res: tern_linux::Result<()>, what: &str| {
+            if let Err(e) = res {
+                r.errors.push(format!("{VXLAN_DEVICE}: {what}: {e}"));
+            }
+        };
+        if link.mac != Some(mac) {
+            step(h.set_mac(idx, mac), "setting the VTEP MAC");
+        }
+        if link.mtu != mtu && mtu > 0 {
+            step(h.set_mtu(idx, mtu), "setting the MTU");
+        }
+        let want_addr = IpNet::from(tip);
+        match h.addresses(Some(idx)) {
+            Ok(addrs) => {
+                if !addrs.iter().any(|(_, a)| *a == want_addr) {
+                    step(h.add_address(idx, want_addr), "adding the tunnel address");
+                }
+            }
+            Err(e) => step(Err(e), "listing addresses"),
+        }
+        if !link.up {
+            if let Err(e) = h.set_link_up(idx) {
+                r.errors.push(format!(
+                    "cannot bring {VXLAN_DEVICE} up (is UDP port {VXLAN_PORT} used by another socket or device?): {e}"
+                ));
+                return None;
+            }
+        }
+        self.sync_vteps(h, idx, &d.vteps, r);
+        Some(idx)
+    }
+
+    fn sync_vteps(
+        &self,
+        h: &mut Handle,
+        idx: u32,
+        want: &std::collections::BTreeSet<Vtep>,
+        r: &mut SyncReport,
+    ) {
+        // Neighbours: tunnel IP -> MAC (permanent).
+        match h.neighbours(Some(idx)) {
+            Ok(have) => {
+                for v in want {
+                    let ok = have.iter().any(|n| {
+                        n.ip == v.tunnel_ip && n.mac == Some(v.mac) && n.state & 0x80 != 0
+                    });
+                    if !ok {
+                        match h.add_neighbour(idx, v.tunnel_ip, v.mac) {
+                            Ok(()) => r.vtep_changes += 1,
+                            Err(e) => r.errors.push(format!("neighbour of {}: {e}", v.node)),
+                        }
+                    }
+                }
+                for n in have {
+                    if !want.iter().any(|v| v.tunnel_ip == n.ip) {
+                        match h.delete_neighbour(idx, n.ip) {
+                            Ok(_) => r.vtep_changes += 1,
+                            Err(e) => r.errors.push(format!("removing neighbour {}: {e}", n.ip)),
+                        }
+                    }
+                }
+            }
+            Err(e) => r
+                .errors
+                .push(format!("listing neighbours of {VXLAN_DEVICE}: {e}")),
+        }
+        // FDB: MAC -> remote underlay address.
+        match h.fdb(idx) {
+            Ok(have) => {
+                for v in want {
+                    if !have
+                        .iter()
+                        .any(|f| f.mac == v.mac && f.dst == Some(v.underlay))
+                    {
+                        match h.add_fdb(idx, v.mac, v.underlay) {
+                            Ok(()) => r.vtep_changes += 1,
+                            Err(e) => r.errors.push(format!("FDB entry of {}: {e}", v.node)),
+                        }
+                    }
+                }
+                for f in have {
+                    let Some(dst) = f.dst else { continue };
+                    if !want.iter().any(|v| v.mac == f.mac && v.underlay == dst) {
+                        match h.delete_fdb(idx, f.mac, dst) {
+                            Ok(_) => r.vtep_changes += 1,
+                            Err(e) => r.errors.push(format!("removing FDB entry: {e}")),
+                        }
+                    }
+                }
+            }
+            Err(e) => r.errors.push(format!("listing FDB of {VXLAN_DEVICE}: {e}")),
+        }
+    }
+
+    /// Ensures `tunl0` is up when some pool uses IPIP; reports kernels without IPIP support.
+    fn sync_ipip(&self, h: &mut Handle, d: &Desired, r: &mut SyncReport) -> Option<u32> {
+        if !d.ipip {
+            return None;
+        }
+        let link = match h.link_by_name(IPIP_DEVICE) {
+            Ok(Some(l)) => l,
+            Ok(None) => match h.create_ipip(IPIP_DEVICE, None) {
+                Ok(()) => match h.link_by_name(IPIP_DEVICE) {
+                    Ok(Some(l)) => l,
+                    _ => {
+                        r.errors
+                            .push(format!("{IPIP_DEVICE} vanished after creation"));
+                        return None;
+                    }
+                },
+                Err(e) if e.is_unsupported() => {
+                    r.errors.push(format!(
+                        "IPIP not supported by this kernel (cannot create {IPIP_DEVICE}: {e}); IPIP routes not installed"
+                    ));
+                    return None;
+                }
+                Err(e) => {
+                    r.errors.push(format!("cannot create {IPIP_DEVICE}: {e}"));
+                    return None;
+                }
+            },
+            Err(e) => {
+                r.errors.push(format!("reading {IPIP_DEVICE}: {e}"));
+                return None;
+            }
+        };
+        if !link.up
+            && let Err(e) = h.set_link_up(link.index)
+        {
+            r.errors.push(format!("cannot bring {IPIP_DEVICE} up: {e}"));
+        }
+        Some(link.index)
+    }
+
+    fn sync_routes(
+        &self,
+        h: &mut Handle,
+        d: &Desired,
+        vxlan: Option<u32>,
+        ipip: Option<u32>,
+        r: &mut SyncReport,
+    ) {
+        let mut want: BTreeMap<IpNet, Route> = BTreeMap::new();
+        for (dst, t) in &d.routes {
+            let base = Route {
+                dst: *dst,
+                kind: RouteKind::Unicast,
+                gateway: None,
+                oif: None,
+                onlink: false,
+                scope: Scope::Universe,
+                protocol: TERN_ROUTE_PROTOCOL,
+                table: MAIN_TABLE,
+            };
+            let route = match *t {
+                Target::Blackhole => Route {
+                    kind: RouteKind::Blackhole,
+                    ..base
+                },
+                Target::Direct(gw) => Route {
+                    gateway: Some(gw),
+                    ..base
+                },
+                Target::Vxlan(gw) => match vxlan {
+                    Some(i) => Route {
+                        gateway: Some(gw),
+                        oif: Some(i),
+                        onlink: true,
+                        ..base
+                    },
+                    None => continue,
+                },
+                Target::Ipip(gw) => match ipip {
+                    Some(i) => Route {
+                        gateway: Some(gw),
+                        oif: Some(i),
+                        onlink: true,
+                        ..base
+                    },
+                    None => continue,
+                },
+            };
+            want.insert(*dst, route);
+        }
+        let veths: HashSet<u32> = match h.links() {
+            Ok(l) => l
+                .into_iter()
+                .filter(|l| {
+                    l.kind.as_deref() == Some("veth")
+                        && l.name.starts_with(&self.cfg.interface_prefix)
+                })
+                .map(|l| l.index)
+                .collect(),
+            Err(e) => {
+                r.errors.push(format!("listing links: {e}"));
+                return;
+            }
+        };
+        let mut have = Vec::new();
+        for v6 in [false, true] {
+            match h.routes_full(v6, MAIN_TABLE) {
+                Ok(rs) => have.extend(
+                    rs.into_iter()
+                        .filter(|x| x.protocol == TERN_ROUTE_PROTOCOL)
+                        .filter(|x| !x.oif.is_some_and(|o| veths.contains(&o))),
+                ),
+                Err(e) => {
+                    r.errors.push(format!("listing routes: {e}"));
+                    return;
+                }
+            }
+        }
+        for x in &have {
+            let keep = want.get(&x.dst).is_some_and(|w| same_route(w, x));
+            if !keep && !want.contains_key(&x.dst) {
+                match h.delete_route_full(x) {
+                    Ok(_) => r.routes_removed += 1,
+                    Err(e) => r.errors.push(format!("removing route {}: {e}", x.dst)),
+                }
+            }
+        }
+        for (dst, w) in &want {
+            let present = have.iter().any(|x| x.dst == *dst && same_route(w, x));
+            if present {
+                continue;
+            }
+            // A stale tern route to the same destination of another type must go first:
+            // replace does not turn a blackhole into a unicast route.
+            for x in have.iter().filter(|x| x.dst == *dst && x.kind != w.kind) {
+                let _ = h.delete_route_full(x);
+            }
+            match h.replace_route_full(w) {
+                Ok(()) => r.routes_set += 1,
+                Err(e) => r.errors.push(format!("route {dst}: {e}")),
+            }
+        }
+    }
+
+    /// Starts the watch thread: every change under `/tern/v1/` triggers a sync after a short
+    /// debounce (5 ms of quiet, at most 50 ms of accumulation). Runs in the caller's network
+    /// namespace (threads inherit it). Stops when `stop` is set.
+    pub fn spawn_watch(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("dataplane-watch".into())
+            .spawn(move || me.watch_loop(&stop))
+            .map(|_| ())
+    }
+
+    fn watch_loop(&self, stop: &AtomicBool) {
+        let mut watch: Option<Box<dyn tern_store::Watch>> = None;
+        while !stop.load(Ordering::Relaxed) {
+            let w = match watch.as_mut() {
+                Some(w) => w,
+                None => {
+                    let rev = match self.store.revision() {
+                        Ok(r) => r,
+                        Err(e) => {
+                            log::debug!("dataplane watch: {e}");
+                            std::thread::sleep(Duration::from_secs(1));
+                            continue;
+                        }
+                    };
+                    match self.store.watch(keys::ROOT, rev) {
+                        Ok(w) => {
+                            // Events between the last sync and the watch start are covered by
+                            // this sync.
+                            self.sync();
+                            watch.insert(w)
+                        }
+                        Err(e) => {
+                            log::debug!("dataplane watch: {e}");
+                            std::thread::sleep(Duration::from_secs(1));
+                            continue;
+                        }
+                    }
+                }
+            };
+            match w.next_events(Duration::from_millis(500)) {
+                Ok(ev) if ev.is_empty() => continue,
+                Ok(ev) => {
+                    if !ev.iter().any(|e| relevant(&e.kv.key)) {
+                        continue;
+                    }
+                    let start = Instant::now();
+                    // Debounce: gather the rest of a burst (an IPAM allocation is several
+                    // writes) without delaying a lone event by more than a few ms.
+                    while start.elapsed() < Duration::from_millis(50) {
+                        match w.next_events(Duration::from_millis(5)) {
+                            Ok(more) if more.is_empty() => break,
+                            Ok(_) => {}
+                            Err(_) => break,
+                        }
+                    }
+                    self.sync();
+                }
+                Err(e) => {
+                    log::debug!("dataplane watch ended: {e}; re-watching");
+                    watch = None;
+                }
+            }
+        }
+    }
+}
+
+/// Keys whose changes can change the dataplane: pools, nodes, blocks, affinities.
+fn relevant(key: &str) -> bool {
+    key.starts_with(&keys::resource_prefix(Kind::IpPool.as_str()))
+        || key.starts_with(&keys::resource_prefix(Kind::Node.as_str()))
+        || key.starts_with(keys::BLOCKS)
+        || key.starts_with(keys::AFFINITIES)
+}
+
+fn same_route(want: &Route, have: &Route) -> bool {
+    want.kind == have.kind
+        && want.gateway == have.gateway
+        && (want.oif.is_none() || want.oif == have.oif)
+        && want.onlink == have.onlink
+}

@@ -1,0 +1,129 @@
+//! natOutgoing: masquerade traffic from a natOutgoing pool to destinations outside every pool.
+//!
+//! Everything lives in the nftables table `inet tern`, the only table tern writes. This module
+//! owns the chain `nat-postrouting` and the sets `all-ipv4-pools`, `masq-ipv4-pools`,
+//! `all-ipv6-pools`, `masq-ipv6-pools`; it flushes and refills only those, in one `nft -f -`
+//! transaction, so chains other code adds to the table (policy) are left alone.
+
+use crate::routes::PoolInfo;
+use ipnet::IpNet;
+use std::fmt::Write;
+
+/// Family and name of tern's nftables table.
+pub const TABLE_FAMILY: &str = "inet";
+/// Name of tern's nftables table.
+pub const TABLE: &str = "tern";
+/// The chain holding the masquerade rules.
+pub const CHAIN: &str = "nat-postrouting";
+
+/// The nft script that makes tern's NAT state match `pools` (idempotent).
+pub fn ruleset(pools: &[PoolInfo]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "add table {TABLE_FAMILY} {TABLE}");
+    for (fam, ty) in [("ipv4", "ipv4_addr"), ("ipv6", "ipv6_addr")] {
+        for set in ["all", "masq"] {
+            let _ = writeln!(
+                s,
+                "add set {TABLE_FAMILY} {TABLE} {set}-{fam}-pools {{ type {ty}; flags interval; auto-merge; }}"
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "add chain {TABLE_FAMILY} {TABLE} {CHAIN} {{ type nat hook postrouting priority srcnat; policy accept; }}"
+    );
+    let _ = writeln!(s, "flush chain {TABLE_FAMILY} {TABLE} {CHAIN}");
+    for fam in ["ipv4", "ipv6"] {
+        for set in ["all", "masq"] {
+            let _ = writeln!(s, "flush set {TABLE_FAMILY} {TABLE} {set}-{fam}-pools");
+        }
+    }
+    for (fam, v4) in [("ipv4", true), ("ipv6", false)] {
+        let of_family = |p: &&PoolInfo| p.cidr.addr().is_ipv4() == v4;
+        let all: Vec<IpNet> = pools.iter().filter(of_family).map(|p| p.cidr).collect();
+        let masq: Vec<IpNet> = pools
+            .iter()
+            .filter(of_family)
+            .filter(|p| p.nat_outgoing)
+            .map(|p| p.cidr)
+            .collect();
+        for (set, nets) in [("all", &all), ("masq", &masq)] {
+            if !nets.is_empty() {
+                let list: Vec<String> = nets.iter().map(|n| n.trunc().to_string()).collect();
+                let _ = writeln!(
+                    s,
+                    "add element {TABLE_FAMILY} {TABLE} {set}-{fam}-pools {{ {} }}",
+                    list.join(", ")
+                );
+            }
+        }
+        if !masq.is_empty() {
+            let ipk = if v4 { "ip" } else { "ip6" };
+            let _ = writeln!(
+                s,
+                "add rule {TABLE_FAMILY} {TABLE} {CHAIN} {ipk} saddr @masq-{fam}-pools {ipk} daddr != @all-{fam}-pools masquerade comment \"tern natOutgoing\""
+            );
+        }
+    }
+    s
+}
+
+/// Applies [`ruleset`] atomically in the caller's network namespace.
+pub fn apply(pools: &[PoolInfo]) -> Result<(), tern_linux::LinuxError> {
+    tern_linux::nft::apply(&ruleset(pools))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tern_model::EncapMode;
+
+    fn p(cidr: &str, nat: bool) -> PoolInfo {
+        PoolInfo {
+            name: cidr.into(),
+            cidr: cidr.parse().unwrap(),
+            vxlan: EncapMode::Never,
+            ipip: EncapMode::Never,
+            nat_outgoing: nat,
+            disabled: false,
+        }
+    }
+
+    #[test]
+    fn masquerades_only_nat_pools_to_outside_every_pool() {
+        let r = ruleset(&[
+            p("10.244.0.0/16", true),
+            p("10.96.0.0/16", false),
+            p("fd00::/64", false),
+        ]);
+        assert!(
+            r.contains("add element inet tern all-ipv4-pools { 10.244.0.0/16, 10.96.0.0/16 }"),
+            "{r}"
+        );
+        assert!(
+            r.contains("add element inet tern masq-ipv4-pools { 10.244.0.0/16 }"),
+            "{r}"
+        );
+        assert!(
+            r.contains("add element inet tern all-ipv6-pools { fd00::/64 }"),
+            "{r}"
+        );
+        assert!(!r.contains("masq-ipv6-pools {  "), "{r}");
+        assert!(r.contains(
+            "add rule inet tern nat-postrouting ip saddr @masq-ipv4-pools ip daddr != @all-ipv4-pools masquerade"
+        ));
+        assert!(
+            !r.contains("ip6 saddr"),
+            "no IPv6 nat pool, no IPv6 rule: {r}"
+        );
+        // Only tern's own chain and sets are flushed; the table itself is never deleted.
+        assert!(!r.contains("delete"));
+        assert!(r.contains("flush chain inet tern nat-postrouting"));
+    }
+
+    #[test]
+    fn no_nat_pool_leaves_the_chain_empty() {
+        let r = ruleset(&[p("10.244.0.0/16", false)]);
+        assert!(!r.contains("add rule"), "{r}");
+    }
+}

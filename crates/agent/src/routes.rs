@@ -1,0 +1,488 @@
+//! Desired dataplane state, computed purely from a store snapshot: the routes to remote blocks
+//! (direct, VXLAN, IPIP, CrossSubnet), blackholes for own blocks, `/32` routes for borrowed
+//! addresses, and the VXLAN neighbours (ARP + FDB) of remote VTEPs. No kernel access here: the
+//! reconciler in [`crate::dataplane`] diffs this against the kernel.
+
+use ipnet::IpNet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use tern_model::EncapMode;
+
+/// Name of tern's VXLAN device.
+pub const VXLAN_DEVICE: &str = "vxlan.tern";
+/// VXLAN network identifier of tern's overlay.
+pub const VXLAN_VNI: u32 = 4096;
+/// UDP destination port of tern's VXLAN traffic.
+pub const VXLAN_PORT: u16 = 4789;
+/// Name of the IPIP device.
+pub const IPIP_DEVICE: &str = "tunl0";
+
+/// One IP pool, as the dataplane sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// Pool name.
+    pub name: String,
+    /// Pool CIDR.
+    pub cidr: IpNet,
+    /// VXLAN mode.
+    pub vxlan: EncapMode,
+    /// IPIP mode.
+    pub ipip: EncapMode,
+    /// Masquerade traffic from the pool to destinations outside every pool.
+    pub nat_outgoing: bool,
+    /// No new allocations (routing of existing blocks continues).
+    pub disabled: bool,
+}
+
+impl PoolInfo {
+    /// The encapsulation this pool asks for, and whether it is CrossSubnet.
+    fn encap(&self) -> (Encap, bool) {
+        match (self.vxlan, self.ipip) {
+            (EncapMode::Never, EncapMode::Never) => (Encap::None, false),
+            (m, EncapMode::Never) => (Encap::Vxlan, m == EncapMode::CrossSubnet),
+            (EncapMode::Never, m) => (Encap::Ipip, m == EncapMode::CrossSubnet),
+            // Rejected by validation on write; the snapshot loader reports and drops such pools.
+            _ => (Encap::None, false),
+        }
+    }
+}
+
+/// One node, as the dataplane sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// Underlay addresses with their prefix length.
+    pub addresses: Vec<IpNet>,
+    /// Address of the node's VXLAN device.
+    pub vxlan_tunnel_addr: Option<IpAddr>,
+    /// MAC of the node's VXLAN device.
+    pub vtep_mac: Option<[u8; 6]>,
+}
+
+impl NodeInfo {
+    /// The node's first underlay address of the family of `like`.
+    pub fn address_like(&self, like: &IpAddr) -> Option<IpNet> {
+        self.addresses
+            .iter()
+            .find(|a| a.addr().is_ipv4() == like.is_ipv4())
+            .copied()
+    }
+}
+
+/// One allocation block: its affinity and who made each allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Block CIDR.
+    pub cidr: IpNet,
+    /// Node the block is affine to.
+    pub affinity: Option<String>,
+    /// Allocated addresses and the node that allocated each (`attrs.node`, may be empty).
+    pub allocations: Vec<(IpAddr, String)>,
+}
+
+/// Everything the route reconciler reads from the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Valid pools.
+    pub pools: Vec<PoolInfo>,
+    /// Nodes.
+    pub nodes: Vec<NodeInfo>,
+    /// Allocation blocks.
+    pub blocks: Vec<BlockInfo>,
+    /// Problems found while reading (bad pools, bad nodes): reported, not fatal.
+    pub errors: Vec<String>,
+}
+
+/// Encapsulation between two nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Encap {
+    /// Plain routing via the node's underlay address.
+    None,
+    /// VXLAN via `vxlan.tern`.
+    Vxlan,
+    /// IP-in-IP via `tunl0`.
+    Ipip,
+}
+
+/// Where a desired route sends traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// Drop (own blocks).
+    Blackhole,
+    /// `via <node underlay address>` (direct routing).
+    Direct(IpAddr),
+    /// `via <remote tunnel address> dev vxlan.tern onlink`.
+    Vxlan(IpAddr),
+    /// `via <remote underlay address> dev tunl0 onlink`.
+    Ipip(IpAddr),
+}
+
+/// A remote VTEP: the permanent ARP and FDB entries on `vxlan.tern`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Vtep {
+    /// Remote node.
+    pub node: String,
+    /// Its VXLAN device address (neighbour IP).
+    pub tunnel_ip: IpAddr,
+    /// Its VXLAN device MAC (neighbour lladdr, FDB MAC).
+    pub mac: [u8; 6],
+    /// Its underlay address (FDB dst).
+    pub underlay: IpAddr,
+}
+
+/// The desired dataplane of one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Destination → target.
+    pub routes: BTreeMap<IpNet, Target>,
+    /// Remote VTEPs (only when some pool uses VXLAN).
+    pub vteps: BTreeSet<Vtep>,
+    /// Some IPv4 pool uses VXLAN: `vxlan.tern` must exist.
+    pub vxlan: bool,
+    /// Some pool uses IPIP: `tunl0` must exist.
+    pub ipip: bool,
+    /// Problems (missing node address, missing VTEP, ...): routes affected are left out.
+    pub errors: Vec<String>,
+}
+
+/// True when `addr` is inside one of the node's own interface subnets (then CrossSubnet
+/// traffic to it is not encapsulated).
+pub fn same_subnet(local_subnets: &[IpNet], addr: &IpAddr) -> bool {
+    local_subnets
+        .iter()
+        .any(|n| n.prefix_len() > 0 && n.contains(addr))
+}
+
+/// The deterministic VTEP MAC of a node: the first six bytes of sha1(name), made unicast and
+/// locally administered, so a restarted or re-registered node keeps its MAC.
+pub fn vtep_mac(node: &str) -> [u8; 6] {
+    use sha1::{Digest, Sha1};
+    let d = Sha1::digest(node.as_bytes());
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&d[..6]);
+    mac[0] = (mac[0] & 0xfe) | 0x02;
+    mac
+}
+
+/// Computes the desired state of node `me`. `local_subnets` are the node's own interface
+/// networks (for CrossSubnet).
+pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
+    let mut d = Desired {
+        vxlan: s
+            .pools
+            .iter()
+            .any(|p| p.vxlan != EncapMode::Never && p.cidr.addr().is_ipv4()),
+        ipip: s.pools.iter().any(|p| p.ipip != EncapMode::Never),
+        ..Desired::default()
+    };
+    let nodes: BTreeMap<&str, &NodeInfo> = s.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let pool_of = |cidr: &IpNet| {
+        s.pools
+            .iter()
+            .filter(|p| p.cidr.contains(cidr))
+            .max_by_key(|p| p.cidr.prefix_len())
+    };
+    if d.vxlan {
+        for n in &s.nodes {
+            if n.name == me {
+                continue;
+            }
+            let (Some(tip), Some(mac)) = (n.vxlan_tunnel_addr, n.vtep_mac) else {
+                continue;
+            };
+            match n.address_like(&tip) {
+                Some(u) => {
+                    d.vteps.insert(Vtep {
+                        node: n.name.clone(),
+                        tunnel_ip: tip,
+                        mac,
+                        underlay: u.addr(),
+                    });
+                }
+                None => d.errors.push(format!(
+                    "node {} has a VXLAN tunnel address but no IPv4 underlay address",
+                    n.name
+                )),
+            }
+        }
+    }
+    let vtep_of = |node: &str| d.vteps.iter().find(|v| v.node == node).cloned();
+    // The route towards `dst` on `node` through `pool`, or why there is none.
+    let target = |dst: &IpNet, node: &str, pool: &PoolInfo| -> Result<Target, String> {
+        let n = nodes
+            .get(node)
+            .ok_or_else(|| format!("no Node resource for node {node} (owner of {dst})"))?;
+        let addr = n
+            .address_like(&dst.addr())
+            .ok_or_else(|| format!("node {node} has no IPv{} address for {dst}", fam(dst)))?
+            .addr();
+        let (mut encap, cross) = pool.encap();
+        if cross && same_subnet(local_subnets, &addr) {
+            encap = Encap::None;
+        }
+        match encap {
+            Encap::None => Ok(Target::Direct(addr)),
+            Encap::Ipip => Ok(Target::Ipip(addr)),
+            Encap::Vxlan => match vtep_of(node) {
+                Some(v) => Ok(Target::Vxlan(v.tunnel_ip)),
+                None => Err(format!(
+                    "node {node} has no VXLAN tunnel address / VTEP MAC yet; {dst} not routed"
+                )),
+            },
+        }
+    };
+    for b in &s.blocks {
+        let Some(pool) = pool_of(&b.cidr) else {
+            continue;
+        };
+        match b.affinity.as_deref() {
+            Some(a) if a == me => {
+                d.routes.insert(b.cidr, Target::Blackhole);
+            }
+            Some(a) => match target(&b.cidr, a, pool) {
+                Ok(t) => {
+                    d.routes.insert(b.cidr, t);
+                }
+                Err(e) => d.errors.push(e),
+            },
+            None => {}
+        }
+        // Borrowed addresses: allocated by a node other than the block's owner.
+        for (ip, by) in &b.allocations {
+            if by.is_empty() || Some(by.as_str()) == b.affinity.as_deref() || by == me {
+                continue;
+            }
+            let dst = IpNet::from(*ip);
+            match target(&dst, by, pool) {
+                Ok(t) => {
+                    d.routes.insert(dst, t);
+                }
+                Err(e) => d.errors.push(e),
+            }
+        }
+    }
+    d
+}
+
+fn fam(n: &IpNet) -> u8 {
+    if n.addr().is_ipv4() { 4 } else { 6 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(cidr: &str, vxlan: EncapMode, ipip: EncapMode) -> PoolInfo {
+        PoolInfo {
+            name: format!("p-{cidr}"),
+            cidr: cidr.parse().unwrap(),
+            vxlan,
+            ipip,
+            nat_outgoing: false,
+            disabled: false,
+        }
+    }
+
+    fn node(name: &str, addr: &str, tunnel: Option<&str>) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            addresses: vec![addr.parse().unwrap()],
+            vxlan_tunnel_addr: tunnel.map(|t| t.parse().unwrap()),
+            vtep_mac: tunnel.map(|_| vtep_mac(name)),
+        }
+    }
+
+    fn block(cidr: &str, owner: &str, allocs: &[(&str, &str)]) -> BlockInfo {
+        BlockInfo {
+            cidr: cidr.parse().unwrap(),
+            affinity: Some(owner.into()),
+            allocations: allocs
+                .iter()
+                .map(|(ip, n)| (ip.parse().unwrap(), n.to_string()))
+                .collect(),
+        }
+    }
+
+    fn snap(p: PoolInfo) -> Snapshot {
+        Snapshot {
+            pools: vec![p],
+            nodes: vec![
+                node("a", "198.18.0.1/24", Some("10.244.0.1")),
+                node("b", "198.18.0.2/24", Some("10.244.1.1")),
+                node("c", "198.18.5.3/24", Some("10.244.2.1")),
+            ],
+            blocks: vec![
+                block("10.244.0.0/26", "a", &[("10.244.0.1", "a")]),
+                block("10.244.1.0/26", "b", &[("10.244.1.1", "b")]),
+                block("10.244.2.0/26", "c", &[("10.244.2.1", "c")]),
+            ],
+            errors: vec![],
+        }
+    }
+
+    fn local() -> Vec<IpNet> {
+        vec!["198.18.0.1/24".parse().unwrap()]
+    }
+
+    fn n(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn no_encapsulation_routes_directly_and_blackholes_own_block() {
+        let d = compute(
+            &snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Never)),
+            "a",
+            &local(),
+        );
+        assert_eq!(d.routes[&n("10.244.0.0/26")], Target::Blackhole);
+        assert_eq!(
+            d.routes[&n("10.244.1.0/26")],
+            Target::Direct(ip("198.18.0.2"))
+        );
+        assert_eq!(
+            d.routes[&n("10.244.2.0/26")],
+            Target::Direct(ip("198.18.5.3"))
+        );
+        assert!(!d.vxlan && !d.ipip && d.vteps.is_empty());
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+    }
+
+    #[test]
+    fn vxlan_always_routes_via_remote_tunnel_addresses_with_vteps() {
+        let d = compute(
+            &snap(pool("10.244.0.0/16", EncapMode::Always, EncapMode::Never)),
+            "a",
+            &local(),
+        );
+        assert!(d.vxlan);
+        assert_eq!(
+            d.routes[&n("10.244.1.0/26")],
+            Target::Vxlan(ip("10.244.1.1"))
+        );
+        assert_eq!(
+            d.routes[&n("10.244.2.0/26")],
+            Target::Vxlan(ip("10.244.2.1"))
+        );
+        let vteps: Vec<_> = d
+            .vteps
+            .iter()
+            .map(|v| (v.node.as_str(), v.underlay))
+            .collect();
+        assert_eq!(
+            vteps,
+            vec![("b", ip("198.18.0.2")), ("c", ip("198.18.5.3"))]
+        );
+        assert!(d.vteps.iter().all(|v| v.mac == vtep_mac(&v.node)));
+    }
+
+    #[test]
+    fn vxlan_without_remote_vtep_is_an_error_not_a_route() {
+        let mut s = snap(pool("10.244.0.0/16", EncapMode::Always, EncapMode::Never));
+        s.nodes[1].vxlan_tunnel_addr = None;
+        let d = compute(&s, "a", &local());
+        assert!(!d.routes.contains_key(&n("10.244.1.0/26")));
+        assert!(
+            d.errors.iter().any(|e| e.contains("node b")),
+            "{:?}",
+            d.errors
+        );
+        assert!(d.routes.contains_key(&n("10.244.2.0/26")));
+    }
+
+    #[test]
+    fn ipip_routes_via_underlay_on_tunl0() {
+        let d = compute(
+            &snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Always)),
+            "a",
+            &local(),
+        );
+        assert!(d.ipip && !d.vxlan);
+        assert_eq!(
+            d.routes[&n("10.244.1.0/26")],
+            Target::Ipip(ip("198.18.0.2"))
+        );
+        assert!(d.vteps.is_empty());
+    }
+
+    #[test]
+    fn cross_subnet_encapsulates_only_across_subnets() {
+        for (vx, ii) in [
+            (EncapMode::CrossSubnet, EncapMode::Never),
+            (EncapMode::Never, EncapMode::CrossSubnet),
+        ] {
+            let d = compute(&snap(pool("10.244.0.0/16", vx, ii)), "a", &local());
+            assert_eq!(
+                d.routes[&n("10.244.1.0/26")],
+                Target::Direct(ip("198.18.0.2"))
+            );
+            let expect = if vx == EncapMode::CrossSubnet {
+                Target::Vxlan(ip("10.244.2.1"))
+            } else {
+                Target::Ipip(ip("198.18.5.3"))
+            };
+            assert_eq!(d.routes[&n("10.244.2.0/26")], expect);
+        }
+    }
+
+    #[test]
+    fn borrowed_addresses_get_host_routes_to_the_borrower() {
+        let mut s = snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Never));
+        // b borrowed .5 from a's block; c borrowed .9 from b's block.
+        s.blocks[0].allocations.push((ip("10.244.0.5"), "b".into()));
+        s.blocks[1].allocations.push((ip("10.244.1.9"), "c".into()));
+        // a borrowed from c's block: a needs no route for its own pod (the endpoint route).
+        s.blocks[2].allocations.push((ip("10.244.2.7"), "a".into()));
+        let d = compute(&s, "a", &local());
+        assert_eq!(
+            d.routes[&n("10.244.0.5/32")],
+            Target::Direct(ip("198.18.0.2"))
+        );
+        assert_eq!(
+            d.routes[&n("10.244.1.9/32")],
+            Target::Direct(ip("198.18.5.3"))
+        );
+        assert!(!d.routes.contains_key(&n("10.244.2.7/32")));
+        assert_eq!(d.routes[&n("10.244.0.0/26")], Target::Blackhole);
+    }
+
+    #[test]
+    fn missing_node_or_address_is_reported_and_others_still_routed() {
+        let mut s = snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Never));
+        s.nodes.retain(|n| n.name != "c");
+        s.nodes[1].addresses.clear();
+        let d = compute(&s, "a", &local());
+        assert!(
+            d.errors
+                .iter()
+                .any(|e| e.contains("no Node resource for node c"))
+        );
+        assert!(
+            d.errors
+                .iter()
+                .any(|e| e.contains("node b has no IPv4 address"))
+        );
+        assert_eq!(d.routes.len(), 1);
+    }
+
+    #[test]
+    fn blocks_outside_every_pool_are_ignored() {
+        let mut s = snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Never));
+        s.blocks.push(block("10.99.0.0/26", "b", &[]));
+        let d = compute(&s, "a", &local());
+        assert!(!d.routes.contains_key(&n("10.99.0.0/26")));
+    }
+
+    #[test]
+    fn vtep_mac_is_stable_unicast_and_locally_administered() {
+        let m = vtep_mac("node-1");
+        assert_eq!(m, vtep_mac("node-1"));
+        assert_ne!(m, vtep_mac("node-2"));
+        assert_eq!(m[0] & 0x01, 0, "unicast");
+        assert_eq!(m[0] & 0x02, 0x02, "locally administered");
+    }
+}

@@ -1,0 +1,50 @@
+//! Running code inside a lab namespace from this process: on a dedicated thread that enters the
+//! namespace and then exits, so no other thread (and never the process's root-namespace
+//! threads) changes namespace. Sockets keep the namespace they were created in.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use crate::{LabError, Result};
+
+/// Runs `f` on a fresh thread inside the named namespace `ns` and returns its result. Threads
+/// that `f` spawns inherit the namespace.
+pub fn in_netns<T, F>(ns: &str, f: F) -> Result<T>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    let path = Path::new("/run/netns").join(ns);
+    let file = File::open(&path)
+        .map_err(|e| LabError::io(format!("cannot open {}", path.display()), e))?;
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(move || {
+            // SAFETY: setns on this thread only; `file` is an open namespace file descriptor.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                return Err(LabError::io(
+                    format!("cannot enter network namespace {ns}"),
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            Ok(f())
+        });
+        handle
+            .join()
+            .map_err(|_| LabError::Invalid(format!("thread in namespace {ns} panicked")))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_namespace_is_named() {
+        let e = in_netns("tl-nonexistent-ns", || ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tl-nonexistent-ns"), "{e}");
+    }
+}
