@@ -61,6 +61,8 @@ pub struct Dataplane {
     pod_mtu: AtomicU64,
     syncs: AtomicU64,
     lock: Mutex<()>,
+    /// The nft script last applied successfully: event-driven syncs skip `nft` when unchanged.
+    nat_applied: Mutex<Option<String>>,
 }
 
 /// Reads the pools, nodes and blocks; a malformed pool or node is reported and skipped.
@@ -187,6 +189,7 @@ impl Dataplane {
             pod_mtu: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             lock: Mutex::new(()),
+            nat_applied: Mutex::new(None),
             cfg,
         })
     }
@@ -280,6 +283,12 @@ impl Dataplane {
     /// One full pass: snapshot → register → desired state → kernel. Never panics on bad input;
     /// problems end up in the report (and the previous state of what failed is kept).
     pub fn sync(&self) -> SyncReport {
+        self.sync_with(true)
+    }
+
+    /// As [`Dataplane::sync`]; `full == false` (watch events) skips re-applying an unchanged
+    /// nftables ruleset.
+    fn sync_with(&self, full: bool) -> SyncReport {
         let _serial = self.lock.lock().unwrap();
         let mut r = SyncReport::default();
         let mut snap = match load_snapshot(&*self.store) {
@@ -320,11 +329,19 @@ impl Dataplane {
         let vxlan_idx = self.sync_vxlan(&mut h, &desired, me, &mut r);
         let ipip_idx = self.sync_ipip(&mut h, &desired, &mut r);
         self.sync_routes(&mut h, &desired, vxlan_idx, ipip_idx, &mut r);
-        let enabled: Vec<PoolInfo> = snap.pools.clone();
-        if let Err(e) = crate::nat::apply(&enabled) {
-            r.errors
-                .push(format!("natOutgoing (nftables table inet tern): {e}"));
+        let script = crate::nat::ruleset(&snap.pools);
+        let mut applied = self.nat_applied.lock().unwrap();
+        if full || applied.as_deref() != Some(script.as_str()) {
+            match tern_linux::nft::apply(&script) {
+                Ok(()) => *applied = Some(script),
+                Err(e) => {
+                    *applied = None;
+                    r.errors
+                        .push(format!("natOutgoing (nftables table inet tern): {e}"));
+                }
+            }
         }
+        drop(applied);
         self.finish(r)
     }
 
@@ -447,13 +464,13 @@ impl Dataplane {
             }
             Err(e) => step(Err(e), "listing addresses"),
         }
-        if !link.up {
-            if let Err(e) = h.set_link_up(idx) {
-                r.errors.push(format!(
-                    "cannot bring {VXLAN_DEVICE} up (is UDP port {VXLAN_PORT} used by another socket or device?): {e}"
-                ));
-                return None;
-            }
+        if !link.up
+            && let Err(e) = h.set_link_up(idx)
+        {
+            r.errors.push(format!(
+                "cannot bring {VXLAN_DEVICE} up (is UDP port {VXLAN_PORT} used by another socket or device?): {e}"
+            ));
+            return None;
         }
         self.sync_vteps(h, idx, &d.vteps, r);
         Some(idx)
@@ -694,7 +711,7 @@ impl Dataplane {
                         Ok(w) => {
                             // Events between the last sync and the watch start are covered by
                             // this sync.
-                            self.sync();
+                            self.sync_with(false);
                             watch.insert(w)
                         }
                         Err(e) => {
@@ -721,7 +738,7 @@ impl Dataplane {
                             Err(_) => break,
                         }
                     }
-                    self.sync();
+                    self.sync_with(false);
                 }
                 Err(e) => {
                     log::debug!("dataplane watch ended: {e}; re-watching");

@@ -170,6 +170,7 @@ pub mod store_io {
                 network: ep.attachment.network.clone(),
                 profiles: vec![],
                 service_account_name: None,
+                ports: vec![],
             },
         );
         doc.metadata = ObjectMeta {

@@ -91,8 +91,8 @@ pub fn ensure_tunnel_address(
         if !held.is_empty() {
             ipam.release_by_handle(handle).map_err(err)?;
             log::info!("released tunnel address(es) {held:?} ({handle}): no pool needs them");
+            let _ = crate::leak::delete_owner(ipam.store().as_ref(), node, handle);
         }
-        let _ = crate::leak::delete_owner(ipam.store().as_ref(), node, handle);
         return Ok(None);
     }
     if let Some(ip) = held

@@ -38,6 +38,11 @@ pub struct Agent {
     pub(crate) journal_dirty: AtomicBool,
     /// Milliseconds since `started` at the maintenance loop's last tick (liveness).
     heartbeat_ms: AtomicU64,
+    /// The dataplane reconciler (routes, tunnels, natOutgoing, node registration); None when
+    /// disabled by configuration.
+    pub(crate) dataplane: Option<Arc<crate::dataplane::Dataplane>>,
+    /// Stops the dataplane watch thread.
+    dataplane_stop: Arc<AtomicBool>,
     started: Instant,
     stop: AtomicBool,
 }
@@ -75,8 +80,16 @@ impl Agent {
                     .context(format!("loading endpoints of node {}", cfg.node_name)));
             }
         };
+        let dataplane = if cfg.dataplane {
+            Some(Arc::new(start_dataplane(&cfg, &store)?))
+        } else {
+            None
+        };
         let mtu = if cfg.mtu > 0 {
             cfg.mtu
+        } else if let Some(m) = dataplane.as_ref().map(|d| d.pod_mtu()).filter(|m| *m > 0) {
+            // The underlay MTU minus the encapsulation overhead of the pools.
+            m
         } else {
             crate::reconcile::detect_mtu()
         };
@@ -93,10 +106,14 @@ impl Agent {
             metrics: crate::metrics::Metrics::default(),
             journal_dirty: AtomicBool::new(false),
             heartbeat_ms: AtomicU64::new(0),
+            dataplane,
+            dataplane_stop: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
             stop: AtomicBool::new(false),
         });
-        if let Err(e) = agent.register_node() {
+        if agent.dataplane.is_none()
+            && let Err(e) = agent.register_node()
+        {
             log::warn!("cannot record Node {} now: {e}", agent.cfg.node_name);
         }
         let report = agent.reconcile();
@@ -179,6 +196,10 @@ impl Agent {
             .name("maintenance".into())
             .spawn(move || me.maintenance_loop())
             .context("spawning maintenance thread")?;
+        if let Some(dp) = &self.dataplane {
+            dp.spawn_watch(self.dataplane_stop.clone())
+                .context("spawning the dataplane watch thread")?;
+        }
         Ok(())
     }
 
@@ -203,6 +224,10 @@ impl Agent {
     /// Asks the serve loop and maintenance thread to stop.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.dataplane_stop.store(true, Ordering::Relaxed);
+        if let Some(dp) = &self.dataplane {
+            dp.revoke();
+        }
         // Wake the accept loop.
         let _ = UnixStream::connect(&self.cfg.socket);
     }
@@ -284,6 +309,9 @@ impl Agent {
                     return;
                 }
                 self.tick();
+                if slept.as_millis().is_multiple_of(10_000) {
+                    self.dataplane_keepalive();
+                }
                 std::thread::sleep(Duration::from_millis(200));
                 slept += Duration::from_millis(200);
                 since_retry += Duration::from_millis(200);
@@ -304,6 +332,10 @@ impl Agent {
             self.journal_dirty
                 .store(report.journal_pending > 0, Ordering::Relaxed);
             self.release_empty_blocks();
+            if let Some(dp) = &self.dataplane {
+                // Full resync: repairs what changed behind the agent's back.
+                dp.sync();
+            }
             let leaks = self.repair_leaks();
             if !leaks.released.is_empty() || !leaks.errors.is_empty() {
                 log::info!(
@@ -316,10 +348,54 @@ impl Agent {
         }
     }
 
+    /// The dataplane reconciler, when enabled.
+    pub fn dataplane(&self) -> Option<&Arc<crate::dataplane::Dataplane>> {
+        self.dataplane.as_ref()
+    }
+
+    fn dataplane_keepalive(&self) {
+        if let Some(dp) = &self.dataplane
+            && let Err(e) = dp.keepalive()
+        {
+            log::warn!("node liveness lease: {e}");
+        }
+    }
+
     fn tick(&self) {
         let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.heartbeat_ms.store(ms, Ordering::Relaxed);
     }
+}
+
+/// Creates the dataplane reconciler and runs its start-up sync (before the agent serves, so
+/// pods created at once get the computed MTU and routes exist). A `--node-ip` that is not on
+/// a local interface is fatal; every other dataplane problem is reported and retried.
+fn start_dataplane(
+    cfg: &AgentConfig,
+    store: &Arc<dyn Store>,
+) -> anyhow::Result<crate::dataplane::Dataplane> {
+    let dp = crate::dataplane::Dataplane::new(
+        crate::dataplane::DataplaneConfig {
+            node_name: cfg.node_name.clone(),
+            node_ip: cfg.node_ip,
+            interface_prefix: cfg.interface_prefix.clone(),
+            mtu: cfg.mtu,
+        },
+        store.clone(),
+    )
+    .context("--node-ip")?;
+    if let Err(e) = dp.keepalive() {
+        log::warn!("node liveness lease: {e}");
+    }
+    let r = dp.sync();
+    log::info!(
+        "dataplane start-up sync: {} routes set, {} removed, pod MTU {}, {} problems",
+        r.routes_set,
+        r.routes_removed,
+        dp.pod_mtu(),
+        r.errors.len()
+    );
+    Ok(dp)
 }
 
 fn op_name(r: &Request) -> String {

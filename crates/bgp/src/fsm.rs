@@ -344,6 +344,22 @@ impl Session {
         )
     }
 
+    /// Connection collision (RFC 4271 §6.8) lost by the current connection: forgets it and
+    /// returns to Active without arming the connect-retry timer, so the driver can hand over
+    /// the winning connection with [`Event::TcpConnected`]. Only OpenSent and OpenConfirm can
+    /// collide; in other states nothing happens.
+    pub fn collision_reset(&mut self) -> Vec<Action> {
+        if !matches!(self.state, State::OpenSent | State::OpenConfirm) {
+            return Vec::new();
+        }
+        self.negotiated = None;
+        self.state = State::Active;
+        vec![
+            Action::CancelTimer(TimerKind::Hold),
+            Action::CancelTimer(TimerKind::Keepalive),
+        ]
+    }
+
     /// Processes one event at time `now` (any monotonic origin) and returns the actions.
     pub fn handle(&mut self, event: Event, now: Duration) -> Vec<Action> {
         let mut out = Vec::new();

@@ -9,10 +9,15 @@
 //! - [`rib`]: Adj-RIB-In per peer, Loc-RIB best-path selection, route reflection (RFC 4456),
 //!   graceful-restart helper stale handling and per-peer export UPDATE generation.
 //!
-//! A driver (later: tokio) owns the TCP connections and timers, feeds bytes through the
+//! - [`driver`]: the tokio driver, [`driver::Speaker`]: sockets, timers, connection collision
+//!   detection, TCP MD5 ([`md5`]) and best-route events for the agent.
+//!
+//! The driver owns the TCP connections and timers, feeds bytes through the
 //! framer and decoder into the session, executes the session's actions, and passes received
 //! routes and session transitions to the RIB.
 
 pub mod codec;
+pub mod driver;
 pub mod fsm;
+pub mod md5;
 pub mod rib;

@@ -66,6 +66,10 @@ pub struct PeerConfig {
     /// Set ourselves as next hop for eBGP-learned routes sent to this iBGP peer
     /// (always done toward eBGP peers and for our own routes).
     pub next_hop_self: bool,
+    /// Toward this eBGP peer, keep a route's existing next hop instead of rewriting it to
+    /// ourselves (e.g. a route server or a ToR that should forward straight to the node).
+    #[serde(default)]
+    pub keep_original_next_hop: bool,
 }
 
 /// The attributes of one route, normalised from UPDATE path attributes.
@@ -440,6 +444,39 @@ impl Rib {
         self.local.insert(prefix.trunc(), RouteAttrs::local());
     }
 
+    /// Originates a prefix with an explicit next hop, advertised instead of the session's own
+    /// address to iBGP peers (and to eBGP peers with `keep_original_next_hop`). A next hop of
+    /// the other address family is ignored.
+    pub fn originate_via(&mut self, prefix: IpNet, next_hop: Option<IpAddr>) {
+        let next_hop = next_hop.filter(|nh| nh.is_ipv4() == prefix.addr().is_ipv4());
+        self.local.insert(
+            prefix.trunc(),
+            RouteAttrs {
+                next_hop,
+                ..RouteAttrs::local()
+            },
+        );
+    }
+
+    /// Changes the next hops we advertise to the peer (e.g. once the session's local address
+    /// is known). Takes effect on the next [`Rib::take_updates`].
+    pub fn set_next_hops(
+        &mut self,
+        address: IpAddr,
+        v4: Option<Ipv4Addr>,
+        v6: Option<Ipv6Addr>,
+    ) -> Result<(), RibError> {
+        let peer = self.peer_mut(address)?;
+        peer.config.next_hop_v4 = v4;
+        peer.config.next_hop_v6 = v6;
+        Ok(())
+    }
+
+    /// The peer's RIB settings.
+    pub fn peer_config(&self, address: IpAddr) -> Option<&PeerConfig> {
+        self.peers.get(&address).map(|p| &p.config)
+    }
+
     /// Stops originating a prefix.
     pub fn withdraw_local(&mut self, prefix: IpNet) {
         self.local.remove(&prefix.trunc());
@@ -588,7 +625,9 @@ impl Rib {
                 return None;
             }
             attrs.prepend(self.config.local_as);
-            attrs.next_hop = Some(self_nh?);
+            if !(to.config.keep_original_next_hop && attrs.next_hop.is_some()) {
+                attrs.next_hop = Some(self_nh?);
+            }
             attrs.local_pref = None;
             attrs.originator_id = None;
             attrs.cluster_list.clear();
@@ -600,7 +639,8 @@ impl Rib {
         }
         attrs.local_pref = Some(attrs.local_pref.unwrap_or(DEFAULT_LOCAL_PREF));
         match from {
-            None => attrs.next_hop = Some(self_nh?),
+            None if attrs.next_hop.is_none() => attrs.next_hop = Some(self_nh?),
+            None => {}
             Some(src) if self.is_ebgp(src) => {
                 if to.config.next_hop_self {
                     attrs.next_hop = Some(self_nh?);

@@ -39,6 +39,7 @@ fn peer(r: &mut Rib, n: u8, asn: u32, rr_client: bool) -> IpAddr {
         next_hop_v6: Some("fd00::1".parse().unwrap()),
         rr_client,
         next_hop_self: false,
+        keep_original_next_hop: false,
     })
     .unwrap();
     r.peer_up(addr, &negotiated(n, asn)).unwrap();
@@ -617,6 +618,7 @@ fn peer_errors_carry_the_address() {
         next_hop_v6: None,
         rr_client: false,
         next_hop_self: false,
+        keep_original_next_hop: false,
     });
     assert_eq!(dup, Err(RibError::PeerExists(ip("198.18.0.2"))));
 }

@@ -173,7 +173,8 @@ pub struct LabArgs {
 /// `lab` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum LabCommand {
-    /// Build the lab and start the agents.
+    /// Build the lab and start the agents. The datastore is chosen with the global
+    /// `--store sqlite|etcd` (default sqlite; etcd runs in a namespace of its own).
     Up {
         /// Number of nodes.
         #[arg(long, default_value_t = 1)]
@@ -185,9 +186,6 @@ pub enum LabCommand {
         /// only across them).
         #[arg(long, value_enum, default_value_t = Encap::None)]
         encap: Encap,
-        /// Datastore: one SQLite file, or etcd in a namespace of its own on the underlay.
-        #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
-        store: StoreKind,
         /// Seconds between the agents' full resyncs.
         #[arg(long)]
         resync_seconds: Option<u64>,
@@ -208,9 +206,6 @@ pub enum LabCommand {
         /// Encapsulation between nodes.
         #[arg(long, value_enum, default_value_t = Encap::None)]
         encap: Encap,
-        /// Datastore.
-        #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
-        store: StoreKind,
     },
     /// Pods of the lab.
     Pod {

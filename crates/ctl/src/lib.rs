@@ -147,7 +147,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
             );
         }
-        Command::Lab(args) => return lab::run(&args),
+        Command::Lab(args) => return lab::run(&args, store.url),
     }
     Ok(0)
 }

@@ -16,6 +16,7 @@
 //! - `--store etcd://host:port[,...]`: an existing cluster; each scenario writes under its own
 //!   key prefix (`/alloc-bench/<pid>/<nodes>`) so runs do not see each other's blocks;
 //! - any other URL is opened with `tern_store::open` and shared by the scenarios.
+//!
 //! `host-local` is only executed (with a temporary `dataDir`); nothing under /var/lib/cni
 //! is touched.
 
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_model::{IpPool, IpPoolSpec, IpamConfigSpec, put_resource};
-use tern_store::{KeyValue, Store, Txn, TxnResponse, Watch};
+use tern_store::{Compare, KeyValue, Op, Store, Txn, TxnResponse, Watch};
 
 /// Store calls made by the nodes of one scenario, shared by their [`Counting`] decorators.
 #[derive(Default)]
@@ -40,6 +41,11 @@ struct Counters {
     gets: AtomicU64,
     ranges: AtomicU64,
     txns: AtomicU64,
+    /// Nanoseconds spent waiting in gets, ranges and txns (summed over the nodes' threads):
+    /// where an allocation's time goes.
+    get_ns: AtomicU64,
+    range_ns: AtomicU64,
+    txn_ns: AtomicU64,
 }
 
 /// Per-operation figures of one phase, taken from [`Counters`].
@@ -50,6 +56,9 @@ struct Counted {
     gets: u64,
     ranges: u64,
     txns: u64,
+    get_ns: u64,
+    range_ns: u64,
+    txn_ns: u64,
 }
 
 impl Counters {
@@ -61,6 +70,9 @@ impl Counters {
             gets: self.gets.swap(0, Ordering::Relaxed),
             ranges: self.ranges.swap(0, Ordering::Relaxed),
             txns: self.txns.swap(0, Ordering::Relaxed),
+            get_ns: self.get_ns.swap(0, Ordering::Relaxed),
+            range_ns: self.range_ns.swap(0, Ordering::Relaxed),
+            txn_ns: self.txn_ns.swap(0, Ordering::Relaxed),
         }
     }
 }
@@ -72,27 +84,31 @@ struct Counting {
 }
 
 impl Counting {
-    fn count(&self, which: &AtomicU64) {
+    /// Counts one call in `which`, and its duration in `ns`.
+    fn timed<T>(&self, which: &AtomicU64, ns: &AtomicU64, f: impl FnOnce() -> T) -> T {
         which.fetch_add(1, Ordering::Relaxed);
         self.c.requests.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let out = f();
+        ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
     }
 }
 
 impl Store for Counting {
     fn get(&self, key: &str) -> tern_store::Result<Option<KeyValue>> {
-        self.count(&self.c.gets);
-        self.inner.get(key)
+        self.timed(&self.c.gets, &self.c.get_ns, || self.inner.get(key))
     }
     fn range(&self, prefix: &str) -> tern_store::Result<(Vec<KeyValue>, i64)> {
-        self.count(&self.c.ranges);
-        self.inner.range(prefix)
+        self.timed(&self.c.ranges, &self.c.range_ns, || {
+            self.inner.range(prefix)
+        })
     }
     fn txn(&self, txn: Txn) -> tern_store::Result<TxnResponse> {
-        self.count(&self.c.txns);
         if !txn.success.is_empty() || !txn.failure.is_empty() {
             self.c.writes.fetch_add(1, Ordering::Relaxed);
         }
-        self.inner.txn(txn)
+        self.timed(&self.c.txns, &self.c.txn_ns, || self.inner.txn(txn))
     }
     fn revision(&self) -> tern_store::Result<i64> {
         self.c.requests.fetch_add(1, Ordering::Relaxed);
@@ -139,12 +155,65 @@ struct Row {
     counted: Option<Counted>,
 }
 
+/// The floor under an allocation: `n` single-key reads, then `n` compare-and-swap writes of a
+/// small value (one store request each), on one connection. An allocation's time divided by
+/// these tells whether the store's round trips or tern's own work dominate.
+fn baseline(open: &dyn Fn() -> Arc<dyn Store>, n: usize) -> anyhow::Result<Vec<Row>> {
+    let counters = Arc::new(Counters::default());
+    let store = Counting {
+        inner: open(),
+        c: counters.clone(),
+    };
+    let key = "/tern/bench/baseline";
+    store.txn(Txn {
+        compare: vec![],
+        success: vec![Op::put(key, b"0".to_vec())],
+        failure: vec![],
+    })?;
+    counters.take();
+    let start = Instant::now();
+    for _ in 0..n {
+        store.get(key)?;
+    }
+    let get_secs = start.elapsed().as_secs_f64();
+    let gets = counters.take();
+    let start = Instant::now();
+    for i in 0..n {
+        let rev = store.get(key)?.map_or(0, |kv| kv.mod_revision);
+        let ok = store
+            .txn(Txn {
+                compare: vec![Compare::ModRevision(key.into(), rev)],
+                success: vec![Op::put(key, i.to_string().into_bytes())],
+                failure: vec![],
+            })?
+            .succeeded;
+        anyhow::ensure!(ok, "uncontended compare-and-swap failed");
+    }
+    let cas_secs = start.elapsed().as_secs_f64();
+    let cas = counters.take();
+    Ok(vec![
+        Row {
+            scenario: "store get, 1 key (floor)".into(),
+            ops: n as u64,
+            secs: get_secs,
+            counted: Some(gets),
+        },
+        Row {
+            scenario: "store get + CAS put, 1 key (floor)".into(),
+            ops: n as u64,
+            secs: cas_secs,
+            counted: Some(cas),
+        },
+    ])
+}
+
 /// One scenario: `nodes` threads allocate `per_node` addresses each, then release them.
+/// One node also measures the store's floor ([`baseline`]) on the same store afterwards.
 fn scenario(
     open: &dyn Fn() -> Arc<dyn Store>,
     nodes: usize,
     per_node: usize,
-) -> anyhow::Result<(Row, Row)> {
+) -> anyhow::Result<Vec<Row>> {
     let setup = open();
     let mut spec = IpPoolSpec::new("10.200.0.0/16");
     spec.block_size = 26;
@@ -200,7 +269,7 @@ fn scenario(
     } else {
         format!("{nodes} contending nodes")
     };
-    Ok((
+    let mut rows = vec![
         Row {
             scenario: format!("tern-ipam allocate, {label}"),
             ops: total,
@@ -213,7 +282,11 @@ fn scenario(
             secs: release_secs,
             counted: Some(release_counted),
         },
-    ))
+    ];
+    if nodes == 1 {
+        rows.extend(baseline(open, per_node.min(1000))?);
+    }
+    Ok(rows)
 }
 
 /// `host-local` ADD then DEL, `n` times, with a temporary data directory.
@@ -326,7 +399,7 @@ fn etcd_version() -> String {
 }
 
 /// One scenario (`nodes` contending nodes) on a store of `backend`.
-fn run_scenario(backend: &Backend, nodes: usize, per_node: usize) -> anyhow::Result<(Row, Row)> {
+fn run_scenario(backend: &Backend, nodes: usize, per_node: usize) -> anyhow::Result<Vec<Row>> {
     match backend {
         Backend::Sqlite => {
             let dir = tempfile::tempdir()?;
@@ -394,47 +467,49 @@ fn main() -> anyhow::Result<()> {
     let backend = Backend::parse(store.as_deref());
     let mut rows = Vec::new();
     for nodes in [1usize, 4] {
-        let (a, r) = run_scenario(&backend, nodes, n / nodes)?;
-        rows.push(a);
-        rows.push(r);
+        rows.extend(run_scenario(&backend, nodes, n / nodes)?);
     }
     if let Some(r) = host_local((n / 10).max(20))? {
         rows.push(r);
     }
     println!("store: {}", backend.describe());
     println!(
-        "| {:<47} | {:>6} | {:>8} | {:>10} | {:>13} | {:>15} | {:>20} |",
+        "| {:<47} | {:>6} | {:>8} | {:>10} | {:>13} | {:>15} | {:>20} | {:>26} |",
         "scenario",
         "ops",
         "seconds",
         "ops/s",
         "writes per op",
         "requests per op",
-        "get/range/txn per op"
+        "get/range/txn per op",
+        "ms in get/range/txn per op"
     );
     println!(
-        "|{:-<49}|{:->8}|{:->10}|{:->12}|{:->15}|{:->17}|{:->22}|",
-        "", "", "", "", "", "", ""
+        "|{:-<49}|{:->8}|{:->10}|{:->12}|{:->15}|{:->17}|{:->22}|{:->28}|",
+        "", "", "", "", "", "", "", ""
     );
     for r in rows {
         let per = |x: u64| format!("{:.2}", x as f64 / r.ops as f64);
-        let (w, q, split) = match r.counted {
+        let ms = |ns: u64| format!("{:.2}", ns as f64 / 1e6 / r.ops as f64);
+        let (w, q, split, time) = match r.counted {
             Some(c) => (
                 per(c.writes),
                 per(c.requests),
                 format!("{}/{}/{}", per(c.gets), per(c.ranges), per(c.txns)),
+                format!("{}/{}/{}", ms(c.get_ns), ms(c.range_ns), ms(c.txn_ns)),
             ),
-            None => ("-".into(), "-".into(), "-".into()),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {:<47} | {:>6} | {:>8.2} | {:>10.0} | {:>13} | {:>15} | {:>20} |",
+            "| {:<47} | {:>6} | {:>8.2} | {:>10.0} | {:>13} | {:>15} | {:>20} | {:>26} |",
             r.scenario,
             r.ops,
             r.secs,
             r.ops as f64 / r.secs,
             w,
             q,
-            split
+            split,
+            time
         );
     }
     Ok(())

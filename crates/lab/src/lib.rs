@@ -28,6 +28,7 @@ use std::path::PathBuf;
 pub mod bench;
 pub mod cluster;
 pub mod mesh;
+pub mod netbench;
 pub mod netns;
 
 pub mod pod;

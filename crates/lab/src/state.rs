@@ -42,6 +42,10 @@ pub struct LabState {
     /// Extra arguments given to every `ternd` (also to nodes added later).
     #[serde(default)]
     pub agent_args: Vec<String>,
+    /// Highest node index ever used: a joining node never reuses a departed node's name and
+    /// address, so no stale neighbour entry elsewhere can point at it.
+    #[serde(default)]
+    pub last_node_index: usize,
 }
 
 /// How pod traffic between nodes is carried; set by the lab's default IPPool.

@@ -399,6 +399,7 @@ fn node_index(name: &str) -> Option<usize> {
 fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
     let name = format!("node{i}");
     let ns = state::node_ns(&st.name, &name);
+    st.last_node_index = st.last_node_index.max(i);
     netns_add(&ns)?;
     st.namespaces.push(ns.clone());
     let dir = st.dir().join(&name);
@@ -486,6 +487,7 @@ pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
         .filter_map(|n| node_index(&n.name))
         .max()
         .unwrap_or(0)
+        .max(st.last_node_index)
         + 1;
     if next > MAX_NODES {
         return Err(LabError::Invalid(format!(
@@ -529,6 +531,14 @@ pub fn node_del(st: &mut LabState, node: &str) -> Result<Vec<String>> {
             "absent"
         }
     ));
+    // Deleting a namespace frees its devices asynchronously; unplug the underlay end now so
+    // the node is off the underlay when this returns.
+    if let Some(i) = node_index(node) {
+        let _ = ip_in(
+            &state::underlay_ns(&st.name),
+            &["link", "del", &format!("n{i}")],
+        );
+    }
     netns_del(&n.netns)?;
     done.push(format!("deleted namespace {}", n.netns));
     st.namespaces.retain(|x| *x != n.netns);

@@ -7,13 +7,17 @@
 
 use std::fmt;
 
+pub mod namespace;
 pub mod parse;
+pub mod policy;
 pub mod resources;
 pub mod selector;
 pub mod storage;
 pub mod validate;
 
+pub use namespace::{Namespace, NamespaceSpec};
 pub use parse::parse_documents;
+pub use policy::*;
 pub use resources::*;
 pub use selector::{Selector, SelectorError};
 pub use storage::{delete_resource, get_resource, list_resources, put_resource, resource_key};

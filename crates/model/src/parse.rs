@@ -102,6 +102,17 @@ fn top_level_key_line(doc: &str, key: &str) -> Option<usize> {
         .map(|i| i + 1)
 }
 
+/// The kind of a document from its `apiVersion` and `kind`: tern's kinds under
+/// `tern.dev/v1`, plus Kubernetes `networking.k8s.io/v1` NetworkPolicy and core `v1` Namespace
+/// documents, accepted unchanged.
+pub(crate) fn kind_of(api_version: &str, kind: &str) -> Result<Kind, String> {
+    match (api_version, kind) {
+        (crate::policy::K8S_NETWORKING_API_VERSION, "NetworkPolicy") => Ok(Kind::K8sNetworkPolicy),
+        ("v1", "Namespace") => Ok(Kind::Namespace),
+        _ => kind.parse::<Kind>(),
+    }
+}
+
 fn check_header(
     h: Header,
     file: &str,
@@ -113,8 +124,16 @@ fn check_header(
         doc.and_then(|d| top_level_key_line(d, key))
             .map_or(Some(doc_line), |l| Some(l + offset))
     };
+    let foreign = matches!(
+        (h.api_version.as_deref(), h.kind.as_deref()),
+        (
+            Some(crate::policy::K8S_NETWORKING_API_VERSION),
+            Some("NetworkPolicy")
+        ) | (Some("v1"), Some("Namespace"))
+    );
     match h.api_version.as_deref() {
         Some(API_VERSION) => {}
+        _ if foreign => {}
         Some(other) => {
             return Err(parse_error(
                 file,
@@ -140,8 +159,43 @@ fn check_header(
             "missing field `kind`".into(),
         ));
     };
-    kind.parse::<Kind>()
+    kind_of(h.api_version.as_deref().unwrap_or_default(), &kind)
         .map_err(|m| parse_error(file, line_of("kind"), "kind", m))
+}
+
+/// Builds the [`Resource`] variant of `kind` with `$typed` (a generic fn over the spec type).
+macro_rules! dispatch {
+    ($kind:expr, $typed:ident ( $($arg:expr),* )) => {
+        match $kind {
+            Kind::IpPool => Resource::IpPool($typed($($arg),*)?),
+            Kind::IpamConfig => Resource::IpamConfig($typed($($arg),*)?),
+            Kind::Node => Resource::Node($typed($($arg),*)?),
+            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint($typed($($arg),*)?),
+            Kind::IpReservation => Resource::IpReservation($typed($($arg),*)?),
+            Kind::NetworkPolicy => Resource::NetworkPolicy($typed($($arg),*)?),
+            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy($typed($($arg),*)?),
+            Kind::K8sNetworkPolicy => Resource::K8sNetworkPolicy($typed($($arg),*)?),
+            Kind::Namespace => Resource::Namespace($typed($($arg),*)?),
+        }
+    };
+}
+
+/// Namespace documents usually have no `spec`; an empty one is implied.
+fn implied_spec(kind: Kind, doc: &str) -> String {
+    if kind == Kind::Namespace && top_level_key_line(doc, "spec").is_none() {
+        format!("{doc}\nspec: {{}}\n")
+    } else {
+        doc.to_string()
+    }
+}
+
+fn implied_spec_json(kind: Kind, v: &mut serde_json::Value) {
+    if kind == Kind::Namespace
+        && let Some(o) = v.as_object_mut()
+    {
+        o.entry("spec")
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    }
 }
 
 fn parse_yaml(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
@@ -172,13 +226,8 @@ fn parse_yaml(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
             d.spec.fill_defaults();
             Ok(d)
         }
-        out.push(match kind {
-            Kind::IpPool => Resource::IpPool(typed(&doc, &yaml_err)?),
-            Kind::IpamConfig => Resource::IpamConfig(typed(&doc, &yaml_err)?),
-            Kind::Node => Resource::Node(typed(&doc, &yaml_err)?),
-            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(&doc, &yaml_err)?),
-            Kind::IpReservation => Resource::IpReservation(typed(&doc, &yaml_err)?),
-        });
+        let doc = implied_spec(kind, &doc);
+        out.push(dispatch!(kind, typed(&doc, &yaml_err)));
     }
     Ok(out)
 }
@@ -227,13 +276,9 @@ fn parse_json(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
                 d.spec.fill_defaults();
                 Ok(d)
             }
-            out.push(match kind {
-                Kind::IpPool => Resource::IpPool(typed(v, file, &at)?),
-                Kind::IpamConfig => Resource::IpamConfig(typed(v, file, &at)?),
-                Kind::Node => Resource::Node(typed(v, file, &at)?),
-                Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(v, file, &at)?),
-                Kind::IpReservation => Resource::IpReservation(typed(v, file, &at)?),
-            });
+            let mut v = v;
+            implied_spec_json(kind, &mut v);
+            out.push(dispatch!(kind, typed(v.clone(), file, &at)));
         }
         return Ok(out);
     }
@@ -250,11 +295,11 @@ fn parse_json(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
         d.spec.fill_defaults();
         Ok(d)
     }
-    Ok(vec![match kind {
-        Kind::IpPool => Resource::IpPool(typed(text, &json_err)?),
-        Kind::IpamConfig => Resource::IpamConfig(typed(text, &json_err)?),
-        Kind::Node => Resource::Node(typed(text, &json_err)?),
-        Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(text, &json_err)?),
-        Kind::IpReservation => Resource::IpReservation(typed(text, &json_err)?),
-    }])
+    if kind == Kind::Namespace {
+        let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| json_err(&e, ""))?;
+        implied_spec_json(kind, &mut v);
+        let text = v.to_string();
+        return Ok(vec![dispatch!(kind, typed(&text, &json_err))]);
+    }
+    Ok(vec![dispatch!(kind, typed(text, &json_err))])
 }

@@ -18,29 +18,37 @@ pub enum Kind {
     Node,
     WorkloadEndpoint,
     IpReservation,
+    /// tern's namespaced NetworkPolicy (`tern.dev/v1`).
+    NetworkPolicy,
+    /// tern's cluster-scoped GlobalNetworkPolicy.
+    GlobalNetworkPolicy,
+    /// A Kubernetes `networking.k8s.io/v1` NetworkPolicy (document kind `NetworkPolicy`).
+    K8sNetworkPolicy,
+    /// A namespace and its labels.
+    Namespace,
 }
 
 /// Kinds that belong to tern's API but are not implemented yet; parsing them fails with a
 /// message saying so rather than "unknown kind".
-pub const PLANNED_KINDS: &[&str] = &[
-    "NetworkPolicy",
-    "GlobalNetworkPolicy",
-    "BGPConfiguration",
-    "BGPPeer",
-    "AgentConfiguration",
-];
+pub const PLANNED_KINDS: &[&str] = &["BGPConfiguration", "BGPPeer", "AgentConfiguration"];
 
 impl Kind {
     /// Every supported kind.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 9] = [
         Kind::IpPool,
         Kind::IpamConfig,
         Kind::Node,
         Kind::WorkloadEndpoint,
         Kind::IpReservation,
+        Kind::NetworkPolicy,
+        Kind::GlobalNetworkPolicy,
+        Kind::K8sNetworkPolicy,
+        Kind::Namespace,
     ];
 
-    /// The `kind:` string of documents.
+    /// The kind's unique name (the `kind:` string of documents, except for Kubernetes
+    /// NetworkPolicies, whose documents say `NetworkPolicy`; see [`Kind::document_kind`]).
+    /// Store keys use this name, so the two NetworkPolicy flavours never collide.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::IpPool => "IPPool",
@@ -48,12 +56,35 @@ impl Kind {
             Kind::Node => "Node",
             Kind::WorkloadEndpoint => "WorkloadEndpoint",
             Kind::IpReservation => "IPReservation",
+            Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::GlobalNetworkPolicy => "GlobalNetworkPolicy",
+            Kind::K8sNetworkPolicy => "KubernetesNetworkPolicy",
+            Kind::Namespace => "Namespace",
+        }
+    }
+
+    /// The `kind:` string written in documents of this kind.
+    pub fn document_kind(self) -> &'static str {
+        match self {
+            Kind::K8sNetworkPolicy => "NetworkPolicy",
+            k => k.as_str(),
+        }
+    }
+
+    /// The `apiVersion` written in documents of this kind.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::K8sNetworkPolicy => crate::policy::K8S_NETWORKING_API_VERSION,
+            _ => API_VERSION,
         }
     }
 
     /// Whether resources of this kind live in a Kubernetes namespace.
     pub fn namespaced(self) -> bool {
-        matches!(self, Kind::WorkloadEndpoint)
+        matches!(
+            self,
+            Kind::WorkloadEndpoint | Kind::NetworkPolicy | Kind::K8sNetworkPolicy
+        )
     }
 }
 
@@ -76,6 +107,12 @@ impl FromStr for Kind {
             "node" | "nodes" | "no" => Kind::Node,
             "workloadendpoint" | "workloadendpoints" | "wep" | "weps" => Kind::WorkloadEndpoint,
             "ipreservation" | "ipreservations" => Kind::IpReservation,
+            "networkpolicy" | "networkpolicies" | "netpol" | "np" => Kind::NetworkPolicy,
+            "globalnetworkpolicy" | "globalnetworkpolicies" | "gnp" => Kind::GlobalNetworkPolicy,
+            "kubernetesnetworkpolicy" | "kubernetesnetworkpolicies" | "knp" => {
+                Kind::K8sNetworkPolicy
+            }
+            "namespace" | "namespaces" | "ns" => Kind::Namespace,
             _ => {
                 if let Some(p) = PLANNED_KINDS.iter().find(|p| p.eq_ignore_ascii_case(s)) {
                     return Err(format!("kind {p} is not supported yet"));
@@ -116,6 +153,8 @@ pub trait Spec:
 {
     /// The kind this spec belongs to.
     const KIND: Kind;
+    /// The `apiVersion` of documents of this kind.
+    const API_VERSION: &'static str = API_VERSION;
     /// Fills defaults that depend on other fields (e.g. block size by address family).
     fn fill_defaults(&mut self) {}
 }
@@ -139,8 +178,8 @@ impl<S: Spec> Document<S> {
     pub fn new(name: impl Into<String>, mut spec: S) -> Document<S> {
         spec.fill_defaults();
         Document {
-            api_version: API_VERSION.to_string(),
-            kind: S::KIND.as_str().to_string(),
+            api_version: S::API_VERSION.to_string(),
+            kind: S::KIND.document_kind().to_string(),
             metadata: ObjectMeta {
                 name: name.into(),
                 ..ObjectMeta::default()
@@ -402,6 +441,9 @@ pub struct WorkloadEndpointSpec {
     pub profiles: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
+    /// Named container ports of the pod, which policies may reference by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<crate::policy::EndpointPort>,
 }
 
 impl Spec for WorkloadEndpointSpec {
@@ -417,6 +459,10 @@ pub enum Resource {
     Node(Node),
     WorkloadEndpoint(WorkloadEndpoint),
     IpReservation(IpReservation),
+    NetworkPolicy(crate::policy::NetworkPolicy),
+    GlobalNetworkPolicy(crate::policy::GlobalNetworkPolicy),
+    K8sNetworkPolicy(crate::policy::K8sNetworkPolicy),
+    Namespace(crate::namespace::Namespace),
 }
 
 macro_rules! each {
@@ -427,6 +473,10 @@ macro_rules! each {
             Resource::Node($d) => $e,
             Resource::WorkloadEndpoint($d) => $e,
             Resource::IpReservation($d) => $e,
+            Resource::NetworkPolicy($d) => $e,
+            Resource::GlobalNetworkPolicy($d) => $e,
+            Resource::K8sNetworkPolicy($d) => $e,
+            Resource::Namespace($d) => $e,
         }
     };
 }
@@ -440,6 +490,10 @@ impl Resource {
             Resource::Node(_) => Kind::Node,
             Resource::WorkloadEndpoint(_) => Kind::WorkloadEndpoint,
             Resource::IpReservation(_) => Kind::IpReservation,
+            Resource::NetworkPolicy(_) => Kind::NetworkPolicy,
+            Resource::GlobalNetworkPolicy(_) => Kind::GlobalNetworkPolicy,
+            Resource::K8sNetworkPolicy(_) => Kind::K8sNetworkPolicy,
+            Resource::Namespace(_) => Kind::Namespace,
         }
     }
 
@@ -488,10 +542,12 @@ impl Resource {
     pub fn from_json(bytes: &[u8]) -> Result<Resource, String> {
         #[derive(Deserialize)]
         struct Header {
+            #[serde(rename = "apiVersion", default)]
+            api_version: String,
             kind: String,
         }
         let h: Header = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        let kind: Kind = h.kind.parse()?;
+        let kind = crate::parse::kind_of(&h.api_version, &h.kind)?;
         fn typed<S: Spec>(b: &[u8]) -> Result<Document<S>, String> {
             serde_json::from_slice(b).map_err(|e| e.to_string())
         }
@@ -501,6 +557,10 @@ impl Resource {
             Kind::Node => Resource::Node(typed(bytes)?),
             Kind::WorkloadEndpoint => Resource::WorkloadEndpoint(typed(bytes)?),
             Kind::IpReservation => Resource::IpReservation(typed(bytes)?),
+            Kind::NetworkPolicy => Resource::NetworkPolicy(typed(bytes)?),
+            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(typed(bytes)?),
+            Kind::K8sNetworkPolicy => Resource::K8sNetworkPolicy(typed(bytes)?),
+            Kind::Namespace => Resource::Namespace(typed(bytes)?),
         })
     }
 }
@@ -530,3 +590,19 @@ impl From<IpReservation> for Resource {
         Resource::IpReservation(d)
     }
 }
+
+macro_rules! from_doc {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for Resource {
+            fn from(d: $t) -> Resource {
+                Resource::$v(d)
+            }
+        }
+    )*};
+}
+from_doc!(
+    crate::policy::NetworkPolicy => NetworkPolicy,
+    crate::policy::GlobalNetworkPolicy => GlobalNetworkPolicy,
+    crate::policy::K8sNetworkPolicy => K8sNetworkPolicy,
+    crate::namespace::Namespace => Namespace
+);

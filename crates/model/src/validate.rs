@@ -61,6 +61,16 @@ pub(crate) fn validate(r: &Resource) -> Result<(), ModelError> {
         Resource::Node(n) => validate_node(&cx, n),
         Resource::WorkloadEndpoint(w) => validate_wep(&cx, w),
         Resource::IpReservation(r) => validate_ip_reservation(&cx, r),
+        Resource::NetworkPolicy(p) => {
+            crate::policy::validate_tern_spec(&p.spec).map_err(|(f, m)| cx.err(&f, m))
+        }
+        Resource::GlobalNetworkPolicy(p) => {
+            crate::policy::validate_tern_spec(&p.spec.0).map_err(|(f, m)| cx.err(&f, m))
+        }
+        Resource::K8sNetworkPolicy(p) => {
+            crate::policy::validate_k8s_spec(&p.spec).map_err(|(f, m)| cx.err(&f, m))
+        }
+        Resource::Namespace(_) => Ok(()),
     }
 }
 
@@ -299,6 +309,10 @@ fn validate_wep(cx: &Ctx, w: &WorkloadEndpoint) -> Result<(), ModelError> {
     }
     if !s.mac.is_empty() && !valid_mac(&s.mac) {
         return Err(cx.err("spec.mac", format!("{:?} is not a MAC address", s.mac)));
+    }
+    for (i, p) in s.ports.iter().enumerate() {
+        crate::policy::validate_port_name(&p.name)
+            .map_err(|e| cx.err(&format!("spec.ports[{i}].name"), e))?;
     }
     if s.interface_name.len() > 15 {
         return Err(cx.err(

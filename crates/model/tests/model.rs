@@ -110,7 +110,7 @@ fn header_errors() {
             "# c\napiVersion: tern.dev/v1\nkind: Pod\nmetadata: {name: x}\n",
             "x.yaml"
         ),
-        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint, IPReservation"
+        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint, IPReservation, NetworkPolicy, GlobalNetworkPolicy, KubernetesNetworkPolicy, Namespace"
     );
     assert_eq!(
         parse_err("apiVersion: tern.dev/v1\nkind: BGPPeer\n", "x.yaml"),
@@ -297,6 +297,7 @@ fn other_validation() {
             network: String::new(),
             profiles: vec![],
             service_account_name: None,
+            ports: vec![],
         },
     );
     assert!(invalid(w.clone()).contains("metadata.namespace: WorkloadEndpoint is namespaced"));

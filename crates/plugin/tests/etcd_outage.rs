@@ -117,6 +117,20 @@ impl NsEtcd {
         assert!(ready, "etcd not ready within 15 s: {}", self.log());
     }
 
+    /// Sends `sig` to etcd by PID: SIGSTOP makes a member that accepts connections but never
+    /// answers (a hung or partitioned store), SIGCONT brings it back.
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.as_ref().expect("etcd is not running").id();
+        // SAFETY: kill(2) on the PID of a child we spawned and have not reaped.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {sig}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// Kills etcd by PID (SIGKILL, like a crash) and reaps it; the data directory stays.
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -314,4 +328,48 @@ fn ternctl_on_an_etcd_that_refuses_connections_fails_fast_and_clearly() {
         lower.contains("refused"),
         "error does not say why (connection refused): {stderr}"
     );
+}
+
+/// Fails today: the ADD takes ~10.3 s. A read on a pooled connection to the stopped member
+/// times out after the 5 s request timeout, then `Client::call` (crates/store/src/etcd.rs,
+/// around lines 856-895) retries the same endpoint on a fresh connection, which the kernel
+/// accepts, and waits another 5 s. Run with `--ignored` once the store bounds a call by one
+/// request timeout per endpoint.
+#[test]
+#[ignore = "store bug: a hung etcd costs two request timeouts per call (see doc comment)"]
+fn etcd_that_hangs_add_is_code_11_in_bounded_time_and_works_after() {
+    if !can_run_etcd() {
+        return;
+    }
+    let mut node = Node::unstarted_with_store(&etcd_url());
+    let mut etcd = NsEtcd::new(&node);
+    etcd.start();
+    node.start();
+    let conf = node.conf("1.0.0");
+    let pod = Pod::new();
+
+    // Connections are accepted by the kernel but nothing answers: only timeouts help.
+    etcd.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let add = node.cni("ADD", &pod, "hung-etcd", "eth0", &conf);
+    let took = started.elapsed();
+    eprintln!("ADD with a hung etcd took {took:?}: {}", add.json);
+    etcd.signal(libc::SIGCONT);
+    let msg = add.fails_with(11);
+    assert!(took < BOUND, "ADD with a hung etcd took {took:?}");
+    assert!(
+        msg.contains("datastore is unreachable"),
+        "message does not say the datastore is unreachable: {msg}"
+    );
+    assert!(
+        node.tern_links_settled().is_empty(),
+        "a failed ADD left host veths: {:?}",
+        node.tern_links()
+    );
+
+    let r = node.add(&pod, "hung-etcd", &conf);
+    assert_eq!(node.allocated_to("hung-etcd"), vec![result_ip(&r)]);
+    node.cni("DEL", &pod, "hung-etcd", "eth0", &conf).ok();
+    assert!(node.allocated_to("hung-etcd").is_empty());
+    etcd.kill();
 }

@@ -50,6 +50,13 @@ struct Args {
     /// Client key for an etcd store over TLS.
     #[arg(long, env = "TERN_ETCD_KEY")]
     etcd_key: Option<PathBuf>,
+    /// This node's underlay address (must be on a local interface); default: the addresses
+    /// of the interface carrying the default route.
+    #[arg(long, env = "TERN_NODE_IP")]
+    node_ip: Option<std::net::IpAddr>,
+    /// Disable the dataplane reconciler (routes to other nodes, VXLAN/IPIP, natOutgoing).
+    #[arg(long, env = "TERN_NO_DATAPLANE")]
+    no_dataplane: bool,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, env = "TERN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -70,6 +77,8 @@ fn main() {
     cfg.etcd_ca = args.etcd_ca;
     cfg.etcd_cert = args.etcd_cert;
     cfg.etcd_key = args.etcd_key;
+    cfg.node_ip = args.node_ip;
+    cfg.dataplane = !args.no_dataplane;
     // An unreachable datastore at start is waited for, not fatal: until the agent serves, the
     // plugins treat it as down (DEL journals, ADD answers "try again later").
     let agent = loop {

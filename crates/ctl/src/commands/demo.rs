@@ -1,7 +1,9 @@
-//! `ternctl lab demo`: the whole story in one command. Builds a one-node lab, adds pods with
-//! the real CNI plugin, shows the node's interfaces and routes, proves pod→pod (TCP, UDP) and
-//! node→pod (TCP) connectivity with real packets, prints `ipam show --show-blocks`, tears
-//! everything down and prints a verdict. Teardown happens on every path, including panics
+//! `ternctl lab demo`: the whole story in one command. Builds a lab, adds pods with the real
+//! CNI plugin, shows the nodes' interfaces and routes, proves pod→pod (TCP, UDP) and node→pod
+//! (TCP) connectivity with real packets, prints `ipam show --show-blocks`, tears everything down
+//! and prints a verdict. With several nodes (the multi-node part) pods are spread over the
+//! nodes, every pod probes every other pod (cross-node pairs marked), and `ternctl get nodes -o
+//! wide` shows the nodes' tunnel endpoints. Teardown happens on every path, including panics
 //! (a guard's `Drop`).
 
 use std::io::Write;
@@ -10,12 +12,28 @@ use std::process::Command;
 
 use anyhow::bail;
 use tern_lab::process::{netns_exec, netns_with_prefix, output};
-use tern_lab::{LabState, state};
+use tern_lab::traffic::Proto;
+use tern_lab::{Encap, LabState, StoreKind, state};
 
 /// Port of the echo servers (the classic echo port).
 pub const ECHO_PORT: u16 = 7;
 /// Most pods the demo adds.
 pub const MAX_PODS: usize = 20;
+/// Most nodes the demo builds.
+pub const MAX_NODES: usize = 8;
+
+/// What the demo builds.
+#[derive(Debug, Clone, Copy)]
+pub struct DemoOptions {
+    /// Pods (at least one per node when there are several nodes).
+    pub pods: usize,
+    /// Nodes.
+    pub nodes: usize,
+    /// Encapsulation between nodes.
+    pub encap: Encap,
+    /// Datastore.
+    pub store: StoreKind,
+}
 
 /// Removes the lab when dropped, unless disarmed after an orderly teardown.
 struct Teardown {
@@ -81,6 +99,22 @@ fn probe(ternctl: &Path, ns: &str, proto: &str, target: &str, label: &str) -> Re
     }
 }
 
+/// Runs ternctl inside a node's namespace against the lab's store (an etcd store is only
+/// reachable from there) and prints its output.
+fn show_ternctl(ternctl: &Path, st: &LabState, node_ns: &str, args: &[&str]) -> Result<(), String> {
+    let url = st.store_url();
+    println!("$ ternctl --store {url} {}", args.join(" "));
+    let mut cmd = netns_exec(node_ns, ternctl);
+    cmd.arg("--store").arg(&url).args(args);
+    let out = output(&mut cmd).map_err(|e| e.to_string())?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
 fn show_command(args: &[&str]) -> Result<(), String> {
     println!("$ ip {}", args.join(" "));
     let out = output(Command::new("ip").args(args)).map_err(|e| e.to_string())?;
@@ -93,10 +127,15 @@ fn show_command(args: &[&str]) -> Result<(), String> {
 }
 
 /// Runs the demo for lab `name`; the process exit code (0 only when every step passed).
-pub fn run(name: &str, bin_dir: &Path, pods: usize) -> anyhow::Result<i32> {
-    if pods == 0 || pods > MAX_PODS {
+pub fn run(name: &str, bin_dir: &Path, o: &DemoOptions) -> anyhow::Result<i32> {
+    if o.pods == 0 || o.pods > MAX_PODS {
         bail!("--pods must be between 1 and {MAX_PODS}");
     }
+    if o.nodes == 0 || o.nodes > MAX_NODES {
+        bail!("--nodes must be between 1 and {MAX_NODES}");
+    }
+    let pods = o.pods.max(o.nodes);
+    let multi = o.nodes > 1;
     state::validate_name(name)?;
     // Never adopt (and so never tear down) a lab someone else built.
     if LabState::load(name)?.is_some() || !netns_with_prefix(&state::ns_prefix(name)).is_empty() {
@@ -113,8 +152,22 @@ pub fn run(name: &str, bin_dir: &Path, pods: usize) -> anyhow::Result<i32> {
     let mut st: Option<LabState> = None;
 
     'demo: {
-        section("lab up: 1 node, underlay 198.18.0.0/24 in its own namespace");
-        let opts = tern_lab::UpOptions::new(name, bin_dir);
+        section(&format!(
+            "lab up: {} node{}, encap {}, store {}, underlay in its own namespace{}",
+            o.nodes,
+            if multi { "s" } else { "" },
+            o.encap,
+            o.store,
+            if o.encap == Encap::Crosssubnet {
+                " (two subnets joined by a router namespace)"
+            } else {
+                ""
+            }
+        ));
+        let mut opts = tern_lab::UpOptions::new(name, bin_dir);
+        opts.nodes = o.nodes;
+        opts.encap = o.encap;
+        opts.store = o.store;
         match tern_lab::up(&opts) {
             Ok(s) => {
                 for n in &s.nodes {
@@ -135,7 +188,7 @@ pub fn run(name: &str, bin_dir: &Path, pods: usize) -> anyhow::Result<i32> {
             }
         }
         let Some(s) = st.as_mut() else { break 'demo };
-        let node = s.nodes[0].clone();
+        let nodes = s.nodes.clone();
 
         section(&format!(
             "add {pods} pods with the tern CNI plugin (CNI ADD)"
@@ -143,11 +196,14 @@ pub fn run(name: &str, bin_dir: &Path, pods: usize) -> anyhow::Result<i32> {
         let mut pod_list = Vec::new();
         for i in 1..=pods {
             let pod = format!("pod{i}");
+            // Round robin, so every node has pods when there are at least as many pods.
+            let node = &nodes[(i - 1) % nodes.len()];
             match tern_lab::add_pod(s, &node.name, &pod) {
                 Ok(p) => {
                     println!(
-                        "pod {} (netns {}): {}",
+                        "pod {} on {} (netns {}): {}",
                         p.name,
+                        p.node,
                         p.netns,
                         p.addresses.join(", ")
                     );
@@ -161,14 +217,16 @@ pub fn run(name: &str, bin_dir: &Path, pods: usize) -> anyhow::Result<i32> {
             }
         }
 
-        section(&format!("interfaces and routes of {}", node.name));
-        for args in [
-            vec!["-n", node.netns.as_str(), "-br", "link"],
-            vec!["-n", node.netns.as_str(), "route"],
-        ] {
-            match show_command(&args) {
-                Ok(()) => v.ok(),
-                Err(e) => v.fail(&format!("ip {}", args.join(" ")), e),
+        for node in &nodes {
+            section(&format!("interfaces and routes of {}", node.name));
+            for args in [
+                vec!["-n", node.netns.as_str(), "-br", "link"],
+                vec!["-n", node.netns.as_str(), "route"],
+            ] {
+                match show_command(&args) {
+                    Ok(()) => v.ok(),
+                    Err(e) => v.fail(&format!("ip {}", args.join(" ")), e),
+                }
             }
         }
 
@@ -185,37 +243,83 @@ pub fn run(name: &str, bin_dir: &Path, pods: usize) -> anyhow::Result<i32> {
             }
         }
 
-        section("traffic: pod -> pod (tcp, udp) and node -> pod (tcp)");
+        if multi {
+            section("traffic: every pod -> every other pod (tcp, udp), across nodes");
+            match tern_lab::mesh::check_mesh(
+                s,
+                ECHO_PORT,
+                &[Proto::Tcp, Proto::Udp],
+                std::time::Duration::from_secs(3),
+            ) {
+                Ok(report) => {
+                    let node_of = |pod: &str| s.pod(pod).map(|p| p.node.clone()).ok();
+                    for r in &report.results {
+                        let cross = node_of(&r.src) != node_of(&r.dst);
+                        println!("{r}{}", if cross { "  [cross-node]" } else { "" });
+                        match &r.outcome {
+                            Ok(_) => v.ok(),
+                            Err(e) => {
+                                v.fail(&format!("{} {} -> {}", r.proto.as_str(), r.src, r.dst), e)
+                            }
+                        }
+                    }
+                }
+                Err(e) => v.fail("pod mesh", e),
+            }
+        } else {
+            section("traffic: pod -> pod (tcp, udp) and node -> pod (tcp)");
+        }
         for (i, dst) in pod_list.iter().enumerate() {
             let Some(ip) = dst.addresses.first() else {
                 continue;
             };
             let target = format!("{ip}:{ECHO_PORT}");
-            // Each pod is probed by the previous one (the last probes the first).
-            let src = &pod_list[(i + pod_list.len() - 1) % pod_list.len()];
-            for proto in ["tcp", "udp"] {
-                let label = format!("{} -> {}", src.name, dst.name);
-                match probe(&ternctl, &src.netns, proto, &target, &label) {
-                    Ok(()) => v.ok(),
-                    Err(e) => v.fail(&format!("{proto} {label}"), e),
+            if !multi {
+                // Each pod is probed by the previous one (the last probes the first).
+                let src = &pod_list[(i + pod_list.len() - 1) % pod_list.len()];
+                for proto in ["tcp", "udp"] {
+                    let label = format!("{} -> {}", src.name, dst.name);
+                    match probe(&ternctl, &src.netns, proto, &target, &label) {
+                        Ok(()) => v.ok(),
+                        Err(e) => v.fail(&format!("{proto} {label}"), e),
+                    }
                 }
             }
-            let label = format!("{} -> {}", node.name, dst.name);
-            match probe(&ternctl, &node.netns, "tcp", &target, &label) {
+            // The pod's own node reaches it directly; another node over the pod network.
+            let probers: Vec<_> = nodes
+                .iter()
+                .filter(|n| n.name == dst.node || (multi && i == 0))
+                .collect();
+            for node in probers {
+                let label = format!("{} -> {}", node.name, dst.name);
+                match probe(&ternctl, &node.netns, "tcp", &target, &label) {
+                    Ok(()) => v.ok(),
+                    Err(e) => v.fail(&format!("tcp {label}"), e),
+                }
+            }
+        }
+
+        if multi {
+            section("ternctl get nodes -o wide");
+            match show_ternctl(
+                &ternctl,
+                s,
+                &nodes[0].netns,
+                &["get", "nodes", "-o", "wide"],
+            ) {
                 Ok(()) => v.ok(),
-                Err(e) => v.fail(&format!("tcp {label}"), e),
+                Err(e) => v.fail("get nodes -o wide", e),
             }
         }
 
         section("ternctl ipam show --show-blocks");
-        let shown = tern_store::open(&s.store_url())
-            .map_err(anyhow::Error::from)
-            .and_then(|store| super::ipam_show::show(store, true));
-        match shown {
-            Ok(table) => {
-                print!("{table}");
-                v.ok();
-            }
+        match show_ternctl(
+            &ternctl,
+            s,
+            &nodes[0].netns,
+            &["ipam", "show", "--show-blocks"],
+        ) {
+            Ok(()) => v.ok(),
             Err(e) => v.fail("ipam show", e),
         }
     }

@@ -4,10 +4,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tern_lab::LabState;
 use tern_lab::traffic::{self, Proto};
+use tern_lab::{LabState, StoreKind};
 
-use crate::cli::{LabArgs, LabCommand, PodCommand};
+use crate::cli::{LabArgs, LabCommand, NodeCommand, PodCommand};
+
+/// How long `lab node` commands wait for an agent's socket.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The directory of the running ternctl, where `tern`, `tern-ipam` and `ternd` are expected.
 pub fn own_dir() -> anyhow::Result<PathBuf> {
@@ -23,8 +26,20 @@ fn load(name: &str) -> anyhow::Result<LabState> {
         .with_context(|| format!("lab {name:?} does not exist; create it with `ternctl lab up`"))
 }
 
-/// Runs a `lab` subcommand; the process exit code.
-pub fn run(args: &LabArgs) -> anyhow::Result<i32> {
+/// The lab's datastore kind from the global `--store`: `sqlite` (also when absent) or `etcd`.
+/// A URL that came from the `TERN_STORE` environment is meant for other commands and ignored.
+pub fn lab_store(store: Option<&str>) -> anyhow::Result<StoreKind> {
+    let from_env = std::env::var("TERN_STORE").ok();
+    match store {
+        None | Some("sqlite") => Ok(StoreKind::Sqlite),
+        Some("etcd") => Ok(StoreKind::Etcd),
+        Some(s) if from_env.as_deref() == Some(s) => Ok(StoreKind::Sqlite),
+        Some(s) => bail!("a lab's --store is `sqlite` or `etcd`, not {s:?}"),
+    }
+}
+
+/// Runs a `lab` subcommand; the process exit code. `store` is the global `--store`.
+pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
     let bin_dir = match &args.bin_dir {
         Some(d) => d.clone(),
         None => own_dir()?,
@@ -33,10 +48,15 @@ pub fn run(args: &LabArgs) -> anyhow::Result<i32> {
         LabCommand::Up {
             nodes,
             default_ipv4_pool,
+            encap,
+            resync_seconds,
         } => {
             let mut o = tern_lab::UpOptions::new(&args.name, &bin_dir);
             o.nodes = *nodes;
             o.default_ipv4_pool = default_ipv4_pool.clone();
+            o.encap = *encap;
+            o.store = lab_store(store)?;
+            o.resync_seconds = *resync_seconds;
             let st = tern_lab::up(&o).with_context(|| {
                 format!(
                     "lab up failed; remove what was built with `ternctl lab down --name {}`",
@@ -56,11 +76,72 @@ pub fn run(args: &LabArgs) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        LabCommand::Demo { pods } => super::demo::run(&args.name, &bin_dir, *pods),
+        LabCommand::Demo { pods, nodes, encap } => super::demo::run(
+            &args.name,
+            &bin_dir,
+            &super::demo::DemoOptions {
+                pods: *pods,
+                nodes: *nodes,
+                encap: *encap,
+                store: lab_store(store)?,
+            },
+        ),
+        LabCommand::Node { command } => {
+            let mut st = load(&args.name)?;
+            match command {
+                NodeCommand::Add => {
+                    let n = tern_lab::node_add(&mut st, AGENT_TIMEOUT)?;
+                    println!(
+                        "node {} joined: netns {}, eth0 {}, ternd pid {}",
+                        n.name,
+                        n.netns,
+                        n.address,
+                        n.ternd_pid.map_or("-".into(), |p| p.to_string())
+                    );
+                }
+                NodeCommand::Del { node } => {
+                    for line in tern_lab::node_del(&mut st, node)? {
+                        println!("{line}");
+                    }
+                }
+                NodeCommand::Kill { node } => {
+                    tern_lab::kill_agent(&mut st, node)?;
+                    println!("ternd of {node} killed");
+                }
+                NodeCommand::Start { node } => {
+                    let pid = tern_lab::start_agent(&mut st, node, true)?;
+                    tern_lab::topology::wait_for_agent(st.node(node)?, AGENT_TIMEOUT)?;
+                    println!("ternd of {node} started (pid {pid})");
+                }
+                NodeCommand::Restart { node } => {
+                    tern_lab::restart_agent(&mut st, node, AGENT_TIMEOUT)?;
+                    let pid = st.node(node)?.ternd_pid.unwrap_or_default();
+                    println!("ternd of {node} restarted (pid {pid})");
+                }
+            }
+            Ok(0)
+        }
+        LabCommand::Routes { node } => {
+            let st = load(&args.name)?;
+            for n in &st.nodes {
+                if node.as_ref().is_some_and(|x| *x != n.name) {
+                    continue;
+                }
+                println!("--- {} ({}) ---", n.name, n.address);
+                print!("{}", tern_lab::mesh::routes(&st, &n.name)?);
+            }
+            Ok(0)
+        }
         LabCommand::Pod { command } => {
             let mut st = load(&args.name)?;
             match command {
-                PodCommand::Add { node, pod } => {
+                PodCommand::Add { names, node } => {
+                    let (node, pod) = match (node, names.as_slice()) {
+                        (Some(n), [pod]) => (n.clone(), pod.clone()),
+                        (None, [n, pod]) => (n.clone(), pod.clone()),
+                        _ => bail!("use `lab pod add --node NODE POD` (or `lab pod add NODE POD`)"),
+                    };
+                    let (node, pod) = (&node, &pod);
                     let p = tern_lab::add_pod(&mut st, node, pod)?;
                     println!("pod {} on {}: {}", p.name, p.node, p.addresses.join(", "));
                 }
@@ -83,12 +164,27 @@ pub fn run(args: &LabArgs) -> anyhow::Result<i32> {
             tcp,
             udp,
             timeout_ms,
+            continuous,
+            interval_ms,
+            duration_s,
+            max_gap_ms,
         } => {
             let (proto, target) = match (tcp, udp) {
                 (Some(t), None) => (Proto::Tcp, *t),
                 (None, Some(u)) => (Proto::Udp, *u),
                 _ => bail!("give exactly one of --tcp IP:PORT and --udp IP:PORT"),
             };
+            if *continuous {
+                let r = traffic::probe_continuous(
+                    proto,
+                    target,
+                    Duration::from_millis(*interval_ms),
+                    Duration::from_secs(*duration_s),
+                )?;
+                println!("{r}");
+                let too_long = max_gap_ms.is_some_and(|m| r.longest_gap > Duration::from_millis(m));
+                return Ok(if r.received == 0 || too_long { 1 } else { 0 });
+            }
             match traffic::probe(proto, target, Duration::from_millis(*timeout_ms)) {
                 Ok(ok) => {
                     println!("{ok}");
@@ -100,5 +196,21 @@ pub fn run(args: &LabArgs) -> anyhow::Result<i32> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lab_store_kinds() {
+        assert_eq!(lab_store(None).unwrap(), StoreKind::Sqlite);
+        assert_eq!(lab_store(Some("sqlite")).unwrap(), StoreKind::Sqlite);
+        assert_eq!(lab_store(Some("etcd")).unwrap(), StoreKind::Etcd);
+        let e = lab_store(Some("etcd://198.18.0.2:2379"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`sqlite` or `etcd`"), "{e}");
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tern_lab::bench::{self, CniBenchOptions, PluginSet, Workload};
+use tern_lab::netbench;
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +25,39 @@ struct Cli {
 enum Cmd {
     /// CNI ADD/DEL latency (sequential and concurrent), binary sizes and ternd's RSS.
     Cni(CniArgs),
+    /// Cross-node pod-to-pod TCP throughput (iperf3), tern vs the same path built by hand.
+    Net(NetArgs),
+    /// Route convergence: a pod's ADD on node A to the first packet from node B.
+    Converge(ConvergeArgs),
+}
+
+#[derive(Args)]
+struct NetArgs {
+    /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// Seconds per iperf3 run.
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// Runs per path; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+#[derive(Args)]
+struct ConvergeArgs {
+    /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// Pods added on node A.
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Datastore of the lab.
+    #[arg(long, value_enum, default_value_t = tern_lab::StoreKind::Etcd)]
+    store: tern_lab::StoreKind,
+    /// Encapsulation between the nodes.
+    #[arg(long, value_enum, default_value_t = tern_lab::Encap::Vxlan)]
+    encap: tern_lab::Encap,
 }
 
 #[derive(Args)]
@@ -61,10 +95,32 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
-    let Cmd::Cni(args) = cli.command;
     // Resolve relative paths before anything else changes.
     let absolute =
         |p: PathBuf| std::path::absolute(&p).with_context(|| format!("resolve {}", p.display()));
+    let args = match cli.command {
+        Cmd::Cni(args) => args,
+        // The network benches build lab namespaces and never enter them from this thread.
+        Cmd::Net(a) => {
+            let (_, table) = netbench::run_net(&netbench::NetBenchOptions {
+                bin_dir: absolute(a.bin_dir)?,
+                seconds: a.seconds,
+                runs: a.runs,
+            })?;
+            print!("{table}");
+            return Ok(!table.contains("MISS"));
+        }
+        Cmd::Converge(a) => {
+            let r = netbench::run_converge(&netbench::ConvergeOptions {
+                bin_dir: absolute(a.bin_dir)?,
+                pods: a.pods,
+                store: a.store,
+                encap: a.encap,
+            })?;
+            println!("{r}");
+            return Ok(!r.to_string().contains("MISS"));
+        }
+    };
     let options = CniBenchOptions {
         workload: Workload {
             pods: args.pods,

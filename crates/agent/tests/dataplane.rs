@@ -1,0 +1,709 @@
+//! Real-kernel tests of the dataplane reconciler: two or three nodes (network namespaces on an
+//! underlay bridge that lives in its own namespace), pods wired as the agent wires them, and
+//! real UDP/TCP between pods on different nodes. Every namespace is uniquely named and deleted
+//! by a drop guard; the reconcilers run on threads that entered their node's namespace. The
+//! root namespace is never touched. Underlay: 198.18.0.0/15.
+
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tern_agent::dataplane::{Dataplane, DataplaneConfig};
+use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
+use tern_linux::netns::NetNs;
+use tern_model::{EncapMode, IpPool, IpPoolSpec, Kind, Resource};
+use tern_store::Store;
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let ok = unsafe { libc::geteuid() } == 0;
+    if !ok {
+        eprintln!("skipping: needs root for network namespaces");
+    }
+    ok
+}
+
+/// A named network namespace, deleted on drop.
+struct Ns(String);
+
+impl Ns {
+    fn new(tag: &str) -> Ns {
+        let name = format!(
+            "tdp{}-{tag}{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        sh(&["ip", "netns", "add", &name]);
+        let ns = Ns(name);
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+    fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+    fn ip(&self, args: &[&str]) -> String {
+        let mut a = vec!["ip", "-n", &self.0];
+        a.extend_from_slice(args);
+        sh(&a)
+    }
+    fn exec(&self, args: &[&str]) -> String {
+        let mut a = vec!["ip", "netns", "exec", &self.0];
+        a.extend_from_slice(args);
+        sh(&a)
+    }
+    /// Runs `f` on a fresh thread inside this namespace.
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        NetNs::open(std::path::Path::new(&self.path()))
+            .unwrap()
+            .run(f)
+            .unwrap()
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
+
+/// The underlay: a bridge in its own namespace; nodes attach with a veth.
+struct Underlay {
+    ns: Ns,
+}
+
+impl Underlay {
+    fn new() -> Underlay {
+        let ns = Ns::new("u");
+        ns.ip(&["link", "add", "br0", "type", "bridge"]);
+        ns.ip(&["link", "set", "br0", "up"]);
+        Underlay { ns }
+    }
+}
+
+/// One node: namespace, address, reconciler.
+struct NodeNs {
+    name: String,
+    ns: Ns,
+    ip: IpAddr,
+    dp: Option<Arc<Dataplane>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl NodeNs {
+    /// A node attached to the underlay bridge (or to `router` when given: then its gateway is
+    /// the router's address `gw`).
+    fn new(name: &str, u: &Underlay, cidr: &str, gw: &str) -> NodeNs {
+        let ns = Ns::new(name);
+        let host_end = format!("u{}", SEQ.fetch_add(1, Ordering::Relaxed));
+        u.ns.ip(&[
+            "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &ns.0,
+        ]);
+        u.ns.ip(&["link", "set", &host_end, "master", "br0", "up"]);
+        ns.ip(&["addr", "add", cidr, "dev", "eth0"]);
+        ns.ip(&["link", "set", "eth0", "up"]);
+        ns.ip(&["route", "add", "default", "via", gw]);
+        ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
+        NodeNs {
+            name: name.to_string(),
+            ns,
+            ip,
+            dp: None,
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn start(&mut self, store: &Arc<dyn Store>, watch: bool) {
+        let cfg = DataplaneConfig {
+            node_name: self.name.clone(),
+            node_ip: Some(self.ip),
+            interface_prefix: "tern".into(),
+            mtu: 0,
+        };
+        let store = store.clone();
+        let stop = self.stop.clone();
+        let dp = self.ns.run(move || {
+            let dp = Arc::new(Dataplane::new(cfg, store).unwrap());
+            if watch {
+                dp.spawn_watch(stop).unwrap();
+            }
+            dp
+        });
+        self.dp = Some(dp);
+    }
+
+    fn sync(&self) -> tern_agent::dataplane::SyncReport {
+        let dp = self.dp.clone().unwrap();
+        self.ns.run(move || dp.sync())
+    }
+
+    fn routes(&self) -> String {
+        self.ns.ip(&["route", "show", "proto", "84"])
+    }
+}
+
+impl Drop for NodeNs {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A pod on a node: namespace with eth0 wired like the agent does, address from IPAM.
+struct Pod {
+    ns: Ns,
+    ip: IpAddr,
+}
+
+fn add_pod(node: &NodeNs, ipam: &Ipam, tag: &str) -> Pod {
+    let ns = Ns::new(tag);
+    let handle = format!("test.{}", ns.0);
+    let ip = ipam
+        .auto_assign(&AssignArgs {
+            handle,
+            node: node.name.clone(),
+            attrs: AllocationAttrs {
+                node: node.name.clone(),
+                pod: tag.into(),
+                ..Default::default()
+            },
+            num_v4: 1,
+            ..Default::default()
+        })
+        .unwrap()[0];
+    let pod_ns = NetNs::open(std::path::Path::new(&ns.path())).unwrap();
+    let host_if = format!("tern{}", &ns.0[ns.0.len().saturating_sub(8)..]);
+    let mtu = node.dp.as_ref().unwrap().pod_mtu();
+    node.ns.run(|| {
+        let cfg = tern_linux::veth::PodInterfaceConfig {
+            host_ifname: &host_if,
+            pod_ifname: "eth0",
+            pod_ns: &pod_ns,
+            addresses: &[ipnet::IpNet::from(ip)],
+            mtu,
+            pod_mac: None,
+            allow_ip_forwarding: false,
+        };
+        tern_linux::veth::setup_pod_interface(&cfg).unwrap();
+    });
+    Pod { ns, ip }
+}
+
+fn put_pool(
+    store: &dyn Store,
+    name: &str,
+    cidr: &str,
+    vxlan: EncapMode,
+    ipip: EncapMode,
+    nat: bool,
+) {
+    let mut spec = IpPoolSpec::new(cidr);
+    spec.vxlan_mode = vxlan;
+    spec.ipip_mode = ipip;
+    spec.nat_outgoing = nat;
+    tern_model::put_resource(
+        store,
+        &Resource::IpPool(IpPool::new(name.to_string(), spec)),
+    )
+    .unwrap();
+}
+
+fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/store.db", dir.path().display());
+    let s = tern_store::open(&url).unwrap();
+    (dir, s)
+}
+
+/// UDP echo from `from` to `to_ip:port` in `to`; returns the source address the server saw.
+fn udp(from: &Ns, to: &Ns, to_ip: IpAddr) -> Result<IpAddr, String> {
+    let server = to
+        .run(|| UdpSocket::bind(SocketAddr::new(to_ip, 0)))
+        .map_err(|e| e.to_string())?;
+    let client = from
+        .run(|| UdpSocket::bind("0.0.0.0:0"))
+        .map_err(|e| e.to_string())?;
+    let dst = server.local_addr().unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut last = String::new();
+    for _ in 0..6 {
+        client.send_to(b"ping", dst).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 16];
+        match server.recv_from(&mut buf) {
+            Ok((n, src)) => {
+                server
+                    .send_to(&buf[..n], src)
+                    .map_err(|e| format!("reply to {src}: {e}"))?;
+                let mut back = [0u8; 16];
+                match client.recv_from(&mut back) {
+                    Ok(_) => return Ok(src.ip()),
+                    Err(e) => last = format!("no echo: {e}"),
+                }
+            }
+            Err(e) => last = format!("server got nothing: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// A TCP connection from `from` to a listener on `to_ip` in `to`, with one byte each way.
+fn tcp(from: &Ns, to: &Ns, to_ip: IpAddr) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let l = to
+        .run(|| TcpListener::bind(SocketAddr::new(to_ip, 0)))
+        .map_err(|e| e.to_string())?;
+    let addr = l.local_addr().unwrap();
+    let acc = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+    });
+    let mut c = from
+        .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(3)))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    c.write_all(b"x").map_err(|e| e.to_string())?;
+    let mut b = [0u8; 1];
+    c.read_exact(&mut b).map_err(|e| e.to_string())?;
+    acc.join().unwrap();
+    Ok(())
+}
+
+fn block_of(ipam: &Ipam, ip: IpAddr) -> ipnet::IpNet {
+    ipam.blocks()
+        .unwrap()
+        .into_iter()
+        .find(|b| b.cidr.contains(&ip))
+        .unwrap()
+        .cidr
+}
+
+fn two_nodes(
+    mode: EncapMode,
+    nat: bool,
+) -> (tempfile::TempDir, Arc<dyn Store>, Underlay, NodeNs, NodeNs) {
+    let (dir, s) = store();
+    put_pool(&*s, "pool", "10.244.0.0/16", mode, EncapMode::Never, nat);
+    let u = Underlay::new();
+    let mut a = NodeNs::new("a", &u, "198.18.0.1/24", "198.18.0.254");
+    let mut b = NodeNs::new("b", &u, "198.18.0.2/24", "198.18.0.254");
+    a.start(&s, false);
+    b.start(&s, false);
+    (dir, s, u, a, b)
+}
+
+#[test]
+fn direct_routing_between_two_nodes() {
+    if !root() {
+        return;
+    }
+    let (_d, s, _u, a, b) = two_nodes(EncapMode::Never, false);
+    let ipam = Ipam::new(s.clone());
+    let pa = add_pod(&a, &ipam, "pa");
+    let pb = add_pod(&b, &ipam, "pb");
+    for n in [&a, &b] {
+        n.sync();
+    }
+    for n in [&a, &b] {
+        let r = n.sync();
+        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
+    }
+    let (ba, bb) = (block_of(&ipam, pa.ip), block_of(&ipam, pb.ip));
+    let ra = a.routes();
+    assert!(ra.contains(&format!("blackhole {ba}")), "{ra}");
+    assert!(
+        ra.contains(&format!("{bb} via 198.18.0.2 dev eth0")),
+        "{ra}"
+    );
+    assert!(!ra.contains("vxlan.tern"), "{ra}");
+    assert_eq!(a.dp.as_ref().unwrap().pod_mtu(), 1500);
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    tcp(&pb.ns, &pa.ns, pa.ip).unwrap();
+
+    // A route deleted behind the reconciler's back is repaired by the resync.
+    a.ns.ip(&["route", "del", &bb.to_string()]);
+    assert!(!a.routes().contains(&bb.to_string()));
+    a.sync();
+    assert!(
+        a.routes().contains(&format!("{bb} via 198.18.0.2")),
+        "{}",
+        a.routes()
+    );
+    // Pod host routes (proto 84 on tern veths) are never touched.
+    assert!(
+        a.routes().contains(&format!("{} dev tern", pa.ip)),
+        "{}",
+        a.routes()
+    );
+
+    // A route that is not tern's is never touched, even to a pool address.
+    a.ns.ip(&["route", "add", "10.244.250.0/24", "via", "198.18.0.2"]);
+    a.sync();
+    assert!(a.ns.ip(&["route"]).contains("10.244.250.0/24"));
+
+    // A removed node's routes disappear.
+    tern_model::delete_resource(&*s, Kind::Node, None, "b").unwrap();
+    let r = a.sync();
+    assert!(!a.routes().contains(&bb.to_string()), "{}", a.routes());
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.contains("no Node resource for node b")),
+        "{:?}",
+        r.errors
+    );
+}
+
+#[test]
+fn vxlan_between_two_nodes_and_watch_latency() {
+    if !root() {
+        return;
+    }
+    let (_d, s, _u, mut a, mut b) = two_nodes(EncapMode::Always, false);
+    a.start(&s, true);
+    b.start(&s, true);
+    let ipam = Ipam::new(s.clone());
+    for n in [&a, &b] {
+        n.sync();
+    }
+    for n in [&a, &b] {
+        let r = n.sync();
+        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
+    }
+    assert_eq!(a.dp.as_ref().unwrap().pod_mtu(), 1450);
+    let link = a.ns.ip(&["-d", "link", "show", "vxlan.tern"]);
+    assert!(
+        link.contains("vxlan id 4096") && link.contains("dstport 4789"),
+        "{link}"
+    );
+    assert!(
+        link.contains("mtu 1450") && link.contains("nolearning"),
+        "{link}"
+    );
+    let pa = add_pod(&a, &ipam, "pa");
+    // The watch applies b's new block on a quickly (sqlite watch polls; allow some slack).
+    let pb_start = Instant::now();
+    let pb = add_pod(&b, &ipam, "pb");
+    let bb = block_of(&ipam, pb.ip);
+    assert!(
+        wait_until(Duration::from_secs(2), || a
+            .routes()
+            .contains(&bb.to_string())),
+        "{}",
+        a.routes()
+    );
+    eprintln!(
+        "remote block routed {:?} after the allocation started",
+        pb_start.elapsed()
+    );
+    let node_b = match tern_model::get_resource(&*s, Kind::Node, None, "b").unwrap() {
+        Some(Resource::Node(n)) => n,
+        _ => panic!("no Node b"),
+    };
+    let tip = node_b.spec.ipv4_vxlan_tunnel_addr.clone().unwrap();
+    let mac = node_b.spec.vxlan_tunnel_mac_addr.clone().unwrap();
+    let ra = a.routes();
+    assert!(
+        ra.contains(&format!("{bb} via {tip} dev vxlan.tern")) && ra.contains("onlink"),
+        "{ra}"
+    );
+    let neigh = a.ns.ip(&["neigh", "show", "dev", "vxlan.tern"]);
+    assert!(
+        neigh.contains(&tip) && neigh.contains(&mac) && neigh.contains("PERMANENT"),
+        "{neigh}"
+    );
+    let fdb = a.ns.exec(&["bridge", "fdb", "show", "dev", "vxlan.tern"]);
+    assert!(fdb.contains(&format!("{mac} dst 198.18.0.2")), "{fdb}");
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    tcp(&pa.ns, &pb.ns, pb.ip).unwrap();
+
+    // Delete the neighbour behind our back: the resync repairs it.
+    a.ns.ip(&["neigh", "del", &tip, "dev", "vxlan.tern"]);
+    a.sync();
+    assert!(
+        a.ns.ip(&["neigh", "show", "dev", "vxlan.tern"])
+            .contains(&tip)
+    );
+}
+
+#[test]
+fn cross_subnet_encapsulates_only_across_the_router() {
+    if !root() {
+        return;
+    }
+    let (_d, s) = store();
+    put_pool(
+        &*s,
+        "pool",
+        "10.244.0.0/16",
+        EncapMode::CrossSubnet,
+        EncapMode::Never,
+        false,
+    );
+    let u = Underlay::new();
+    // A router namespace joins 198.18.0.0/24 (the bridge) and 198.18.1.0/24 (a link to c).
+    let r = Ns::new("r");
+    let port = format!("u{}", SEQ.fetch_add(1, Ordering::Relaxed));
+    u.ns.ip(&[
+        "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &r.0,
+    ]);
+    u.ns.ip(&["link", "set", &port, "master", "br0", "up"]);
+    r.ip(&["addr", "add", "198.18.0.254/24", "dev", "eth0"]);
+    r.ip(&["link", "set", "eth0", "up"]);
+    r.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let mut a = NodeNs::new("a", &u, "198.18.0.1/24", "198.18.0.254");
+    let mut b = NodeNs::new("b", &u, "198.18.0.2/24", "198.18.0.254");
+    let c_ns = Ns::new("c");
+    r.ip(&[
+        "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", &c_ns.0,
+    ]);
+    r.ip(&["addr", "add", "198.18.1.254/24", "dev", "eth1"]);
+    r.ip(&["link", "set", "eth1", "up"]);
+    c_ns.ip(&["addr", "add", "198.18.1.3/24", "dev", "eth0"]);
+    c_ns.ip(&["link", "set", "eth0", "up"]);
+    c_ns.ip(&["route", "add", "default", "via", "198.18.1.254"]);
+    c_ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let mut c = NodeNs {
+        name: "c".into(),
+        ns: c_ns,
+        ip: "198.18.1.3".parse().unwrap(),
+        dp: None,
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    for n in [&mut a, &mut b, &mut c] {
+        n.start(&s, false);
+    }
+    let ipam = Ipam::new(s.clone());
+    let pa = add_pod(&a, &ipam, "pa");
+    let pb = add_pod(&b, &ipam, "pb");
+    let pc = add_pod(&c, &ipam, "pc");
+    for n in [&a, &b, &c] {
+        n.sync();
+    }
+    for n in [&a, &b, &c] {
+        let r = n.sync();
+        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
+    }
+    let ra = a.routes();
+    let (bb, bc) = (block_of(&ipam, pb.ip), block_of(&ipam, pc.ip));
+    assert!(
+        ra.contains(&format!("{bb} via 198.18.0.2 dev eth0")),
+        "{ra}"
+    );
+    assert!(
+        ra.contains(&format!("{bc} via")) && ra.contains("dev vxlan.tern"),
+        "{ra}"
+    );
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(udp(&pa.ns, &pc.ns, pc.ip).unwrap(), pa.ip);
+    tcp(&pc.ns, &pb.ns, pb.ip).unwrap();
+}
+
+#[test]
+fn nat_outgoing_masquerades_to_destinations_outside_the_pools() {
+    if !root() {
+        return;
+    }
+    let (_d, s, u, a, b) = two_nodes(EncapMode::Never, true);
+    let ipam = Ipam::new(s.clone());
+    let pa = add_pod(&a, &ipam, "pa");
+    let pb = add_pod(&b, &ipam, "pb");
+    for n in [&a, &b] {
+        n.sync();
+    }
+    for n in [&a, &b] {
+        let r = n.sync();
+        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
+    }
+    let table = a.ns.exec(&["nft", "list", "table", "inet", "tern"]);
+    assert!(table.contains("chain nat-postrouting"), "{table}");
+    assert!(
+        table.contains("ip saddr @masq-ipv4-pools ip daddr != @all-ipv4-pools masquerade"),
+        "{table}"
+    );
+    // An "external" host on the underlay, outside every pool.
+    u.ns.ip(&["addr", "add", "198.18.0.100/24", "dev", "br0"]);
+    let seen = udp(&pa.ns, &u.ns, "198.18.0.100".parse().unwrap()).unwrap();
+    assert_eq!(
+        seen, a.ip,
+        "traffic leaving the pool is masqueraded to the node address"
+    );
+    // Pod to pod stays unmasqueraded.
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    // Turning natOutgoing off empties the chain; other tables are untouched.
+    a.ns.exec(&["nft", "add", "table", "ip", "other"]);
+    put_pool(
+        &*s,
+        "pool",
+        "10.244.0.0/16",
+        EncapMode::Never,
+        EncapMode::Never,
+        false,
+    );
+    a.sync();
+    let table = a.ns.exec(&["nft", "list", "table", "inet", "tern"]);
+    assert!(!table.contains("masquerade"), "{table}");
+    assert!(
+        a.ns.exec(&["nft", "list", "tables"])
+            .contains("table ip other")
+    );
+    // Without NAT the external host sees the pod address (given a route back to the pool).
+    u.ns.ip(&["route", "add", "10.244.0.0/16", "via", "198.18.0.1"]);
+    assert_eq!(
+        udp(&pa.ns, &u.ns, "198.18.0.100".parse().unwrap()).unwrap(),
+        pa.ip
+    );
+}
+
+#[test]
+fn bad_input_is_reported_and_the_rest_keeps_working() {
+    if !root() {
+        return;
+    }
+    let (_d, s) = store();
+    put_pool(
+        &*s,
+        "good",
+        "10.244.0.0/16",
+        EncapMode::Never,
+        EncapMode::Never,
+        false,
+    );
+    // Written behind validation's back: both encapsulations, and an unknown mode.
+    let mut both = IpPoolSpec::new("10.50.0.0/16");
+    both.vxlan_mode = EncapMode::Always;
+    both.ipip_mode = EncapMode::Always;
+    let u = Underlay::new();
+    let mut a = NodeNs::new("a", &u, "198.18.0.1/24", "198.18.0.254");
+    let b = NodeNs::new("b", &u, "198.18.0.2/24", "198.18.0.254");
+    a.start(&s, false);
+    let ipam = Ipam::new(s.clone());
+    let _pa = add_pod(&a, &ipam, "pa");
+    let doc = Resource::IpPool(IpPool::new("both".to_string(), both)).to_json();
+    s.put(
+        &tern_store::keys::resource("IPPool", "both"),
+        doc.as_bytes(),
+    )
+    .unwrap();
+    let unknown = doc
+        .replace("\"Always\"", "\"Sometimes\"")
+        .replace("both", "weird")
+        .replace("10.50.", "10.51.");
+    s.put(
+        &tern_store::keys::resource("IPPool", "weird"),
+        unknown.as_bytes(),
+    )
+    .unwrap();
+
+    // --node-ip that is not on any interface: a clear error.
+    let store2 = s.clone();
+    let err =
+        a.ns.run(move || {
+            Dataplane::new(
+                DataplaneConfig {
+                    node_name: "a".into(),
+                    node_ip: Some("198.19.9.9".parse().unwrap()),
+                    interface_prefix: "tern".into(),
+                    mtu: 0,
+                },
+                store2,
+            )
+            .err()
+        })
+        .expect("a foreign --node-ip must be refused");
+    assert!(
+        err.to_string()
+            .contains("198.19.9.9 is not configured on any interface"),
+        "{err}"
+    );
+
+    let r = a.sync();
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.contains("both") && e.contains("IPIP and VXLAN")),
+        "{:?}",
+        r.errors
+    );
+    assert!(
+        r.errors.iter().any(|e| e.contains("weird")),
+        "{:?}",
+        r.errors
+    );
+    assert!(a.routes().contains("blackhole 10.244."), "{}", a.routes());
+
+    // A VNI/port conflict: another device holds VNI 4096 on port 4789. (The corrupt pool is
+    // removed first: IPAM itself refuses to allocate while a pool document is unreadable.)
+    s.delete(&tern_store::keys::resource("IPPool", "weird"))
+        .unwrap();
+    put_pool(
+        &*s,
+        "good",
+        "10.244.0.0/16",
+        EncapMode::Always,
+        EncapMode::Never,
+        false,
+    );
+    a.ns.ip(&[
+        "link", "add", "vx-other", "type", "vxlan", "id", "4096", "dstport", "4789",
+    ]);
+    let r = a.sync();
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.contains("VNI 4096") && e.contains("vx-other")),
+        "{:?}",
+        r.errors
+    );
+    assert!(a.routes().contains("blackhole 10.244."), "{}", a.routes());
+    drop(b);
+
+    // IPIP on a kernel without the module is reported clearly (and works where supported).
+    put_pool(
+        &*s,
+        "good",
+        "10.244.0.0/16",
+        EncapMode::Never,
+        EncapMode::Always,
+        false,
+    );
+    let r = a.sync();
+    let has_tunl0 = a.ns.ip(&["link"]).contains("tunl0");
+    assert!(
+        has_tunl0
+            || r.errors
+                .iter()
+                .any(|e| e.contains("IPIP not supported by this kernel")),
+        "{:?}",
+        r.errors
+    );
+}

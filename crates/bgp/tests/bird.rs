@@ -1,0 +1,269 @@
+//! Interop with BIRD 2 (`/usr/sbin/bird`). BIRD runs in its own named network namespace
+//! (deleted on drop, even on panic) joined by a veth pair to the test's private namespace
+//! where the tern speakers run. Underlay 198.18.0.0/24: BIRD .1, tern speakers .2 and .3.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::*;
+use ipnet::IpNet;
+use tern_bgp::driver::*;
+use tern_bgp::fsm::State;
+
+const BIRD: &str = "/usr/sbin/bird";
+const BIRDC: &str = "/usr/sbin/birdc";
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// BIRD's namespace and process; both go away on drop.
+struct Bird {
+    ns: String,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Bird {
+    /// Creates the namespace, the veth pair from the calling thread's namespace (tern side
+    /// `tv0` with .2 and .3) and starts BIRD with `config`.
+    fn start(tag: &str, config: &str) -> Bird {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let ns = format!(
+            "tbgp-{}-{tag}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        sh(&format!("ip netns add {ns}"));
+        let mut bird = Bird {
+            ns: ns.clone(),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        sh(&format!("ip link add tv0 type veth peer name tv1 netns {ns}"));
+        sh("ip addr add 198.18.0.2/24 dev tv0 && ip addr add 198.18.0.3/24 dev tv0 && ip link set tv0 up");
+        sh(&format!(
+            "ip -n {ns} link set lo up && ip -n {ns} addr add 198.18.0.1/24 dev tv1 && ip -n {ns} link set tv1 up"
+        ));
+        let conf = bird.dir.path().join("bird.conf");
+        std::fs::write(&conf, config).unwrap();
+        let log = std::fs::File::create(bird.dir.path().join("bird.log")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns, BIRD, "-f", "-c"])
+            .arg(&conf)
+            .arg("-s")
+            .arg(bird.sock())
+            .arg("-P")
+            .arg(bird.dir.path().join("bird.pid"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        bird.child = Some(child);
+        bird
+    }
+
+    fn sock(&self) -> std::path::PathBuf {
+        self.dir.path().join("bird.ctl")
+    }
+
+    fn birdc(&self, cmd: &str) -> String {
+        let out = Command::new(BIRDC)
+            .arg("-s")
+            .arg(self.sock())
+            .args(cmd.split_whitespace())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("bird.log")).unwrap_or_default()
+    }
+
+    /// Polls `birdc show route all` until every needle appears.
+    async fn wait_routes(&self, needles: &[&str]) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = self.birdc("show route all");
+            if needles.iter().all(|n| out.contains(n)) {
+                return out;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "BIRD never showed {needles:?}:\n{out}\n{}\nlog:\n{}",
+                    self.birdc("show protocols all"),
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Bird {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // Kill exactly the process we started (ip netns exec execs into bird: same PID).
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+fn have_bird() -> bool {
+    if Path::new(BIRD).exists() && Path::new(BIRDC).exists() {
+        return true;
+    }
+    eprintln!("{BIRD} not installed (Debian package bird2): skipping BIRD interop");
+    false
+}
+
+fn tern(n: u8, asn: u32) -> SpeakerConfig {
+    let addr = Ipv4Addr::new(198, 18, 0, n);
+    let mut c = SpeakerConfig::new(asn, addr);
+    c.listen = Some(SocketAddr::new(IpAddr::V4(addr), 179));
+    c.connect_retry = Duration::from_millis(500);
+    c.connect_retry_max = Duration::from_secs(2);
+    c
+}
+
+const BIRD_HEAD: &str = r#"
+log stderr all;
+router id 198.18.0.1;
+protocol device { scan time 1; }
+protocol direct { ipv4; interface "tv*"; }
+"#;
+
+async fn established(h: &SpeakerHandle) {
+    wait_status(h, 20, "Established with BIRD", |st| {
+        st.iter().all(|p| p.state == State::Established)
+    })
+    .await;
+}
+
+#[test]
+fn bird_route_reflector_with_two_tern_clients() {
+    if !have_bird() {
+        return;
+    }
+    in_netns(|| async {
+        let conf = format!(
+            r#"{BIRD_HEAD}
+template bgp client {{
+  local 198.18.0.1 as 64512;
+  direct;
+  passive on;
+  rr client;
+  rr cluster id 198.18.0.1;
+  graceful restart;
+  ipv4 {{ import all; export where source = RTS_BGP; gateway direct; }};
+}}
+protocol bgp c2 from client {{ neighbor 198.18.0.2 as 64512; }}
+protocol bgp c3 from client {{ neighbor 198.18.0.3 as 64512; }}
+"#
+        );
+        let bird = Bird::start("rr", &conf);
+        let mut a = Speaker::start(tern(2, 64512)).await.unwrap();
+        let mut b = Speaker::start(tern(3, 64512)).await.unwrap();
+        let mut ev_a = a.take_events().unwrap();
+        let mut ev_b = b.take_events().unwrap();
+        a.originate(net("10.244.2.0/26"), None).await.unwrap();
+        b.originate(net("10.244.3.0/26"), None).await.unwrap();
+        a.add_peer(PeerConfig::new(ip("198.18.0.1"), 64512)).await.unwrap();
+        b.add_peer(PeerConfig::new(ip("198.18.0.1"), 64512)).await.unwrap();
+        established(&a).await;
+        established(&b).await;
+        wait_event(
+            &mut ev_a,
+            &RouteEvent::Install {
+                prefix: net("10.244.3.0/26"),
+                next_hop: ip("198.18.0.3"),
+            },
+            20,
+        )
+        .await;
+        wait_event(
+            &mut ev_b,
+            &RouteEvent::Install {
+                prefix: net("10.244.2.0/26"),
+                next_hop: ip("198.18.0.2"),
+            },
+            20,
+        )
+        .await;
+        bird.wait_routes(&["10.244.2.0/26", "10.244.3.0/26", "via 198.18.0.2", "via 198.18.0.3"])
+            .await;
+
+        // A withdrawal travels through the reflector.
+        a.withdraw(net("10.244.2.0/26")).await.unwrap();
+        wait_event(
+            &mut ev_b,
+            &RouteEvent::Remove {
+                prefix: net("10.244.2.0/26"),
+            },
+            20,
+        )
+        .await;
+        a.shutdown().await;
+        b.shutdown().await;
+        drop(bird);
+    });
+}
+
+#[test]
+fn bird_as_ebgp_peer() {
+    if !have_bird() {
+        return;
+    }
+    in_netns(|| async {
+        let conf = format!(
+            r#"{BIRD_HEAD}
+protocol static pod_blocks {{ ipv4; route 10.99.0.0/24 blackhole; }}
+protocol bgp tor {{
+  local 198.18.0.1 as 65001;
+  neighbor 198.18.0.2 as 64512;
+  graceful restart;
+  connect delay time 1;
+  connect retry time 1;
+  ipv4 {{ import all; export where source = RTS_STATIC; }};
+}}
+"#
+        );
+        let bird = Bird::start("ebgp", &conf);
+        let mut a = Speaker::start(tern(2, 64512)).await.unwrap();
+        let mut ev = a.take_events().unwrap();
+        a.originate(net("10.244.2.0/26"), None).await.unwrap();
+        // Passive: BIRD connects to us.
+        a.add_peer(PeerConfig {
+            passive: true,
+            ..PeerConfig::new(ip("198.18.0.1"), 65001)
+        })
+        .await
+        .unwrap();
+        established(&a).await;
+        let st = a.status().await.unwrap();
+        assert_eq!(st[0].peer_type, PeerType::External);
+        wait_event(
+            &mut ev,
+            &RouteEvent::Install {
+                prefix: net("10.99.0.0/24"),
+                next_hop: ip("198.18.0.1"),
+            },
+            20,
+        )
+        .await;
+        let out = bird
+            .wait_routes(&["10.244.2.0/26", "via 198.18.0.2", "BGP.as_path: 64512"])
+            .await;
+        assert!(!out.contains("BGP.local_pref: 100\n\tBGP.as_path: 64512"), "{out}");
+        a.shutdown().await;
+        drop(bird);
+    });
+}
