@@ -154,6 +154,19 @@ fn render_table(kind: Kind, resources: &[Resource]) -> String {
                 })
                 .collect(),
         ),
+        // Kinds without a table of their own: name and namespace.
+        _ => (
+            &["NAMESPACE", "NAME"],
+            resources
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.namespace().unwrap_or_default().to_string(),
+                        r.name().to_string(),
+                    ]
+                })
+                .collect(),
+        ),
     };
     table::plain(headers, &rows)
 }
