@@ -236,7 +236,7 @@ impl Agent {
 
         let t0 = std::time::Instant::now();
         let delegated = req.delegated_ips.is_some();
-        let mtu = if req.mtu > 0 { req.mtu } else { self.mtu };
+        let mtu = if req.mtu > 0 { req.mtu } else { self.pod_mtu() };
         let pod_mac = match req.mac.as_deref().map(parse_mac) {
             Some(Some(m)) => Some(m),
             Some(None) => {

@@ -202,7 +202,7 @@ impl Agent {
                 pod_ifname: &a.ifname,
                 pod_ns: &ns,
                 addresses: &addrs,
-                mtu: self.mtu,
+                mtu: self.pod_mtu(),
                 pod_mac: crate::ops::parse_mac(&ep.mac),
                 allow_ip_forwarding: false,
             };

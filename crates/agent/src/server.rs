@@ -129,6 +129,18 @@ impl Agent {
         Ok(agent)
     }
 
+    /// The MTU for a new pod: the configured one, else the dataplane's current figure (underlay
+    /// minus the encapsulation the pools use now), else what was detected at start.
+    pub fn pod_mtu(&self) -> u32 {
+        if self.cfg.mtu > 0 {
+            return self.cfg.mtu;
+        }
+        self.dataplane()
+            .map(|d| d.pod_mtu())
+            .filter(|m| *m > 0)
+            .unwrap_or(self.mtu)
+    }
+
     /// Records this node as a Node resource with the addresses of its default-route interface
     /// (keeping fields other components set, such as BGP and tunnel addresses).
     fn register_node(&self) -> anyhow::Result<()> {

@@ -45,8 +45,12 @@ impl Bird {
             child: None,
             dir: tempfile::tempdir().unwrap(),
         };
-        sh(&format!("ip link add tv0 type veth peer name tv1 netns {ns}"));
-        sh("ip addr add 198.18.0.2/24 dev tv0 && ip addr add 198.18.0.3/24 dev tv0 && ip link set tv0 up");
+        sh(&format!(
+            "ip link add tv0 type veth peer name tv1 netns {ns}"
+        ));
+        sh(
+            "ip addr add 198.18.0.2/24 dev tv0 && ip addr add 198.18.0.3/24 dev tv0 && ip link set tv0 up",
+        );
         sh(&format!(
             "ip -n {ns} link set lo up && ip -n {ns} addr add 198.18.0.1/24 dev tv1 && ip -n {ns} link set tv1 up"
         ));
@@ -176,8 +180,12 @@ protocol bgp c3 from client {{ neighbor 198.18.0.3 as 64512; }}
         let mut ev_b = b.take_events().unwrap();
         a.originate(net("10.244.2.0/26"), None).await.unwrap();
         b.originate(net("10.244.3.0/26"), None).await.unwrap();
-        a.add_peer(PeerConfig::new(ip("198.18.0.1"), 64512)).await.unwrap();
-        b.add_peer(PeerConfig::new(ip("198.18.0.1"), 64512)).await.unwrap();
+        a.add_peer(PeerConfig::new(ip("198.18.0.1"), 64512))
+            .await
+            .unwrap();
+        b.add_peer(PeerConfig::new(ip("198.18.0.1"), 64512))
+            .await
+            .unwrap();
         established(&a).await;
         established(&b).await;
         wait_event(
@@ -198,8 +206,13 @@ protocol bgp c3 from client {{ neighbor 198.18.0.3 as 64512; }}
             20,
         )
         .await;
-        bird.wait_routes(&["10.244.2.0/26", "10.244.3.0/26", "via 198.18.0.2", "via 198.18.0.3"])
-            .await;
+        bird.wait_routes(&[
+            "10.244.2.0/26",
+            "10.244.3.0/26",
+            "via 198.18.0.2",
+            "via 198.18.0.3",
+        ])
+        .await;
 
         // A withdrawal travels through the reflector.
         a.withdraw(net("10.244.2.0/26")).await.unwrap();
@@ -262,7 +275,10 @@ protocol bgp tor {{
         let out = bird
             .wait_routes(&["10.244.2.0/26", "via 198.18.0.2", "BGP.as_path: 64512"])
             .await;
-        assert!(!out.contains("BGP.local_pref: 100\n\tBGP.as_path: 64512"), "{out}");
+        assert!(
+            !out.contains("BGP.local_pref: 100\n\tBGP.as_path: 64512"),
+            "{out}"
+        );
         a.shutdown().await;
         drop(bird);
     });

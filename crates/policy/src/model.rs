@@ -1,0 +1,604 @@
+//! The pure policy model: namespaces, endpoints and policies normalised into one rule IR, and
+//! the reference evaluator [`PolicySet::allowed`].
+//!
+//! Semantics (tier-less Calico, which also gives Kubernetes NetworkPolicy semantics):
+//! - A policy applies to an endpoint in a direction when its selector matches the endpoint
+//!   (only endpoints of its namespace for namespaced policies) and its types include the
+//!   direction. Kubernetes policies have order 1000; tern policies without `order` come after
+//!   all ordered ones. Policies are evaluated by (order, kind, namespace, name).
+//! - An endpoint no policy applies to in a direction allows everything in that direction.
+//! - Otherwise rules are evaluated in order: the first matching Allow allows, Deny denies, Log
+//!   records and continues, Pass stops policy evaluation and hands the decision to the
+//!   endpoint's profile, which in tern always allows (as Calico's per-namespace profiles do).
+//!   No matching rule in any applicable policy: deny (default deny for selected endpoints).
+//! - A flow is allowed when the source endpoint's egress allows it and the destination
+//!   endpoint's ingress allows it; addresses that are not endpoints have no policy.
+//! - Named ports are resolved on the destination endpoint (name and protocol must match); a
+//!   name no endpoint has matches nothing.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use tern_model::{
+    Action, EndpointPort, GlobalNetworkPolicy, IpBlock, K8sNetworkPolicy, K8sPeer, K8sPort, Kind,
+    NetworkPolicy, NetworkPolicySpec, PolicyType, Port, Protocol, Resource, Selector,
+    WorkloadEndpoint,
+};
+
+use crate::PolicyError;
+
+/// Label Kubernetes puts on every namespace; added to namespaces here so selectors on it work
+/// even without a Namespace resource.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// A workload endpoint as the policy engine sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub namespace: String,
+    pub name: String,
+    /// The node hosting the endpoint.
+    pub node: String,
+    /// The host-side interface (only meaningful on `node`).
+    pub interface: String,
+    pub labels: BTreeMap<String, String>,
+    pub ips: Vec<IpAddr>,
+    /// Named container ports.
+    pub ports: Vec<EndpointPort>,
+}
+
+impl Endpoint {
+    /// The engine's view of a stored WorkloadEndpoint (labels from its metadata).
+    pub fn from_workload_endpoint(w: &WorkloadEndpoint) -> Endpoint {
+        Endpoint {
+            namespace: w.metadata.namespace.clone().unwrap_or_default(),
+            name: w.metadata.name.clone(),
+            node: w.spec.node.clone(),
+            interface: w.spec.interface_name.clone(),
+            labels: w.metadata.labels.clone(),
+            ips: w
+                .spec
+                .ip_networks
+                .iter()
+                .filter_map(|n| n.parse::<IpNet>().ok().map(|n| n.addr()))
+                .collect(),
+            ports: w.spec.ports.clone(),
+        }
+    }
+}
+
+/// Which namespaces an endpoint selector ranges over.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum NamespaceScope {
+    /// Every namespace (GlobalNetworkPolicy selectors).
+    Any,
+    /// One namespace (the policy's own).
+    Named(String),
+    /// Namespaces whose labels match.
+    Selector(Selector),
+}
+
+/// A set of endpoints: a label selector within a namespace scope. Its canonical text names the
+/// nftables address set it compiles to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointSelector {
+    pub scope: NamespaceScope,
+    pub selector: Selector,
+}
+
+impl EndpointSelector {
+    /// Canonical text (stable across runs; hashed into set names).
+    pub fn canonical(&self) -> String {
+        match &self.scope {
+            NamespaceScope::Any => format!("any|{}", self.selector),
+            NamespaceScope::Named(n) => format!("ns={n}|{}", self.selector),
+            NamespaceScope::Selector(s) => format!("nssel={s}|{}", self.selector),
+        }
+    }
+}
+
+/// One side (source or destination) of a normalised rule; all given criteria must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Match {
+    pub endpoints: Option<EndpointSelector>,
+    /// Address in any of these (when non-empty).
+    pub nets: Vec<IpNet>,
+    /// Address in none of these.
+    pub not_nets: Vec<IpNet>,
+    /// Destination port in any of these (when non-empty).
+    pub ports: Vec<Port>,
+}
+
+/// A normalised rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IrRule {
+    pub action: Action,
+    pub protocol: Option<Protocol>,
+    pub src: Match,
+    pub dst: Match,
+}
+
+/// Identity of a policy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyKey {
+    pub kind: Kind,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl std::fmt::Display for PolicyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{}/{ns}/{}", self.kind, self.name),
+            None => write!(f, "{}/{}", self.kind, self.name),
+        }
+    }
+}
+
+/// A policy normalised to the IR.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IrPolicy {
+    pub key: PolicyKey,
+    /// Evaluation order (`f64::INFINITY` when unset).
+    pub order: f64,
+    /// Endpoints the policy applies to.
+    pub applies_to: EndpointSelector,
+    /// Ingress rules; `None` when the policy does not apply to ingress.
+    pub ingress: Option<Vec<IrRule>>,
+    /// Egress rules; `None` when the policy does not apply to egress.
+    pub egress: Option<Vec<IrRule>>,
+}
+
+impl IrPolicy {
+    /// The rules for a direction, if the policy applies to it.
+    pub fn rules(&self, dir: Direction) -> Option<&[IrRule]> {
+        match dir {
+            Direction::Ingress => self.ingress.as_deref(),
+            Direction::Egress => self.egress.as_deref(),
+        }
+    }
+}
+
+/// Traffic direction relative to an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+/// A flow to judge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub protocol: Protocol,
+    /// Destination port (ignored for protocols without ports).
+    pub dst_port: u16,
+}
+
+/// The whole policy state of a cluster: namespaces, endpoints and policies.
+#[derive(Debug, Clone, Default)]
+pub struct PolicySet {
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    endpoints: BTreeMap<(String, String), Endpoint>,
+    policies: BTreeMap<PolicyKey, IrPolicy>,
+}
+
+fn parse_selector(text: &str, what: &str, key: &PolicyKey) -> Result<Selector, PolicyError> {
+    Selector::parse(text).map_err(|e| PolicyError::Invalid {
+        policy: key.to_string(),
+        reason: format!("{what}: {e}"),
+    })
+}
+
+fn parse_nets(nets: &[String], what: &str, key: &PolicyKey) -> Result<Vec<IpNet>, PolicyError> {
+    nets.iter()
+        .map(|n| {
+            n.parse::<IpNet>()
+                .map(|n| n.trunc())
+                .map_err(|_| PolicyError::Invalid {
+                    policy: key.to_string(),
+                    reason: format!("{what}: {n:?} is not a CIDR"),
+                })
+        })
+        .collect()
+}
+
+impl PolicySet {
+    /// An empty set.
+    pub fn new() -> PolicySet {
+        PolicySet::default()
+    }
+
+    /// Adds or replaces a namespace's labels.
+    pub fn upsert_namespace(&mut self, name: &str, labels: BTreeMap<String, String>) {
+        self.namespaces.insert(name.to_string(), labels);
+    }
+
+    /// Removes a namespace (its endpoints keep only the implicit name label).
+    pub fn remove_namespace(&mut self, name: &str) {
+        self.namespaces.remove(name);
+    }
+
+    /// The labels of a namespace, including [`NAMESPACE_NAME_LABEL`].
+    pub fn namespace_labels(&self, name: &str) -> BTreeMap<String, String> {
+        let mut l = self.namespaces.get(name).cloned().unwrap_or_default();
+        l.insert(NAMESPACE_NAME_LABEL.to_string(), name.to_string());
+        l
+    }
+
+    /// Adds or replaces an endpoint (keyed by namespace and name).
+    pub fn upsert_endpoint(&mut self, ep: Endpoint) {
+        self.endpoints
+            .insert((ep.namespace.clone(), ep.name.clone()), ep);
+    }
+
+    /// Removes an endpoint; true when it existed.
+    pub fn remove_endpoint(&mut self, namespace: &str, name: &str) -> bool {
+        self.endpoints
+            .remove(&(namespace.to_string(), name.to_string()))
+            .is_some()
+    }
+
+    /// Every endpoint, by (namespace, name).
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.endpoints.values()
+    }
+
+    /// Every policy, by key.
+    pub fn policies(&self) -> impl Iterator<Item = &IrPolicy> {
+        self.policies.values()
+    }
+
+    /// Removes a policy; true when it existed.
+    pub fn remove_policy(&mut self, key: &PolicyKey) -> bool {
+        self.policies.remove(key).is_some()
+    }
+
+    /// Adds or replaces whatever `r` is: a policy of any flavour, a Namespace or a
+    /// WorkloadEndpoint. Other kinds are ignored (they carry no policy state).
+    pub fn apply(&mut self, r: &Resource) -> Result<(), PolicyError> {
+        match r {
+            Resource::K8sNetworkPolicy(p) => self.upsert_k8s_policy(p),
+            Resource::NetworkPolicy(p) => self.upsert_tern_policy(p),
+            Resource::GlobalNetworkPolicy(p) => self.upsert_global_policy(p),
+            Resource::Namespace(n) => {
+                self.upsert_namespace(&n.metadata.name, n.metadata.labels.clone());
+                Ok(())
+            }
+            Resource::WorkloadEndpoint(w) => {
+                self.upsert_endpoint(Endpoint::from_workload_endpoint(w));
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Adds or replaces a Kubernetes NetworkPolicy (validated first).
+    pub fn upsert_k8s_policy(&mut self, p: &K8sNetworkPolicy) -> Result<(), PolicyError> {
+        let mut p = p.clone();
+        tern_model::Spec::fill_defaults(&mut p.spec);
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let key = PolicyKey {
+            kind: Kind::K8sNetworkPolicy,
+            namespace: Some(ns.clone()),
+            name: p.metadata.name.clone(),
+        };
+        tern_model::validate_k8s_spec(&p.spec).map_err(|(f, m)| PolicyError::Invalid {
+            policy: key.to_string(),
+            reason: format!("{f}: {m}"),
+        })?;
+        let peer_match = |peer: &K8sPeer| -> Match {
+            if let Some(b) = &peer.ip_block {
+                let (cidr, except) = b
+                    .nets()
+                    .unwrap_or_else(|_| (IpBlock::default_net(), Vec::new()));
+                return Match {
+                    nets: vec![cidr],
+                    not_nets: except,
+                    ..Match::default()
+                };
+            }
+            let scope = match &peer.namespace_selector {
+                Some(s) => NamespaceScope::Selector(s.to_selector()),
+                None => NamespaceScope::Named(ns.clone()),
+            };
+            let selector = peer
+                .pod_selector
+                .as_ref()
+                .map_or(Selector::All, |s| s.to_selector());
+            Match {
+                endpoints: Some(EndpointSelector { scope, selector }),
+                ..Match::default()
+            }
+        };
+        // A rule allows (any peer) x (any port entry); the IR has one protocol per rule, so
+        // the product is expanded.
+        let expand = |peers: &[K8sPeer], ports: &[K8sPort], peer_is_src: bool| {
+            let peer_matches: Vec<Match> = if peers.is_empty() {
+                vec![Match::default()]
+            } else {
+                peers.iter().map(peer_match).collect()
+            };
+            let port_specs: Vec<(Option<Protocol>, Vec<Port>)> = if ports.is_empty() {
+                vec![(None, Vec::new())]
+            } else {
+                ports
+                    .iter()
+                    .map(|p| {
+                        let proto = Protocol::from(p.protocol.unwrap_or_default());
+                        let ports = match &p.port {
+                            None => Vec::new(),
+                            Some(tern_model::IntOrString::Int(n)) => {
+                                let lo = *n as u16;
+                                let hi = p.end_port.map_or(lo, |e| e as u16);
+                                vec![Port::Range(lo, hi)]
+                            }
+                            Some(tern_model::IntOrString::Str(s)) => vec![Port::Named(s.clone())],
+                        };
+                        (Some(proto), ports)
+                    })
+                    .collect()
+            };
+            let mut out = Vec::new();
+            for m in &peer_matches {
+                for (proto, ports) in &port_specs {
+                    let mut dst = Match {
+                        ports: ports.clone(),
+                        ..Match::default()
+                    };
+                    let mut src = Match::default();
+                    if peer_is_src {
+                        src = m.clone();
+                    } else {
+                        dst.endpoints = m.endpoints.clone();
+                        dst.nets = m.nets.clone();
+                        dst.not_nets = m.not_nets.clone();
+                    }
+                    out.push(IrRule {
+                        action: Action::Allow,
+                        protocol: *proto,
+                        src,
+                        dst,
+                    });
+                }
+            }
+            out
+        };
+        let types = &p.spec.policy_types;
+        let ingress = types.contains(&PolicyType::Ingress).then(|| {
+            p.spec
+                .ingress
+                .iter()
+                .flat_map(|r| expand(&r.from, &r.ports, true))
+                .collect()
+        });
+        let egress = types.contains(&PolicyType::Egress).then(|| {
+            p.spec
+                .egress
+                .iter()
+                .flat_map(|r| expand(&r.to, &r.ports, false))
+                .collect()
+        });
+        let ir = IrPolicy {
+            key: key.clone(),
+            order: 1000.0,
+            applies_to: EndpointSelector {
+                scope: NamespaceScope::Named(ns),
+                selector: p.spec.pod_selector.to_selector(),
+            },
+            ingress,
+            egress,
+        };
+        self.policies.insert(key, ir);
+        Ok(())
+    }
+
+    /// Adds or replaces a tern NetworkPolicy (namespaced).
+    pub fn upsert_tern_policy(&mut self, p: &NetworkPolicy) -> Result<(), PolicyError> {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let key = PolicyKey {
+            kind: Kind::NetworkPolicy,
+            namespace: Some(ns.clone()),
+            name: p.metadata.name.clone(),
+        };
+        self.upsert_calico(key, Some(ns), &p.spec)
+    }
+
+    /// Adds or replaces a tern GlobalNetworkPolicy.
+    pub fn upsert_global_policy(&mut self, p: &GlobalNetworkPolicy) -> Result<(), PolicyError> {
+        let key = PolicyKey {
+            kind: Kind::GlobalNetworkPolicy,
+            namespace: None,
+            name: p.metadata.name.clone(),
+        };
+        self.upsert_calico(key, None, &p.spec.0)
+    }
+
+    fn upsert_calico(
+        &mut self,
+        key: PolicyKey,
+        ns: Option<String>,
+        spec: &NetworkPolicySpec,
+    ) -> Result<(), PolicyError> {
+        let mut spec = spec.clone();
+        tern_model::Spec::fill_defaults(&mut spec);
+        tern_model::validate_tern_spec(&spec).map_err(|(f, m)| PolicyError::Invalid {
+            policy: key.to_string(),
+            reason: format!("{f}: {m}"),
+        })?;
+        let scope_default = || match &ns {
+            Some(n) => NamespaceScope::Named(n.clone()),
+            None => NamespaceScope::Any,
+        };
+        let entity = |e: &tern_model::EntityRule, what: &str| -> Result<Match, PolicyError> {
+            let nssel = e
+                .namespace_selector
+                .as_deref()
+                .map(|s| parse_selector(s, &format!("{what}.namespaceSelector"), &key))
+                .transpose()?;
+            let sel = e
+                .selector
+                .as_deref()
+                .map(|s| parse_selector(s, &format!("{what}.selector"), &key))
+                .transpose()?;
+            let endpoints = match (sel, nssel) {
+                (None, None) => None,
+                (sel, nssel) => Some(EndpointSelector {
+                    scope: nssel.map_or_else(scope_default, NamespaceScope::Selector),
+                    selector: sel.unwrap_or(Selector::All),
+                }),
+            };
+            Ok(Match {
+                endpoints,
+                nets: parse_nets(&e.nets, &format!("{what}.nets"), &key)?,
+                not_nets: parse_nets(&e.not_nets, &format!("{what}.notNets"), &key)?,
+                ports: e.ports.clone(),
+            })
+        };
+        let rules = |rs: &[tern_model::Rule], dir: &str| -> Result<Vec<IrRule>, PolicyError> {
+            rs.iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    Ok(IrRule {
+                        action: r.action,
+                        protocol: r.protocol,
+                        src: entity(&r.source, &format!("{dir}[{i}].source"))?,
+                        dst: entity(&r.destination, &format!("{dir}[{i}].destination"))?,
+                    })
+                })
+                .collect()
+        };
+        let ingress = if spec.types.contains(&PolicyType::Ingress) {
+            Some(rules(&spec.ingress, "ingress")?)
+        } else {
+            None
+        };
+        let egress = if spec.types.contains(&PolicyType::Egress) {
+            Some(rules(&spec.egress, "egress")?)
+        } else {
+            None
+        };
+        let ir = IrPolicy {
+            key: key.clone(),
+            order: spec.order.unwrap_or(f64::INFINITY),
+            applies_to: EndpointSelector {
+                scope: scope_default(),
+                selector: parse_selector(&spec.selector, "selector", &key)?,
+            },
+            ingress,
+            egress,
+        };
+        self.policies.insert(key, ir);
+        Ok(())
+    }
+
+    /// Whether an endpoint is in an endpoint selector's set.
+    pub fn selects(&self, sel: &EndpointSelector, ep: &Endpoint) -> bool {
+        let in_scope = match &sel.scope {
+            NamespaceScope::Any => true,
+            NamespaceScope::Named(n) => &ep.namespace == n,
+            NamespaceScope::Selector(s) => s.matches(&self.namespace_labels(&ep.namespace)),
+        };
+        in_scope && sel.selector.matches(&ep.labels)
+    }
+
+    /// The policies that apply to `ep` in `dir`, in evaluation order.
+    pub fn policies_for(&self, ep: &Endpoint, dir: Direction) -> Vec<&IrPolicy> {
+        let mut v: Vec<&IrPolicy> = self
+            .policies
+            .values()
+            .filter(|p| p.rules(dir).is_some() && self.selects(&p.applies_to, ep))
+            .collect();
+        v.sort_by(|a, b| a.order.total_cmp(&b.order).then_with(|| a.key.cmp(&b.key)));
+        v
+    }
+
+    /// The endpoint owning an address.
+    pub fn endpoint_by_ip(&self, ip: IpAddr) -> Option<&Endpoint> {
+        self.endpoints.values().find(|e| e.ips.contains(&ip))
+    }
+
+    fn side_matches(&self, m: &Match, ip: IpAddr, ep: Option<&Endpoint>) -> bool {
+        if let Some(sel) = &m.endpoints
+            && !ep.is_some_and(|e| self.selects(sel, e))
+        {
+            return false;
+        }
+        if !m.nets.is_empty() && !m.nets.iter().any(|n| n.contains(&ip)) {
+            return false;
+        }
+        !m.not_nets.iter().any(|n| n.contains(&ip))
+    }
+
+    fn rule_matches(
+        &self,
+        r: &IrRule,
+        f: &Flow,
+        src: Option<&Endpoint>,
+        dst: Option<&Endpoint>,
+    ) -> bool {
+        if r.protocol.is_some_and(|p| p != f.protocol) {
+            return false;
+        }
+        if !self.side_matches(&r.src, f.src, src) || !self.side_matches(&r.dst, f.dst, dst) {
+            return false;
+        }
+        r.dst.ports.is_empty()
+            || r.dst.ports.iter().any(|p| match p {
+                Port::Range(lo, hi) => (*lo..=*hi).contains(&f.dst_port),
+                Port::Named(n) => dst.is_some_and(|d| {
+                    d.ports
+                        .iter()
+                        .any(|cp| &cp.name == n && cp.protocol == f.protocol && cp.port == f.dst_port)
+                }),
+            })
+    }
+
+    /// The verdict of `ep`'s policies in `dir` for a flow: true = allowed.
+    pub fn direction_allows(&self, ep: &Endpoint, dir: Direction, f: &Flow) -> bool {
+        let pols = self.policies_for(ep, dir);
+        if pols.is_empty() {
+            return true;
+        }
+        let src = self.endpoint_by_ip(f.src);
+        let dst = self.endpoint_by_ip(f.dst);
+        for p in pols {
+            for r in p.rules(dir).unwrap_or_default() {
+                if !self.rule_matches(r, f, src, dst) {
+                    continue;
+                }
+                match r.action {
+                    Action::Allow | Action::Pass => return true,
+                    Action::Deny => return false,
+                    Action::Log => {}
+                }
+            }
+        }
+        false
+    }
+
+    /// The reference verdict for a flow: the source endpoint's egress and the destination
+    /// endpoint's ingress must both allow it.
+    pub fn allowed(&self, f: &Flow) -> bool {
+        let egress_ok = self
+            .endpoint_by_ip(f.src)
+            .is_none_or(|e| self.direction_allows(e, Direction::Egress, f));
+        let ingress_ok = self
+            .endpoint_by_ip(f.dst)
+            .is_none_or(|e| self.direction_allows(e, Direction::Ingress, f));
+        egress_ok && ingress_ok
+    }
+}
+
+trait DefaultNet {
+    fn default_net() -> IpNet;
+}
+
+impl DefaultNet for IpBlock {
+    /// Unreachable after validation; a host route of the unspecified address matches nothing
+    /// real, so a bug here fails closed.
+    fn default_net() -> IpNet {
+        IpNet::from(IpAddr::from([0, 0, 0, 0]))
+    }
+}
