@@ -858,7 +858,7 @@ impl Core {
             self.collision(addr, cand, open);
             return;
         }
-        if !p.conn.as_ref().is_some_and(|c| c.id == id) {
+        if p.conn.as_ref().is_none_or(|c| c.id != id) {
             return;
         }
         let ev = match bytes.and_then(|b| codec::decode_with(&b, p.session.codec_options())) {

@@ -639,8 +639,12 @@ impl Rib {
         }
         attrs.local_pref = Some(attrs.local_pref.unwrap_or(DEFAULT_LOCAL_PREF));
         match from {
-            None if attrs.next_hop.is_none() => attrs.next_hop = Some(self_nh?),
-            None => {}
+            None => {
+                // Our own route keeps an explicit next hop given at origination.
+                if attrs.next_hop.is_none() {
+                    attrs.next_hop = Some(self_nh?);
+                }
+            }
             Some(src) if self.is_ebgp(src) => {
                 if to.config.next_hop_self {
                     attrs.next_hop = Some(self_nh?);

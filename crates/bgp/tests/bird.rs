@@ -160,7 +160,7 @@ fn bird_route_reflector_with_two_tern_clients() {
     in_netns(|| async {
         let conf = format!(
             r#"{BIRD_HEAD}
-template bgp client {{
+template bgp rrc {{
   local 198.18.0.1 as 64512;
   direct;
   passive on;
@@ -169,8 +169,8 @@ template bgp client {{
   graceful restart;
   ipv4 {{ import all; export where source = RTS_BGP; gateway direct; }};
 }}
-protocol bgp c2 from client {{ neighbor 198.18.0.2 as 64512; }}
-protocol bgp c3 from client {{ neighbor 198.18.0.3 as 64512; }}
+protocol bgp c2 from rrc {{ neighbor 198.18.0.2 as 64512; }}
+protocol bgp c3 from rrc {{ neighbor 198.18.0.3 as 64512; }}
 "#
         );
         let bird = Bird::start("rr", &conf);

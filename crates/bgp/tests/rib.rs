@@ -622,3 +622,59 @@ fn peer_errors_carry_the_address() {
     });
     assert_eq!(dup, Err(RibError::PeerExists(ip("198.18.0.2"))));
 }
+
+/// Next hop of each announced prefix in the updates for `to`.
+fn announced_to(updates: &[(IpAddr, Update)], to: IpAddr) -> Vec<(IpNet, Option<IpAddr>)> {
+    updates
+        .iter()
+        .filter(|(a, _)| *a == to)
+        .flat_map(|(_, u)| u.all_announced())
+        .collect()
+}
+
+#[test]
+fn explicit_origination_next_hop_goes_to_ibgp_and_to_ebgp_only_when_kept() {
+    let mut r = rib(None);
+    let ibgp = peer(&mut r, 2, LOCAL_AS, false);
+    let ebgp = peer(&mut r, 3, 65001, false);
+    r.add_peer(PeerConfig {
+        address: ip("198.18.0.4"),
+        asn: 65002,
+        next_hop_v4: Some(ip4("198.18.0.1")),
+        next_hop_v6: None,
+        rr_client: false,
+        next_hop_self: false,
+        keep_original_next_hop: true,
+    })
+    .unwrap();
+    r.peer_up(ip("198.18.0.4"), &negotiated(4, 65002)).unwrap();
+    r.originate_via(net("10.244.1.0/26"), Some(ip("198.18.0.77")));
+    // A next hop of the wrong family is ignored: our session address is used.
+    r.originate_via(net("10.244.2.0/26"), Some(ip("fd00::9")));
+    let ups = r.take_updates();
+    let mut to_ibgp = announced_to(&ups, ibgp);
+    to_ibgp.sort();
+    assert_eq!(
+        to_ibgp,
+        vec![
+            (net("10.244.1.0/26"), Some(ip("198.18.0.77"))),
+            (net("10.244.2.0/26"), Some(ip("198.18.0.1"))),
+        ]
+    );
+    assert!(
+        announced_to(&ups, ebgp)
+            .iter()
+            .all(|(_, nh)| *nh == Some(ip("198.18.0.1")))
+    );
+    assert!(
+        announced_to(&ups, ip("198.18.0.4")).contains(&(net("10.244.1.0/26"), Some(ip("198.18.0.77"))))
+    );
+    // Changing the session's next hops re-advertises with the new address.
+    r.set_next_hops(ibgp, Some(ip4("198.18.0.100")), None).unwrap();
+    let ups = r.take_updates();
+    assert_eq!(
+        announced_to(&ups, ibgp),
+        vec![(net("10.244.2.0/26"), Some(ip("198.18.0.100")))]
+    );
+    assert!(r.peer_config(ibgp).is_some());
+}

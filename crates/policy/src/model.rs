@@ -548,9 +548,9 @@ impl PolicySet {
             || r.dst.ports.iter().any(|p| match p {
                 Port::Range(lo, hi) => (*lo..=*hi).contains(&f.dst_port),
                 Port::Named(n) => dst.is_some_and(|d| {
-                    d.ports
-                        .iter()
-                        .any(|cp| &cp.name == n && cp.protocol == f.protocol && cp.port == f.dst_port)
+                    d.ports.iter().any(|cp| {
+                        &cp.name == n && cp.protocol == f.protocol && cp.port == f.dst_port
+                    })
                 }),
             })
     }

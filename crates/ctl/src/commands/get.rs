@@ -257,6 +257,7 @@ mod tests {
                 network: String::new(),
                 profiles: vec![],
                 service_account_name: None,
+                ports: vec![],
             },
         );
         d.metadata.namespace = Some(ns.into());

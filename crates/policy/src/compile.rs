@@ -1,0 +1,323 @@
+//! Compiles a [`PolicySet`] into the desired `inet tern` [`Ruleset`] for one node.
+//!
+//! Layout:
+//! - base chain `filter-forward` (hook forward, priority -5, before the usual filter chains):
+//!   `ct state established,related accept`, `ct state invalid drop`, then
+//!   `iifname vmap @ep-out` (egress of the sending local pod) and `oifname vmap @ep-in`
+//!   (ingress of the receiving local pod). Traffic the node itself sends to its pods (kubelet
+//!   probes) goes through the output hook, which tern does not filter, so it always passes.
+//! - per selected local endpoint: `ep-in-<ifname>` / `ep-out-<ifname>`, which clear tern's
+//!   mark bit, jump to each applicable policy chain in order and stop as soon as a policy
+//!   allowed ([`ALLOW_MARK`]); the chain ends with `drop` (default deny). Endpoints no policy
+//!   selects have no chain and no map entry, so they are not filtered.
+//! - per policy and direction: `pol-<hash>-in|out`, compiled once and shared by all endpoints.
+//!   Allow/Pass set the mark and return, Deny drops, Log logs and continues.
+//! - per endpoint selector: address sets `sel-<hash>-v4|v6` of the matching endpoints'
+//!   addresses (cluster-wide); per (named port, protocol): `np-<hash>-v4|v6` of
+//!   `address . port`. Pods coming and going only change elements of these.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use tern_model::{Action, Port, Protocol};
+
+use crate::model::{Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match, PolicySet};
+use crate::nft::{Chain, Ruleset, Set};
+
+/// Packet mark bit meaning "a policy allowed this packet in the current direction".
+pub const ALLOW_MARK: u32 = 0x0001_0000;
+/// Name of the forward base chain.
+pub const FORWARD_CHAIN: &str = "filter-forward";
+/// Map from a pod's host interface to its ingress chain.
+pub const INGRESS_MAP: &str = "ep-in";
+/// Map from a pod's host interface to its egress chain.
+pub const EGRESS_MAP: &str = "ep-out";
+
+/// A stable 48-bit FNV-1a hash in hex, for chain and set names derived from content.
+pub fn short_hash(s: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{:012x}", h >> 16)
+}
+
+/// Name of a policy's chain for a direction.
+pub fn policy_chain(p: &IrPolicy, dir: Direction) -> String {
+    let d = match dir {
+        Direction::Ingress => "in",
+        Direction::Egress => "out",
+    };
+    format!("pol-{}-{d}", short_hash(&p.key.to_string()))
+}
+
+/// Name of an endpoint's chain for a direction.
+pub fn endpoint_chain(ep: &Endpoint, dir: Direction) -> String {
+    match dir {
+        Direction::Ingress => format!("ep-in-{}", ep.interface),
+        Direction::Egress => format!("ep-out-{}", ep.interface),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(ip: &IpAddr) -> Family {
+        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
+    }
+    fn of_net(n: &IpNet) -> Family {
+        Family::of(&n.addr())
+    }
+    fn suffix(self) -> &'static str {
+        match self {
+            Family::V4 => "v4",
+            Family::V6 => "v6",
+        }
+    }
+    fn kw(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+    fn addr_type(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4_addr",
+            Family::V6 => "ipv6_addr",
+        }
+    }
+}
+
+fn proto_name(p: Protocol, fam: Family) -> Option<String> {
+    Some(match p {
+        Protocol::Tcp => "tcp".into(),
+        Protocol::Udp => "udp".into(),
+        Protocol::Sctp => "sctp".into(),
+        Protocol::UdpLite => "udplite".into(),
+        Protocol::Icmp if fam == Family::V4 => "icmp".into(),
+        Protocol::IcmpV6 if fam == Family::V6 => "ipv6-icmp".into(),
+        Protocol::Icmp | Protocol::IcmpV6 => return None,
+        Protocol::Number(n) => n.to_string(),
+    })
+}
+
+fn port_text(p: &Port) -> Option<String> {
+    match p {
+        Port::Range(a, b) if a == b => Some(a.to_string()),
+        Port::Range(a, b) => Some(format!("{a}-{b}")),
+        Port::Named(_) => None,
+    }
+}
+
+/// Compiles everything: `node` picks the local endpoints that get chains and map entries;
+/// address sets cover endpoints of every node.
+pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
+    let mut c = Compiler {
+        set,
+        rs: Ruleset::new(),
+    };
+    c.base();
+    let local: Vec<&Endpoint> = set
+        .endpoints()
+        .filter(|e| e.node == node && !e.interface.is_empty())
+        .collect();
+    let mut needed: BTreeMap<(String, Direction), (&IrPolicy, Direction)> = BTreeMap::new();
+    for ep in local {
+        for dir in [Direction::Ingress, Direction::Egress] {
+            let pols = set.policies_for(ep, dir);
+            if pols.is_empty() {
+                continue;
+            }
+            let name = endpoint_chain(ep, dir);
+            let mut rules = vec![format!("meta mark set meta mark and {:#010x}", !ALLOW_MARK)];
+            let done = match dir {
+                Direction::Ingress => "accept",
+                // Egress allowed: back to the base chain, which checks the receiver's ingress.
+                Direction::Egress => "return",
+            };
+            for p in pols {
+                let pc = policy_chain(p, dir);
+                rules.push(format!("jump {pc}"));
+                rules.push(format!(
+                    "meta mark and {ALLOW_MARK:#x} == {ALLOW_MARK:#x} {done}"
+                ));
+                needed.insert((pc, dir), (p, dir));
+            }
+            rules.push("drop".into());
+            c.rs.chains
+                .insert(name.clone(), Chain { base: None, rules });
+            let map = match dir {
+                Direction::Ingress => INGRESS_MAP,
+                Direction::Egress => EGRESS_MAP,
+            };
+            if let Some(m) = c.rs.sets.get_mut(map) {
+                m.insert_mapping(format!("\"{}\"", ep.interface), &format!("jump {name}"));
+            }
+        }
+    }
+    for ((name, _), (p, dir)) in needed {
+        let rules = c.policy_rules(p, dir);
+        c.rs.chains.insert(name, Chain { base: None, rules });
+    }
+    c.rs
+}
+
+struct Compiler<'a> {
+    set: &'a PolicySet,
+    rs: Ruleset,
+}
+
+impl Compiler<'_> {
+    fn base(&mut self) {
+        self.rs.chains.insert(
+            FORWARD_CHAIN.into(),
+            Chain {
+                base: Some("type filter hook forward priority -5; policy accept;".into()),
+                rules: vec![
+                    "ct state established,related accept".into(),
+                    "ct state invalid drop".into(),
+                    format!("iifname vmap @{EGRESS_MAP}"),
+                    format!("oifname vmap @{INGRESS_MAP}"),
+                ],
+            },
+        );
+        for m in [INGRESS_MAP, EGRESS_MAP] {
+            self.rs
+                .sets
+                .insert(m.into(), Set::new("type ifname : verdict;"));
+        }
+    }
+
+    /// The address set of an endpoint selector for a family, created on first use.
+    fn selector_set(&mut self, sel: &EndpointSelector, fam: Family) -> String {
+        let name = format!("sel-{}-{}", short_hash(&sel.canonical()), fam.suffix());
+        if !self.rs.sets.contains_key(&name) {
+            let mut s = Set::new(format!("type {};", fam.addr_type()));
+            for ep in self.set.endpoints().filter(|e| self.set.selects(sel, e)) {
+                for ip in ep.ips.iter().filter(|ip| Family::of(ip) == fam) {
+                    s.insert(ip.to_string());
+                }
+            }
+            self.rs.sets.insert(name.clone(), s);
+        }
+        name
+    }
+
+    /// The `address . port` set of a named port for a protocol and family.
+    fn named_port_set(&mut self, port: &str, proto: Protocol, fam: Family) -> String {
+        let name = format!(
+            "np-{}-{}",
+            short_hash(&format!("{port}/{}", proto.number())),
+            fam.suffix()
+        );
+        if !self.rs.sets.contains_key(&name) {
+            let mut s = Set::new(format!("type {} . inet_service;", fam.addr_type()));
+            for ep in self.set.endpoints() {
+                for cp in ep
+                    .ports
+                    .iter()
+                    .filter(|cp| cp.name == port && cp.protocol == proto)
+                {
+                    for ip in ep.ips.iter().filter(|ip| Family::of(ip) == fam) {
+                        s.insert(format!("{ip} . {}", cp.port));
+                    }
+                }
+            }
+            self.rs.sets.insert(name.clone(), s);
+        }
+        name
+    }
+
+    /// Match text of one side, or `None` when it cannot match in this family.
+    fn side(&mut self, m: &Match, fam: Family, field: &str) -> Option<String> {
+        let kw = fam.kw();
+        let mut out = String::new();
+        if let Some(sel) = &m.endpoints {
+            let s = self.selector_set(sel, fam);
+            let _ = write!(out, " {kw} {field} @{s}");
+        }
+        if !m.nets.is_empty() {
+            let nets: Vec<String> = m
+                .nets
+                .iter()
+                .filter(|n| Family::of_net(n) == fam)
+                .map(ToString::to_string)
+                .collect();
+            if nets.is_empty() {
+                return None;
+            }
+            let _ = write!(out, " {kw} {field} {{ {} }}", nets.join(", "));
+        }
+        let not: Vec<String> = m
+            .not_nets
+            .iter()
+            .filter(|n| Family::of_net(n) == fam)
+            .map(ToString::to_string)
+            .collect();
+        if !not.is_empty() {
+            let _ = write!(out, " {kw} {field} != {{ {} }}", not.join(", "));
+        }
+        Some(out)
+    }
+
+    fn policy_rules(&mut self, p: &IrPolicy, dir: Direction) -> Vec<String> {
+        let mut out = Vec::new();
+        let rules: Vec<IrRule> = p.rules(dir).unwrap_or_default().to_vec();
+        for (i, r) in rules.iter().enumerate() {
+            let verdict = match r.action {
+                Action::Allow | Action::Pass => {
+                    format!("meta mark set meta mark or {ALLOW_MARK:#x} return")
+                }
+                Action::Deny => "drop".into(),
+                Action::Log => format!(
+                    "log prefix \"tern {}-{}{i}: \"",
+                    short_hash(&p.key.to_string()),
+                    if dir == Direction::Ingress { "i" } else { "e" }
+                ),
+            };
+            for fam in [Family::V4, Family::V6] {
+                let proto = match r.protocol {
+                    Some(pr) => match proto_name(pr, fam) {
+                        Some(n) => format!(" meta l4proto {n}"),
+                        None => continue,
+                    },
+                    None => String::new(),
+                };
+                let Some(src) = self.side(&r.src, fam, "saddr") else {
+                    continue;
+                };
+                let Some(dst) = self.side(&r.dst, fam, "daddr") else {
+                    continue;
+                };
+                let head = format!("{proto}{src}{dst}");
+                let mut variants = Vec::new();
+                if r.dst.ports.is_empty() {
+                    variants.push(String::new());
+                } else {
+                    let nums: Vec<String> = r.dst.ports.iter().filter_map(port_text).collect();
+                    if !nums.is_empty() {
+                        variants.push(format!(" th dport {{ {} }}", nums.join(", ")));
+                    }
+                    for port in &r.dst.ports {
+                        if let (Port::Named(n), Some(pr)) = (port, r.protocol) {
+                            let s = self.named_port_set(n, pr, fam);
+                            variants.push(format!(" {} daddr . th dport @{s}", fam.kw()));
+                        }
+                    }
+                }
+                for v in variants {
+                    let text = format!("{head}{v} {verdict}");
+                    out.push(text.trim_start().to_string());
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,206 @@
+//! Text of compiled rulesets and deltas, and evaluator semantics of tern policies.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use tern_model::{EndpointPort, Protocol};
+use tern_policy::{Endpoint, Flow, PolicySet, Ruleset, compile, render_delta};
+
+fn ep(ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> Endpoint {
+    Endpoint {
+        namespace: ns.into(),
+        name: name.into(),
+        node: "n1".into(),
+        interface: format!("v{name}"),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ips: vec![ip.parse::<IpAddr>().unwrap()],
+        ports: vec![EndpointPort {
+            name: "web".into(),
+            protocol: Protocol::Tcp,
+            port: 80,
+        }],
+    }
+}
+
+fn load(set: &mut PolicySet, yaml: &str) {
+    for r in tern_model::parse_documents(yaml, "t.yaml").unwrap() {
+        r.validate().unwrap();
+        set.apply(&r).unwrap();
+    }
+}
+
+fn flow(src: &str, dst: &str, protocol: Protocol, dst_port: u16) -> Flow {
+    Flow {
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        protocol,
+        dst_port,
+    }
+}
+
+fn base_set() -> PolicySet {
+    let mut s = PolicySet::new();
+    s.upsert_endpoint(ep("d", "a", "10.0.0.1", &[("app", "a")]));
+    s.upsert_endpoint(ep("d", "b", "10.0.0.2", &[("app", "b"), ("tier", "x")]));
+    s.upsert_endpoint(ep("e", "c", "10.0.0.3", &[("app", "a")]));
+    s.upsert_namespace("e", BTreeMap::from([("team".into(), "blue".into())]));
+    s
+}
+
+#[test]
+fn ordering_actions_and_pass() {
+    let mut s = base_set();
+    load(
+        &mut s,
+        "apiVersion: tern.dev/v1\nkind: GlobalNetworkPolicy\nmetadata: {name: deny-c}\nspec:\n  order: 5\n  selector: app == 'b' && has(tier)\n  ingress:\n  - action: Deny\n    source: {namespaceSelector: team == 'blue'}\n  - action: Pass\n    protocol: UDP\n---\n\
+         apiVersion: tern.dev/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: d}\nspec:\n  order: 100\n  selector: app in {'b'}\n  ingress:\n  - action: Allow\n    protocol: TCP\n    source: {selector: \"!has(tier)\"}\n    destination: {ports: [web]}\n",
+    );
+    // c (namespace e, team=blue) is denied by the earlier policy, even on the allowed port.
+    assert!(!s.allowed(&flow("10.0.0.3", "10.0.0.2", Protocol::Tcp, 80)));
+    // a is allowed on the named port only.
+    assert!(s.allowed(&flow("10.0.0.1", "10.0.0.2", Protocol::Tcp, 80)));
+    assert!(!s.allowed(&flow("10.0.0.1", "10.0.0.2", Protocol::Tcp, 81)));
+    // UDP passes: the later policy is skipped, the profile allows.
+    assert!(s.allowed(&flow("10.0.0.1", "10.0.0.2", Protocol::Udp, 53)));
+    // An outside address is not an endpoint: only b's ingress applies (default deny for TCP).
+    assert!(!s.allowed(&flow("192.0.2.1", "10.0.0.2", Protocol::Tcp, 80)));
+    // Unselected endpoints are open.
+    assert!(s.allowed(&flow("10.0.0.2", "10.0.0.1", Protocol::Tcp, 22)));
+}
+
+#[test]
+fn compiled_text_layout() {
+    let mut s = base_set();
+    load(
+        &mut s,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: d}\nspec:\n  podSelector: {matchLabels: {app: b}}\n  ingress:\n  - from:\n    - podSelector: {matchLabels: {app: a}}\n    - ipBlock: {cidr: 192.0.2.0/24, except: [192.0.2.128/25]}\n    ports: [{port: 80, endPort: 90}, {protocol: UDP, port: web}]\n",
+    );
+    let rs = compile(&s, "n1");
+    let full = rs.render_full();
+    assert!(full.starts_with("add table inet tern\ndelete table inet tern\nadd table inet tern\n"));
+    assert!(full.contains(
+        "add chain inet tern filter-forward { type filter hook forward priority -5; policy accept; }"
+    ));
+    for l in [
+        "add rule inet tern filter-forward ct state established,related accept",
+        "add rule inet tern filter-forward ct state invalid drop",
+        "add rule inet tern filter-forward iifname vmap @ep-out",
+        "add rule inet tern filter-forward oifname vmap @ep-in",
+        "add element inet tern ep-in { \"vb\" : jump ep-in-vb }",
+        "add rule inet tern ep-in-vb drop",
+    ] {
+        assert!(full.lines().any(|x| x == l), "missing {l:?} in\n{full}");
+    }
+    // Only b is selected, and only for ingress.
+    assert!(!rs.chains.contains_key("ep-in-va"));
+    assert!(!rs.chains.contains_key("ep-out-vb"));
+    let pol: Vec<&String> = rs.chains.keys().filter(|k| k.starts_with("pol-")).collect();
+    assert_eq!(pol.len(), 1);
+    let rules = &rs.chains[pol[0]].rules;
+    let allow = "meta mark set meta mark or 0x10000 return";
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.starts_with("meta l4proto tcp ip saddr @sel-")
+                && r.ends_with(&format!("th dport {{ 80-90 }} {allow}"))),
+        "{rules:#?}"
+    );
+    assert!(rules.iter().any(|r| r == &format!(
+        "meta l4proto tcp ip saddr {{ 192.0.2.0/24 }} ip saddr != {{ 192.0.2.128/25 }} th dport {{ 80-90 }} {allow}"
+    )), "{rules:#?}");
+    // The named port is UDP: the endpoints only name a TCP port, so the set is empty.
+    let np: Vec<(&String, _)> = rs
+        .sets
+        .iter()
+        .filter(|(k, _)| k.starts_with("np-"))
+        .collect();
+    assert!(!np.is_empty() && np.iter().all(|(_, s)| s.elements.is_empty()));
+    let sel = rs
+        .sets
+        .iter()
+        .find(|(k, s)| k.starts_with("sel-") && k.ends_with("-v4") && !s.elements.is_empty())
+        .unwrap();
+    assert_eq!(sel.1.elements.keys().collect::<Vec<_>>(), ["10.0.0.1"]);
+}
+
+#[test]
+fn deltas_are_minimal() {
+    let mut s = base_set();
+    load(
+        &mut s,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: d}\nspec:\n  podSelector: {}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: a}}}]\n",
+    );
+    let old = compile(&s, "n1");
+    assert_eq!(render_delta(&old, &old), "");
+    // A remote pod in the selected set: one element.
+    let mut remote = ep("d", "r", "10.0.1.9", &[("app", "a")]);
+    remote.node = "n2".into();
+    s.upsert_endpoint(remote);
+    let new = compile(&s, "n1");
+    let d = render_delta(&old, &new);
+    assert_eq!(d.lines().count(), 1, "{d}");
+    assert!(d.starts_with("add element inet tern sel-") && d.contains("10.0.1.9"));
+    // A local pod: its chain, rules, map entry and set element; no policy chain rewritten.
+    s.upsert_endpoint(ep("d", "n", "10.0.0.7", &[("app", "a")]));
+    let newer = compile(&s, "n1");
+    let d = render_delta(&new, &newer);
+    assert!(d.contains("add chain inet tern ep-in-vn\n"), "{d}");
+    assert!(d.contains("add element inet tern ep-in { \"vn\" : jump ep-in-vn }"));
+    assert!(!d.contains("flush chain"), "{d}");
+    // And it leaves again: deleted in dependency order.
+    let d = render_delta(&newer, &new);
+    let pos = |needle: &str| d.find(needle).unwrap_or_else(|| panic!("{needle} in {d}"));
+    assert!(
+        pos("delete element inet tern ep-in { \"vn\" }") < pos("delete chain inet tern ep-in-vn")
+    );
+    assert!(pos("flush chain inet tern ep-in-vn") < pos("delete chain inet tern ep-in-vn"));
+}
+
+#[test]
+fn merged_rulesets_keep_foreign_chains() {
+    let s = base_set();
+    let mut rs = compile(&s, "n1");
+    let mut nat = Ruleset::new();
+    nat.chains.insert(
+        "nat-postrouting".into(),
+        tern_policy::Chain {
+            base: Some("type nat hook postrouting priority srcnat; policy accept;".into()),
+            rules: vec!["ip saddr @nat-pools ip daddr != @pools masquerade".into()],
+        },
+    );
+    nat.sets.insert(
+        "pools".into(),
+        tern_policy::Set::new("type ipv4_addr; flags interval;"),
+    );
+    nat.sets.insert(
+        "nat-pools".into(),
+        tern_policy::Set::new("type ipv4_addr; flags interval;"),
+    );
+    rs.merge(nat);
+    let full = rs.render_full();
+    assert!(full.contains("add chain inet tern nat-postrouting { type nat hook postrouting"));
+    assert!(full.contains("add set inet tern pools { type ipv4_addr; flags interval; }"));
+    assert!(full.contains("add map inet tern ep-in { type ifname : verdict; }"));
+}
+
+#[test]
+fn bad_policies_are_rejected_with_context() {
+    let mut s = PolicySet::new();
+    let mut p = tern_model::NetworkPolicy::new(
+        "p",
+        tern_model::NetworkPolicySpec {
+            selector: "app == 'x' &&".into(),
+            ..Default::default()
+        },
+    );
+    p.metadata.namespace = Some("d".into());
+    let e = s.upsert_tern_policy(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("policy NetworkPolicy/d/p: spec.selector: invalid selector")
+            && e.contains("at position 13"),
+        "{e}"
+    );
+}
