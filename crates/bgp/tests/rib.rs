@@ -667,10 +667,12 @@ fn explicit_origination_next_hop_goes_to_ibgp_and_to_ebgp_only_when_kept() {
             .all(|(_, nh)| *nh == Some(ip("198.18.0.1")))
     );
     assert!(
-        announced_to(&ups, ip("198.18.0.4")).contains(&(net("10.244.1.0/26"), Some(ip("198.18.0.77"))))
+        announced_to(&ups, ip("198.18.0.4"))
+            .contains(&(net("10.244.1.0/26"), Some(ip("198.18.0.77"))))
     );
     // Changing the session's next hops re-advertises with the new address.
-    r.set_next_hops(ibgp, Some(ip4("198.18.0.100")), None).unwrap();
+    r.set_next_hops(ibgp, Some(ip4("198.18.0.100")), None)
+        .unwrap();
     let ups = r.take_updates();
     assert_eq!(
         announced_to(&ups, ibgp),

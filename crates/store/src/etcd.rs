@@ -768,6 +768,14 @@ impl CallError {
 }
 
 /// A failed exchange on one connection; `answered` is true once any response byte arrived.
+/// True for the errors a socket timeout produces.
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
 struct ExchangeError {
     answered: bool,
     error: io::Error,
@@ -853,14 +861,33 @@ impl Client {
     ) -> std::result::Result<Value, CallError> {
         let request = self.request_bytes(path, body);
         let mut failures = Vec::new();
+        // An endpoint that timed out is not asked again in this call: a hung member accepts
+        // new connections too, and each attempt would cost another full request timeout.
+        let mut hung: Option<usize> = None;
         if let Some(mut conn) = self.take_pooled() {
             match exchange(&mut conn, &request) {
                 Ok(resp) => return self.finish(conn, path, resp),
+                Err(e) if is_timeout(&e.error) && !e.answered && idempotent => {
+                    hung = Some(conn.endpoint);
+                    failures.push(format!(
+                        "{}: no answer within {:?}",
+                        self.endpoints[conn.endpoint].name, self.timeouts.request
+                    ));
+                }
                 // A pooled connection the server closed while idle: nothing was processed.
-                Err(e) if !e.answered || idempotent => failures.push(format!(
-                    "{} (reused connection): {}",
-                    self.endpoints[conn.endpoint].name, e.error
-                )),
+                Err(e) if !is_timeout(&e.error) && (!e.answered || idempotent) => {
+                    failures.push(format!(
+                        "{} (reused connection): {}",
+                        self.endpoints[conn.endpoint].name, e.error
+                    ))
+                }
+                Err(e) if is_timeout(&e.error) => {
+                    return Err(CallError::Unavailable(format!(
+                        "etcd {}{path}: no answer within {:?} (the request may or may not have \
+                         been applied)",
+                        self.endpoints[conn.endpoint].name, self.timeouts.request
+                    )));
+                }
                 Err(e) => {
                     return Err(CallError::Unavailable(format!(
                         "etcd {}{path}: connection lost mid-response: {}",
@@ -870,6 +897,9 @@ impl Client {
             }
         }
         for idx in self.order() {
+            if hung == Some(idx) {
+                continue;
+            }
             let name = &self.endpoints[idx].name;
             let mut conn = match self.connect(idx) {
                 Ok(c) => c,
@@ -883,6 +913,10 @@ impl Client {
                     self.preferred.store(idx, Ordering::Relaxed);
                     return self.finish(conn, path, resp);
                 }
+                Err(e) if idempotent && is_timeout(&e.error) => failures.push(format!(
+                    "{name}: no answer within {:?}",
+                    self.timeouts.request
+                )),
                 Err(e) if idempotent => failures.push(format!("{name}: {}", e.error)),
                 Err(e) => {
                     // The write may have been applied: do not repeat it elsewhere.
