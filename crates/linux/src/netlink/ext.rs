@@ -68,6 +68,21 @@ pub struct VxlanInfo {
     pub up: bool,
 }
 
+impl From<&super::RouteSpec> for Route {
+    fn from(r: &super::RouteSpec) -> Route {
+        Route {
+            dst: r.dst,
+            kind: RouteKind::Unicast,
+            gateway: r.gateway,
+            oif: r.oif,
+            onlink: false,
+            scope: r.scope,
+            protocol: r.protocol,
+            table: r.table,
+        }
+    }
+}
+
 impl Handle {
     fn full_route_msg(&self, msg_type: u16, flags: u16, r: &Route) -> Msg {
         let ip = r.dst.addr();

@@ -562,58 +562,14 @@ impl Handle {
         Ok(out)
     }
 
-    fn route_msg(&self, msg_type: u16, flags: u16, r: &RouteSpec) -> Msg {
-        let ip = r.dst.addr();
-        let table_byte = if r.table < 256 { r.table as u8 } else { 0 };
-        let mut m = Msg::new(msg_type, flags);
-        m.raw(&rtmsg(
-            family_of(&ip),
-            r.dst.prefix_len(),
-            table_byte,
-            r.protocol,
-            r.scope.to_raw(),
-            RTN_UNICAST,
-            0,
-        ));
-        m.attr_u32(RTA_TABLE, r.table);
-        if r.dst.prefix_len() > 0 {
-            m.attr(RTA_DST, &ip_bytes(&r.dst.network()));
-        }
-        if let Some(gw) = r.gateway {
-            m.attr(RTA_GATEWAY, &ip_bytes(&gw));
-        }
-        if let Some(oif) = r.oif {
-            m.attr_u32(RTA_OIF, oif);
-        }
-        m
-    }
-
     /// Installs or replaces a unicast route.
     pub fn replace_route(&mut self, r: &RouteSpec) -> Result<()> {
-        if r.gateway
-            .is_some_and(|g| g.is_ipv4() != r.dst.addr().is_ipv4())
-        {
-            return Err(LinuxError::InvalidArgument(format!(
-                "route {} has a gateway of another address family",
-                r.dst
-            )));
-        }
-        let mut m = self.route_msg(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, r);
-        self.sock
-            .request_ack(&mut m, &|| format!("replace route {}", describe_route(r)))
+        self.replace_route_full(&Route::from(r))
     }
 
     /// Deletes a route; `Ok(false)` when no such route exists. Protocol 0 matches any protocol.
     pub fn delete_route(&mut self, r: &RouteSpec) -> Result<bool> {
-        let mut m = self.route_msg(RTM_DELROUTE, NLM_F_ACK, r);
-        match self
-            .sock
-            .request_ack(&mut m, &|| format!("delete route {}", describe_route(r)))
-        {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.delete_route_full(&Route::from(r))
     }
 
     /// Unicast routes of the main table.
@@ -623,19 +579,18 @@ impl Handle {
 
     /// Unicast routes of `table` (kernel cache clones excluded).
     pub fn routes_in_table(&mut self, v6: bool, table: u32) -> Result<Vec<RouteSpec>> {
-        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET } as u8;
-        let mut m = Msg::new(RTM_GETROUTE, NLM_F_DUMP);
-        m.raw(&rtmsg(family, 0, 0, 0, 0, 0, 0));
-        let replies = self.sock.request_dump(&mut m, &|| {
-            format!("list IPv{} routes", if v6 { 6 } else { 4 })
-        })?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| parse_route(&r.payload))
-            .filter(|(r, rtype, flags)| {
-                r.table == table && *rtype == RTN_UNICAST && flags & RTM_F_CLONED == 0
+        Ok(self
+            .routes_full(v6, table)?
+            .into_iter()
+            .filter(|r| r.kind == RouteKind::Unicast)
+            .map(|r| RouteSpec {
+                dst: r.dst,
+                gateway: r.gateway,
+                oif: r.oif,
+                scope: r.scope,
+                protocol: r.protocol,
+                table: r.table,
             })
-            .map(|(r, _, _)| r)
             .collect())
     }
 
@@ -795,16 +750,4 @@ pub struct VethOptions<'a> {
     /// Create the end here administratively up (the peer end is always created down; bring it
     /// up from its own namespace).
     pub up: bool,
-}
-
-fn describe_route(r: &RouteSpec) -> String {
-    let mut s = r.dst.to_string();
-    if let Some(gw) = r.gateway {
-        s.push_str(&format!(" via {gw}"));
-    }
-    if let Some(oif) = r.oif {
-        s.push_str(&format!(" dev index {oif}"));
-    }
-    s.push_str(&format!(" proto {} table {}", r.protocol, r.table));
-    s
 }
