@@ -40,6 +40,9 @@ pub struct AgentConfig {
     /// Run the dataplane reconciler (node registration with tunnel addresses, routes to
     /// remote blocks, VXLAN/IPIP, natOutgoing). On by default.
     pub dataplane: bool,
+    /// Run the BGP speaker (`--bgp`, see [`crate::bgp`]): routes to other nodes' blocks in
+    /// unencapsulated pools are then learned over BGP instead of computed from the store.
+    pub bgp: bool,
 }
 
 impl AgentConfig {
@@ -62,6 +65,7 @@ impl AgentConfig {
             etcd_key: None,
             node_ip: None,
             dataplane: true,
+            bgp: false,
         }
     }
 }

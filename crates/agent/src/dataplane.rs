@@ -63,6 +63,11 @@ pub struct Dataplane {
     lock: Mutex<()>,
     /// The nft script last applied successfully: event-driven syncs skip `nft` when unchanged.
     nat_applied: Mutex<Option<String>>,
+    /// When set, natOutgoing is rendered with the policy chains in one table (see
+    /// [`crate::policy`]) instead of by its own script.
+    policy: Mutex<Option<Arc<crate::policy::PolicyEngine>>>,
+    /// BGP routes the unencapsulated pools ([`Dataplane::set_bgp_routing`]).
+    bgp: AtomicBool,
 }
 
 /// Reads the pools, nodes and blocks; a malformed pool or node is reported and skipped.
@@ -190,6 +195,8 @@ impl Dataplane {
             syncs: AtomicU64::new(0),
             lock: Mutex::new(()),
             nat_applied: Mutex::new(None),
+            policy: Mutex::new(None),
+            bgp: AtomicBool::new(false),
             cfg,
         })
     }
@@ -197,6 +204,12 @@ impl Dataplane {
     /// The pod MTU computed by the last sync (0 before the first).
     pub fn pod_mtu(&self) -> u32 {
         self.pod_mtu.load(Ordering::Relaxed) as u32
+    }
+
+    /// With BGP on, direct routes to other nodes' blocks (unencapsulated pools) are left to
+    /// the BGP speaker ([`crate::bgp`]); VXLAN / IPIP routes and own blackholes stay here.
+    pub fn set_bgp_routing(&self, on: bool) {
+        self.bgp.store(on, Ordering::Relaxed);
     }
 
     /// Number of completed syncs.
@@ -316,7 +329,12 @@ impl Dataplane {
                 Vec::new()
             }
         };
-        let desired = routes::compute(&snap, &self.cfg.node_name, &subnets);
+        let mut desired = routes::compute(&snap, &self.cfg.node_name, &subnets);
+        if self.bgp.load(Ordering::Relaxed) {
+            desired.routes.retain(|dst, t| {
+                !matches!(t, Target::Direct(_)) || crate::bgp::reconciler_owns(&snap.pools, dst)
+            });
+        }
         r.errors.extend(desired.errors.iter().cloned());
         let mut h = match Handle::new() {
             Ok(h) => h,
@@ -329,6 +347,13 @@ impl Dataplane {
         let vxlan_idx = self.sync_vxlan(&mut h, &desired, me, &mut r);
         let ipip_idx = self.sync_ipip(&mut h, &desired, &mut r);
         self.sync_routes(&mut h, &desired, vxlan_idx, ipip_idx, &mut r);
+        let policy = self.policy.lock().unwrap().clone();
+        if let Some(engine) = policy {
+            if let Err(e) = engine.set_nat(crate::nat::chains(&snap.pools)) {
+                r.errors.push(format!("natOutgoing: {e}"));
+            }
+            return self.finish(r);
+        }
         let script = crate::nat::ruleset(&snap.pools);
         let mut applied = self.nat_applied.lock().unwrap();
         if full || applied.as_deref() != Some(script.as_str()) {
@@ -343,6 +368,11 @@ impl Dataplane {
         }
         drop(applied);
         self.finish(r)
+    }
+
+    /// Hands natOutgoing to the policy engine: from now on both share every transaction.
+    pub fn attach_policy(&self, engine: Arc<crate::policy::PolicyEngine>) {
+        *self.policy.lock().unwrap() = Some(engine);
     }
 
     fn finish(&self, r: SyncReport) -> SyncReport {
@@ -695,6 +725,7 @@ impl Dataplane {
 
     fn watch_loop(&self, stop: &AtomicBool) {
         let mut watch: Option<Box<dyn tern_store::Watch>> = None;
+        let mut digests = BlockDigests::default();
         while !stop.load(Ordering::Relaxed) {
             let w = match watch.as_mut() {
                 Some(w) => w,
@@ -725,7 +756,10 @@ impl Dataplane {
             match w.next_events(Duration::from_millis(500)) {
                 Ok(ev) if ev.is_empty() => continue,
                 Ok(ev) => {
-                    if !ev.iter().any(|e| relevant(&e.kv.key)) {
+                    if !ev
+                        .iter()
+                        .any(|e| relevant(&e.kv.key) && digests.changed(&e.kv.key, e))
+                    {
                         continue;
                     }
                     let start = Instant::now();
@@ -750,6 +784,42 @@ impl Dataplane {
 }
 
 /// Keys whose changes can change the dataplane: pools, nodes, blocks, affinities.
+/// What of a block matters to routes: its affinity and its borrowed addresses (allocations made
+/// by a node other than the block's). An allocation inside a node's own block changes neither,
+/// so the pod ADDs that dominate block writes do not trigger a resync.
+#[derive(Default)]
+struct BlockDigests {
+    seen: std::collections::HashMap<String, (Option<String>, Vec<(u32, String)>)>,
+}
+
+impl BlockDigests {
+    /// True when the event can change routes; remembers block digests.
+    fn changed(&mut self, key: &str, ev: &tern_store::Event) -> bool {
+        if !key.starts_with(keys::BLOCKS) {
+            return true;
+        }
+        if ev.kind == tern_store::EventKind::Delete {
+            self.seen.remove(key);
+            return true;
+        }
+        let Ok(b) = serde_json::from_slice::<tern_ipam::Block>(&ev.kv.value) else {
+            return true;
+        };
+        let owner = b.affinity.as_deref().and_then(|a| a.strip_prefix("host:"));
+        let borrowed: Vec<(u32, String)> = b
+            .allocations
+            .iter()
+            .enumerate()
+            .filter_map(|(ord, attr)| {
+                let node = &b.attributes.get((*attr)? as usize)?.secondary.node;
+                (Some(node.as_str()) != owner).then(|| (ord as u32, node.clone()))
+            })
+            .collect();
+        let digest = (b.affinity.clone(), borrowed);
+        self.seen.insert(key.to_string(), digest.clone()) != Some(digest)
+    }
+}
+
 fn relevant(key: &str) -> bool {
     key.starts_with(&keys::resource_prefix(Kind::IpPool.as_str()))
         || key.starts_with(&keys::resource_prefix(Kind::Node.as_str()))

@@ -22,6 +22,7 @@
 //! Namespaces are entered only on dedicated threads (`NetNs::run`), never on a server thread.
 
 pub mod audit;
+pub mod bgp;
 pub mod claims;
 pub mod config;
 pub mod dataplane;
@@ -33,6 +34,7 @@ pub mod mtu;
 pub mod nat;
 pub mod node;
 pub mod ops;
+pub mod policy;
 pub mod reaper;
 pub mod reconcile;
 pub mod routes;

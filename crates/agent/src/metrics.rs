@@ -213,6 +213,9 @@ impl Agent {
                 let _ = writeln!(out, "tern_datastore_up{{node=\"{en}\"}} 0");
             }
         }
+        if let Some(b) = &self.bgp {
+            b.render_metrics(&mut out);
+        }
         out.push_str("# HELP tern_endpoints Pod interfaces (WorkloadEndpoints) of this node.\n# TYPE tern_endpoints gauge\n");
         let _ = writeln!(
             out,

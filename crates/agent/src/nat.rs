@@ -68,6 +68,40 @@ pub fn ruleset(pools: &[PoolInfo]) -> String {
     s
 }
 
+/// natOutgoing's chain and sets as part of the shared table's desired state, rendered together
+/// with the policy chains (see [`crate::policy`]).
+pub fn chains(pools: &[PoolInfo]) -> tern_policy::Ruleset {
+    let mut rs = tern_policy::Ruleset::new();
+    let mut rules = Vec::new();
+    for (fam, v4) in [("ipv4", true), ("ipv6", false)] {
+        let ty = if v4 { "ipv4_addr" } else { "ipv6_addr" };
+        let of_family = |p: &&PoolInfo| p.cidr.addr().is_ipv4() == v4;
+        for set in ["all", "masq"] {
+            let mut s = tern_policy::Set::new(format!("type {ty}; flags interval; auto-merge;"));
+            for p in pools.iter().filter(of_family) {
+                if set == "all" || p.nat_outgoing {
+                    s.insert(p.cidr.trunc().to_string());
+                }
+            }
+            rs.sets.insert(format!("{set}-{fam}-pools"), s);
+        }
+        if pools.iter().filter(of_family).any(|p| p.nat_outgoing) {
+            let ipk = if v4 { "ip" } else { "ip6" };
+            rules.push(format!(
+                "{ipk} saddr @masq-{fam}-pools {ipk} daddr != @all-{fam}-pools masquerade comment \"tern natOutgoing\""
+            ));
+        }
+    }
+    rs.chains.insert(
+        CHAIN.into(),
+        tern_policy::Chain {
+            base: Some("type nat hook postrouting priority srcnat; policy accept;".into()),
+            rules,
+        },
+    );
+    rs
+}
+
 /// Applies [`ruleset`] atomically in the caller's network namespace.
 pub fn apply(pools: &[PoolInfo]) -> Result<(), tern_linux::LinuxError> {
     tern_linux::nft::apply(&ruleset(pools))
@@ -119,6 +153,22 @@ mod tests {
         // Only tern's own chain and sets are flushed; the table itself is never deleted.
         assert!(!r.contains("delete"));
         assert!(r.contains("flush chain inet tern nat-postrouting"));
+    }
+
+    #[test]
+    fn shared_table_form_matches_the_standalone_script() {
+        let rs = chains(&[p("10.244.0.0/16", true), p("10.96.0.0/16", false)]);
+        let full = rs.render_full();
+        assert!(
+            full.contains("add element inet tern all-ipv4-pools { 10.244.0.0/16, 10.96.0.0/16 }"),
+            "{full}"
+        );
+        assert!(full.contains("add rule inet tern nat-postrouting ip saddr @masq-ipv4-pools ip daddr != @all-ipv4-pools masquerade"), "{full}");
+        assert!(
+            full.contains("add chain inet tern nat-postrouting { type nat hook postrouting"),
+            "{full}"
+        );
+        assert!(rs.sets["masq-ipv6-pools"].elements.is_empty());
     }
 
     #[test]

@@ -300,24 +300,48 @@ impl Agent {
         let addrs: Vec<IpNet> = ips.iter().map(|ip| host_prefix(*ip)).collect();
         cfg.addresses = &addrs;
         let t_ipam = t0.elapsed();
-        let iface = match veth::finish_pod_interface(&cfg, pending) {
-            Ok(i) => i,
-            Err(e) => return Err(rollback(link_err(e))),
-        };
-        let ep = Endpoint {
+        let mut ep = Endpoint {
             node: self.cfg.node_name.clone(),
             attachment: a.clone(),
             host_ifname: host_if.clone(),
-            mac: fmt_mac(&iface.pod_mac),
+            mac: String::new(),
             ip_networks: addrs.iter().map(|n| n.to_string()).collect(),
-            labels: req.labels.clone(),
+            labels: crate::policy::workload_labels(a, &req.labels),
             delegated_ipam: delegated,
         };
+        // Policy first: the pod has no address and the host no route to it yet, so no packet
+        // can reach or leave it before its chains, map entries and set elements are in.
+        if let Some(p) = &self.policy
+            && let Err(e) = p.endpoint_added(crate::policy::local_endpoint(&ep))
+        {
+            if let Err(de) = veth::abandon_pod_veth(pending) {
+                log::warn!("removing the veth of a failed ADD: {de}");
+            }
+            let _ = p.endpoint_removed(&ep.namespace(), &ep.name());
+            return Err(rollback(err(code::INTERNAL, e.to_string())));
+        }
+        let (ep_ns, ep_name) = (ep.namespace(), ep.name());
+        let unpolice = || {
+            if let Some(p) = &self.policy
+                && let Err(e) = p.endpoint_removed(&ep_ns, &ep_name)
+            {
+                log::warn!("removing the policy of a failed ADD: {e}");
+            }
+        };
+        let iface = match veth::finish_pod_interface(&cfg, pending) {
+            Ok(i) => i,
+            Err(e) => {
+                unpolice();
+                return Err(rollback(link_err(e)));
+            }
+        };
+        ep.mac = fmt_mac(&iface.pod_mac);
         let t_link = t0.elapsed();
-        if let Err(e) = self.endpoints.put(ep) {
+        if let Err(e) = self.endpoints.put(ep.clone()) {
             if let Err(te) = veth::teardown_pod_interface(&host_if) {
                 log::warn!("rolling back interface {host_if}: {te}");
             }
+            unpolice();
             return Err(rollback(store_err("recording the endpoint", &e)));
         }
         log::debug!(
@@ -389,6 +413,12 @@ impl Agent {
                 code::INTERFACE,
                 format!("removing interface {host_if}: {e}"),
             ));
+        }
+        if let (Some(p), Some(e)) = (&self.policy, &ep)
+            && let Err(pe) = p.endpoint_removed(&e.namespace(), &e.name())
+        {
+            // The store watch and the periodic resync retry it.
+            log::warn!("removing the policy rules of {host_if}: {pe}");
         }
         let delegated = req.delegated_ipam || ep.as_ref().is_some_and(|e| e.delegated_ipam);
         match self.release_attachment(a, delegated) {

@@ -41,8 +41,12 @@ pub struct Agent {
     /// The dataplane reconciler (routes, tunnels, natOutgoing, node registration); None when
     /// disabled by configuration.
     pub(crate) dataplane: Option<Arc<crate::dataplane::Dataplane>>,
+    /// NetworkPolicy enforcement (table `inet tern`); present when the dataplane is.
+    pub(crate) policy: Option<Arc<crate::policy::PolicyEngine>>,
     /// Stops the dataplane watch thread.
     dataplane_stop: Arc<AtomicBool>,
+    /// The BGP speaker (`--bgp`).
+    pub(crate) bgp: Option<Arc<crate::bgp::Bgp>>,
     started: Instant,
     stop: AtomicBool,
 }
@@ -80,8 +84,25 @@ impl Agent {
                     .context(format!("loading endpoints of node {}", cfg.node_name)));
             }
         };
+        let policy = if cfg.dataplane {
+            Some(Arc::new(
+                crate::policy::PolicyEngine::load(store.clone(), &cfg.node_name)
+                    .context("loading network policy")?,
+            ))
+        } else {
+            None
+        };
         let dataplane = if cfg.dataplane {
-            Some(Arc::new(start_dataplane(&cfg, &store)?))
+            Some(Arc::new(start_dataplane(&cfg, &store, policy.clone())?))
+        } else {
+            None
+        };
+        let bgp = if cfg.bgp {
+            let settings = crate::bgp::BgpSettings {
+                node_name: cfg.node_name.clone(),
+                node_ip: cfg.node_ip,
+            };
+            Some(crate::bgp::Bgp::start(settings, store.clone()).context("starting BGP")?)
         } else {
             None
         };
@@ -107,7 +128,9 @@ impl Agent {
             journal_dirty: AtomicBool::new(false),
             heartbeat_ms: AtomicU64::new(0),
             dataplane,
+            policy,
             dataplane_stop: Arc::new(AtomicBool::new(false)),
+            bgp,
             started: Instant::now(),
             stop: AtomicBool::new(false),
         });
@@ -212,6 +235,10 @@ impl Agent {
             dp.spawn_watch(self.dataplane_stop.clone())
                 .context("spawning the dataplane watch thread")?;
         }
+        if let Some(p) = &self.policy {
+            p.spawn_watch(self.dataplane_stop.clone())
+                .context("spawning the policy watch thread")?;
+        }
         Ok(())
     }
 
@@ -239,6 +266,9 @@ impl Agent {
         self.dataplane_stop.store(true, Ordering::Relaxed);
         if let Some(dp) = &self.dataplane {
             dp.revoke();
+        }
+        if let Some(b) = &self.bgp {
+            b.stop_for_restart();
         }
         // Wake the accept loop.
         let _ = UnixStream::connect(&self.cfg.socket);
@@ -281,6 +311,9 @@ impl Agent {
             Request::IpamAdd(r) => self.ipam_add(r),
             Request::IpamDel(a) => self.ipam_del(a),
             Request::IpamCheck(a) => self.ipam_check(a),
+            Request::BgpStatus => Ok(tern_api::Reply::BgpStatus(
+                self.bgp.as_ref().map(|b| b.status()).unwrap_or_default(),
+            )),
         };
         let result = if resp.is_ok() { "ok" } else { "error" };
         self.metrics
@@ -348,6 +381,11 @@ impl Agent {
                 // Full resync: repairs what changed behind the agent's back.
                 dp.sync();
             }
+            if let Some(p) = &self.policy
+                && let Err(e) = p.resync()
+            {
+                log::warn!("policy resync: {e}");
+            }
             let leaks = self.repair_leaks();
             if !leaks.released.is_empty() || !leaks.errors.is_empty() {
                 log::info!(
@@ -385,6 +423,7 @@ impl Agent {
 fn start_dataplane(
     cfg: &AgentConfig,
     store: &Arc<dyn Store>,
+    policy: Option<Arc<crate::policy::PolicyEngine>>,
 ) -> anyhow::Result<crate::dataplane::Dataplane> {
     let dp = crate::dataplane::Dataplane::new(
         crate::dataplane::DataplaneConfig {
@@ -396,8 +435,15 @@ fn start_dataplane(
         store.clone(),
     )
     .context("--node-ip")?;
+    // Before the first sync: with BGP, direct routes must never be installed over BGP's.
+    dp.set_bgp_routing(cfg.bgp);
     if let Err(e) = dp.keepalive() {
         log::warn!("node liveness lease: {e}");
+    }
+    // Before the first sync: its natOutgoing chains and the policy chains then replace the
+    // table left by the previous agent in one transaction (no allow-all window).
+    if let Some(p) = policy {
+        dp.attach_policy(p);
     }
     let r = dp.sync();
     log::info!(
@@ -423,6 +469,7 @@ fn op_name(r: &Request) -> String {
         Request::IpamAdd(a) => format!("IPAM ADD {}", a.attachment.container_id),
         Request::IpamDel(a) => format!("IPAM DEL {}", a.container_id),
         Request::IpamCheck(a) => format!("IPAM CHECK {}", a.container_id),
+        Request::BgpStatus => "BGP STATUS".into(),
     }
 }
 
@@ -437,6 +484,7 @@ fn op_kind(r: &Request) -> &'static str {
         Request::IpamAdd(_) => "ipam_add",
         Request::IpamDel(_) => "ipam_del",
         Request::IpamCheck(_) => "ipam_check",
+        Request::BgpStatus => "bgp_status",
     }
 }
 

@@ -199,6 +199,37 @@ pub enum Request {
     IpamAdd(IpamAddRequest),
     IpamDel(Attachment),
     IpamCheck(Attachment),
+    /// The node's BGP sessions (`ternctl node status`).
+    BgpStatus,
+}
+
+/// One BGP session in the agent's answer to `BgpStatus`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpPeerStatus {
+    /// The peer's address.
+    pub address: std::net::IpAddr,
+    /// `node-to-node mesh`, `global` or `node specific` (as calicoctl prints them).
+    pub peer_type: String,
+    /// `up` when Established, else `start` (BIRD's protocol states, as calicoctl prints them).
+    pub state: String,
+    /// Seconds since the Unix epoch when the session entered its current FSM state.
+    pub since_unix: u64,
+    /// The FSM state (`Established`, `Active`, ...), followed by the last notable event.
+    pub info: String,
+}
+
+/// The agent's answer to `BgpStatus`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpStatusReply {
+    /// False when the agent runs without BGP (`ternd` without `--bgp`).
+    pub enabled: bool,
+    /// The node's AS and router ID, when BGP runs.
+    #[serde(default)]
+    pub asn: u32,
+    #[serde(default)]
+    pub router_id: String,
+    /// Every configured session.
+    pub peers: Vec<BgpPeerStatus>,
 }
 
 /// The agent's answer to `Status`.
@@ -221,6 +252,8 @@ pub enum Reply {
     /// DEL, CHECK, GC, IpamDel, IpamCheck.
     Done,
     Status(StatusReply),
+    /// BgpStatus.
+    BgpStatus(BgpStatusReply),
 }
 
 /// A failed request, carrying the CNI error code to report.

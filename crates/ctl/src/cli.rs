@@ -57,6 +57,19 @@ pub enum Command {
         #[arg(short = 'n', long)]
         namespace: Option<String>,
     },
+    /// Set (`key=value`) or remove (`key-`) labels of a workloadendpoint or namespace.
+    Label {
+        /// Kind: workloadendpoint (wep) or namespace.
+        kind: String,
+        /// Name of the resource.
+        name: String,
+        /// Changes: `key=value` sets, `key-` removes.
+        #[arg(required = true)]
+        changes: Vec<String>,
+        /// Namespace of a workloadendpoint (default `default`).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
     /// IP address management.
     Ipam {
         #[command(subcommand)]
@@ -66,6 +79,22 @@ pub enum Command {
     InstallCni(InstallCniArgs),
     /// Throwaway clusters in network namespaces.
     Lab(LabArgs),
+    /// This node.
+    Node {
+        #[command(subcommand)]
+        command: NodeStatusCommand,
+    },
+}
+
+/// `ternctl node ...`.
+#[derive(Debug, Subcommand)]
+pub enum NodeStatusCommand {
+    /// The local agent's BGP sessions (IPv4, then IPv6), as `calicoctl node status`.
+    Status {
+        /// The agent's socket.
+        #[arg(long, env = "TERN_SOCKET", default_value = tern_api::DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
 }
 
 /// Output formats of `get`.
@@ -189,6 +218,10 @@ pub enum LabCommand {
         /// Seconds between the agents' full resyncs.
         #[arg(long)]
         resync_seconds: Option<u64>,
+        /// Run the agents with `--bgp`: routes between nodes are learned over BGP (full mesh
+        /// unless a BGPConfiguration says otherwise).
+        #[arg(long)]
+        bgp: bool,
     },
     /// Describe the lab.
     Status,

@@ -17,6 +17,7 @@ pub mod table;
 use cli::{Cli, Command, IpamCommand};
 use commands::{
     apply, delete, get, install_cni, ipam_check, ipam_configure, ipam_release, ipam_show, lab,
+    label,
 };
 
 /// Where the datastore is and how to reach it.
@@ -124,6 +125,18 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             let s = open_store(&store)?;
             println!("{}", delete::delete(s, kind, &name, namespace.as_deref())?);
         }
+        Command::Label {
+            kind,
+            name,
+            changes,
+            namespace,
+        } => {
+            let kind = get::parse_kind(&kind)?;
+            let changes = label::parse_changes(&changes)?;
+            let s = open_store(&store)?;
+            let now = label::label(&*s, kind, &name, namespace.as_deref(), &changes)?;
+            println!("{} {name} labelled: {now}", kind.as_str());
+        }
         Command::Ipam { command } => {
             let s = open_store(&store)?;
             return run_ipam(s, command);
@@ -148,6 +161,15 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             );
         }
         Command::Lab(args) => return lab::run(&args, store.url),
+        Command::Node {
+            command: cli::NodeStatusCommand::Status { socket },
+        } => {
+            let s = commands::node_status::fetch(&socket)?;
+            print!(
+                "{}",
+                commands::node_status::render(&s, std::time::SystemTime::now())
+            );
+        }
     }
     Ok(0)
 }

@@ -8,11 +8,15 @@
 //! Claiming a block is two-phase, as in Calico: write the node's affinity `Pending`, create the
 //! block only if absent (`Compare::ModRevision(block, 0)`), then confirm the affinity. A crash in
 //! between leaves a pending affinity that the next claim by the same node repairs.
+//!
+//! An [`Ipam`] caches blocks and the allocation policy, so a common-case allocation is that
+//! one transaction and no read; every cached value is checked by the transaction's compares
+//! (see "Caching" on [`Ipam`]). Blocks are stored in a compact JSON form ([`Block`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -176,14 +180,86 @@ pub fn system_clock() -> Clock {
     })
 }
 
+/// How long a cached policy (pools, IPAM configuration, node labels, reservations) is
+/// used before it is read again; see [`Ipam::with_policy_ttl`].
+pub const DEFAULT_POLICY_TTL: Duration = Duration::from_secs(1);
+
+/// Cached blocks beyond this many are dropped all at once (a node touches a handful; only a
+/// process allocating for very many nodes gets here).
+const MAX_CACHED_BLOCKS: usize = 4096;
+
 /// The allocator. Cheap to clone; safe to use from many threads and processes at once.
+///
+/// # Caching and why it is safe
+///
+/// An allocation in the common case is one transaction and no read. Two caches, shared by
+/// clones, make that possible:
+///
+/// - **Blocks** (value and `mod_revision`) and each node's list of affine blocks. An
+///   allocation changes the cached block and writes it with `Compare::ModRevision(block,
+///   cached)`: if anyone changed (or deleted and re-created) the block since, the write fails
+///   and only that block is read again. A stale block can therefore cost a retry, never a
+///   double allocation. When the cached copy has no room, it is re-read before the node gives
+///   up on it (another process may have freed addresses), and the affinity list is re-read
+///   before a new block is claimed.
+/// - **Policy**: the pools, the IPAM configuration, the node's labels and the reservations,
+///   read at most every [`DEFAULT_POLICY_TTL`] (one second; [`Ipam::with_policy_ttl`]). What
+///   the decision depends on most is guarded exactly: the allocation's transaction also
+///   compares the `mod_revision` of the pool the block belongs to, of the IPAM configuration
+///   and of the node's Node resource with the cached ones. So an allocation from a pool that
+///   was disabled, removed or edited, under a changed cooldown or strict-affinity setting, or
+///   after the node was relabelled, cannot commit: the transaction fails, the policy is read
+///   again and the request is decided afresh. A pool created meanwhile cannot make an
+///   allocation invalid; a request naming it, or one the cached pools cannot serve, is retried
+///   once with a fresh read before it fails. Only new `IPReservation`s are not guarded (a
+///   prefix cannot be compared): for up to the TTL after one is created, an address in it may
+///   still be handed out automatically, the same window Calico's cached pool and reservation
+///   views have. Set the TTL to zero to read the policy on every request.
+/// - **Handles**: the handle record is not read before an allocation; the transaction
+///   instead requires it to be absent (`Compare::ModRevision(handle, 0)`), which is the case
+///   for every new pod; when it exists, the transaction fails and the handle is read.
 #[derive(Clone)]
 pub struct Ipam {
     store: Arc<dyn Store>,
     clock: Clock,
-    /// Per node, the affine block that last had room: only an ordering hint (every write is
-    /// still a compare-and-swap), shared by clones.
-    hints: Arc<Mutex<HashMap<String, IpNet>>>,
+    policy_ttl: Duration,
+    cache: Arc<Mutex<Cache>>,
+}
+
+/// What an [`Ipam`] remembers between requests (see "Caching" on [`Ipam`]).
+#[derive(Default)]
+struct Cache {
+    /// Per node, the policy last read for it.
+    policy: HashMap<String, Arc<Policy>>,
+    /// Blocks as last read or written by this allocator, with their `mod_revision`.
+    blocks: HashMap<IpNet, (Block, i64)>,
+    /// Per node, its confirmed blocks as last listed (plus those it claimed since).
+    affine: HashMap<String, Vec<IpNet>>,
+    /// Per node, the affine block that last had room: tried first.
+    hints: HashMap<String, IpNet>,
+}
+
+/// Everything automatic assignment decides on besides blocks, with the `mod_revision`s that
+/// guard it.
+struct Policy {
+    pools: Vec<Pool>,
+    cfg: IpamConfigSpec,
+    /// `mod_revision` of the IPAM configuration, 0 when none is stored.
+    cfg_rev: i64,
+    labels: Option<BTreeMap<String, String>>,
+    /// Key and `mod_revision` of the node's Node resource (0 = none).
+    node_key: String,
+    node_rev: i64,
+    reserved: Vec<IpNet>,
+    read_at: Instant,
+}
+
+/// The handle record as this request believes it is: at first assumed absent (revision 0),
+/// corrected from the store when a transaction says otherwise.
+#[derive(Default)]
+struct HandleState {
+    h: Handle,
+    rev: i64,
 }
 
 /// Which free ordinals automatic assignment may hand out, decided once per request.
@@ -232,6 +308,32 @@ struct Cx<'a> {
     cfg: &'a IpamConfigSpec,
     labels: Option<&'a BTreeMap<String, String>>,
     filter: &'a Filter,
+    policy: &'a Policy,
+}
+
+impl Cx<'_> {
+    /// The compares that keep an allocation in `block` from committing under a policy that
+    /// has changed since it was read (see "Caching" on [`Ipam`]).
+    fn guards(&self, block: &IpNet) -> Vec<Compare> {
+        let p = self.policy;
+        let mut g = vec![
+            Compare::ModRevision(keys::IPAM_CONFIG.to_string(), p.cfg_rev),
+            Compare::ModRevision(p.node_key.clone(), p.node_rev),
+        ];
+        if let Some(pool) = p.pools.iter().find(|x| x.net.contains(block)) {
+            g.push(Compare::ModRevision(pool.key.clone(), pool.rev));
+        }
+        g
+    }
+}
+
+/// The `mod_revision` a model resource was read at.
+fn resource_rev(r: &Resource) -> i64 {
+    r.metadata()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A pool that has been parsed and checked once.
@@ -240,6 +342,9 @@ struct Pool {
     name: String,
     net: IpNet,
     spec: IpPoolSpec,
+    /// Store key and `mod_revision` of the IPPool, to guard allocations from it.
+    key: String,
+    rev: i64,
 }
 
 impl Pool {
@@ -300,14 +405,119 @@ impl Ipam {
         Ipam {
             store,
             clock,
-            hints: Arc::default(),
+            policy_ttl: DEFAULT_POLICY_TTL,
+            cache: Arc::default(),
         }
     }
 
-    fn remember(&self, node: &str, block: IpNet) {
-        if let Ok(mut h) = self.hints.lock() {
-            h.insert(node.to_string(), block);
+    /// The same allocator with another policy cache lifetime (see "Caching" on [`Ipam`]);
+    /// `Duration::ZERO` reads pools, configuration, labels and reservations on every request.
+    pub fn with_policy_ttl(mut self, ttl: Duration) -> Ipam {
+        self.policy_ttl = ttl;
+        self
+    }
+
+    /// Forgets every cached policy, block and affinity list, so the next request reads them
+    /// (e.g. after an operator changed reservations and does not want to wait for the TTL).
+    pub fn invalidate_cache(&self) {
+        if let Ok(mut c) = self.cache.lock() {
+            *c = Cache::default();
         }
+    }
+
+    fn with_cache<T>(&self, f: impl FnOnce(&mut Cache) -> T) -> Option<T> {
+        // A poisoned lock only means another thread panicked mid-update of a hint: the cache
+        // is advisory, so carry on without it.
+        self.cache.lock().ok().map(|mut c| f(&mut c))
+    }
+
+    fn remember(&self, node: &str, block: IpNet) {
+        self.with_cache(|c| c.hints.insert(node.to_string(), block));
+    }
+
+    /// Records a block value seen at `rev` (newer than what is cached).
+    fn cache_block(&self, b: &Block, rev: i64) {
+        self.with_cache(|c| {
+            if c.blocks.len() >= MAX_CACHED_BLOCKS {
+                c.blocks.clear();
+            }
+            match c.blocks.get(&b.cidr) {
+                Some((_, old)) if *old > rev => {}
+                _ => {
+                    c.blocks.insert(b.cidr, (b.clone(), rev));
+                }
+            }
+        });
+    }
+
+    fn forget_block(&self, cidr: &IpNet) {
+        self.with_cache(|c| {
+            c.blocks.remove(cidr);
+            for list in c.affine.values_mut() {
+                list.retain(|x| x != cidr);
+            }
+        });
+    }
+
+    fn cached_block(&self, cidr: &IpNet) -> Option<(Block, i64)> {
+        self.with_cache(|c| c.blocks.get(cidr).cloned()).flatten()
+    }
+
+    /// Reads a block from the store (and caches it); `None` when it does not exist.
+    fn read_block(&self, cidr: &IpNet) -> Result<Option<(Block, i64)>> {
+        match self.store.get(&keys::block(&cidr.to_string()))? {
+            Some(kv) => {
+                let b: Block = decode(&kv)?;
+                self.cache_block(&b, kv.mod_revision);
+                Ok(Some((b, kv.mod_revision)))
+            }
+            None => {
+                self.forget_block(cidr);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The policy for `node`: cached unless older than the TTL or `fresh` is asked for.
+    /// The second value is true when the policy was read by this call.
+    fn policy(&self, node: &str, fresh: bool) -> Result<(Arc<Policy>, bool)> {
+        if !fresh
+            && let Some(p) = self.with_cache(|c| c.policy.get(node).cloned()).flatten()
+            && p.read_at.elapsed() < self.policy_ttl
+        {
+            return Ok((p, false));
+        }
+        let read_at = Instant::now();
+        let pools = self.pools()?;
+        let (cfg, cfg_rev) =
+            match tern_model::get_resource(&*self.store, Kind::IpamConfig, None, "default")? {
+                Some(r) => {
+                    let rev = resource_rev(&r);
+                    match r {
+                        Resource::IpamConfig(c) => (c.spec, rev),
+                        _ => (IpamConfigSpec::default(), rev),
+                    }
+                }
+                None => (IpamConfigSpec::default(), 0),
+            };
+        let node_key = tern_model::resource_key(Kind::Node, None, node);
+        let (labels, node_rev) =
+            match tern_model::get_resource(&*self.store, Kind::Node, None, node)? {
+                Some(r) => (Some(r.metadata().labels.clone()), resource_rev(&r)),
+                None => (None, 0),
+            };
+        let p = Arc::new(Policy {
+            pools,
+            cfg,
+            cfg_rev,
+            labels,
+            node_key,
+            node_rev,
+            reserved: self.reservations()?,
+            read_at,
+        });
+        self.with_cache(|c| c.policy.insert(node.to_string(), p.clone()));
+        Ok((p, true))
     }
 
     /// The store the allocator works on.
@@ -338,21 +548,16 @@ impl Ipam {
         Ok(out)
     }
 
-    fn filter(&self, cfg: &IpamConfigSpec) -> Result<Filter> {
-        Ok(Filter {
-            reserved: self.reservations()?,
-            cooldown: cfg.release_cooldown_seconds,
-            now: self.now(),
-        })
-    }
-
     fn pools(&self) -> Result<Vec<Pool>> {
         let mut out = Vec::new();
         for r in tern_model::list_resources(&*self.store, Kind::IpPool)? {
+            let rev = resource_rev(&r);
             if let Resource::IpPool(p) = r
                 && let Some(net) = p.spec.net()
             {
                 out.push(Pool {
+                    key: tern_model::resource_key(Kind::IpPool, None, &p.metadata.name),
+                    rev,
                     name: p.metadata.name,
                     net,
                     spec: p.spec,
@@ -482,35 +687,84 @@ impl Ipam {
     /// Allocates `num_v4` IPv4 and `num_v6` IPv6 addresses for the handle; all or nothing:
     /// on any failure the addresses already taken by this call are released.
     pub fn auto_assign(&self, args: &AssignArgs) -> Result<Vec<IpAddr>> {
-        let pools = self.pools()?;
-        let cfg = self.config()?;
-        let labels = self.node_labels(&args.node)?;
-        let filter = self.filter(&cfg)?;
-        let cx = Cx {
-            pools: &pools,
-            cfg: &cfg,
-            labels: labels.as_ref(),
-            filter: &filter,
-        };
         let mut got = Vec::new();
-        for (family, n, wanted) in [
-            (4u8, args.num_v4, &args.v4_pools),
-            (6u8, args.num_v6, &args.v6_pools),
-        ] {
-            if n == 0 {
-                continue;
+        let mut hs = HandleState::default();
+        if let Err(e) = self.auto_assign_into(args, &mut got, &mut hs) {
+            if !got.is_empty() {
+                // Best effort: the original error matters more than a failed rollback.
+                let _ = self.release_ips(&got);
             }
-            if let Err(e) = self.assign_family(args, family, n, wanted, &cx, &mut got) {
-                if !got.is_empty() {
-                    // Best effort: the original error matters more than a failed rollback.
-                    let _ = self.release_ips(&got);
-                }
-                return Err(e);
-            }
+            return Err(e);
         }
         Ok(got)
     }
 
+    /// The body of [`Ipam::auto_assign`]: decides with the cached policy, and again with a
+    /// freshly read one when a guard shows the policy changed or the cached policy cannot
+    /// serve the request. Addresses committed before a retry stay: each was valid under the
+    /// policy current when it committed.
+    fn auto_assign_into(
+        &self,
+        args: &AssignArgs,
+        got: &mut Vec<IpAddr>,
+        hs: &mut HandleState,
+    ) -> Result<()> {
+        let mut fresh = false;
+        for _ in 0..RETRIES {
+            let (policy, read_now) = self.policy(&args.node, fresh)?;
+            let filter = Filter {
+                reserved: policy.reserved.clone(),
+                cooldown: policy.cfg.release_cooldown_seconds,
+                now: self.now(),
+            };
+            let cx = Cx {
+                pools: &policy.pools,
+                cfg: &policy.cfg,
+                labels: policy.labels.as_ref(),
+                filter: &filter,
+                policy: &policy,
+            };
+            let mut stale = false;
+            for (family, n, wanted) in [
+                (4u8, args.num_v4, &args.v4_pools),
+                (6u8, args.num_v6, &args.v6_pools),
+            ] {
+                let have = got
+                    .iter()
+                    .filter(|ip| (family == 4) == ip.is_ipv4())
+                    .count();
+                if n <= have {
+                    continue;
+                }
+                match self.assign_family(args, family, n - have, wanted, &cx, got, hs) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        stale = true;
+                        break;
+                    }
+                    // Decided on a cached policy: a pool created or enabled since may serve it.
+                    Err(IpamError::NoPools { .. } | IpamError::PoolsExhausted { .. })
+                        if !read_now =>
+                    {
+                        stale = true;
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if !stale {
+                return Ok(());
+            }
+            fresh = true;
+        }
+        Err(IpamError::Contention {
+            key: keys::handle(&args.handle),
+        })
+    }
+
+    /// Allocates `n` addresses of one family; `Ok(false)` when a guard showed that the policy
+    /// in `cx` is out of date (nothing was allocated by the failed attempt).
+    #[allow(clippy::too_many_arguments)]
     fn assign_family(
         &self,
         args: &AssignArgs,
@@ -519,7 +773,8 @@ impl Ipam {
         wanted: &[String],
         cx: &Cx,
         got: &mut Vec<IpAddr>,
-    ) -> Result<()> {
+        hs: &mut HandleState,
+    ) -> Result<bool> {
         let (pools, cfg, labels, filter) = (cx.pools, cx.cfg, cx.labels, cx.filter);
         let node = args.node.as_str();
         let of_family: Vec<&Pool> = pools
@@ -569,24 +824,63 @@ impl Ipam {
         let missing = |got: &Vec<IpAddr>| n - (got.len() - start);
 
         // 1. Blocks this node already owns; the block that last had room first, so a node
-        //    with many full blocks does not re-read them all for every allocation.
-        let mut mine = self.affine_blocks(node)?;
-        let hint = self.hints.lock().ok().and_then(|h| h.get(node).copied());
-        if let Some(pos) = hint.and_then(|h| mine.iter().position(|c| *c == h)) {
-            let h = mine.remove(pos);
-            mine.insert(0, h);
-        }
-        for cidr in mine {
-            if missing(got) == 0 {
-                return Ok(());
+        //    with many full blocks does not try them all for every allocation. The list and
+        //    the blocks come from the cache when there is one. When no cached block has room,
+        //    the list and the blocks are read again (another process may have freed addresses
+        //    or claimed a block for this node) before a new block is claimed; that read of
+        //    every block is the one claiming needs anyway, so it is handed on.
+        let (cached, hint) = self
+            .with_cache(|c| (c.affine.get(node).cloned(), c.hints.get(node).copied()))
+            .unwrap_or_default();
+        let mut mine = match cached {
+            Some(m) => m,
+            None => self.affine_blocks(node)?,
+        };
+        let mut all_blocks: Option<Vec<KeyValue>> = None;
+        loop {
+            if let Some(pos) = hint.and_then(|h| mine.iter().position(|c| *c == h)) {
+                let h = mine.remove(pos);
+                mine.insert(0, h);
             }
-            if in_candidates(&cidr) {
-                let ips = self.alloc_in_block(&cidr, missing(got), args, Some(node), filter)?;
-                if !ips.is_empty() {
-                    self.remember(node, cidr);
+            for cidr in mine {
+                if missing(got) == 0 {
+                    return Ok(true);
                 }
-                got.extend(ips);
+                if in_candidates(&cidr) {
+                    let Some(ips) =
+                        self.alloc_in_block(&cidr, missing(got), args, Some(node), cx, hs)?
+                    else {
+                        return Ok(false);
+                    };
+                    if !ips.is_empty() {
+                        self.remember(node, cidr);
+                    }
+                    got.extend(ips);
+                }
             }
+            if missing(got) == 0 {
+                return Ok(true);
+            }
+            if all_blocks.is_some() {
+                break;
+            }
+            mine = self.affine_blocks(node)?;
+            let (kvs, _) = self.store.range(keys::BLOCKS)?;
+            let mut present = BTreeSet::new();
+            for kv in &kvs {
+                let cidr: Option<IpNet> = keys::segment_cidr(&kv.key[keys::BLOCKS.len()..])
+                    .parse()
+                    .ok();
+                if let Some(c) = cidr.filter(|c| mine.contains(c)) {
+                    self.cache_block(&decode::<Block>(kv)?, kv.mod_revision);
+                    present.insert(c);
+                }
+            }
+            for c in mine.iter().filter(|c| !present.contains(*c)) {
+                self.forget_block(c);
+            }
+            mine.retain(|c| present.contains(c));
+            all_blocks = Some(kvs);
         }
         // 2. Claim new blocks, pool by pool.
         let mut limit_hit = false;
@@ -597,11 +891,16 @@ impl Ipam {
                     limit_hit = true;
                     break 'claim;
                 }
-                let Some(cidr) = self.claim_block(node, pool, filter)? else {
+                let Some(cidr) = self.claim_block(node, pool, filter, all_blocks.take())? else {
                     break;
                 };
                 self.remember(node, cidr);
-                got.extend(self.alloc_in_block(&cidr, missing(got), args, Some(node), filter)?);
+                let Some(ips) =
+                    self.alloc_in_block(&cidr, missing(got), args, Some(node), cx, hs)?
+                else {
+                    return Ok(false);
+                };
+                got.extend(ips);
             }
         }
         // 3. Borrow from other nodes' blocks unless affinity is strict.
@@ -613,7 +912,13 @@ impl Ipam {
                 }
                 let b: Block = decode(&kv)?;
                 if !b.deleted && !b.unallocated.is_empty() && in_candidates(&b.cidr) {
-                    got.extend(self.alloc_in_block(&b.cidr, missing(got), args, None, filter)?);
+                    self.cache_block(&b, kv.mod_revision);
+                    let Some(ips) =
+                        self.alloc_in_block(&b.cidr, missing(got), args, None, cx, hs)?
+                    else {
+                        return Ok(false);
+                    };
+                    got.extend(ips);
                 }
             }
         }
@@ -634,7 +939,7 @@ impl Ipam {
                 detail: why.join("; "),
             });
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The node's confirmed blocks, in address order. A pending affinity whose block exists
@@ -664,6 +969,7 @@ impl Ipam {
             }
         }
         out.sort();
+        self.with_cache(|c| c.affine.insert(node.to_string(), out.clone()));
         Ok(out)
     }
 
@@ -684,13 +990,23 @@ impl Ipam {
 
     /// Claims the first free block of `pool` in this node's order; `None` when the pool has
     /// no block left to claim.
-    fn claim_block(&self, node: &str, pool: &Pool, filter: &Filter) -> Result<Option<IpNet>> {
+    /// `blocks`: every stored block, when just read by the caller.
+    fn claim_block(
+        &self,
+        node: &str,
+        pool: &Pool,
+        filter: &Filter,
+        blocks: Option<Vec<KeyValue>>,
+    ) -> Result<Option<IpNet>> {
         let bs = pool.spec.block_size;
         if bs < pool.net.prefix_len() || bs > pool.net.max_prefix_len() {
             return Ok(None);
         }
         let count: u128 = 1u128 << (bs - pool.net.prefix_len()).min(127);
-        let (kvs, _) = self.store.range(keys::BLOCKS)?;
+        let kvs = match blocks {
+            Some(b) => b,
+            None => self.store.range(keys::BLOCKS)?.0,
+        };
         let mut taken: BTreeSet<String> = kvs
             .iter()
             .map(|kv| keys::segment_cidr(&kv.key[keys::BLOCKS.len()..]))
@@ -731,56 +1047,80 @@ impl Ipam {
                     state: AffinityState::Confirmed,
                 }),
             )?;
+            self.cache_block(&block, created.revision);
+            self.with_cache(|c| {
+                let list = c.affine.entry(node.to_string()).or_default();
+                if !list.contains(&cidr) {
+                    list.push(cidr);
+                    list.sort();
+                }
+            });
             return Ok(Some(cidr));
         }
         Ok(None)
     }
 
     /// Allocates up to `want` addresses in one block and records them under the handle, in one
-    /// transaction. With `owner`, only while the block is still affine to that node.
+    /// transaction. With `owner`, only while the block is still affine to that node. Starts
+    /// from the cached block (no read) and assumes the handle state in `hs`; the transaction's
+    /// compares catch either being stale, and then both are read again. `Ok(None)`: the
+    /// block and the handle were as assumed, so a policy guard failed (see [`Cx::guards`]).
     fn alloc_in_block(
         &self,
         cidr: &IpNet,
         want: usize,
         args: &AssignArgs,
         owner: Option<&str>,
-        filter: &Filter,
-    ) -> Result<Vec<IpAddr>> {
+        cx: &Cx,
+        hs: &mut HandleState,
+    ) -> Result<Option<Vec<IpAddr>>> {
+        let filter = cx.filter;
         let bkey = keys::block(&cidr.to_string());
         let hkey = keys::handle(&args.handle);
+        let mut from_cache = true;
+        let mut cur = match self.cached_block(cidr) {
+            Some(c) => Some(c),
+            None => {
+                from_cache = false;
+                self.read_block(cidr)?
+            }
+        };
         for _ in 0..RETRIES {
-            let Some(bkv) = self.store.get(&bkey)? else {
-                return Ok(Vec::new());
+            let Some((mut b, brev)) = cur.take() else {
+                self.forget_block(cidr);
+                return Ok(Some(Vec::new()));
             };
-            let mut b: Block = decode(&bkv)?;
-            if b.deleted || owner.is_some_and(|o| b.affine_node() != Some(o)) {
-                return Ok(Vec::new());
+            let mut ords = Vec::new();
+            if !b.deleted && owner.is_none_or(|o| b.affine_node() == Some(o)) {
+                // The release stamps are moved out so the filter can read them while the
+                // block is being changed; those of the ordinals just allocated are dropped.
+                let mut released = std::mem::take(&mut b.released_at);
+                let cidr_b = b.cidr;
+                ords = b.allocate_where(want, &args.handle, &args.attrs, |o| {
+                    filter.usable(&cidr_b, &released, o)
+                });
+                for o in &ords {
+                    released.remove(o);
+                }
+                b.released_at = released;
             }
-            // The release stamps are moved out so the filter can read them while the block
-            // is being changed; those of the ordinals just allocated are dropped.
-            let mut released = std::mem::take(&mut b.released_at);
-            let cidr_b = b.cidr;
-            let ords = b.allocate_where(want, &args.handle, &args.attrs, |o| {
-                filter.usable(&cidr_b, &released, o)
-            });
-            for o in &ords {
-                released.remove(o);
-            }
-            b.released_at = released;
             if ords.is_empty() {
-                return Ok(Vec::new());
+                // A cached copy without room may be out of date (another process freed
+                // addresses): the caller reads every block before it claims a new one.
+                if !from_cache && (owner.is_some_and(|o| b.affine_node() != Some(o)) || b.deleted) {
+                    self.forget_block(cidr);
+                }
+                return Ok(Some(Vec::new()));
             }
-            let hkv = self.store.get(&hkey)?;
-            let mut h: Handle = match &hkv {
-                Some(kv) => decode(kv)?,
-                None => Handle::default(),
-            };
+            let mut h = hs.h.clone();
             *h.block.entry(cidr.to_string()).or_default() += ords.len() as u32;
+            let mut compare = vec![
+                Compare::ModRevision(bkey.clone(), brev),
+                Compare::ModRevision(hkey.clone(), hs.rev),
+            ];
+            compare.extend(cx.guards(cidr));
             let resp = self.store.txn(Txn {
-                compare: vec![
-                    Compare::ModRevision(bkey.clone(), bkv.mod_revision),
-                    Compare::ModRevision(hkey.clone(), hkv.map_or(0, |kv| kv.mod_revision)),
-                ],
+                compare,
                 success: vec![
                     Op::put(bkey.clone(), encode(&b)),
                     Op::put(hkey.clone(), encode(&h)),
@@ -788,8 +1128,29 @@ impl Ipam {
                 failure: vec![],
             })?;
             if resp.succeeded {
-                return Ok(ords.into_iter().map(|o| b.ip(o)).collect());
+                self.cache_block(&b, resp.revision);
+                *hs = HandleState {
+                    h,
+                    rev: resp.revision,
+                };
+                return Ok(Some(ords.into_iter().map(|o| b.ip(o)).collect()));
             }
+            // Find out which assumption failed: the block, the handle, or the policy.
+            cur = self.read_block(cidr)?;
+            from_cache = false;
+            let hkv = self.store.get(&hkey)?;
+            let hrev = hkv.as_ref().map_or(0, |kv| kv.mod_revision);
+            let block_same = cur.as_ref().map_or(0, |(_, r)| *r) == brev;
+            if block_same && hrev == hs.rev {
+                return Ok(None);
+            }
+            *hs = HandleState {
+                h: match &hkv {
+                    Some(kv) => decode(kv)?,
+                    None => Handle::default(),
+                },
+                rev: hrev,
+            };
         }
         Err(IpamError::Contention { key: bkey })
     }
@@ -853,6 +1214,19 @@ impl Ipam {
                 failure: vec![],
             })?;
             if resp.succeeded {
+                self.cache_block(&b, resp.revision);
+                if brev == 0 && !attrs.node.is_empty() {
+                    // A new block affine to that node: its cached list must learn of it.
+                    let node = attrs.node.clone();
+                    self.with_cache(|c| {
+                        if let Some(list) = c.affine.get_mut(&node)
+                            && !list.contains(&cidr)
+                        {
+                            list.push(cidr);
+                            list.sort();
+                        }
+                    });
+                }
                 return Ok(());
             }
         }
@@ -861,39 +1235,65 @@ impl Ipam {
 
     /// Releases every address of the handle and deletes the handle; returns the addresses
     /// released. An unknown handle releases nothing and is not an error (DEL is idempotent).
+    ///
+    /// One block per transaction (block CAS + handle CAS). In the common case (one block,
+    /// cached) that is two round trips: read the handle, then the transaction; the block is
+    /// read only when it is not cached or the cached copy turned out stale.
     pub fn release_by_handle(&self, handle: &str) -> Result<Vec<IpAddr>> {
         let hkey = keys::handle(handle);
         let mut released = Vec::new();
+        let mut current: Option<(Handle, i64)> = None;
+        let mut use_cache = true;
         for _ in 0..RETRIES {
-            let Some(hkv) = self.store.get(&hkey)? else {
-                return Ok(released);
+            let (mut h, hrev) = match current.take() {
+                Some(c) => c,
+                None => match self.store.get(&hkey)? {
+                    Some(kv) => (decode::<Handle>(&kv)?, kv.mod_revision),
+                    None => return Ok(released),
+                },
             };
-            let mut h: Handle = decode(&hkv)?;
-            let Some(cidr) = h.block.keys().next().cloned() else {
+            let Some(cs) = h.block.keys().next().cloned() else {
                 self.store.txn(Txn {
-                    compare: vec![Compare::ModRevision(hkey.clone(), hkv.mod_revision)],
+                    compare: vec![Compare::ModRevision(hkey.clone(), hrev)],
                     success: vec![Op::delete(hkey.clone())],
                     failure: vec![],
                 })?;
-                continue;
+                return Ok(released);
             };
-            h.block.remove(&cidr);
+            h.block.remove(&cs);
             let handle_op = if h.block.is_empty() {
                 Op::delete(hkey.clone())
             } else {
                 Op::put(hkey.clone(), encode(&h))
             };
-            let bkey = keys::block(&cidr);
-            let mut compare = vec![Compare::ModRevision(hkey.clone(), hkv.mod_revision)];
+            let cidr: Option<IpNet> = cs.parse().ok();
+            let cached = match (use_cache, &cidr) {
+                (true, Some(c)) => self.cached_block(c),
+                _ => None,
+            };
+            let blk = match (cached, &cidr) {
+                (Some(b), _) => Some(b),
+                (None, Some(c)) => self.read_block(c)?,
+                (None, None) => None,
+            };
+            let mut compare = vec![Compare::ModRevision(hkey.clone(), hrev)];
             let mut success = vec![handle_op];
             let mut freed = Vec::new();
-            if let Some(bkv) = self.store.get(&bkey)? {
-                let mut b: Block = decode(&bkv)?;
-                let ords = b.ordinals_of(handle);
-                b.release_at(&ords, self.now());
-                freed = ords.into_iter().map(|o| b.ip(o)).collect();
-                compare.push(Compare::ModRevision(bkey.clone(), bkv.mod_revision));
-                success.push(Op::put(bkey, encode(&b)));
+            let mut written = None;
+            match blk {
+                Some((mut b, brev)) => {
+                    let ords = b.ordinals_of(handle);
+                    b.release_at(&ords, self.now());
+                    freed = ords.into_iter().map(|o| b.ip(o)).collect();
+                    compare.push(Compare::ModRevision(keys::block(&cs), brev));
+                    success.push(Op::put(keys::block(&cs), encode(&b)));
+                    written = Some(b);
+                }
+                None => {
+                    // No such block: nothing to free there, but the entry must not survive a
+                    // block created meanwhile.
+                    compare.push(Compare::ModRevision(keys::block(&cs), 0));
+                }
             }
             let resp = self.store.txn(Txn {
                 compare,
@@ -901,9 +1301,20 @@ impl Ipam {
                 failure: vec![],
             })?;
             if resp.succeeded {
+                if let Some(b) = written {
+                    self.cache_block(&b, resp.revision);
+                }
                 released.extend(freed);
+                if h.block.is_empty() {
+                    return Ok(released);
+                }
+                // The handle as just written: no need to read it again for its next block.
+                current = Some((h, resp.revision));
+                use_cache = true;
+            } else {
+                // The handle or the block changed (or the cached block was stale): read both.
+                use_cache = false;
             }
-            // Either way, re-read the handle: next block, or retry after a conflict.
         }
         Err(IpamError::Contention { key: hkey })
     }
@@ -987,6 +1398,7 @@ impl Ipam {
                 failure: vec![],
             })?;
             if resp.succeeded {
+                self.cache_block(&b, resp.revision);
                 return Ok(freed.into_iter().map(|(o, _)| b.ip(o)).collect());
             }
         }
@@ -1150,6 +1562,7 @@ impl Ipam {
                 failure: vec![],
             })?;
             if deleted.succeeded {
+                self.forget_block(&cidr);
                 remaining -= 1;
                 out.push(cidr);
             } else {
@@ -1264,3 +1677,6 @@ impl Ipam {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod cache_tests;

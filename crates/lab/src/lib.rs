@@ -26,12 +26,14 @@
 use std::path::PathBuf;
 
 pub mod bench;
+pub mod bird;
 pub mod cluster;
 pub mod mesh;
 pub mod netbench;
 pub mod netns;
 
 pub mod pod;
+pub mod policybench;
 pub mod process;
 pub mod state;
 pub mod topology;

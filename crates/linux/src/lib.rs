@@ -22,6 +22,11 @@ use sha1::{Digest, Sha1};
 /// routes from everybody else's.
 pub const TERN_ROUTE_PROTOCOL: u8 = 84;
 
+/// Route protocol of the routes ternd learns over BGP (`proto 85`): distinct from
+/// [`TERN_ROUTE_PROTOCOL`], so the route reconciler and the BGP speaker never remove each
+/// other's routes.
+pub const TERN_BGP_ROUTE_PROTOCOL: u8 = 85;
+
 /// MAC of every host-side veth: pods reach 169.254.1.1 through proxy-ARP, which answers with it.
 pub const HOST_VETH_MAC: [u8; 6] = [0xee; 6];
 

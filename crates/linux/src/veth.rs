@@ -136,13 +136,13 @@ pub fn setup_pod_interface(cfg: &PodInterfaceConfig) -> Result<PodInterface> {
 #[derive(Debug)]
 pub struct PendingVeth {
     host: Link,
-    pod: Link,
 }
 
-/// First half of [`setup_pod_interface`]: everything that does not depend on the pod's
-/// addresses (veth pair with the peer made in the pod namespace, host MAC, host IPv4 sysctls,
-/// both ends and the pod's `lo` up). It runs while the agent allocates the addresses, so the two
-/// costs overlap. `cfg.addresses` is not read.
+/// First half of [`setup_pod_interface`]: the host side, which does not depend on the pod's
+/// addresses (veth pair with the peer made in the pod namespace, host MAC, host up, host IPv4
+/// sysctls). It runs while the agent allocates the addresses, so the two costs overlap.
+/// `cfg.addresses` is not read. Everything inside the pod namespace happens in
+/// [`finish_pod_interface`], in one visit of the namespace.
 pub fn create_pod_veth(cfg: &PodInterfaceConfig) -> Result<PendingVeth> {
     check_ifname(cfg.host_ifname)?;
     check_ifname(cfg.pod_ifname)?;
@@ -189,31 +189,15 @@ pub fn create_pod_veth(cfg: &PodInterfaceConfig) -> Result<PendingVeth> {
             return Err(e);
         }
     };
-    let prepared = (|| -> Result<Link> {
+    let prepared = (|| -> Result<()> {
         let name = cfg.host_ifname;
         sysctl::set(&format!("net/ipv4/conf/{name}/proxy_arp"), "1")?;
         sysctl::set(&format!("net/ipv4/neigh/{name}/proxy_delay"), "0")?;
         sysctl::set(&format!("net/ipv4/conf/{name}/forwarding"), "1")?;
-        let pod_ifname = cfg.pod_ifname;
-        let ns = cfg.pod_ns;
-        ns.run(move || -> Result<Link> {
-            let mut ph = Handle::new()?;
-            let mut pod = ph
-                .link_by_name(pod_ifname)?
-                .ok_or_else(|| LinuxError::NotFound {
-                    what: format!(
-                        "interface {pod_ifname} in container namespace {ns} after creating it"
-                    ),
-                })?;
-            ph.set_link_up(pod.index)?;
-            // lo is ifindex 1 in every namespace.
-            ph.set_link_up(1)?;
-            pod.up = true;
-            Ok(pod)
-        })?
+        Ok(())
     })();
     match prepared {
-        Ok(pod) => Ok(PendingVeth { host, pod }),
+        Ok(()) => Ok(PendingVeth { host }),
         Err(e) => {
             let _ = h.delete_link_by_index(host.index);
             Err(e)
@@ -250,7 +234,7 @@ fn configure(
     pending: &PendingVeth,
 ) -> Result<PodInterface> {
     let (v4, v6) = families(cfg.addresses);
-    let (host, pod) = (&pending.host, &pending.pod);
+    let host = &pending.host;
     let name = cfg.host_ifname;
     if v6 {
         sysctl::set_if_present(&format!("net/ipv6/conf/{name}/proxy_ndp"), "1")?;
@@ -261,9 +245,21 @@ fn configure(
     let addresses = cfg.addresses;
     let allow_fwd = cfg.allow_ip_forwarding;
     let ns = cfg.pod_ns;
-    let pod_index = pod.index;
-    ns.run(move || -> Result<()> {
+    let pod_ifname = cfg.pod_ifname;
+    let pod = ns.run(move || -> Result<Link> {
         let mut ph = Handle::new()?;
+        let mut pod = ph
+            .link_by_name(pod_ifname)?
+            .ok_or_else(|| LinuxError::NotFound {
+                what: format!(
+                    "interface {pod_ifname} in container namespace {ns} after creating it"
+                ),
+            })?;
+        let pod_index = pod.index;
+        ph.set_link_up(pod_index)?;
+        // lo is ifindex 1 in every namespace.
+        ph.set_link_up(1)?;
+        pod.up = true;
         for a in addresses {
             ph.add_address(pod_index, host_prefix(a))
                 .map_err(|e| in_container(e, ns))?;
@@ -289,7 +285,7 @@ fn configure(
                 sysctl::set_if_present("net/ipv6/conf/all/forwarding", "1")?;
             }
         }
-        Ok(())
+        Ok(pod)
     })??;
 
     for a in cfg.addresses {

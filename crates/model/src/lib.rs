@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+pub mod bgp;
 pub mod namespace;
 pub mod parse;
 pub mod policy;
@@ -15,6 +16,10 @@ pub mod selector;
 pub mod storage;
 pub mod validate;
 
+pub use bgp::{
+    BgpConfiguration, BgpConfigurationSpec, BgpPeer, BgpPeerSpec, DEFAULT_AS_NUMBER,
+    DEFAULT_BGP_CONFIGURATION, DEFAULT_BGP_PORT,
+};
 pub use namespace::{Namespace, NamespaceSpec};
 pub use parse::parse_documents;
 pub use policy::*;

@@ -176,6 +176,8 @@ macro_rules! dispatch {
             Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy($typed($($arg),*)?),
             Kind::K8sNetworkPolicy => Resource::K8sNetworkPolicy($typed($($arg),*)?),
             Kind::Namespace => Resource::Namespace($typed($($arg),*)?),
+            Kind::BgpConfiguration => Resource::BgpConfiguration($typed($($arg),*)?),
+            Kind::BgpPeer => Resource::BgpPeer($typed($($arg),*)?),
         }
     };
 }

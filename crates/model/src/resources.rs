@@ -26,15 +26,19 @@ pub enum Kind {
     K8sNetworkPolicy,
     /// A namespace and its labels.
     Namespace,
+    /// Cluster-wide BGP settings.
+    BgpConfiguration,
+    /// An explicit BGP peering.
+    BgpPeer,
 }
 
 /// Kinds that belong to tern's API but are not implemented yet; parsing them fails with a
 /// message saying so rather than "unknown kind".
-pub const PLANNED_KINDS: &[&str] = &["BGPConfiguration", "BGPPeer", "AgentConfiguration"];
+pub const PLANNED_KINDS: &[&str] = &["AgentConfiguration"];
 
 impl Kind {
     /// Every supported kind.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::IpPool,
         Kind::IpamConfig,
         Kind::Node,
@@ -44,6 +48,8 @@ impl Kind {
         Kind::GlobalNetworkPolicy,
         Kind::K8sNetworkPolicy,
         Kind::Namespace,
+        Kind::BgpConfiguration,
+        Kind::BgpPeer,
     ];
 
     /// The kind's unique name (the `kind:` string of documents, except for Kubernetes
@@ -60,6 +66,8 @@ impl Kind {
             Kind::GlobalNetworkPolicy => "GlobalNetworkPolicy",
             Kind::K8sNetworkPolicy => "KubernetesNetworkPolicy",
             Kind::Namespace => "Namespace",
+            Kind::BgpConfiguration => "BGPConfiguration",
+            Kind::BgpPeer => "BGPPeer",
         }
     }
 
@@ -113,6 +121,10 @@ impl FromStr for Kind {
                 Kind::K8sNetworkPolicy
             }
             "namespace" | "namespaces" | "ns" => Kind::Namespace,
+            "bgpconfiguration" | "bgpconfigurations" | "bgpconfig" | "bgpconfigs" => {
+                Kind::BgpConfiguration
+            }
+            "bgppeer" | "bgppeers" => Kind::BgpPeer,
             _ => {
                 if let Some(p) = PLANNED_KINDS.iter().find(|p| p.eq_ignore_ascii_case(s)) {
                     return Err(format!("kind {p} is not supported yet"));
@@ -378,6 +390,14 @@ pub struct NodeBgpSpec {
     /// The node's AS number; the cluster default applies when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub as_number: Option<u32>,
+    /// With a cluster ID (an IPv4 address) the node is a BGP route reflector (RFC 4456) and
+    /// its mesh peers are its clients.
+    #[serde(
+        default,
+        rename = "routeReflectorClusterID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub route_reflector_cluster_id: Option<String>,
 }
 
 /// Spec of a [`Node`].
@@ -463,6 +483,8 @@ pub enum Resource {
     GlobalNetworkPolicy(crate::policy::GlobalNetworkPolicy),
     K8sNetworkPolicy(crate::policy::K8sNetworkPolicy),
     Namespace(crate::namespace::Namespace),
+    BgpConfiguration(crate::bgp::BgpConfiguration),
+    BgpPeer(crate::bgp::BgpPeer),
 }
 
 macro_rules! each {
@@ -477,6 +499,8 @@ macro_rules! each {
             Resource::GlobalNetworkPolicy($d) => $e,
             Resource::K8sNetworkPolicy($d) => $e,
             Resource::Namespace($d) => $e,
+            Resource::BgpConfiguration($d) => $e,
+            Resource::BgpPeer($d) => $e,
         }
     };
 }
@@ -494,6 +518,8 @@ impl Resource {
             Resource::GlobalNetworkPolicy(_) => Kind::GlobalNetworkPolicy,
             Resource::K8sNetworkPolicy(_) => Kind::K8sNetworkPolicy,
             Resource::Namespace(_) => Kind::Namespace,
+            Resource::BgpConfiguration(_) => Kind::BgpConfiguration,
+            Resource::BgpPeer(_) => Kind::BgpPeer,
         }
     }
 
@@ -561,6 +587,8 @@ impl Resource {
             Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy(typed(bytes)?),
             Kind::K8sNetworkPolicy => Resource::K8sNetworkPolicy(typed(bytes)?),
             Kind::Namespace => Resource::Namespace(typed(bytes)?),
+            Kind::BgpConfiguration => Resource::BgpConfiguration(typed(bytes)?),
+            Kind::BgpPeer => Resource::BgpPeer(typed(bytes)?),
         })
     }
 }
@@ -604,5 +632,7 @@ from_doc!(
     crate::policy::NetworkPolicy => NetworkPolicy,
     crate::policy::GlobalNetworkPolicy => GlobalNetworkPolicy,
     crate::policy::K8sNetworkPolicy => K8sNetworkPolicy,
-    crate::namespace::Namespace => Namespace
+    crate::namespace::Namespace => Namespace,
+    crate::bgp::BgpConfiguration => BgpConfiguration,
+    crate::bgp::BgpPeer => BgpPeer
 );

@@ -71,6 +71,10 @@ pub(crate) fn validate(r: &Resource) -> Result<(), ModelError> {
             crate::policy::validate_k8s_spec(&p.spec).map_err(|(f, m)| cx.err(&f, m))
         }
         Resource::Namespace(_) => Ok(()),
+        Resource::BgpConfiguration(c) => {
+            crate::bgp::validate_configuration(c).map_err(|(f, m)| cx.err(&f, m))
+        }
+        Resource::BgpPeer(p) => crate::bgp::validate_peer(p).map_err(|(f, m)| cx.err(&f, m)),
     }
 }
 
@@ -244,6 +248,17 @@ fn validate_node(cx: &Ctx, n: &Node) -> Result<(), ModelError> {
         }
     }
     if let Some(bgp) = &n.spec.bgp {
+        if let Some(id) = &bgp.route_reflector_cluster_id
+            && id.parse::<std::net::Ipv4Addr>().is_err()
+        {
+            return Err(cx.err(
+                "spec.bgp.routeReflectorClusterID",
+                format!("{id:?} is not an IPv4 address"),
+            ));
+        }
+        if bgp.as_number == Some(0) {
+            return Err(cx.err("spec.bgp.asNumber", "AS 0 is reserved"));
+        }
         for (field, v, want_v4) in [
             ("spec.bgp.ipv4Address", &bgp.ipv4_address, true),
             ("spec.bgp.ipv6Address", &bgp.ipv6_address, false),

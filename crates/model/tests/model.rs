@@ -110,11 +110,14 @@ fn header_errors() {
             "# c\napiVersion: tern.dev/v1\nkind: Pod\nmetadata: {name: x}\n",
             "x.yaml"
         ),
-        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint, IPReservation, NetworkPolicy, GlobalNetworkPolicy, KubernetesNetworkPolicy, Namespace"
+        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint, IPReservation, NetworkPolicy, GlobalNetworkPolicy, KubernetesNetworkPolicy, Namespace, BGPConfiguration, BGPPeer"
     );
     assert_eq!(
-        parse_err("apiVersion: tern.dev/v1\nkind: BGPPeer\n", "x.yaml"),
-        "x.yaml:2: kind: kind BGPPeer is not supported yet"
+        parse_err(
+            "apiVersion: tern.dev/v1\nkind: AgentConfiguration\n",
+            "x.yaml"
+        ),
+        "x.yaml:2: kind: kind AgentConfiguration is not supported yet"
     );
     assert_eq!(
         parse_err("\n\napiVersion: tern.dev/v1\n", "x.yaml"),

@@ -62,10 +62,51 @@ pub fn endpoint_chain(ep: &Endpoint, dir: Direction) -> String {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Family {
+/// Address family of a compiled set or rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
     V4,
     V6,
+}
+
+/// What a compiled address set holds, so its elements can be recomputed for one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetSource {
+    /// Addresses of the endpoints an endpoint selector matches.
+    Selector(EndpointSelector, Family),
+    /// `address . port` of the endpoints with a named port of this protocol.
+    NamedPort(String, Protocol, Family),
+}
+
+impl SetSource {
+    /// The elements `ep` contributes to the set.
+    pub fn elements(&self, set: &PolicySet, ep: &Endpoint) -> Vec<String> {
+        match self {
+            SetSource::Selector(sel, fam) => {
+                if !set.selects(sel, ep) {
+                    return Vec::new();
+                }
+                ep.ips
+                    .iter()
+                    .filter(|ip| Family::of(ip) == *fam)
+                    .map(ToString::to_string)
+                    .collect()
+            }
+            SetSource::NamedPort(port, proto, fam) => {
+                let mut out = Vec::new();
+                for cp in ep
+                    .ports
+                    .iter()
+                    .filter(|cp| &cp.name == port && cp.protocol == *proto)
+                {
+                    for ip in ep.ips.iter().filter(|ip| Family::of(ip) == *fam) {
+                        out.push(format!("{ip} . {}", cp.port));
+                    }
+                }
+                out
+            }
+        }
+    }
 }
 
 impl Family {
@@ -116,13 +157,40 @@ fn port_text(p: &Port) -> Option<String> {
     }
 }
 
+/// The map holding an endpoint's entry for a direction.
+pub fn endpoint_map(dir: Direction) -> &'static str {
+    match dir {
+        Direction::Ingress => INGRESS_MAP,
+        Direction::Egress => EGRESS_MAP,
+    }
+}
+
+/// The chain of a local endpoint for a direction, given the policies that apply to it in
+/// evaluation order; `None` when no policy applies (the endpoint is not filtered).
+pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction) -> Option<Chain> {
+    if pols.is_empty() {
+        return None;
+    }
+    let mut rules = vec![format!("meta mark set meta mark and {:#010x}", !ALLOW_MARK)];
+    let done = match dir {
+        Direction::Ingress => "accept",
+        // Egress allowed: back to the base chain, which checks the receiver's ingress.
+        Direction::Egress => "return",
+    };
+    for p in pols {
+        rules.push(format!("jump {}", policy_chain(p, dir)));
+        rules.push(format!(
+            "meta mark and {ALLOW_MARK:#x} == {ALLOW_MARK:#x} {done}"
+        ));
+    }
+    rules.push("drop".into());
+    Some(Chain { base: None, rules })
+}
+
 /// Compiles everything: `node` picks the local endpoints that get chains and map entries;
 /// address sets cover endpoints of every node.
 pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
-    let mut c = Compiler {
-        set,
-        rs: Ruleset::new(),
-    };
+    let mut c = Compiler::new(set);
     c.base();
     let local: Vec<&Endpoint> = set
         .endpoints()
@@ -132,32 +200,15 @@ pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
     for ep in local {
         for dir in [Direction::Ingress, Direction::Egress] {
             let pols = set.policies_for(ep, dir);
-            if pols.is_empty() {
+            let Some(chain) = endpoint_chain_rules(&pols, dir) else {
                 continue;
-            }
-            let name = endpoint_chain(ep, dir);
-            let mut rules = vec![format!("meta mark set meta mark and {:#010x}", !ALLOW_MARK)];
-            let done = match dir {
-                Direction::Ingress => "accept",
-                // Egress allowed: back to the base chain, which checks the receiver's ingress.
-                Direction::Egress => "return",
             };
             for p in pols {
-                let pc = policy_chain(p, dir);
-                rules.push(format!("jump {pc}"));
-                rules.push(format!(
-                    "meta mark and {ALLOW_MARK:#x} == {ALLOW_MARK:#x} {done}"
-                ));
-                needed.insert((pc, dir), (p, dir));
+                needed.insert((policy_chain(p, dir), dir), (p, dir));
             }
-            rules.push("drop".into());
-            c.rs.chains
-                .insert(name.clone(), Chain { base: None, rules });
-            let map = match dir {
-                Direction::Ingress => INGRESS_MAP,
-                Direction::Egress => EGRESS_MAP,
-            };
-            if let Some(m) = c.rs.sets.get_mut(map) {
+            let name = endpoint_chain(ep, dir);
+            c.rs.chains.insert(name.clone(), chain);
+            if let Some(m) = c.rs.sets.get_mut(endpoint_map(dir)) {
                 m.insert_mapping(format!("\"{}\"", ep.interface), &format!("jump {name}"));
             }
         }
@@ -169,13 +220,23 @@ pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
     c.rs
 }
 
-struct Compiler<'a> {
-    set: &'a PolicySet,
-    rs: Ruleset,
+/// The compiler's working state; `used` records every set a compiled rule refers to.
+pub(crate) struct Compiler<'a> {
+    pub(crate) set: &'a PolicySet,
+    pub(crate) rs: Ruleset,
+    pub(crate) used: BTreeMap<String, SetSource>,
 }
 
-impl Compiler<'_> {
-    fn base(&mut self) {
+impl<'a> Compiler<'a> {
+    pub(crate) fn new(set: &'a PolicySet) -> Compiler<'a> {
+        Compiler {
+            set,
+            rs: Ruleset::new(),
+            used: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn base(&mut self) {
         self.rs.chains.insert(
             FORWARD_CHAIN.into(),
             Chain {
@@ -198,6 +259,8 @@ impl Compiler<'_> {
     /// The address set of an endpoint selector for a family, created on first use.
     fn selector_set(&mut self, sel: &EndpointSelector, fam: Family) -> String {
         let name = format!("sel-{}-{}", short_hash(&sel.canonical()), fam.suffix());
+        self.used
+            .insert(name.clone(), SetSource::Selector(sel.clone(), fam));
         if !self.rs.sets.contains_key(&name) {
             let mut s = Set::new(format!("type {};", fam.addr_type()));
             for ep in self.set.endpoints().filter(|e| self.set.selects(sel, e)) {
@@ -216,6 +279,10 @@ impl Compiler<'_> {
             "np-{}-{}",
             short_hash(&format!("{port}/{}", proto.number())),
             fam.suffix()
+        );
+        self.used.insert(
+            name.clone(),
+            SetSource::NamedPort(port.to_string(), proto, fam),
         );
         if !self.rs.sets.contains_key(&name) {
             let mut s = Set::new(format!("type {} . inet_service;", fam.addr_type()));
@@ -267,7 +334,7 @@ impl Compiler<'_> {
         Some(out)
     }
 
-    fn policy_rules(&mut self, p: &IrPolicy, dir: Direction) -> Vec<String> {
+    pub(crate) fn policy_rules(&mut self, p: &IrPolicy, dir: Direction) -> Vec<String> {
         let mut out = Vec::new();
         let rules: Vec<IrRule> = p.rules(dir).unwrap_or_default().to_vec();
         for (i, r) in rules.iter().enumerate() {

@@ -5,15 +5,19 @@
 //!   documentation defines the semantics precisely.
 //! - [`compile`]: [`compile()`] turns a [`PolicySet`] into the desired `inet tern`
 //!   [`Ruleset`] for one node.
+//! - [`incremental`]: [`Incremental`] keeps one node's compiled state up to date change by
+//!   change and renders O(change) delta scripts.
 //! - [`nft`]: the [`Ruleset`] builder shared with other users of the table, and its rendering
 //!   as full-resync ([`Ruleset::render_full`]) and incremental ([`render_delta`]) `nft -f`
 //!   scripts, each one atomic transaction.
 
 pub mod compile;
+pub mod incremental;
 pub mod model;
 pub mod nft;
 
 pub use compile::compile;
+pub use incremental::{Incremental, Script, policy_key};
 pub use model::{
     Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Match, NamespaceScope,
     PolicyKey, PolicySet,

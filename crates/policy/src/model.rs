@@ -240,6 +240,22 @@ impl PolicySet {
             .is_some()
     }
 
+    /// One endpoint by namespace and name.
+    pub fn endpoint(&self, namespace: &str, name: &str) -> Option<&Endpoint> {
+        self.endpoints
+            .get(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// One policy by key.
+    pub fn policy(&self, key: &PolicyKey) -> Option<&IrPolicy> {
+        self.policies.get(key)
+    }
+
+    /// Whether a namespace resource is known (with labels of its own).
+    pub fn has_namespace(&self, name: &str) -> bool {
+        self.namespaces.contains_key(name)
+    }
+
     /// Every endpoint, by (namespace, name).
     pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
         self.endpoints.values()

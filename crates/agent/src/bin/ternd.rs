@@ -57,6 +57,10 @@ struct Args {
     /// Disable the dataplane reconciler (routes to other nodes, VXLAN/IPIP, natOutgoing).
     #[arg(long, env = "TERN_NO_DATAPLANE")]
     no_dataplane: bool,
+    /// Run the BGP speaker: peer with the other nodes (and BGPPeers), advertise this node's
+    /// blocks and route other nodes' blocks of unencapsulated pools over BGP.
+    #[arg(long, env = "TERN_BGP")]
+    bgp: bool,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, env = "TERN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -79,6 +83,7 @@ fn main() {
     cfg.etcd_key = args.etcd_key;
     cfg.node_ip = args.node_ip;
     cfg.dataplane = !args.no_dataplane;
+    cfg.bgp = args.bgp;
     // An unreachable datastore at start is waited for, not fatal: until the agent serves, the
     // plugins treat it as down (DEL journals, ADD answers "try again later").
     let agent = loop {

@@ -50,6 +50,7 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             default_ipv4_pool,
             encap,
             resync_seconds,
+            bgp,
         } => {
             let mut o = tern_lab::UpOptions::new(&args.name, &bin_dir);
             o.nodes = *nodes;
@@ -57,6 +58,9 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             o.encap = *encap;
             o.store = lab_store(store)?;
             o.resync_seconds = *resync_seconds;
+            if *bgp {
+                o.agent_args.push("--bgp".into());
+            }
             let st = tern_lab::up(&o).with_context(|| {
                 format!(
                     "lab up failed; remove what was built with `ternctl lab down --name {}`",

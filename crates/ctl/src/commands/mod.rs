@@ -10,3 +10,5 @@ pub mod ipam_configure;
 pub mod ipam_release;
 pub mod ipam_show;
 pub mod lab;
+pub mod label;
+pub mod node_status;

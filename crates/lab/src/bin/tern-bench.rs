@@ -29,6 +29,21 @@ enum Cmd {
     Net(NetArgs),
     /// Route convergence: a pod's ADD on node A to the first packet from node B.
     Converge(ConvergeArgs),
+    /// NetworkPolicy programming: 1,000 policies x 1,000 endpoints, and incremental changes.
+    Policy(PolicyArgs),
+}
+
+#[derive(Args)]
+struct PolicyArgs {
+    /// Policies to program.
+    #[arg(long, default_value_t = 1000)]
+    policies: u32,
+    /// Local endpoints (as many remote ones feed the selector sets).
+    #[arg(long, default_value_t = 1000)]
+    endpoints: u32,
+    /// Incremental changes timed per kind.
+    #[arg(long, default_value_t = 50)]
+    samples: u32,
 }
 
 #[derive(Args)]
@@ -107,6 +122,17 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                 seconds: a.seconds,
                 runs: a.runs,
             })?;
+            print!("{table}");
+            return Ok(!table.contains("MISS"));
+        }
+        Cmd::Policy(a) => {
+            let o = tern_lab::policybench::PolicyBenchOptions {
+                policies: a.policies,
+                endpoints: a.endpoints,
+                samples: a.samples,
+            };
+            let r = tern_lab::policybench::run_policy(&o)?;
+            let table = tern_lab::policybench::render(&o, &r);
             print!("{table}");
             return Ok(!table.contains("MISS"));
         }
