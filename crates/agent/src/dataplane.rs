@@ -789,8 +789,11 @@ impl Dataplane {
 /// so the pod ADDs that dominate block writes do not trigger a resync.
 #[derive(Default)]
 struct BlockDigests {
-    seen: std::collections::HashMap<String, (Option<String>, Vec<(u32, String)>)>,
+    seen: std::collections::HashMap<String, BlockDigest>,
 }
+
+/// A block's affinity and its borrowed (ordinal, node) pairs.
+type BlockDigest = (Option<String>, Vec<(u32, String)>);
 
 impl BlockDigests {
     /// True when the event can change routes; remembers block digests.
