@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use ipnet::IpNet;
 use tern_api::{BgpPeerStatus, BgpStatusReply};
@@ -281,6 +281,8 @@ struct Shared {
 
 enum Msg {
     Changed,
+    /// A fresh status snapshot for `ternctl node status`.
+    Status(std::sync::mpsc::Sender<BgpStatusReply>),
     Stop(std::sync::mpsc::Sender<()>),
 }
 
@@ -342,8 +344,19 @@ impl Bgp {
         Ok(bgp)
     }
 
-    /// The sessions, for `ternctl node status`.
+    /// The sessions, for `ternctl node status`: asked from the speaker at the time of the
+    /// call (a periodic snapshot would show sessions that came up within the last second as
+    /// still connecting). Falls back to the last snapshot when the BGP thread is busy or
+    /// stopped.
     pub fn status(&self) -> BgpStatusReply {
+        if !self.stopping.load(Ordering::Relaxed) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            if self.tx.send(Msg::Status(tx)).is_ok()
+                && let Ok(s) = rx.recv_timeout(Duration::from_secs(3))
+            {
+                return s;
+            }
+        }
         self.shared.lock().unwrap().status.clone()
     }
 
@@ -480,16 +493,26 @@ impl Runner {
                 m = rx.recv() => match m {
                     Some(Msg::Changed) => {
                         // Debounce: a burst of store writes (a pod ADD) is one reconfiguration.
+                        // Other requests that arrive meanwhile are answered afterwards, never
+                        // dropped.
                         tokio::time::sleep(Duration::from_millis(50)).await;
-                        while let Ok(Msg::Changed) = rx.try_recv() {}
-                        self.reconfigure().await;
-                    }
-                    Some(Msg::Stop(done)) => {
-                        if let Some((h, _)) = self.speaker.take() {
-                            h.graceful_shutdown_for_restart().await;
+                        let mut later = Vec::new();
+                        while let Ok(m) = rx.try_recv() {
+                            if !matches!(m, Msg::Changed) {
+                                later.push(m);
+                            }
                         }
-                        let _ = done.send(());
-                        return;
+                        self.reconfigure().await;
+                        for m in later {
+                            if !self.request(m).await {
+                                return;
+                            }
+                        }
+                    }
+                    Some(m) => {
+                        if !self.request(m).await {
+                            return;
+                        }
                     }
                     None => return,
                 },
@@ -509,6 +532,25 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// Answers a status or stop request; false once the thread must end.
+    async fn request(&mut self, m: Msg) -> bool {
+        match m {
+            Msg::Changed => self.reconfigure().await,
+            Msg::Status(reply) => {
+                self.refresh_status().await;
+                let _ = reply.send(self.shared.lock().unwrap().status.clone());
+            }
+            Msg::Stop(done) => {
+                if let Some((h, _)) = self.speaker.take() {
+                    h.graceful_shutdown_for_restart().await;
+                }
+                let _ = done.send(());
+                return false;
+            }
+        }
+        true
     }
 
     /// Reads the resources, fills our BGP address if unset, and applies the [`Plan`].
@@ -785,7 +827,9 @@ impl Runner {
                         .duration_since(UNIX_EPOCH)
                         .map(|d| d.as_secs())
                         .unwrap_or(0),
-                    info: if p.info.is_empty() {
+                    // calicoctl shows just "Established" for a working session; otherwise the
+                    // state and why it is not up (the last error or event).
+                    info: if p.info.is_empty() || p.state == State::Established {
                         format!("{:?}", p.state)
                     } else {
                         format!("{:?} {}", p.state, p.info)
@@ -793,7 +837,6 @@ impl Runner {
                 })
                 .collect(),
         };
-        let _ = SystemTime::now();
     }
 }
 

@@ -207,6 +207,9 @@ impl PolicyEngine {
     /// Applies what changed; a delta the kernel refuses (drift) is retried as a full resync.
     fn flush(&self, inc: &mut Incremental) -> Result<(), PolicyAgentError> {
         let s = inc.script();
+        if self.apply_elements_netlink(inc, &s) {
+            return Ok(());
+        }
         match self.run(inc, &s) {
             Ok(()) => Ok(()),
             Err(e) if !s.full => {
@@ -215,6 +218,62 @@ impl PolicyEngine {
                 self.run(inc, &full)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// Fast path of [`Self::flush`]: a delta that only adds and removes set / map elements (a
+    /// pod joining or leaving selected sets) goes to the kernel as one nfnetlink batch instead
+    /// of `nft -f`, which would first load the whole table (15-30 ms at 1,000 policies). True
+    /// when applied and committed; false when the delta is anything else, or on any netlink
+    /// error, after which the caller applies the same delta with `nft -f` (the batch is one
+    /// transaction, so a failed one changed nothing), then a full resync if that fails too.
+    fn apply_elements_netlink(&self, inc: &mut Incremental, s: &Script) -> bool {
+        use tern_linux::nft_netlink::{ElementChange, ElementOp, SetKind};
+        if s.full || s.text.is_empty() {
+            return false;
+        }
+        let Some(delta) = inc.element_delta() else {
+            return false;
+        };
+        let mut changes = Vec::with_capacity(delta.len());
+        for c in &delta {
+            // Set kinds nft must handle itself (auto-merge intervals, ...) take the slow path.
+            let Some(kind) = SetKind::from_spec(&c.spec) else {
+                return false;
+            };
+            let Ok(element) = kind.parse_element(&c.element) else {
+                return false;
+            };
+            changes.push(ElementChange {
+                set: c.set.clone(),
+                op: if c.add {
+                    ElementOp::Add
+                } else {
+                    ElementOp::Delete
+                },
+                element,
+            });
+        }
+        let table = tern_policy::nft::TABLE
+            .strip_prefix("inet ")
+            .expect("the policy table is an inet table");
+        // Like the `nft` child process it replaces, this acts in the network namespace of the
+        // calling thread (the socket is cached per thread and namespace).
+        let applied = tern_linux::nft_netlink::apply_cached(table, &changes);
+        match applied {
+            Ok(()) => {
+                log::debug!(
+                    "policy: applied {} set element changes over netlink",
+                    changes.len()
+                );
+                inc.commit(s);
+                self.applies.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                log::warn!("policy: netlink set update failed ({e}); retrying with nft -f");
+                false
+            }
         }
     }
 
@@ -370,6 +429,78 @@ mod tests {
     fn store_events_update_the_desired_table() {
         // nft runs in a network namespace of this thread's own (never the machine's).
         std::thread::spawn(events_in_private_netns).join().unwrap();
+    }
+
+    #[test]
+    fn element_only_deltas_go_over_netlink() {
+        // The kernel part runs in a network namespace of this thread's own.
+        std::thread::spawn(netlink_in_private_netns).join().unwrap();
+    }
+
+    fn netlink_in_private_netns() {
+        // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipped: cannot create a network namespace (needs root)");
+            return;
+        }
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let engine = PolicyEngine::load(store, "n1").unwrap();
+        let yaml = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: from-b, namespace: x}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n  ingress:\n  - from:\n    - podSelector: {matchLabels: {pod: b}}\n";
+        let r = tern_model::parse_documents(yaml, "t.yaml")
+            .unwrap()
+            .remove(0);
+        let mut inc = engine.state.lock().unwrap();
+        inc.apply(&r).unwrap();
+        engine.flush(&mut inc).unwrap();
+        let remote = |ip: &str, pod: &str| Endpoint {
+            namespace: "x".into(),
+            name: format!("b-{ip}"),
+            node: "n2".into(),
+            interface: String::new(),
+            labels: BTreeMap::from([("pod".to_string(), pod.to_string())]),
+            ips: vec![ip.parse().unwrap()],
+            ports: Vec::new(),
+        };
+        // A remote pod joins the source set: applied without nft, and the kernel has it.
+        inc.upsert_endpoint(remote("198.18.0.5", "b"));
+        let s = inc.script();
+        assert!(engine.apply_elements_netlink(&mut inc, &s), "{}", s.text);
+        assert_eq!(inc.pending(), 0);
+        let listing = tern_linux::nft::list_table("inet", "tern")
+            .unwrap()
+            .unwrap();
+        assert!(listing.contains("198.18.0.5"), "{listing}");
+        // It leaves (label change): removed the same way.
+        inc.upsert_endpoint(remote("198.18.0.5", "c"));
+        let s = inc.script();
+        assert!(engine.apply_elements_netlink(&mut inc, &s), "{}", s.text);
+        let listing = tern_linux::nft::list_table("inet", "tern")
+            .unwrap()
+            .unwrap();
+        assert!(!listing.contains("198.18.0.5"), "{listing}");
+        // A local pod brings chains: not for the fast path; flush applies it with nft.
+        inc.upsert_endpoint(Endpoint {
+            node: "n1".into(),
+            interface: "ternlocal1".into(),
+            ..remote("198.18.0.6", "b")
+        });
+        let s = inc.script();
+        assert!(!engine.apply_elements_netlink(&mut inc, &s));
+        engine.flush(&mut inc).unwrap();
+        // Drift (the set vanished behind the agent's back): the netlink batch fails, nothing
+        // is committed, and flush repairs it through nft and a full resync.
+        tern_linux::nft::apply("delete table inet tern\n").unwrap();
+        inc.upsert_endpoint(remote("198.18.0.7", "b"));
+        let s = inc.script();
+        assert!(!engine.apply_elements_netlink(&mut inc, &s));
+        assert!(inc.pending() > 0);
+        let fulls = engine.full_applies();
+        engine.flush(&mut inc).unwrap();
+        assert_eq!(engine.full_applies(), fulls + 1);
+        let listing = tern_linux::nft::list_table("inet", "tern")
+            .unwrap()
+            .unwrap();
+        assert!(listing.contains("198.18.0.7"), "{listing}");
     }
 
     fn events_in_private_netns() {

@@ -3,7 +3,8 @@
 //!
 //! - full mesh: 3 nodes, every pod reaches every other pod, remote blocks are proto 85 and
 //!   there is no proto-84 route to them; `ternctl node status` shows the sessions; a killed
-//!   agent's routes stay on its peers (graceful restart) and the sessions come back.
+//!   agent's routes stay on its peers (graceful restart) and the sessions come back; the same
+//!   after SIGTERM, which ternd answers with a graceful shutdown and exit status 0.
 //! - BIRD 2 as top-of-rack route reflector (mesh disabled live through BGPConfiguration):
 //!   BIRD learns every block, nodes learn each other's through it.
 //! - BIRD as eBGP peer in another AS: each side learns the other's prefixes.
@@ -191,12 +192,18 @@ fn bgp_full_mesh_graceful_restart_and_flap() {
     lab.assert_bgp_routes(40);
     lab.assert_full_mesh();
     let status = lab.node_status("node2");
-    assert!(status.contains("IPv4 BGP status"), "{status}");
+    assert!(status.contains("IPv4 BGP status"), "{status}{}", lab.dump());
     assert!(
         status.contains("| PEER ADDRESS |") && status.matches("node-to-node mesh").count() == 2,
-        "{status}"
+        "{status}{}",
+        lab.dump()
     );
-    assert_eq!(status.matches("Established").count(), 2, "{status}");
+    assert_eq!(
+        status.matches("Established").count(),
+        2,
+        "{status}{}",
+        lab.dump()
+    );
 
     // Graceful restart: node1's agent dies; its blocks stay routed on node2 and node3.
     let b1 = lab.blocks_of("node1");
@@ -222,6 +229,65 @@ fn bgp_full_mesh_graceful_restart_and_flap() {
         .unwrap();
     lab.wait("sessions after restart", 40, || {
         let s = lab.node_status("node2");
+        (s.matches("Established").count() != 2).then_some(s)
+    });
+    lab.assert_bgp_routes(30);
+    lab.assert_full_mesh();
+
+    // SIGTERM: ternd shuts BGP down for a restart (no NOTIFICATION) and exits with status 0;
+    // the peers keep its routes meanwhile, and the restarted agent's sessions come back.
+    let b3 = lab.blocks_of("node3");
+    let pid = lab
+        .st
+        .node("node3")
+        .unwrap()
+        .ternd_pid
+        .expect("ternd of node3 runs");
+    // SAFETY: the PID is ternd's, a child of this process that has not been reaped.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    let t = Instant::now();
+    let code = loop {
+        let mut wstatus = 0;
+        // SAFETY: waitpid on our own child, with a valid out pointer.
+        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut wstatus, libc::WNOHANG) };
+        if r == pid as libc::pid_t {
+            break libc::WIFEXITED(wstatus).then(|| libc::WEXITSTATUS(wstatus));
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "ternd ignored SIGTERM{}",
+            lab.dump()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(0), "ternd exit after SIGTERM{}", lab.dump());
+    let log = tern_lab::topology::log_tail(lab.st.node("node3").unwrap(), 10);
+    assert!(log.contains("shutting down"), "{log}");
+    lab.st
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "node3")
+        .unwrap()
+        .ternd_pid = None;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(4) {
+        for n in ["node1", "node2"] {
+            let r = lab.bgp_routes(n);
+            for b in &b3 {
+                assert!(
+                    r.contains(b.as_str()),
+                    "{n} dropped {b} after SIGTERM of node3:\n{r}{}",
+                    lab.dump()
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    tern_lab::start_agent(&mut lab.st, "node3", true).unwrap();
+    tern_lab::topology::wait_for_agent(lab.st.node("node3").unwrap(), Duration::from_secs(30))
+        .unwrap();
+    lab.wait("sessions after SIGTERM restart", 40, || {
+        let s = lab.node_status("node3");
         (s.matches("Established").count() != 2).then_some(s)
     });
     lab.assert_bgp_routes(30);

@@ -31,6 +31,7 @@ pub mod cluster;
 pub mod mesh;
 pub mod netbench;
 pub mod netns;
+pub mod netpol;
 
 pub mod pod;
 pub mod policybench;

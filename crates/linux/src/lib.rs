@@ -3,6 +3,7 @@
 //!
 //! - [`netns`]: open / enter / create network namespaces without ever moving the caller's thread;
 //! - [`netlink`]: a hand-rolled rtnetlink client (links, addresses, routes, neighbours, FDB);
+//! - [`nft_netlink`]: nftables set-element updates as one nfnetlink batch (no `nft` process);
 //! - [`sysctl`]: `/proc/sys` of the current thread's namespace;
 //! - [`veth`]: the Calico-style pod wiring (veth pair, proxy-ARP, /32 host routes) used by ADD,
 //!   DEL and CHECK.
@@ -11,6 +12,7 @@ pub mod error;
 pub mod netlink;
 pub mod netns;
 pub mod nft;
+pub mod nft_netlink;
 pub mod sysctl;
 pub mod veth;
 

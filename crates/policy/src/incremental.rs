@@ -34,6 +34,18 @@ pub struct Script {
     pub full: bool,
 }
 
+/// One element added to or removed from a set or map, as [`Incremental::element_delta`]
+/// reports it: the set's name and declaration body (`type ipv4_addr;`) and the element's nft
+/// text (`10.0.0.1`, `10.0.0.1 . 8080`, `"tern1" : jump ep-in-tern1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElementChange {
+    pub set: String,
+    pub spec: String,
+    /// True to add, false to remove.
+    pub add: bool,
+    pub element: String,
+}
+
 /// The incrementally maintained policy state of one node.
 #[derive(Debug, Clone)]
 pub struct Incremental {
@@ -450,6 +462,54 @@ impl Incremental {
             text: crate::nft::render_delta(&old, &new),
             full: false,
         }
+    }
+
+    /// The pending change as set element additions and removals only, when that is all it
+    /// is (the common "a pod joins or leaves selected sets" case), so it can be applied
+    /// without `nft` (see `tern_linux::nft_netlink`). `None` when the kernel state is unknown
+    /// or anything else changed: a chain's rules, a set declared, deleted or redeclared.
+    /// Removals come before additions, so a changed map entry is deleted then re-added.
+    /// Commit with the [`Self::script`] it goes with.
+    pub fn element_delta(&self) -> Option<Vec<ElementChange>> {
+        let applied = self.applied.as_ref()?;
+        for n in &self.dirty_chains {
+            let desired = self.rs.chains.get(n).or(self.extra.chains.get(n));
+            if applied.chains.get(n) != desired {
+                return None;
+            }
+        }
+        let mut removed = Vec::new();
+        let mut added = Vec::new();
+        for n in &self.dirty_sets {
+            let desired = self.rs.sets.get(n).or(self.extra.sets.get(n));
+            let (old, new) = match (applied.sets.get(n), desired) {
+                (None, None) => continue,
+                (Some(o), Some(d)) if o.spec == d.spec => (o, d),
+                _ => return None,
+            };
+            for (k, v) in &old.elements {
+                if new.elements.get(k) != Some(v) {
+                    removed.push(ElementChange {
+                        set: n.clone(),
+                        spec: new.spec.clone(),
+                        add: false,
+                        element: v.clone(),
+                    });
+                }
+            }
+            for (k, v) in &new.elements {
+                if old.elements.get(k) != Some(v) {
+                    added.push(ElementChange {
+                        set: n.clone(),
+                        spec: new.spec.clone(),
+                        add: true,
+                        element: v.clone(),
+                    });
+                }
+            }
+        }
+        removed.append(&mut added);
+        Some(removed)
     }
 
     /// The full-resync script of the desired table (one transaction).

@@ -264,3 +264,48 @@ fn every_delta_applies_to_a_real_kernel() {
     assert!(!listing.contains("chain ep-in-tva2"), "{listing}");
     assert!(!listing.contains("chain ep-out-tva "), "{listing}");
 }
+
+#[test]
+fn element_delta_covers_only_pure_set_element_changes() {
+    let mut set = PolicySet::new();
+    set.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
+    for r in resources(POLICIES) {
+        set.apply(&r).unwrap();
+    }
+    let mut inc = Incremental::new("n1", set);
+    // Kernel state unknown: no element delta.
+    assert_eq!(inc.element_delta(), None);
+    let full = inc.script();
+    inc.commit(&full);
+    assert_eq!(inc.element_delta(), Some(vec![]));
+    // A remote pod the source selector matches: two element additions, nothing else.
+    inc.upsert_endpoint(ep("y", "b", "n2", "198.18.5.5", &[("pod", "b")]));
+    let d = inc.element_delta().unwrap();
+    let mut got: Vec<(String, bool, String)> = d
+        .iter()
+        .map(|c| (c.set[..3].to_string(), c.add, c.element.clone()))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("np-".into(), true, "198.18.5.5 . 80".into()),
+            ("sel".into(), true, "198.18.5.5".into()),
+        ]
+    );
+    let np = d.iter().find(|c| c.set.starts_with("np-")).unwrap();
+    assert_eq!(np.spec, "type ipv4_addr . inet_service;");
+    let s = inc.script();
+    inc.commit(&s);
+    // It leaves the selected set (label change); named-port sets ignore labels, so it stays
+    // there.
+    inc.upsert_endpoint(ep("y", "b", "n2", "198.18.5.5", &[("pod", "c")]));
+    let d = inc.element_delta().unwrap();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(!d[0].add && d[0].set.starts_with("sel-") && d[0].element == "198.18.5.5");
+    let s = inc.script();
+    inc.commit(&s);
+    // A local pod brings its own chains: not an element-only change.
+    inc.upsert_endpoint(ep("x", "a2", "n1", "198.18.0.9", &[("pod", "a")]));
+    assert_eq!(inc.element_delta(), None);
+}

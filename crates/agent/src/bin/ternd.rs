@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use tern_agent::{Agent, AgentConfig};
 
 /// The tern node agent: serves the CNI plugins, owns pod interfaces, routes and addresses.
@@ -84,6 +85,12 @@ fn main() {
     cfg.node_ip = args.node_ip;
     cfg.dataplane = !args.no_dataplane;
     cfg.bgp = args.bgp;
+    // SIGTERM / SIGINT: blocked here, before any thread exists, so every thread inherits the
+    // mask and only the dedicated thread below receives them (through sigwait).
+    let agent_cell: Arc<OnceLock<Arc<Agent>>> = Arc::new(OnceLock::new());
+    if let Err(e) = handle_termination(agent_cell.clone()) {
+        log::warn!("no graceful shutdown on SIGTERM: {e}");
+    }
     // An unreachable datastore at start is waited for, not fatal: until the agent serves, the
     // plugins treat it as down (DEL journals, ADD answers "try again later").
     let agent = loop {
@@ -99,6 +106,7 @@ fn main() {
             }
         }
     };
+    let _ = agent_cell.set(agent.clone());
     if let Err(e) = agent.serve() {
         eprintln!("ternd: {e:#}");
         std::process::exit(1);
@@ -112,4 +120,41 @@ fn store_unavailable(e: &anyhow::Error) -> bool {
             Some(tern_store::StoreError::Unavailable(_))
         )
     })
+}
+
+/// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread started later) and
+/// starts a thread that waits for them with `sigwait`. On a signal the agent shuts down
+/// gracefully ([`Agent::shutdown`]: BGP sessions close without NOTIFICATION so the peers keep
+/// this node's routes during the restart) and the process exits with status 0.
+fn handle_termination(agent: Arc<OnceLock<Arc<Agent>>>) -> std::io::Result<()> {
+    // SAFETY: the sigset is initialised by sigemptyset before use; pthread_sigmask only reads
+    // it and changes the calling thread's mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid, initialised sigset; `sig` is a valid out pointer.
+            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            if rc != 0 {
+                log::warn!("sigwait failed: {}", std::io::Error::from_raw_os_error(rc));
+                return;
+            }
+            log::info!("signal {sig} received: shutting down");
+            if let Some(a) = agent.get() {
+                a.shutdown();
+            }
+            std::process::exit(0);
+        })?;
+    Ok(())
 }

@@ -44,6 +44,19 @@ struct PolicyArgs {
     /// Incremental changes timed per kind.
     #[arg(long, default_value_t = 50)]
     samples: u32,
+    /// Instead: per-packet cost (iperf3 and TCP request/response) with `--rules` rules in
+    /// tern vs none vs a linear iptables chain.
+    #[arg(long)]
+    per_packet: bool,
+    /// Rules for `--per-packet`.
+    #[arg(long, default_value_t = 10000)]
+    rules: u32,
+    /// Seconds per measurement for `--per-packet`.
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// Rounds over all configurations for `--per-packet` (best of each is kept).
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
 }
 
 #[derive(Args)]
@@ -122,6 +135,17 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                 seconds: a.seconds,
                 runs: a.runs,
             })?;
+            print!("{table}");
+            return Ok(!table.contains("MISS"));
+        }
+        Cmd::Policy(a) if a.per_packet => {
+            let r =
+                tern_lab::policybench::run_per_packet(&tern_lab::policybench::PerPacketOptions {
+                    runs: a.runs,
+                    rules: a.rules,
+                    seconds: a.seconds,
+                })?;
+            let table = tern_lab::policybench::render_per_packet(&r);
             print!("{table}");
             return Ok(!table.contains("MISS"));
         }

@@ -1,0 +1,715 @@
+//! Kubernetes NetworkPolicy in a lab: pods that belong to a Kubernetes namespace and carry
+//! labels (the upstream e2e model of namespaces x/y/z with pods a/b/c), echo servers for
+//! TCP, UDP and SCTP that live in the pods' namespaces, and a probe of the whole reachability
+//! matrix in parallel.
+//!
+//! A pod joins its Kubernetes namespace through `CNI_ARGS K8S_POD_NAMESPACE/K8S_POD_NAME` and
+//! gets its labels through `args.cni.labels` in the netconf (the agent adds
+//! `tern.dev/namespace`), exactly as a container runtime would pass them. Named container
+//! ports cannot come through CNI (Calico reads them from the pod spec), so [`set_pod_ports`]
+//! writes them into the pod's WorkloadEndpoint, as an orchestrator integration would.
+//! Namespaces, policies and label changes are written to the lab's store as `ternctl apply` /
+//! `ternctl label` write them; every agent sees them through its store watch.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{FromRawFd, RawFd};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tern_model::{EndpointPort, Kind, Namespace, NamespaceSpec, Resource};
+
+use crate::cluster::with_store;
+use crate::netns::in_netns;
+use crate::pod::{netconf, result_addresses};
+use crate::process::{self, ip_in, netns_add, netns_exec};
+use crate::state::{self, LabState, PodState};
+use crate::{LabError, Result};
+
+/// Transport of a matrix probe; SCTP only where the kernel has it ([`sctp_available`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum L4 {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl L4 {
+    /// `TCP`, `UDP` or `SCTP`, as in Kubernetes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            L4::Tcp => "TCP",
+            L4::Udp => "UDP",
+            L4::Sctp => "SCTP",
+        }
+    }
+
+    /// Parses the Kubernetes spelling.
+    pub fn parse(s: &str) -> Option<L4> {
+        match s {
+            "TCP" => Some(L4::Tcp),
+            "UDP" => Some(L4::Udp),
+            "SCTP" => Some(L4::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// A pod of a Kubernetes namespace in the lab.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K8sPod {
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Kubernetes pod name.
+    pub name: String,
+    /// The lab's name for it (`<namespace>-<name>`; lab pod names are unique per lab).
+    pub lab_pod: String,
+    /// Node it runs on.
+    pub node: String,
+    /// Its network namespace.
+    pub netns: String,
+    /// Its IPv4 address.
+    pub ip: IpAddr,
+}
+
+impl K8sPod {
+    /// `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The lab pod name of a Kubernetes pod.
+pub fn lab_pod_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}-{name}")
+}
+
+/// The netconf for a pod with `labels` (as `args.cni.labels`) and optionally a fixed address
+/// (as `runtimeConfig.ips`).
+pub fn k8s_netconf(
+    node: &state::NodeState,
+    labels: &BTreeMap<String, String>,
+    ip: Option<IpAddr>,
+) -> serde_json::Value {
+    let mut c = netconf(node);
+    let labels: Vec<serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+        .collect();
+    c["args"] = serde_json::json!({"cni": {"labels": labels}});
+    if let Some(ip) = ip {
+        let prefix = if ip.is_ipv4() { 32 } else { 128 };
+        c["runtimeConfig"] = serde_json::json!({"ips": [format!("{ip}/{prefix}")]});
+    }
+    c
+}
+
+/// Creates the network namespace of pod `namespace/name` on `node` and records it in the lab
+/// (so `down` removes it), without running CNI ADD yet: a caller may open sockets inside it
+/// first. Returns the lab pod record.
+pub fn create_pod_netns(
+    st: &mut LabState,
+    node: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<PodState> {
+    let lab_pod = lab_pod_name(namespace, name);
+    state::validate_pod_name(&lab_pod)?;
+    let node = st.node(node)?.clone();
+    if st.pods.iter().any(|p| p.name == lab_pod) {
+        return Err(LabError::Invalid(format!(
+            "lab {:?} already has a pod {lab_pod:?}",
+            st.name
+        )));
+    }
+    let p = PodState {
+        name: lab_pod.clone(),
+        node: node.name.clone(),
+        netns: state::pod_ns(&st.name, &lab_pod),
+        container_id: process::random_hex(32),
+        addresses: Vec::new(),
+    };
+    netns_add(&p.netns)?;
+    st.pods.push(p.clone());
+    st.save()?;
+    ip_in(&p.netns, &["link", "set", "lo", "up"])?;
+    Ok(p)
+}
+
+/// Runs CNI ADD for a pod made by [`create_pod_netns`]: the pod joins Kubernetes namespace
+/// `namespace` as `name`, with `labels` and, when given, the fixed address `ip`.
+pub fn cni_add(
+    st: &mut LabState,
+    namespace: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    ip: Option<IpAddr>,
+) -> Result<K8sPod> {
+    let lab_pod = lab_pod_name(namespace, name);
+    let p = st.pod(&lab_pod)?.clone();
+    let node = st.node(&p.node)?.clone();
+    let err = |message: String| LabError::Cni {
+        command: "ADD",
+        pod: lab_pod.clone(),
+        message,
+    };
+    let mut cmd = netns_exec(&node.netns, &st.bin_dir.join("tern"));
+    cmd.env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", &p.container_id)
+        .env("CNI_NETNS", Path::new("/run/netns").join(&p.netns))
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", &st.bin_dir)
+        .env(
+            "CNI_ARGS",
+            format!(
+                "K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={}",
+                p.container_id
+            ),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| LabError::Spawn {
+        command: process::describe(&cmd),
+        source: e,
+    })?;
+    let conf = k8s_netconf(&node, labels, ip).to_string();
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(conf.as_bytes())
+            .map_err(|e| err(format!("writing the netconf to the plugin: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| err(format!("waiting for the plugin: {e}")))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(err(format!(
+            "plugin exited with {}: {} {}",
+            out.status,
+            stdout.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let result: serde_json::Value = serde_json::from_str(&stdout)
+        .map_err(|e| err(format!("result is not JSON ({e}): {stdout}")))?;
+    let addresses = result_addresses(&result);
+    let ip = addresses
+        .iter()
+        .find_map(|a| a.parse::<IpAddr>().ok().filter(|a| a.is_ipv4()))
+        .ok_or_else(|| err(format!("result has no IPv4 address: {stdout}")))?;
+    if let Some(sp) = st.pods.iter_mut().find(|x| x.name == lab_pod) {
+        sp.addresses = addresses;
+    }
+    st.save()?;
+    Ok(K8sPod {
+        namespace: namespace.into(),
+        name: name.into(),
+        lab_pod,
+        node: p.node,
+        netns: p.netns,
+        ip,
+    })
+}
+
+/// [`create_pod_netns`] then [`cni_add`] with an address from IPAM.
+pub fn add_k8s_pod(
+    st: &mut LabState,
+    node: &str,
+    namespace: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<K8sPod> {
+    create_pod_netns(st, node, namespace, name)?;
+    cni_add(st, namespace, name, labels, None)
+}
+
+fn store_err(what: String) -> impl FnOnce(tern_model::ModelError) -> LabError {
+    move |e| LabError::Invalid(format!("{what}: {e}"))
+}
+
+/// Creates or replaces Kubernetes namespace `name` with exactly `labels`.
+pub fn put_namespace(st: &LabState, name: &str, labels: &BTreeMap<String, String>) -> Result<()> {
+    let mut ns = Namespace::new(name, NamespaceSpec::default());
+    ns.metadata.labels = labels.clone();
+    let r = Resource::Namespace(ns);
+    with_store(st, move |s| {
+        tern_model::put_resource(&*s, &r)
+            .map(drop)
+            .map_err(store_err(format!("writing Namespace {name}")))
+    })
+}
+
+/// Applies every document of a YAML text (`ternctl apply -f`); returns the
+/// `(kind, namespace, name)` of each.
+pub fn apply_yaml(st: &LabState, text: &str) -> Result<Vec<(Kind, Option<String>, String)>> {
+    let docs = tern_model::parse_documents(text, "netpol.yaml")
+        .map_err(|e| LabError::Invalid(format!("cannot parse policy: {e}")))?;
+    with_store(st, move |s| {
+        let mut keys = Vec::new();
+        for d in &docs {
+            tern_model::put_resource(&*s, d).map_err(store_err(format!(
+                "applying {} {}",
+                d.kind().as_str(),
+                d.name()
+            )))?;
+            keys.push((d.kind(), d.namespace().map(str::to_string), d.name().into()));
+        }
+        Ok(keys)
+    })
+}
+
+/// Deletes the given resources (absent ones are fine).
+pub fn delete_resources(st: &LabState, keys: &[(Kind, Option<String>, String)]) -> Result<()> {
+    with_store(st, move |s| {
+        for (k, ns, name) in keys {
+            tern_model::delete_resource(&*s, *k, ns.as_deref(), name)
+                .map_err(store_err(format!("deleting {} {name}", k.as_str())))?;
+        }
+        Ok(())
+    })
+}
+
+/// Changes the WorkloadEndpoint of pod `namespace/name` with `f` and writes it back
+/// (compare-and-swap on its resource version, retried when the agent wrote in between).
+fn update_endpoint<F>(st: &LabState, namespace: &str, name: &str, f: F) -> Result<()>
+where
+    F: Fn(&mut tern_model::WorkloadEndpoint) + Send,
+{
+    with_store(st, move |s| {
+        for _ in 0..10 {
+            let weps = tern_model::list_resources(&*s, Kind::WorkloadEndpoint)
+                .map_err(store_err("listing WorkloadEndpoints".into()))?;
+            let mut wep = weps
+                .into_iter()
+                .find_map(|r| match r {
+                    Resource::WorkloadEndpoint(w)
+                        if w.metadata.namespace.as_deref() == Some(namespace)
+                            && w.spec.pod == name =>
+                    {
+                        Some(w)
+                    }
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    LabError::Invalid(format!(
+                        "no WorkloadEndpoint of pod {name} in namespace {namespace}"
+                    ))
+                })?;
+            f(&mut wep);
+            match tern_model::put_resource(&*s, &Resource::WorkloadEndpoint(wep)) {
+                Ok(_) => return Ok(()),
+                Err(tern_model::ModelError::Conflict { .. }) => continue,
+                Err(e) => {
+                    return Err(LabError::Invalid(format!(
+                        "writing the WorkloadEndpoint of {namespace}/{name}: {e}"
+                    )));
+                }
+            }
+        }
+        Err(LabError::Timeout(format!(
+            "the WorkloadEndpoint of {namespace}/{name} kept changing under us"
+        )))
+    })
+}
+
+/// The labels of pod `namespace/name`'s WorkloadEndpoint.
+pub fn pod_labels(st: &LabState, namespace: &str, name: &str) -> Result<BTreeMap<String, String>> {
+    let out = std::sync::Mutex::new(BTreeMap::new());
+    update_endpoint(st, namespace, name, |w| {
+        *out.lock().unwrap_or_else(|e| e.into_inner()) = w.metadata.labels.clone();
+    })?;
+    Ok(out.into_inner().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Replaces the labels of pod `namespace/name` (`ternctl label workloadendpoint`).
+pub fn set_pod_labels(
+    st: &LabState,
+    namespace: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<()> {
+    update_endpoint(st, namespace, name, |w| w.metadata.labels = labels.clone())
+}
+
+/// Sets the named container ports of pod `namespace/name` (what Calico takes from the pod
+/// spec), so policies can name ports.
+pub fn set_pod_ports(
+    st: &LabState,
+    namespace: &str,
+    name: &str,
+    ports: &[EndpointPort],
+) -> Result<()> {
+    update_endpoint(st, namespace, name, |w| w.spec.ports = ports.to_vec())
+}
+
+// ---- SCTP through std's stream types ----
+
+/// An SCTP one-to-one (`SOCK_STREAM`) socket behaves like a TCP socket for accept, read and
+/// write, so std's `TcpListener` / `TcpStream` wrap it.
+fn sctp_socket(v6: bool) -> std::io::Result<RawFd> {
+    let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain socket(2) call; the descriptor is owned by the caller.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM, libc::IPPROTO_SCTP) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+fn sockaddr_in(addr: SocketAddr) -> std::io::Result<libc::sockaddr_in> {
+    let SocketAddr::V4(a) = addr else {
+        return Err(std::io::Error::other("SCTP probes are IPv4 only"));
+    };
+    // SAFETY: sockaddr_in is plain data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_port = a.port().to_be();
+    sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+    Ok(sa)
+}
+
+/// Whether the kernel of the calling thread's namespace can make SCTP sockets (the module may
+/// be missing; nothing is loaded by hand).
+pub fn sctp_available() -> std::result::Result<(), String> {
+    match sctp_socket(false) {
+        Ok(fd) => {
+            // SAFETY: fd was just created by us.
+            unsafe { libc::close(fd) };
+            Ok(())
+        }
+        Err(e) => Err(format!("cannot create an SCTP socket: {e}")),
+    }
+}
+
+/// Listens for SCTP on `0.0.0.0:port`.
+pub fn sctp_listen(port: u16) -> std::io::Result<TcpListener> {
+    let fd = sctp_socket(false)?;
+    // SAFETY: fd is ours; TcpListener takes ownership and closes it on drop (and on error).
+    let l = unsafe { TcpListener::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    let sa = sockaddr_in(SocketAddr::from(([0, 0, 0, 0], port)))?;
+    // SAFETY: valid fd, pointers to live locals of the right sizes.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: valid fd.
+    if unsafe { libc::listen(fd, 128) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(l)
+}
+
+/// Connects by SCTP with a timeout (non-blocking connect, then poll).
+pub fn sctp_connect(target: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let fd = sctp_socket(target.is_ipv6())?;
+    // SAFETY: fd is ours; the stream owns it from here on.
+    let s = unsafe { TcpStream::from_raw_fd(fd) };
+    let sa = sockaddr_in(target)?;
+    s.set_nonblocking(true)?;
+    // SAFETY: valid fd and address.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "SCTP connect timed out",
+            ));
+        }
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if let Some(e) = s.take_error()? {
+            return Err(e);
+        }
+    }
+    s.set_nonblocking(false)?;
+    Ok(s)
+}
+
+// ---- servers and probes ----
+
+/// Echo servers on `ports` for every transport in `l4s`, bound inside network namespace
+/// `netns` and served by threads of this process (sockets keep their namespace). The threads
+/// live as long as the process; the sockets die with it.
+pub fn serve_in(netns: &str, ports: &[u16], l4s: &[L4]) -> Result<()> {
+    let (tcp, udp) = in_netns(netns, || -> std::io::Result<_> {
+        let mut tcp = Vec::new();
+        let mut udp = Vec::new();
+        for &p in ports {
+            for &l in l4s {
+                match l {
+                    L4::Tcp => tcp.push(TcpListener::bind(("0.0.0.0", p))?),
+                    L4::Sctp => tcp.push(sctp_listen(p)?),
+                    L4::Udp => udp.push(UdpSocket::bind(("0.0.0.0", p))?),
+                }
+            }
+        }
+        Ok((tcp, udp))
+    })?
+    .map_err(|e| LabError::io(format!("cannot start echo servers in {netns}"), e))?;
+    for l in tcp {
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = c.read(&mut buf) {
+                        if n == 0 || c.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+    for s in udp {
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while let Ok((n, from)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(&buf[..n], from);
+            }
+        });
+    }
+    Ok(())
+}
+
+/// One probe from the calling thread's namespace: a token must come back within `timeout`.
+pub fn probe(l4: L4, target: SocketAddr, timeout: Duration) -> std::result::Result<(), String> {
+    match l4 {
+        L4::Udp => crate::traffic::probe_udp(target, timeout)
+            .map(drop)
+            .map_err(|e| e.to_string()),
+        L4::Tcp | L4::Sctp => {
+            let mut s = if l4 == L4::Tcp {
+                TcpStream::connect_timeout(&target, timeout)
+            } else {
+                sctp_connect(target, timeout)
+            }
+            .map_err(|e| format!("connect: {e}"))?;
+            s.set_read_timeout(Some(timeout))
+                .and_then(|_| s.set_write_timeout(Some(timeout)))
+                .map_err(|e| e.to_string())?;
+            let token = format!("tern-{}", process::random_hex(6));
+            s.write_all(token.as_bytes())
+                .map_err(|e| format!("send: {e}"))?;
+            let mut back = vec![0u8; token.len()];
+            s.read_exact(&mut back)
+                .map_err(|e| format!("no echo: {e}"))?;
+            if back != token.as_bytes() {
+                return Err("echo mismatch".into());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Reachability of one transport and port: `matrix[i][j]` is whether pod `i` reached pod `j`.
+pub type Matrix = Vec<Vec<bool>>;
+
+/// Probes every pod from every pod (the diagonal included) for each `(l4, port)`, all in
+/// parallel: a thread per source enters the source's namespace, and a thread per probe
+/// inherits it. Returns one matrix per `(l4, port)` in the given order.
+pub fn probe_matrix(
+    pods: &[K8sPod],
+    combos: &[(L4, u16)],
+    timeout: Duration,
+) -> Result<Vec<Matrix>> {
+    let mut out = vec![vec![vec![false; pods.len()]; pods.len()]; combos.len()];
+    let rows: Vec<Result<Vec<(usize, usize, bool)>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            pods.iter()
+                .enumerate()
+                .map(|(i, src)| {
+                    scope.spawn(move || {
+                        in_netns(&src.netns, || {
+                            std::thread::scope(|inner| {
+                                let mut hs = Vec::new();
+                                for (c, &(l4, port)) in combos.iter().enumerate() {
+                                    for (j, dst) in pods.iter().enumerate() {
+                                        let target = SocketAddr::new(dst.ip, port);
+                                        hs.push(inner.spawn(move || {
+                                            (c, j, probe(l4, target, timeout).is_ok())
+                                        }));
+                                    }
+                                }
+                                hs.into_iter()
+                                    .map(|h| h.join().unwrap_or((usize::MAX, i, false)))
+                                    .collect::<Vec<_>>()
+                            })
+                        })
+                        .map(|v| v.into_iter().map(|(c, j, ok)| (c, i * pods.len() + j, ok)))
+                        .map(|v| v.collect::<Vec<_>>())
+                    })
+                })
+                .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(LabError::Invalid("a probe thread panicked".into())))
+            })
+            .collect()
+    });
+    for r in rows {
+        for (c, ij, ok) in r? {
+            if c == usize::MAX {
+                return Err(LabError::Invalid("a probe thread panicked".into()));
+            }
+            out[c][ij / pods.len()][ij % pods.len()] = ok;
+        }
+    }
+    Ok(out)
+}
+
+/// The cells where `got` differs from `want`, as `from -> to: want allow|deny`.
+pub fn matrix_diff(pods: &[K8sPod], want: &Matrix, got: &Matrix) -> Vec<String> {
+    let mut d = Vec::new();
+    for (i, row) in want.iter().enumerate() {
+        for (j, &w) in row.iter().enumerate() {
+            if got[i][j] != w {
+                d.push(format!(
+                    "{} -> {}: want {}, got {}",
+                    pods[i].id(),
+                    pods[j].id(),
+                    if w { "allow" } else { "deny" },
+                    if got[i][j] { "allow" } else { "deny" }
+                ));
+            }
+        }
+    }
+    d
+}
+
+/// Probes until every matrix equals its expectation or `deadline` passes (policy reaches the
+/// nodes through their store watches, so the first rounds may see the old state). Returns the
+/// differences of the last round (empty on success) and how long it took.
+pub fn wait_for_matrices(
+    pods: &[K8sPod],
+    combos: &[(L4, u16)],
+    want: &[Matrix],
+    timeout: Duration,
+    deadline: Duration,
+) -> Result<(Vec<String>, Duration)> {
+    let start = Instant::now();
+    loop {
+        let got = probe_matrix(pods, combos, timeout)?;
+        let diffs: Vec<String> = combos
+            .iter()
+            .zip(want.iter().zip(&got))
+            .flat_map(|(&(l4, port), (w, g))| {
+                matrix_diff(pods, w, g)
+                    .into_iter()
+                    .map(move |d| format!("{}/{port} {d}", l4.as_str()))
+            })
+            .collect();
+        if diffs.is_empty() || start.elapsed() >= deadline {
+            return Ok((diffs, start.elapsed()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netconf_carries_labels_and_ip() {
+        let n = state::NodeState {
+            name: "node1".into(),
+            socket: "/run/x.sock".into(),
+            state_dir: "/run/x".into(),
+            ..Default::default()
+        };
+        let labels = BTreeMap::from([("pod".to_string(), "a".to_string())]);
+        let c = k8s_netconf(&n, &labels, Some("10.244.9.9".parse().unwrap()));
+        assert_eq!(c["args"]["cni"]["labels"][0]["key"], "pod");
+        assert_eq!(c["args"]["cni"]["labels"][0]["value"], "a");
+        assert_eq!(c["runtimeConfig"]["ips"][0], "10.244.9.9/32");
+        assert_eq!(c["name"], crate::pod::NETWORK_NAME);
+        let c = k8s_netconf(&n, &BTreeMap::new(), None);
+        assert!(c.get("runtimeConfig").is_none());
+    }
+
+    #[test]
+    fn l4_round_trips() {
+        for l in [L4::Tcp, L4::Udp, L4::Sctp] {
+            assert_eq!(L4::parse(l.as_str()), Some(l));
+        }
+        assert_eq!(L4::parse("ICMP"), None);
+    }
+
+    #[test]
+    fn matrix_diff_names_cells() {
+        let pod = |n: &str| K8sPod {
+            namespace: "x".into(),
+            name: n.into(),
+            lab_pod: format!("x-{n}"),
+            node: "node1".into(),
+            netns: "none".into(),
+            ip: "10.0.0.1".parse().unwrap(),
+        };
+        let pods = [pod("a"), pod("b")];
+        let want = vec![vec![true, false], vec![true, true]];
+        let got = vec![vec![true, true], vec![true, true]];
+        assert_eq!(
+            matrix_diff(&pods, &want, &got),
+            vec!["x/a -> x/b: want deny, got allow"]
+        );
+    }
+
+    #[test]
+    fn probes_reach_servers_on_loopback() {
+        // Port 0 cannot be probed; use ephemeral ports found by binding.
+        let port = {
+            let t = TcpListener::bind("127.0.0.1:0").unwrap();
+            t.local_addr().unwrap().port()
+        };
+        let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let mut b = [0u8; 64];
+                let n = c.read(&mut b).unwrap();
+                c.write_all(&b[..n]).unwrap();
+            }
+        });
+        let t: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        probe(L4::Tcp, t, Duration::from_secs(1)).unwrap();
+        let closed: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert!(probe(L4::Tcp, closed, Duration::from_millis(200)).is_err());
+    }
+}

@@ -1,0 +1,142 @@
+//! Per-change latency of "a pod joins a selected set" against a large `inet tern` table:
+//! one `add element` + one `delete element` sent over nfnetlink ([`NftSocket`]) versus the same
+//! change through `nft -f` (which loads the whole table first).
+//!
+//! The table (2,000 policy-like chains, each matching a named address set, plus the
+//! `ep-in` verdict map) is built with `nft -f` in a fresh network namespace that only the
+//! benchmark thread (and the `nft` processes it spawns) lives in. The root namespace is never
+//! touched.
+//!
+//! `cargo run -p tern-linux --example nft_element_bench --release -- [chains] [samples]`
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use tern_linux::nft_netlink::{ElementChange, ElementOp, NftSocket, SetKind};
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(what: &str, mut v: Vec<Duration>) {
+    v.sort();
+    let total: Duration = v.iter().sum();
+    println!(
+        "{what:<34} n={:<4} mean={:>9.3?} p50={:>9.3?} p95={:>9.3?} max={:>9.3?}",
+        v.len(),
+        total / v.len() as u32,
+        percentile(&v, 0.5),
+        percentile(&v, 0.95),
+        v[v.len() - 1],
+    );
+}
+
+fn table(chains: usize) -> String {
+    let mut s =
+        String::from("add table inet tern\nadd map inet tern ep-in { type ifname : verdict; }\n");
+    for i in 0..chains {
+        let _ = writeln!(s, "add set inet tern sel-{i}-v4 {{ type ipv4_addr; }}");
+        let _ = writeln!(s, "add chain inet tern pol-{i}-in");
+        let _ = writeln!(
+            s,
+            "add rule inet tern pol-{i}-in ip saddr @sel-{i}-v4 tcp dport {} meta mark set meta mark or 0x10000 return",
+            8000 + i % 50
+        );
+        // Every set starts with a few members, as in a real cluster.
+        let _ = writeln!(
+            s,
+            "add element inet tern sel-{i}-v4 {{ 198.18.{}.1, 198.18.{}.2 }}",
+            i % 250,
+            i % 250
+        );
+    }
+    s
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let chains: usize = args
+        .next()
+        .map(|s| s.parse().expect("chains"))
+        .unwrap_or(2000);
+    let samples: usize = args
+        .next()
+        .map(|s| s.parse().expect("samples"))
+        .unwrap_or(200);
+    std::thread::spawn(move || {
+        // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            panic!("unshare(CLONE_NEWNET): run as root");
+        }
+        let t = Instant::now();
+        tern_linux::nft::apply(&table(chains)).expect("building the table with nft -f");
+        println!(
+            "table: {chains} chains + {chains} sets, built with nft -f in {:?}",
+            t.elapsed()
+        );
+        let kind = SetKind::from_spec("type ipv4_addr;").unwrap();
+        let change = |set: usize, op, ip: Ipv4Addr| ElementChange {
+            set: format!("sel-{set}-v4"),
+            op,
+            element: kind.parse_element(&ip.to_string()).unwrap(),
+        };
+        let ip = |k: usize| Ipv4Addr::new(198, 19, (k / 250) as u8, (k % 250) as u8 + 1);
+        let mut sock = NftSocket::new().expect("nfnetlink socket");
+        let (mut nl_add, mut nl_del, mut nl_open_add) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut nft_add, mut nft_del) = (Vec::new(), Vec::new());
+        let (mut nl_cached_add, mut nl_cached_del) = (Vec::new(), Vec::new());
+        for k in 0..samples {
+            let set = (k * 7919) % chains;
+            let t = Instant::now();
+            sock.apply("tern", &[change(set, ElementOp::Add, ip(k))])
+                .unwrap();
+            nl_add.push(t.elapsed());
+            let t = Instant::now();
+            sock.apply("tern", &[change(set, ElementOp::Delete, ip(k))])
+                .unwrap();
+            nl_del.push(t.elapsed());
+            // A fresh socket per change: closing a socket that committed a transaction costs
+            // the kernel milliseconds (nft -f pays it too), hence the cached socket below.
+            let t = Instant::now();
+            NftSocket::new()
+                .and_then(|mut s| s.apply("tern", &[change(set, ElementOp::Add, ip(k))]))
+                .unwrap();
+            nl_open_add.push(t.elapsed());
+            // The agent's path: the thread's cached socket (opened once per namespace).
+            let t = Instant::now();
+            tern_linux::nft_netlink::apply_cached("tern", &[change(set, ElementOp::Delete, ip(k))])
+                .unwrap();
+            nl_cached_del.push(t.elapsed());
+            let t = Instant::now();
+            tern_linux::nft_netlink::apply_cached("tern", &[change(set, ElementOp::Add, ip(k))])
+                .unwrap();
+            nl_cached_add.push(t.elapsed());
+            let t = Instant::now();
+            tern_linux::nft::apply(&format!(
+                "delete element inet tern sel-{set}-v4 {{ {} }}\n",
+                ip(k)
+            ))
+            .unwrap();
+            nft_del.push(t.elapsed());
+            let t = Instant::now();
+            tern_linux::nft::apply(&format!(
+                "add element inet tern sel-{set}-v4 {{ {} }}\n",
+                ip(k)
+            ))
+            .unwrap();
+            nft_add.push(t.elapsed());
+            sock.apply("tern", &[change(set, ElementOp::Delete, ip(k))])
+                .unwrap();
+        }
+        report("netlink add element", nl_add);
+        report("netlink delete element", nl_del);
+        report("netlink add (socket per change)", nl_open_add);
+        report("netlink delete (cached socket)", nl_cached_del);
+        report("netlink add (cached socket)", nl_cached_add);
+        report("nft -f add element", nft_add);
+        report("nft -f delete element", nft_del);
+    })
+    .join()
+    .unwrap();
+}

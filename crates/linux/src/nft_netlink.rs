@@ -1,0 +1,1170 @@
+//! nftables set-element updates over NETLINK_NETFILTER, without spawning `nft`.
+//!
+//! `nft -f` loads the whole table into its cache before it commits anything, which costs tens of
+//! milliseconds with thousands of chains. A pod joining a selected set only needs
+//! `add element inet tern sel-... { 10.0.0.7 }`: this module sends exactly that to the kernel as
+//! one nfnetlink batch (one transaction: all changes or none), so the cost no longer depends on
+//! the size of the table.
+//!
+//! Supported keys (the set types tern's policy compiler declares): IPv4 / IPv6 addresses,
+//! intervals (a start element plus an end element flagged `NFT_SET_ELEM_INTERVAL_END`, as
+//! `nft` encodes them), concatenations `ipv4_addr . inet_service` / `ipv6_addr . inet_service`
+//! (each field padded to 4 bytes, the port in network order), and interface names (16 bytes,
+//! NUL padded) mapped to a verdict (`jump chain`).
+//!
+//! Semantics are idempotent: adding an element that exists and deleting one that does not are
+//! not errors. A missing table or set is ([`LinuxError::NotFound`]).
+//!
+//! Like the rtnetlink [`crate::netlink::Handle`], an [`NftSocket`] talks to the network
+//! namespace of the thread that created it.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use ipnet::IpNet;
+
+use crate::error::{LinuxError, Result};
+
+/// `NFPROTO_INET`: the family of `inet` tables.
+pub const NFPROTO_INET: u8 = 1;
+
+const NLMSG_HDRLEN: usize = 16;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_CAPPED: u16 = 0x100;
+const NLM_F_ACK_TLVS: u16 = 0x200;
+const NLA_F_NESTED: u16 = 0x8000;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const NETLINK_EXT_ACK: libc::c_int = 11;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWSET: u8 = 9;
+const NFT_MSG_GETSET: u8 = 10;
+const NFT_MSG_NEWSETELEM: u8 = 12;
+const NFT_MSG_DELSETELEM: u8 = 14;
+
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+
+const NF_DROP: i32 = 0;
+const NF_ACCEPT: i32 = 1;
+const NFT_CONTINUE: i32 = -1;
+const NFT_JUMP: i32 = -3;
+const NFT_GOTO: i32 = -4;
+const NFT_RETURN: i32 = -5;
+
+/// Interface name keys are `IFNAMSIZ` bytes.
+const IFNAMSIZ: usize = 16;
+/// Elements per message: the element list is one attribute, whose length is a u16.
+const MAX_ELEMENTS_PER_MSG: usize = 256;
+/// How long to wait for the kernel's answer to a batch, in seconds.
+const REPLY_TIMEOUT_SECS: libc::time_t = 5;
+
+/// The key of one set element.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// One address (`type ipv4_addr` / `ipv6_addr` without `flags interval`).
+    Addr(IpAddr),
+    /// A prefix of an interval set (`flags interval`); a single address is a /32 or /128.
+    Interval(IpNet),
+    /// `ipv4_addr . inet_service` or `ipv6_addr . inet_service`.
+    AddrPort(IpAddr, u16),
+    /// An interface name (`type ifname`), at most 15 bytes.
+    Ifname(String),
+}
+
+/// The verdict a map element maps its key to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// `accept`.
+    Accept,
+    /// `drop`.
+    Drop,
+    /// `continue`.
+    Continue,
+    /// `return`.
+    Return,
+    /// `jump CHAIN`.
+    Jump(String),
+    /// `goto CHAIN`.
+    Goto(String),
+}
+
+/// One set element, or one map element when `verdict` is set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Element {
+    /// The key.
+    pub key: Key,
+    /// The verdict of a verdict map's element; `None` for set elements.
+    pub verdict: Option<Verdict>,
+}
+
+/// Whether a change adds or deletes its element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElementOp {
+    /// `add element` (no error when it already exists).
+    Add,
+    /// `delete element` (no error when it is already gone).
+    Delete,
+}
+
+/// One element added to or deleted from a named set of the table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ElementChange {
+    /// The set (or map) name.
+    pub set: String,
+    /// Add or delete.
+    pub op: ElementOp,
+    /// The element.
+    pub element: Element,
+}
+
+/// The set types this module can update, recognised from a set's nft declaration body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SetKind {
+    /// `type ipv4_addr;` or `type ipv6_addr;`, optionally `flags interval;`.
+    Addr {
+        /// IPv6 rather than IPv4.
+        v6: bool,
+        /// `flags interval`.
+        interval: bool,
+    },
+    /// `type ipv4_addr . inet_service;` or `type ipv6_addr . inet_service;`.
+    AddrPort {
+        /// IPv6 rather than IPv4.
+        v6: bool,
+    },
+    /// `type ifname : verdict;`.
+    IfnameVerdict,
+}
+
+impl SetKind {
+    /// Recognises a declaration body such as `type ipv4_addr; flags interval;`. Anything with
+    /// other flags or options (`auto-merge`, `timeout`, ...) is `None`: those need `nft`'s own
+    /// logic (auto-merge happens in `nft`, not in the kernel).
+    pub fn from_spec(spec: &str) -> Option<SetKind> {
+        let stmts: Vec<String> = spec
+            .split(';')
+            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|s| !s.is_empty())
+            .collect();
+        let (ty, rest) = stmts.split_first()?;
+        let interval = match rest {
+            [] => false,
+            [f] if f == "flags interval" => true,
+            _ => return None,
+        };
+        let kind = match ty.as_str() {
+            "type ipv4_addr" => SetKind::Addr {
+                v6: false,
+                interval,
+            },
+            "type ipv6_addr" => SetKind::Addr { v6: true, interval },
+            "type ipv4_addr . inet_service" if !interval => SetKind::AddrPort { v6: false },
+            "type ipv6_addr . inet_service" if !interval => SetKind::AddrPort { v6: true },
+            "type ifname : verdict" if !interval => SetKind::IfnameVerdict,
+            _ => return None,
+        };
+        Some(kind)
+    }
+
+    /// Parses an element as nft writes it in this kind of set: `10.0.0.1`, `10.0.0.0/24`
+    /// (interval sets), `10.0.0.1 . 8080`, `"veth1" : jump ep-in-veth1`.
+    pub fn parse_element(&self, text: &str) -> Result<Element> {
+        let bad = |why: &str| LinuxError::InvalidArgument(format!("set element {text:?}: {why}"));
+        let text = text.trim();
+        let family_ok = |ip: &IpAddr, v6: bool| ip.is_ipv6() == v6;
+        match *self {
+            SetKind::Addr { v6, interval } => {
+                let key = if interval {
+                    let net: IpNet = match text.parse::<IpAddr>() {
+                        Ok(ip) => IpNet::from(ip),
+                        Err(_) => text.parse().map_err(|_| bad("not an address or prefix"))?,
+                    };
+                    if !family_ok(&net.addr(), v6) {
+                        return Err(bad("wrong address family for the set"));
+                    }
+                    Key::Interval(net.trunc())
+                } else {
+                    let ip: IpAddr = text.parse().map_err(|_| bad("not an address"))?;
+                    if !family_ok(&ip, v6) {
+                        return Err(bad("wrong address family for the set"));
+                    }
+                    Key::Addr(ip)
+                };
+                Ok(Element { key, verdict: None })
+            }
+            SetKind::AddrPort { v6 } => {
+                let (a, p) = text
+                    .split_once(" . ")
+                    .ok_or_else(|| bad("expected `address . port`"))?;
+                let ip: IpAddr = a.trim().parse().map_err(|_| bad("not an address"))?;
+                if !family_ok(&ip, v6) {
+                    return Err(bad("wrong address family for the set"));
+                }
+                let port: u16 = p.trim().parse().map_err(|_| bad("not a port number"))?;
+                Ok(Element {
+                    key: Key::AddrPort(ip, port),
+                    verdict: None,
+                })
+            }
+            SetKind::IfnameVerdict => {
+                let (k, v) = text
+                    .split_once(" : ")
+                    .ok_or_else(|| bad("expected `\"ifname\" : verdict`"))?;
+                let name = k.trim().trim_matches('"');
+                if name.is_empty() || name.len() >= IFNAMSIZ || name.contains('\0') {
+                    return Err(bad("interface name must be 1-15 bytes"));
+                }
+                let words: Vec<&str> = v.split_whitespace().collect();
+                let verdict = match words.as_slice() {
+                    ["accept"] => Verdict::Accept,
+                    ["drop"] => Verdict::Drop,
+                    ["continue"] => Verdict::Continue,
+                    ["return"] => Verdict::Return,
+                    ["jump", c] => Verdict::Jump(c.to_string()),
+                    ["goto", c] => Verdict::Goto(c.to_string()),
+                    _ => return Err(bad("unknown verdict")),
+                };
+                Ok(Element {
+                    key: Key::Ifname(name.to_string()),
+                    verdict: Some(verdict),
+                })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Element {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.key {
+            Key::Addr(ip) => write!(f, "{ip}")?,
+            Key::Interval(n) => write!(f, "{n}")?,
+            Key::AddrPort(ip, p) => write!(f, "{ip} . {p}")?,
+            Key::Ifname(n) => write!(f, "\"{n}\"")?,
+        }
+        match &self.verdict {
+            None => Ok(()),
+            Some(Verdict::Accept) => write!(f, " : accept"),
+            Some(Verdict::Drop) => write!(f, " : drop"),
+            Some(Verdict::Continue) => write!(f, " : continue"),
+            Some(Verdict::Return) => write!(f, " : return"),
+            Some(Verdict::Jump(c)) => write!(f, " : jump {c}"),
+            Some(Verdict::Goto(c)) => write!(f, " : goto {c}"),
+        }
+    }
+}
+
+fn ip_octets(ip: &IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The first address after `net`, or `None` when `net` reaches the end of the address space
+/// (then the interval is open-ended and nft sends no end element either).
+fn interval_end(net: &IpNet) -> Option<IpAddr> {
+    match net {
+        IpNet::V4(n) => {
+            let size = 1u64 << (32 - n.prefix_len());
+            let end = u64::from(u32::from(n.network())) + size;
+            u32::try_from(end)
+                .ok()
+                .map(|e| IpAddr::V4(Ipv4Addr::from(e)))
+        }
+        IpNet::V6(n) => {
+            let start = u128::from(n.network());
+            let end = if n.prefix_len() == 0 {
+                None
+            } else {
+                start.checked_add(1u128 << (128 - n.prefix_len()))
+            };
+            end.map(|e| IpAddr::V6(Ipv6Addr::from(e)))
+        }
+    }
+}
+
+/// One kernel entry: key bytes, `NFTA_SET_ELEM_FLAGS`, verdict.
+type Entry<'a> = (Vec<u8>, u32, Option<&'a Verdict>);
+
+/// The kernel entries of one element. An interval is a start entry plus (unless open-ended)
+/// an end entry.
+fn entries(e: &Element) -> Result<Vec<Entry<'_>>> {
+    Ok(match &e.key {
+        Key::Addr(ip) => vec![(ip_octets(ip), 0, e.verdict.as_ref())],
+        Key::Interval(net) => {
+            let net = net.trunc();
+            let mut v = vec![(ip_octets(&net.network()), 0, e.verdict.as_ref())];
+            if let Some(end) = interval_end(&net) {
+                v.push((ip_octets(&end), NFT_SET_ELEM_INTERVAL_END, None));
+            }
+            v
+        }
+        Key::AddrPort(ip, port) => {
+            let mut k = ip_octets(ip);
+            // Each concatenated field is padded to 4 bytes; the port is big-endian.
+            k.extend_from_slice(&port.to_be_bytes());
+            k.extend_from_slice(&[0, 0]);
+            vec![(k, 0, e.verdict.as_ref())]
+        }
+        Key::Ifname(name) => {
+            if name.is_empty() || name.len() >= IFNAMSIZ {
+                return Err(LinuxError::InvalidArgument(format!(
+                    "interface name {name:?} must be 1-15 bytes"
+                )));
+            }
+            let mut k = name.as_bytes().to_vec();
+            k.resize(IFNAMSIZ, 0);
+            vec![(k, 0, e.verdict.as_ref())]
+        }
+    })
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// Appends netlink messages (header, nfgenmsg, attributes) to one batch buffer.
+struct Batch {
+    buf: Vec<u8>,
+    msg_start: usize,
+    nests: Vec<usize>,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            buf: Vec::with_capacity(4096),
+            msg_start: 0,
+            nests: Vec::new(),
+        }
+    }
+
+    /// Starts a message with its `struct nfgenmsg` (family, version 0, res_id big-endian).
+    fn begin(&mut self, msg_type: u16, flags: u16, seq: u32, family: u8, res_id: u16) {
+        self.msg_start = self.buf.len();
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        self.buf.extend_from_slice(&msg_type.to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        self.buf.extend_from_slice(&seq.to_ne_bytes());
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        self.buf.push(family);
+        self.buf.push(0); // NFNETLINK_V0
+        self.buf.extend_from_slice(&res_id.to_be_bytes());
+    }
+
+    fn end(&mut self) {
+        debug_assert!(self.nests.is_empty(), "unclosed netlink nest");
+        let len = (self.buf.len() - self.msg_start) as u32;
+        self.buf[self.msg_start..self.msg_start + 4].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    fn attr(&mut self, kind: u16, data: &[u8]) {
+        let len = (4 + data.len()) as u16;
+        self.buf.extend_from_slice(&len.to_ne_bytes());
+        self.buf.extend_from_slice(&kind.to_ne_bytes());
+        self.buf.extend_from_slice(data);
+        self.buf.resize(align4(self.buf.len()), 0);
+    }
+
+    fn attr_str(&mut self, kind: u16, s: &str) {
+        let mut d = s.as_bytes().to_vec();
+        d.push(0);
+        self.attr(kind, &d);
+    }
+
+    fn nest(&mut self, kind: u16) {
+        self.nests.push(self.buf.len());
+        self.buf.extend_from_slice(&0u16.to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+    }
+
+    fn end_nest(&mut self) -> Result<()> {
+        let start = self.nests.pop().expect("end_nest without nest");
+        let len = u16::try_from(self.buf.len() - start).map_err(|_| {
+            LinuxError::InvalidArgument("nftables netlink attribute exceeds 64 KiB".into())
+        })?;
+        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        Ok(())
+    }
+}
+
+/// One NEWSETELEM / DELSETELEM message of a batch: a run of changes of one set and op.
+#[derive(Debug, Clone)]
+struct Group<'a> {
+    set: &'a str,
+    op: ElementOp,
+    elements: Vec<&'a Element>,
+}
+
+fn groups(changes: &[ElementChange]) -> Vec<Group<'_>> {
+    let mut out: Vec<Group<'_>> = Vec::new();
+    for c in changes {
+        match out.last_mut() {
+            Some(g)
+                if g.set == c.set && g.op == c.op && g.elements.len() < MAX_ELEMENTS_PER_MSG =>
+            {
+                g.elements.push(&c.element)
+            }
+            _ => out.push(Group {
+                set: &c.set,
+                op: c.op,
+                elements: vec![&c.element],
+            }),
+        }
+    }
+    out
+}
+
+fn describe(g: &Group<'_>, table: &str) -> String {
+    let verb = match g.op {
+        ElementOp::Add => "add",
+        ElementOp::Delete => "delete",
+    };
+    let shown: Vec<String> = g.elements.iter().take(3).map(ToString::to_string).collect();
+    let more = if g.elements.len() > 3 {
+        format!(", ... ({} elements)", g.elements.len())
+    } else {
+        String::new()
+    };
+    format!(
+        "{verb} element inet {table} {} {{ {}{more} }}",
+        g.set,
+        shown.join(", ")
+    )
+}
+
+fn encode_group(b: &mut Batch, seq: u32, flags: u16, table: &str, g: &Group<'_>) -> Result<()> {
+    let (kind, extra) = match g.op {
+        ElementOp::Add => (NFT_MSG_NEWSETELEM, NLM_F_CREATE),
+        ElementOp::Delete => (NFT_MSG_DELSETELEM, 0),
+    };
+    b.begin(
+        (NFNL_SUBSYS_NFTABLES << 8) | u16::from(kind),
+        flags | extra,
+        seq,
+        NFPROTO_INET,
+        0,
+    );
+    b.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
+    b.attr_str(NFTA_SET_ELEM_LIST_SET, g.set);
+    b.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+    for e in &g.elements {
+        for (key, eflags, verdict) in entries(e)? {
+            b.nest(NFTA_LIST_ELEM);
+            b.nest(NFTA_SET_ELEM_KEY);
+            b.attr(NFTA_DATA_VALUE, &key);
+            b.end_nest()?;
+            if eflags != 0 {
+                b.attr(NFTA_SET_ELEM_FLAGS, &eflags.to_be_bytes());
+            }
+            // Deletes are matched by key: the kernel ignores (and nft omits) the data.
+            if let (Some(v), ElementOp::Add) = (verdict, g.op) {
+                let (code, chain) = match v {
+                    Verdict::Accept => (NF_ACCEPT, None),
+                    Verdict::Drop => (NF_DROP, None),
+                    Verdict::Continue => (NFT_CONTINUE, None),
+                    Verdict::Return => (NFT_RETURN, None),
+                    Verdict::Jump(c) => (NFT_JUMP, Some(c)),
+                    Verdict::Goto(c) => (NFT_GOTO, Some(c)),
+                };
+                b.nest(NFTA_SET_ELEM_DATA);
+                b.nest(NFTA_DATA_VERDICT);
+                b.attr(NFTA_VERDICT_CODE, &code.to_be_bytes());
+                if let Some(c) = chain {
+                    b.attr_str(NFTA_VERDICT_CHAIN, c);
+                }
+                b.end_nest()?;
+                b.end_nest()?;
+            }
+            b.end_nest()?;
+        }
+    }
+    b.end_nest()?;
+    b.end();
+    Ok(())
+}
+
+/// The kernel's answer to one message: errno (0 = ok) and its extended-ack text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    errno: i32,
+    ext_ack: Option<String>,
+}
+
+fn ext_ack_message(payload: &[u8], flags: u16) -> Option<String> {
+    if flags & NLM_F_ACK_TLVS == 0 {
+        return None;
+    }
+    let orig_len = u32::from_ne_bytes(payload.get(4..8)?.try_into().ok()?) as usize;
+    let skip = if flags & NLM_F_CAPPED != 0 {
+        4 + NLMSG_HDRLEN
+    } else {
+        4 + align4(orig_len)
+    };
+    let mut tlvs = payload.get(skip..)?;
+    while tlvs.len() >= 4 {
+        let len = u16::from_ne_bytes([tlvs[0], tlvs[1]]) as usize;
+        let kind = u16::from_ne_bytes([tlvs[2], tlvs[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > tlvs.len() {
+            return None;
+        }
+        if kind == NLMSGERR_ATTR_MSG {
+            let d = &tlvs[4..len];
+            let end = d.iter().position(|&c| c == 0).unwrap_or(d.len());
+            let s = String::from_utf8_lossy(&d[..end]).into_owned();
+            return (!s.is_empty()).then_some(s);
+        }
+        tlvs = &tlvs[align4(len).min(tlvs.len())..];
+    }
+    None
+}
+
+/// A blocking NETLINK_NETFILTER socket in the network namespace of the creating thread.
+pub struct NftSocket {
+    fd: OwnedFd,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+impl NftSocket {
+    /// Opens and binds the socket (needs CAP_NET_ADMIN to change anything).
+    pub fn new() -> Result<NftSocket> {
+        // SAFETY: plain socket(2) call; the fd is checked and then owned.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_NETFILTER,
+            )
+        };
+        if raw < 0 {
+            return Err(LinuxError::last_os("open nfnetlink socket"));
+        }
+        // SAFETY: raw is a fresh, valid fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let one: libc::c_int = 1;
+        // Extended acks explain EINVALs; old kernels without them are fine, so ignored.
+        // SAFETY: valid fd; pointer and length describe `one`.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_NETLINK,
+                NETLINK_EXT_ACK,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        // A lost answer must not hang the agent: time out and let the caller fall back.
+        let tv = libc::timeval {
+            tv_sec: REPLY_TIMEOUT_SECS,
+            tv_usec: 0,
+        };
+        // SAFETY: valid fd; pointer and length describe `tv`.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(LinuxError::last_os("set nfnetlink receive timeout"));
+        }
+        // SAFETY: zeroed sockaddr_nl is valid; pid 0 lets the kernel choose.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        // SAFETY: addr is a valid sockaddr_nl of the given length.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(LinuxError::last_os("bind nfnetlink socket"));
+        }
+        Ok(NftSocket {
+            fd,
+            seq: 0,
+            buf: vec![0u8; 64 * 1024],
+        })
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    fn send(&self, bytes: &[u8], context: &str) -> Result<()> {
+        // Big batches need a send buffer to match (best effort: capped by wmem_max).
+        if bytes.len() > 128 * 1024 {
+            let size = libc::c_int::try_from(bytes.len() * 2).unwrap_or(libc::c_int::MAX);
+            // SAFETY: valid fd; pointer and length describe `size`.
+            unsafe {
+                libc::setsockopt(
+                    self.fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_SNDBUF,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        // SAFETY: bytes is a valid buffer of the given length.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+        if n < 0 {
+            return Err(LinuxError::io(
+                format!("{context}: send nfnetlink batch"),
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Receives datagrams, handing every NLMSG_ERROR (ack or error) to `each` by sequence
+    /// number, until `each` says the exchange is complete. Other messages go to `other`.
+    fn receive(
+        &mut self,
+        context: &str,
+        each: &mut dyn FnMut(u32, Answer) -> bool,
+        other: &mut dyn FnMut(u32, u16),
+    ) -> Result<()> {
+        loop {
+            // SAFETY: self.buf is a valid writable buffer of its length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    0,
+                )
+            };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(LinuxError::io(
+                    format!("{context}: receive nfnetlink answer"),
+                    err,
+                ));
+            }
+            let n = n as usize;
+            let mut off = 0;
+            while off + NLMSG_HDRLEN <= n {
+                let h = &self.buf[off..n];
+                let len = u32::from_ne_bytes(h[0..4].try_into().unwrap()) as usize;
+                let msg_type = u16::from_ne_bytes(h[4..6].try_into().unwrap());
+                let flags = u16::from_ne_bytes(h[6..8].try_into().unwrap());
+                let seq = u32::from_ne_bytes(h[8..12].try_into().unwrap());
+                if len < NLMSG_HDRLEN || len > h.len() {
+                    return Err(LinuxError::Malformed(format!(
+                        "{context}: message length {len} at offset {off} of {n}"
+                    )));
+                }
+                let payload = &h[NLMSG_HDRLEN..len];
+                off += align4(len);
+                if msg_type != NLMSG_ERROR {
+                    other(seq, msg_type);
+                    continue;
+                }
+                let errno = payload
+                    .get(..4)
+                    .map(|b| -i32::from_ne_bytes(b.try_into().unwrap()))
+                    .ok_or_else(|| LinuxError::Malformed(format!("{context}: short error")))?;
+                let ext_ack = ext_ack_message(payload, flags);
+                if each(seq, Answer { errno, ext_ack }) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// True when set `set` of table `inet table` exists.
+    pub fn set_exists(&mut self, table: &str, set: &str) -> Result<bool> {
+        let context = format!("look up set inet {table} {set}");
+        let seq = self.next_seq();
+        let mut b = Batch::new();
+        b.begin(
+            (NFNL_SUBSYS_NFTABLES << 8) | u16::from(NFT_MSG_GETSET),
+            NLM_F_ACK,
+            seq,
+            NFPROTO_INET,
+            0,
+        );
+        b.attr_str(NFTA_SET_TABLE, table);
+        b.attr_str(NFTA_SET_NAME, set);
+        b.end();
+        self.send(&b.buf, &context)?;
+        let mut found = false;
+        let mut answer = None;
+        self.receive(
+            &context,
+            &mut |s, a| {
+                if s == seq {
+                    answer = Some(a);
+                    true
+                } else {
+                    false
+                }
+            },
+            &mut |s, t| {
+                if s == seq && t == (NFNL_SUBSYS_NFTABLES << 8) | u16::from(NFT_MSG_NEWSET) {
+                    found = true;
+                }
+            },
+        )?;
+        match answer {
+            Some(Answer { errno: 0, .. }) => Ok(found),
+            Some(Answer { errno, .. }) if errno == libc::ENOENT => Ok(false),
+            Some(Answer { errno, ext_ack }) => Err(LinuxError::Netlink {
+                context,
+                source: io::Error::from_raw_os_error(errno),
+                ext_ack,
+            }),
+            None => Err(LinuxError::Malformed(format!("{context}: no answer"))),
+        }
+    }
+
+    /// Sends one batch of the groups; returns the kernel's answer per group (`None` = ok).
+    fn send_batch(&mut self, table: &str, gs: &[Group<'_>]) -> Result<Vec<Option<Answer>>> {
+        let context = format!("update sets of table inet {table}");
+        let mut b = Batch::new();
+        let begin_seq = self.next_seq();
+        b.begin(NFNL_MSG_BATCH_BEGIN, 0, begin_seq, 0, NFNL_SUBSYS_NFTABLES);
+        b.end();
+        let first = self.next_seq();
+        for (i, g) in gs.iter().enumerate() {
+            // Errors are always reported; only the last message asks for an ack, whose
+            // arrival ends the exchange (answers come in message order).
+            let flags = if i + 1 == gs.len() { NLM_F_ACK } else { 0 };
+            let seq = if i == 0 { first } else { self.next_seq() };
+            encode_group(&mut b, seq, flags, table, g)?;
+        }
+        let end_seq = self.next_seq();
+        b.begin(NFNL_MSG_BATCH_END, 0, end_seq, 0, NFNL_SUBSYS_NFTABLES);
+        b.end();
+        self.send(&b.buf, &context)?;
+        let last = first.wrapping_add(gs.len() as u32 - 1);
+        let mut out: Vec<Option<Answer>> = vec![None; gs.len()];
+        let mut batch_error = None;
+        self.receive(
+            &context,
+            &mut |seq, a| {
+                if seq == begin_seq || seq == end_seq {
+                    // The batch as a whole was refused (e.g. EPERM, ENOMEM).
+                    batch_error = Some(a);
+                    return true;
+                }
+                let i = seq.wrapping_sub(first) as usize;
+                if i >= gs.len() {
+                    return false; // an answer to an earlier, abandoned exchange
+                }
+                if a.errno != 0 {
+                    out[i] = Some(a);
+                }
+                seq == last
+            },
+            &mut |_, _| {},
+        )?;
+        if let Some(a) = batch_error {
+            return Err(LinuxError::Netlink {
+                context,
+                source: io::Error::from_raw_os_error(a.errno),
+                ext_ack: a.ext_ack,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Applies `changes` to table `inet table` as one transaction: either all take effect or
+    /// none. Adding an existing element and deleting a missing one are no-ops; a missing table
+    /// or set is [`LinuxError::NotFound`]; anything else the kernel refuses (a map element
+    /// jumping to a missing chain, a key of the wrong size) is [`LinuxError::Netlink`] naming
+    /// the operation.
+    pub fn apply(&mut self, table: &str, changes: &[ElementChange]) -> Result<()> {
+        let mut gs = groups(changes);
+        // Each round either succeeds, fails for good, or strictly shrinks a tolerated failure
+        // (split a message into single elements, or drop a single no-op element).
+        loop {
+            if gs.is_empty() {
+                return Ok(());
+            }
+            let answers = self.send_batch(table, &gs)?;
+            if answers.iter().all(Option::is_none) {
+                return Ok(());
+            }
+            let mut next = Vec::with_capacity(gs.len());
+            for (g, a) in gs.iter().zip(answers) {
+                let Some(a) = a else {
+                    next.push(g.clone());
+                    continue;
+                };
+                let tolerable = match (g.op, a.errno) {
+                    (ElementOp::Add, libc::EEXIST) => true,
+                    (_, libc::ENOENT) => {
+                        if !self.set_exists(table, g.set)? {
+                            return Err(LinuxError::NotFound {
+                                what: format!(
+                                    "nftables set inet {table} {} (for: {})",
+                                    g.set,
+                                    describe(g, table)
+                                ),
+                            });
+                        }
+                        // On an existing set, ENOENT of a delete is a missing element; of an
+                        // add, a missing jump target, which is a real error.
+                        g.op == ElementOp::Delete
+                    }
+                    _ => false,
+                };
+                if !tolerable {
+                    return Err(LinuxError::Netlink {
+                        context: describe(g, table),
+                        source: io::Error::from_raw_os_error(a.errno),
+                        ext_ack: a.ext_ack,
+                    });
+                }
+                if g.elements.len() > 1 {
+                    next.extend(g.elements.iter().map(|e| Group {
+                        set: g.set,
+                        op: g.op,
+                        elements: vec![*e],
+                    }));
+                }
+            }
+            gs = next;
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's socket and the network namespace (device, inode) it was opened in.
+    static CACHED: std::cell::RefCell<Option<((u64, u64), NftSocket)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The (device, inode) of the calling thread's network namespace.
+fn current_netns() -> Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| LinuxError::io("stat /proc/thread-self/ns/net", e))?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// [`NftSocket::apply`] on a socket kept per thread and reused while the thread stays in the
+/// same network namespace. Closing a socket that committed a transaction costs the kernel
+/// several milliseconds, more than the change itself, so a caller that applies changes one by
+/// one should use this rather than a socket per change. After an error the socket is
+/// dropped, so no stale answer can confuse the next exchange.
+pub fn apply_cached(table: &str, changes: &[ElementChange]) -> Result<()> {
+    let ns = current_netns()?;
+    CACHED.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|(n, _)| *n != ns) {
+            *slot = Some((ns, NftSocket::new()?));
+        }
+        let (_, sock) = slot.as_mut().expect("socket just cached");
+        let r = sock.apply(table, changes);
+        if r.is_err() {
+            *slot = None;
+        }
+        r
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(mut buf: &[u8]) -> Vec<(u16, Vec<u8>)> {
+        let mut out = Vec::new();
+        while buf.len() >= 4 {
+            let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+            let kind = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
+            out.push((kind, buf[4..len].to_vec()));
+            buf = &buf[align4(len).min(buf.len())..];
+        }
+        out
+    }
+
+    fn one_message(op: ElementOp, set: &str, e: Element) -> Vec<u8> {
+        let changes = [ElementChange {
+            set: set.into(),
+            op,
+            element: e,
+        }];
+        let gs = groups(&changes);
+        let mut b = Batch::new();
+        encode_group(&mut b, 9, NLM_F_ACK, "tern", &gs[0]).unwrap();
+        b.buf
+    }
+
+    /// The NFTA_LIST_ELEM entries of a NEWSETELEM/DELSETELEM message.
+    fn list_elems(msg: &[u8]) -> Vec<Vec<(u16, Vec<u8>)>> {
+        let len = u32::from_ne_bytes(msg[0..4].try_into().unwrap()) as usize;
+        assert_eq!(len, msg.len());
+        let top = attrs(&msg[NLMSG_HDRLEN + 4..]);
+        assert_eq!(top[0], (NFTA_SET_ELEM_LIST_TABLE, b"tern\0".to_vec()));
+        assert_eq!(top[2].0, NFTA_SET_ELEM_LIST_ELEMENTS);
+        attrs(&top[2].1)
+            .into_iter()
+            .map(|(k, v)| {
+                assert_eq!(k, NFTA_LIST_ELEM);
+                attrs(&v)
+            })
+            .collect()
+    }
+
+    fn key_of(elem: &[(u16, Vec<u8>)]) -> Vec<u8> {
+        let k = &elem
+            .iter()
+            .find(|(t, _)| *t == NFTA_SET_ELEM_KEY)
+            .unwrap()
+            .1;
+        attrs(k)[0].1.clone()
+    }
+
+    #[test]
+    fn header_and_nfgenmsg_of_an_add() {
+        let m = one_message(
+            ElementOp::Add,
+            "sel-1-v4",
+            Element {
+                key: Key::Addr("10.0.0.1".parse().unwrap()),
+                verdict: None,
+            },
+        );
+        let ty = u16::from_ne_bytes(m[4..6].try_into().unwrap());
+        assert_eq!(ty, (10 << 8) | 12);
+        let flags = u16::from_ne_bytes(m[6..8].try_into().unwrap());
+        assert_eq!(flags, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE);
+        assert_eq!(u32::from_ne_bytes(m[8..12].try_into().unwrap()), 9);
+        assert_eq!(&m[16..20], &[NFPROTO_INET, 0, 0, 0]);
+        let elems = list_elems(&m);
+        assert_eq!(elems.len(), 1);
+        assert_eq!(key_of(&elems[0]), vec![10, 0, 0, 1]);
+    }
+
+    #[test]
+    fn single_address_of_an_interval_set_is_start_and_end_plus_one() {
+        let m = one_message(
+            ElementOp::Delete,
+            "pools",
+            Element {
+                key: Key::Interval("10.0.0.255/32".parse().unwrap()),
+                verdict: None,
+            },
+        );
+        assert_eq!(
+            u16::from_ne_bytes(m[4..6].try_into().unwrap()),
+            (10 << 8) | 14
+        );
+        let elems = list_elems(&m);
+        assert_eq!(elems.len(), 2);
+        assert_eq!(key_of(&elems[0]), vec![10, 0, 0, 255]);
+        assert!(!elems[0].iter().any(|(t, _)| *t == NFTA_SET_ELEM_FLAGS));
+        assert_eq!(key_of(&elems[1]), vec![10, 0, 1, 0]);
+        let f = &elems[1]
+            .iter()
+            .find(|(t, _)| *t == NFTA_SET_ELEM_FLAGS)
+            .unwrap()
+            .1;
+        assert_eq!(f, &NFT_SET_ELEM_INTERVAL_END.to_be_bytes().to_vec());
+    }
+
+    #[test]
+    fn interval_ends_and_open_ended_prefixes() {
+        let end = |s: &str| interval_end(&s.parse().unwrap());
+        assert_eq!(end("10.1.0.0/16"), Some("10.2.0.0".parse().unwrap()));
+        assert_eq!(end("255.255.255.255/32"), None);
+        assert_eq!(end("0.0.0.0/0"), None);
+        assert_eq!(end("fd00::/64"), Some("fd00:0:0:1::".parse().unwrap()));
+        assert_eq!(end("::/0"), None);
+        assert_eq!(
+            entries(&Element {
+                key: Key::Interval("0.0.0.0/0".parse().unwrap()),
+                verdict: None
+            })
+            .unwrap()
+            .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn concatenation_pads_fields_and_port_is_big_endian() {
+        let m = one_message(
+            ElementOp::Add,
+            "np-1-v4",
+            Element {
+                key: Key::AddrPort("10.0.0.1".parse().unwrap(), 8080),
+                verdict: None,
+            },
+        );
+        let elems = list_elems(&m);
+        assert_eq!(key_of(&elems[0]), vec![10, 0, 0, 1, 0x1f, 0x90, 0, 0]);
+    }
+
+    #[test]
+    fn ifname_key_with_jump_verdict() {
+        let m = one_message(
+            ElementOp::Add,
+            "ep-in",
+            Element {
+                key: Key::Ifname("veth1".into()),
+                verdict: Some(Verdict::Jump("ep-in-veth1".into())),
+            },
+        );
+        let elems = list_elems(&m);
+        let mut want = b"veth1".to_vec();
+        want.resize(16, 0);
+        assert_eq!(key_of(&elems[0]), want);
+        let data = &elems[0]
+            .iter()
+            .find(|(t, _)| *t == NFTA_SET_ELEM_DATA)
+            .unwrap()
+            .1;
+        let verdict = attrs(data);
+        assert_eq!(verdict[0].0, NFTA_DATA_VERDICT);
+        let v = attrs(&verdict[0].1);
+        assert_eq!(v[0], (NFTA_VERDICT_CODE, NFT_JUMP.to_be_bytes().to_vec()));
+        assert_eq!(v[1], (NFTA_VERDICT_CHAIN, b"ep-in-veth1\0".to_vec()));
+        // Deletes carry only the key.
+        let m = one_message(
+            ElementOp::Delete,
+            "ep-in",
+            Element {
+                key: Key::Ifname("veth1".into()),
+                verdict: Some(Verdict::Jump("ep-in-veth1".into())),
+            },
+        );
+        assert!(
+            !list_elems(&m)[0]
+                .iter()
+                .any(|(t, _)| *t == NFTA_SET_ELEM_DATA)
+        );
+    }
+
+    #[test]
+    fn groups_runs_of_one_set_and_op_and_caps_their_size() {
+        let c = |set: &str, op, i: u32| ElementChange {
+            set: set.into(),
+            op,
+            element: Element {
+                key: Key::Addr(IpAddr::V4(Ipv4Addr::from(i))),
+                verdict: None,
+            },
+        };
+        let mut changes = vec![
+            c("a", ElementOp::Add, 1),
+            c("a", ElementOp::Add, 2),
+            c("a", ElementOp::Delete, 3),
+            c("b", ElementOp::Delete, 4),
+        ];
+        let g = groups(&changes);
+        assert_eq!(
+            g.iter().map(|g| g.elements.len()).collect::<Vec<_>>(),
+            vec![2, 1, 1]
+        );
+        changes = (0..600).map(|i| c("a", ElementOp::Add, i)).collect();
+        let g = groups(&changes);
+        assert_eq!(
+            g.iter().map(|g| g.elements.len()).collect::<Vec<_>>(),
+            vec![256, 256, 88]
+        );
+    }
+
+    #[test]
+    fn set_kinds_from_specs() {
+        assert_eq!(
+            SetKind::from_spec("type ipv4_addr;"),
+            Some(SetKind::Addr {
+                v6: false,
+                interval: false
+            })
+        );
+        assert_eq!(
+            SetKind::from_spec(" type ipv6_addr;  flags interval; "),
+            Some(SetKind::Addr {
+                v6: true,
+                interval: true
+            })
+        );
+        assert_eq!(
+            SetKind::from_spec("type ipv4_addr . inet_service;"),
+            Some(SetKind::AddrPort { v6: false })
+        );
+        assert_eq!(
+            SetKind::from_spec("type ifname : verdict;"),
+            Some(SetKind::IfnameVerdict)
+        );
+        assert_eq!(
+            SetKind::from_spec("type ipv4_addr; flags interval; auto-merge;"),
+            None
+        );
+        assert_eq!(SetKind::from_spec("type ether_addr;"), None);
+        assert_eq!(SetKind::from_spec(""), None);
+    }
+
+    #[test]
+    fn parses_the_element_texts_of_each_kind() {
+        let v4 = SetKind::from_spec("type ipv4_addr;").unwrap();
+        assert_eq!(
+            v4.parse_element("10.0.0.1").unwrap().key,
+            Key::Addr("10.0.0.1".parse().unwrap())
+        );
+        assert!(v4.parse_element("fd00::1").is_err());
+        assert!(v4.parse_element("10.0.0.0/24").is_err());
+        let iv = SetKind::from_spec("type ipv4_addr; flags interval;").unwrap();
+        assert_eq!(
+            iv.parse_element("10.0.0.1").unwrap().key,
+            Key::Interval("10.0.0.1/32".parse().unwrap())
+        );
+        assert_eq!(
+            iv.parse_element("10.0.0.9/24").unwrap().key,
+            Key::Interval("10.0.0.0/24".parse().unwrap())
+        );
+        let np = SetKind::from_spec("type ipv6_addr . inet_service;").unwrap();
+        assert_eq!(
+            np.parse_element("fd00::1 . 53").unwrap().key,
+            Key::AddrPort("fd00::1".parse().unwrap(), 53)
+        );
+        assert!(np.parse_element("fd00::1 . 70000").is_err());
+        let map = SetKind::IfnameVerdict;
+        let e = map.parse_element("\"tern1\" : jump ep-in-tern1").unwrap();
+        assert_eq!(e.key, Key::Ifname("tern1".into()));
+        assert_eq!(e.verdict, Some(Verdict::Jump("ep-in-tern1".into())));
+        assert_eq!(e.to_string(), "\"tern1\" : jump ep-in-tern1");
+        assert!(map.parse_element("\"tern1\" : frobnicate").is_err());
+        assert!(
+            map.parse_element("\"a-name-longer-than-15\" : drop")
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,277 @@
+//! nftables set-element updates over netlink against the real kernel. Every test runs on a
+//! dedicated thread moved into a fresh network namespace (`unshare(CLONE_NEWNET)`), so the
+//! machine's own tables are never touched; `nft` run from that thread inherits the namespace.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use tern_linux::LinuxError;
+use tern_linux::nft_netlink::{
+    Element, ElementChange, ElementOp, Key, NftSocket, SetKind, Verdict,
+};
+
+const TABLE: &str = "\
+add table inet tern
+add set inet tern sel-a-v4 { type ipv4_addr; }
+add set inet tern sel-a-v6 { type ipv6_addr; }
+add set inet tern iv-v4 { type ipv4_addr; flags interval; }
+add set inet tern np-a-v4 { type ipv4_addr . inet_service; }
+add map inet tern ep-in { type ifname : verdict; }
+add chain inet tern ep-in-tern1
+add chain inet tern ep-in-tern2
+";
+
+/// Runs `f` in a private network namespace; skips (returns None) without privileges or nft.
+fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    std::thread::spawn(move || {
+        // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipped: cannot create a network namespace (needs root)");
+            return None;
+        }
+        if Command::new("nft").arg("--version").output().is_err() {
+            eprintln!("skipped: nft not installed");
+            return None;
+        }
+        Some(f())
+    })
+    .join()
+    .unwrap()
+}
+
+fn setup() {
+    tern_linux::nft::apply(TABLE).unwrap();
+}
+
+/// The elements of a set as `nft -j list set` renders them, as comparable strings.
+fn listed(kind: &str, set: &str) -> BTreeSet<String> {
+    let out = Command::new("nft")
+        .args(["-j", "list", kind, "inet", "tern", set])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let obj = v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|o| o.get(kind))
+        .unwrap();
+    obj.get("elem")
+        .and_then(|e| e.as_array())
+        .map(|a| a.iter().map(|e| e.to_string()).collect())
+        .unwrap_or_default()
+}
+
+fn change(set: &str, op: ElementOp, kind: SetKind, text: &str) -> ElementChange {
+    ElementChange {
+        set: set.into(),
+        op,
+        element: kind.parse_element(text).unwrap(),
+    }
+}
+
+fn strs(v: &[&str]) -> BTreeSet<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn adds_and_deletes_elements_of_every_set_kind() {
+    in_netns(|| {
+        setup();
+        let v4 = SetKind::from_spec("type ipv4_addr;").unwrap();
+        let v6 = SetKind::from_spec("type ipv6_addr;").unwrap();
+        let iv = SetKind::from_spec("type ipv4_addr; flags interval;").unwrap();
+        let np = SetKind::from_spec("type ipv4_addr . inet_service;").unwrap();
+        let map = SetKind::IfnameVerdict;
+        let mut s = NftSocket::new().unwrap();
+        s.apply(
+            "tern",
+            &[
+                change("sel-a-v4", ElementOp::Add, v4, "198.18.0.1"),
+                change("sel-a-v4", ElementOp::Add, v4, "198.18.0.2"),
+                change("sel-a-v6", ElementOp::Add, v6, "fd00::7"),
+                change("iv-v4", ElementOp::Add, iv, "198.18.1.1"),
+                change("iv-v4", ElementOp::Add, iv, "198.19.0.0/16"),
+                change("np-a-v4", ElementOp::Add, np, "198.18.0.1 . 8080"),
+                change("ep-in", ElementOp::Add, map, "\"tern1\" : jump ep-in-tern1"),
+                change("ep-in", ElementOp::Add, map, "\"tern2\" : jump ep-in-tern2"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            listed("set", "sel-a-v4"),
+            strs(&["\"198.18.0.1\"", "\"198.18.0.2\""])
+        );
+        assert_eq!(listed("set", "sel-a-v6"), strs(&["\"fd00::7\""]));
+        assert_eq!(
+            listed("set", "iv-v4"),
+            strs(&[
+                "\"198.18.1.1\"",
+                r#"{"prefix":{"addr":"198.19.0.0","len":16}}"#
+            ])
+        );
+        assert_eq!(
+            listed("set", "np-a-v4"),
+            strs(&[r#"{"concat":["198.18.0.1",8080]}"#])
+        );
+        assert_eq!(
+            listed("map", "ep-in"),
+            strs(&[
+                r#"["tern1",{"jump":{"target":"ep-in-tern1"}}]"#,
+                r#"["tern2",{"jump":{"target":"ep-in-tern2"}}]"#
+            ])
+        );
+
+        s.apply(
+            "tern",
+            &[
+                change("sel-a-v4", ElementOp::Delete, v4, "198.18.0.1"),
+                change("iv-v4", ElementOp::Delete, iv, "198.18.1.1"),
+                change("np-a-v4", ElementOp::Delete, np, "198.18.0.1 . 8080"),
+                change(
+                    "ep-in",
+                    ElementOp::Delete,
+                    map,
+                    "\"tern1\" : jump ep-in-tern1",
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(listed("set", "sel-a-v4"), strs(&["\"198.18.0.2\""]));
+        assert_eq!(
+            listed("set", "iv-v4"),
+            strs(&[r#"{"prefix":{"addr":"198.19.0.0","len":16}}"#])
+        );
+        assert!(listed("set", "np-a-v4").is_empty());
+        assert_eq!(
+            listed("map", "ep-in"),
+            strs(&[r#"["tern2",{"jump":{"target":"ep-in-tern2"}}]"#])
+        );
+        // nft itself still understands (and can change) what netlink wrote.
+        tern_linux::nft::apply("delete element inet tern iv-v4 { 198.19.0.0/16 }\n").unwrap();
+        assert!(listed("set", "iv-v4").is_empty());
+    });
+}
+
+#[test]
+fn existing_adds_and_missing_deletes_are_no_ops() {
+    in_netns(|| {
+        setup();
+        let v4 = SetKind::from_spec("type ipv4_addr;").unwrap();
+        let iv = SetKind::from_spec("type ipv4_addr; flags interval;").unwrap();
+        let mut s = NftSocket::new().unwrap();
+        let add = change("sel-a-v4", ElementOp::Add, v4, "198.18.0.1");
+        s.apply("tern", std::slice::from_ref(&add)).unwrap();
+        // Again, mixed in one message with a new element and a delete of a missing one.
+        s.apply(
+            "tern",
+            &[
+                add.clone(),
+                change("sel-a-v4", ElementOp::Add, v4, "198.18.0.3"),
+                change("sel-a-v4", ElementOp::Delete, v4, "198.18.0.9"),
+                change("sel-a-v4", ElementOp::Delete, v4, "198.18.0.10"),
+                change("iv-v4", ElementOp::Delete, iv, "198.18.5.5"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            listed("set", "sel-a-v4"),
+            strs(&["\"198.18.0.1\"", "\"198.18.0.3\""])
+        );
+        s.apply("tern", &[change("iv-v4", ElementOp::Add, iv, "198.18.1.1")])
+            .unwrap();
+        s.apply("tern", &[change("iv-v4", ElementOp::Add, iv, "198.18.1.1")])
+            .unwrap();
+        assert_eq!(listed("set", "iv-v4"), strs(&["\"198.18.1.1\""]));
+        s.apply("tern", &[]).unwrap();
+    });
+}
+
+#[test]
+fn missing_set_or_table_is_not_found_and_nothing_is_applied() {
+    in_netns(|| {
+        setup();
+        let v4 = SetKind::from_spec("type ipv4_addr;").unwrap();
+        let mut s = NftSocket::new().unwrap();
+        assert!(s.set_exists("tern", "sel-a-v4").unwrap());
+        assert!(!s.set_exists("tern", "sel-nope-v4").unwrap());
+        assert!(!s.set_exists("nope", "sel-a-v4").unwrap());
+        let err = s
+            .apply(
+                "tern",
+                &[
+                    change("sel-a-v4", ElementOp::Add, v4, "198.18.0.1"),
+                    change("sel-nope-v4", ElementOp::Add, v4, "198.18.0.2"),
+                ],
+            )
+            .unwrap_err();
+        assert!(matches!(err, LinuxError::NotFound { .. }), "{err}");
+        assert!(err.is_not_found());
+        assert!(err.to_string().contains("sel-nope-v4"), "{err}");
+        // One transaction: the valid half was not applied either.
+        assert!(listed("set", "sel-a-v4").is_empty());
+        let err = s
+            .apply(
+                "nope",
+                &[change("sel-a-v4", ElementOp::Delete, v4, "198.18.0.1")],
+            )
+            .unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+    });
+}
+
+#[test]
+fn map_element_jumping_to_a_missing_chain_is_refused_with_context() {
+    in_netns(|| {
+        setup();
+        let mut s = NftSocket::new().unwrap();
+        let err = s
+            .apply(
+                "tern",
+                &[ElementChange {
+                    set: "ep-in".into(),
+                    op: ElementOp::Add,
+                    element: Element {
+                        key: Key::Ifname("tern9".into()),
+                        verdict: Some(Verdict::Jump("ep-in-missing".into())),
+                    },
+                }],
+            )
+            .unwrap_err();
+        assert!(matches!(err, LinuxError::Netlink { .. }), "{err}");
+        assert!(err.to_string().contains("ep-in"), "{err}");
+        assert!(listed("map", "ep-in").is_empty());
+    });
+}
+
+#[test]
+fn large_batches_are_one_transaction() {
+    in_netns(|| {
+        setup();
+        let v4 = SetKind::from_spec("type ipv4_addr;").unwrap();
+        let changes: Vec<ElementChange> = (0..2000u32)
+            .map(|i| {
+                let ip =
+                    std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(198, 18, 0, 0)) + i);
+                change("sel-a-v4", ElementOp::Add, v4, &ip.to_string())
+            })
+            .collect();
+        let mut s = NftSocket::new().unwrap();
+        s.apply("tern", &changes).unwrap();
+        assert_eq!(listed("set", "sel-a-v4").len(), 2000);
+        let dels: Vec<ElementChange> = changes
+            .iter()
+            .map(|c| ElementChange {
+                op: ElementOp::Delete,
+                ..c.clone()
+            })
+            .collect();
+        s.apply("tern", &dels).unwrap();
+        assert!(listed("set", "sel-a-v4").is_empty());
+    });
+}
