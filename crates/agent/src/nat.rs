@@ -92,13 +92,17 @@ pub fn chains(pools: &[PoolInfo]) -> tern_policy::Ruleset {
             ));
         }
     }
-    rs.chains.insert(
-        CHAIN.into(),
-        tern_policy::Chain {
-            base: Some("type nat hook postrouting priority srcnat; policy accept;".into()),
-            rules,
-        },
-    );
+    // No masquerading pool, no nat chain: a registered nat hook would put every forwarded
+    // packet of the node through conntrack for nothing.
+    if !rules.is_empty() {
+        rs.chains.insert(
+            CHAIN.into(),
+            tern_policy::Chain {
+                base: Some("type nat hook postrouting priority srcnat; policy accept;".into()),
+                rules,
+            },
+        );
+    }
     rs
 }
 

@@ -118,6 +118,9 @@ fn tern_throughput(
     o.encap = encap;
     let result = (|| -> Result<Vec<f64>> {
         let mut st = topology::up(&o)?;
+        // The hand-built path has no NAT; measure the same pod-to-pod path (a masquerading
+        // pool would put every packet through conntrack on both sides).
+        without_nat_outgoing(&st)?;
         let a = pod::add_pod(&mut st, "node1", "a")?;
         let b = pod::add_pod(&mut st, "node2", "b")?;
         wait_reachable(&st, "a", &b.addresses[0], Duration::from_secs(10))?;
@@ -129,6 +132,22 @@ fn tern_throughput(
     let v = result?;
     down?;
     Ok(v)
+}
+
+/// Turns natOutgoing off on the lab's default pool and gives the agents a moment to drop their
+/// nat chain.
+fn without_nat_outgoing(st: &LabState) -> Result<()> {
+    let mut pool = crate::cluster::default_pool(st, crate::cluster::DEFAULT_POOL_CIDR);
+    if let tern_model::Resource::IpPool(p) = &mut pool {
+        p.spec.nat_outgoing = false;
+    }
+    crate::cluster::with_store(st, move |s| {
+        tern_model::put_resource(&*s, &pool)
+            .map(drop)
+            .map_err(|e| LabError::Invalid(format!("cannot update the default IPPool: {e}")))
+    })?;
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(())
 }
 
 /// Waits until `ip` answers (RST or accept) a TCP connection from pod `from`.

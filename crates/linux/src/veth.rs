@@ -256,6 +256,11 @@ fn configure(
                 ),
             })?;
         let pod_index = pod.index;
+        if !v6 {
+            // An IPv4-only pod gets no IPv6 on its interface (as Calico does): no link-local
+            // address, no DAD or router solicitation work when the link comes up.
+            sysctl::set_if_present(&format!("net/ipv6/conf/{pod_ifname}/disable_ipv6"), "1")?;
+        }
         ph.set_link_up(pod_index)?;
         // lo is ifindex 1 in every namespace.
         ph.set_link_up(1)?;

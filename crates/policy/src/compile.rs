@@ -189,6 +189,40 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction) -> Option<Chain>
 
 /// Compiles everything: `node` picks the local endpoints that get chains and map entries;
 /// address sets cover endpoints of every node.
+/// The rules of the forward base chain. Conntrack is only asked for while some local endpoint
+/// is filtered: a `ct` expression makes the kernel track every forwarded packet of the node,
+/// which an unfiltered node should not pay for.
+pub fn forward_rules(filtering: bool) -> Vec<String> {
+    let mut rules = Vec::new();
+    if filtering {
+        rules.push("ct state established,related accept".into());
+        rules.push("ct state invalid drop".into());
+    }
+    rules.push(format!("iifname vmap @{EGRESS_MAP}"));
+    rules.push(format!("oifname vmap @{INGRESS_MAP}"));
+    rules
+}
+
+/// Sets the forward chain's rules from whether any endpoint map has an entry; true if they
+/// changed.
+pub fn sync_forward_chain(rs: &mut Ruleset) -> bool {
+    let filtering = [INGRESS_MAP, EGRESS_MAP]
+        .iter()
+        .any(|m| rs.sets.get(*m).is_some_and(|s| !s.elements.is_empty()));
+    match rs.chains.get_mut(FORWARD_CHAIN) {
+        Some(c) => {
+            let want = forward_rules(filtering);
+            if c.rules == want {
+                false
+            } else {
+                c.rules = want;
+                true
+            }
+        }
+        None => false,
+    }
+}
+
 pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
     let mut c = Compiler::new(set);
     c.base();
@@ -217,6 +251,7 @@ pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
         let rules = c.policy_rules(p, dir);
         c.rs.chains.insert(name, Chain { base: None, rules });
     }
+    sync_forward_chain(&mut c.rs);
     c.rs
 }
 
@@ -241,12 +276,7 @@ impl<'a> Compiler<'a> {
             FORWARD_CHAIN.into(),
             Chain {
                 base: Some("type filter hook forward priority -5; policy accept;".into()),
-                rules: vec![
-                    "ct state established,related accept".into(),
-                    "ct state invalid drop".into(),
-                    format!("iifname vmap @{EGRESS_MAP}"),
-                    format!("oifname vmap @{INGRESS_MAP}"),
-                ],
+                rules: forward_rules(false),
             },
         );
         for m in [INGRESS_MAP, EGRESS_MAP] {

@@ -168,6 +168,7 @@ impl Incremental {
                 }
             }
         }
+        crate::compile::sync_forward_chain(&mut c.rs);
         let new = c.rs;
         for n in self.rs.chains.keys().chain(new.chains.keys()) {
             if self.rs.chains.get(n) != new.chains.get(n) {
@@ -216,6 +217,10 @@ impl Incremental {
         }
         if m.elements.get(&key) != before.as_ref() {
             self.dirty_sets.insert(map.to_string());
+            if crate::compile::sync_forward_chain(&mut self.rs) {
+                self.dirty_chains
+                    .insert(crate::compile::FORWARD_CHAIN.to_string());
+            }
         }
     }
 
