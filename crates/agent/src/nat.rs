@@ -128,6 +128,15 @@ mod tests {
     }
 
     #[test]
+    fn no_nat_chain_without_a_masquerading_pool() {
+        // A registered nat hook would send every forwarded packet through conntrack.
+        let rs = chains(&[p("10.244.0.0/16", false)]);
+        assert!(rs.chains.is_empty(), "{:?}", rs.chains.keys());
+        let rs = chains(&[p("10.244.0.0/16", true)]);
+        assert_eq!(rs.chains.len(), 1);
+    }
+
+    #[test]
     fn masquerades_only_nat_pools_to_outside_every_pool() {
         let r = ruleset(&[
             p("10.244.0.0/16", true),

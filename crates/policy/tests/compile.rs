@@ -72,6 +72,35 @@ fn ordering_actions_and_pass() {
 }
 
 #[test]
+fn conntrack_only_while_an_endpoint_is_filtered() {
+    // No policy selects anything: the forward chain dispatches through the (empty) maps and
+    // asks nothing of conntrack, so an unfiltered node's forwarding is not tracked.
+    let s = base_set();
+    let rs = compile(&s, "n1");
+    let fwd = &rs.chains["filter-forward"].rules;
+    assert!(fwd.iter().all(|r| !r.contains("ct ")), "{fwd:?}");
+    assert!(fwd.iter().any(|r| r == "oifname vmap @ep-in"));
+
+    // One selected endpoint: established/related first, then dispatch.
+    let mut s = base_set();
+    load(
+        &mut s,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: d}\nspec:\n  podSelector: {matchLabels: {app: b}}\n  ingress: []\n",
+    );
+    let filtered = compile(&s, "n1");
+    let fwd = &filtered.chains["filter-forward"].rules;
+    assert_eq!(fwd[0], "ct state established,related accept");
+
+    // The delta between the two is a rewrite of the forward chain plus the map entry.
+    let d = render_delta(&rs, &filtered);
+    assert!(d.contains("flush chain inet tern filter-forward"), "{d}");
+    assert!(
+        d.contains("add rule inet tern filter-forward ct state established,related accept"),
+        "{d}"
+    );
+}
+
+#[test]
 fn compiled_text_layout() {
     let mut s = base_set();
     load(
