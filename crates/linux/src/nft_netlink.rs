@@ -20,7 +20,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use ipnet::IpNet;
 
@@ -38,7 +38,6 @@ const NLM_F_CAPPED: u16 = 0x100;
 const NLM_F_ACK_TLVS: u16 = 0x200;
 const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
-const NETLINK_EXT_ACK: libc::c_int = 11;
 const NLMSGERR_ATTR_MSG: u16 = 1;
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
@@ -551,31 +550,7 @@ pub struct NftSocket {
 impl NftSocket {
     /// Opens and binds the socket (needs CAP_NET_ADMIN to change anything).
     pub fn new() -> Result<NftSocket> {
-        // SAFETY: plain socket(2) call; the fd is checked and then owned.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_NETFILTER,
-            )
-        };
-        if raw < 0 {
-            return Err(LinuxError::last_os("open nfnetlink socket"));
-        }
-        // SAFETY: raw is a fresh, valid fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let one: libc::c_int = 1;
-        // Extended acks explain EINVALs; old kernels without them are fine, so ignored.
-        // SAFETY: valid fd; pointer and length describe `one`.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_NETLINK,
-                NETLINK_EXT_ACK,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        let fd = crate::netlink::open_bound(libc::NETLINK_NETFILTER, "nfnetlink")?;
         // A lost answer must not hang the agent: time out and let the caller fall back.
         let tv = libc::timeval {
             tv_sec: REPLY_TIMEOUT_SECS,
@@ -593,20 +568,6 @@ impl NftSocket {
         };
         if rc < 0 {
             return Err(LinuxError::last_os("set nfnetlink receive timeout"));
-        }
-        // SAFETY: zeroed sockaddr_nl is valid; pid 0 lets the kernel choose.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: addr is a valid sockaddr_nl of the given length.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(LinuxError::last_os("bind nfnetlink socket"));
         }
         Ok(NftSocket {
             fd,

@@ -7,6 +7,8 @@
 mod ext;
 mod wire;
 
+pub(crate) use wire::open_bound;
+
 pub use ext::{Route, RouteKind, VxlanInfo};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

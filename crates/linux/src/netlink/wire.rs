@@ -257,48 +257,55 @@ pub(crate) struct Socket {
     buf: Vec<u8>,
 }
 
+/// Opens a netlink socket of `protocol` in the calling thread's network namespace, with
+/// extended acks asked for, bound to a kernel-chosen port. `name` goes into error messages.
+pub(crate) fn open_bound(protocol: libc::c_int, name: &str) -> Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the returned fd is checked and then owned.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    };
+    if raw < 0 {
+        return Err(LinuxError::last_os(format!("open {name} socket")));
+    }
+    // SAFETY: raw is a fresh, valid fd that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let one: libc::c_int = 1;
+    // Extended acks turn a bare EINVAL into the kernel's own explanation; failure to enable
+    // them (old kernels) is harmless, so the result is ignored.
+    // SAFETY: valid fd, pointer and length describe `one`.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_NETLINK,
+            NETLINK_EXT_ACK,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+    // SAFETY: zeroed sockaddr_nl is valid; nl_family set, pid 0 lets the kernel choose.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: addr is a valid sockaddr_nl of the given length.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(LinuxError::last_os(format!("bind {name} socket")));
+    }
+    Ok(fd)
+}
+
 impl Socket {
     pub(crate) fn new() -> Result<Socket> {
-        // SAFETY: plain socket(2) call; the returned fd is checked and then owned.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if raw < 0 {
-            return Err(LinuxError::last_os("open rtnetlink socket"));
-        }
-        // SAFETY: raw is a fresh, valid fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let one: libc::c_int = 1;
-        // Extended acks turn a bare EINVAL into the kernel's own explanation; failure to enable
-        // them (old kernels) is harmless, so the result is ignored.
-        // SAFETY: valid fd, pointer and length describe `one`.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_NETLINK,
-                NETLINK_EXT_ACK,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-        // SAFETY: zeroed sockaddr_nl is valid; nl_family set, pid 0 lets the kernel choose.
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: addr is a valid sockaddr_nl of the given length.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(LinuxError::last_os("bind rtnetlink socket"));
-        }
+        let fd = open_bound(libc::NETLINK_ROUTE, "rtnetlink")?;
         Ok(Socket {
             fd,
             seq: 0,
