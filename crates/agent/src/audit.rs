@@ -344,6 +344,7 @@ mod tests {
             mac: String::new(),
             ip_networks: vec![format!("{ip}/32")],
             labels: Default::default(),
+            ports: Vec::new(),
             delegated_ipam: false,
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tern_api::{Attachment, PodRef};
+use tern_model::EndpointPort;
 use tern_store::{Store, StoreError};
 
 /// What the agent knows of one pod interface.
@@ -16,6 +17,8 @@ pub struct Endpoint {
     /// Pod addresses as CIDRs ("10.244.0.5/32").
     pub ip_networks: Vec<String>,
     pub labels: BTreeMap<String, String>,
+    /// Named container ports (`spec.ports`), which policies may reference by name.
+    pub ports: Vec<EndpointPort>,
     /// Addresses came from a delegated IPAM plugin: tern IPAM must not release them.
     pub delegated_ipam: bool,
 }
@@ -104,9 +107,11 @@ impl Endpoints {
         self.len() == 0
     }
 
-    /// Writes the endpoint to the store, then the cache.
+    /// Writes the endpoint to the store, then the cache. Labels and named ports that a stored
+    /// document of the same attachment already has are kept (see [`store_io::put`]); the cache
+    /// gets the endpoint as written.
     pub fn put(&self, ep: Endpoint) -> Result<(), StoreError> {
-        store_io::put(&*self.store, &ep)?;
+        let ep = store_io::put(&*self.store, &ep)?;
         self.cache
             .lock()
             .unwrap()
@@ -123,6 +128,7 @@ impl Endpoints {
             mac: String::new(),
             ip_networks: vec![],
             labels: BTreeMap::new(),
+            ports: Vec::new(),
             delegated_ipam: false,
         });
         store_io::delete(&*self.store, &ep)?;
@@ -170,7 +176,7 @@ pub mod store_io {
                 network: ep.attachment.network.clone(),
                 profiles: vec![],
                 service_account_name: None,
-                ports: vec![],
+                ports: ep.ports.clone(),
             },
         );
         doc.metadata = ObjectMeta {
@@ -207,6 +213,7 @@ pub mod store_io {
             mac: w.spec.mac.clone(),
             ip_networks: w.spec.ip_networks.clone(),
             labels: w.metadata.labels.clone(),
+            ports: w.spec.ports.clone(),
             delegated_ipam: ann
                 .get("tern.dev/delegated-ipam")
                 .is_some_and(|v| v == "true"),
@@ -217,11 +224,70 @@ pub mod store_io {
         tern_store::keys::namespaced_resource("WorkloadEndpoint", &ep.namespace(), &ep.name())
     }
 
-    pub fn put(store: &dyn Store, ep: &Endpoint) -> Result<(), StoreError> {
-        let body =
-            serde_json::to_vec(&to_resource(ep)).map_err(|e| StoreError::Backend(e.to_string()))?;
-        store.put(&key(ep), &body)?;
-        Ok(())
+    /// How often [`put`] re-reads a document that changed between its read and its write.
+    const PUT_ATTEMPTS: usize = 8;
+
+    /// Whether two endpoints describe the same pod interface (not merely the same name: a pod
+    /// re-created under the same name is a new sandbox with its own ports and labels).
+    fn same_attachment(a: &Endpoint, b: &Endpoint) -> bool {
+        a.node == b.node
+            && a.attachment.network == b.attachment.network
+            && a.attachment.container_id == b.attachment.container_id
+            && a.attachment.ifname == b.attachment.ifname
+    }
+
+    /// Keeps what the stored document of the same attachment carries: its labels and named
+    /// ports were set after the endpoint was first written (`ternctl label`, `ternctl port`, an
+    /// orchestrator integration) and win over `ep`'s; entries only `ep` has are added.
+    pub fn merge_stored(ep: &mut Endpoint, stored: &Endpoint) {
+        if !same_attachment(ep, stored) {
+            return;
+        }
+        for (k, v) in &stored.labels {
+            ep.labels.insert(k.clone(), v.clone());
+        }
+        let mut ports = stored.ports.clone();
+        for p in &ep.ports {
+            if !ports.iter().any(|q| q.name == p.name) {
+                ports.push(p.clone());
+            }
+        }
+        ep.ports = ports;
+    }
+
+    /// Writes the endpoint's document and returns the endpoint as written. When the store
+    /// already holds a document of the same attachment, its labels and ports are kept
+    /// ([`merge_stored`]); the write is conditional on that document not changing meanwhile
+    /// (retried), so a concurrent `ternctl label`/`port` is never lost.
+    pub fn put(store: &dyn Store, ep: &Endpoint) -> Result<Endpoint, StoreError> {
+        let key = key(ep);
+        for _ in 0..PUT_ATTEMPTS {
+            let current = store.get(&key)?;
+            let mut out = ep.clone();
+            let rev = match &current {
+                Some(kv) => {
+                    match serde_json::from_slice::<WorkloadEndpoint>(&kv.value) {
+                        Ok(w) => merge_stored(&mut out, &from_resource(w)),
+                        Err(e) => log::warn!("replacing unreadable endpoint {key}: {e}"),
+                    }
+                    kv.mod_revision
+                }
+                None => 0,
+            };
+            let body = serde_json::to_vec(&to_resource(&out))
+                .map_err(|e| StoreError::Backend(e.to_string()))?;
+            let done = store.txn(tern_store::Txn {
+                compare: vec![tern_store::Compare::ModRevision(key.clone(), rev)],
+                success: vec![tern_store::Op::put(key.clone(), body)],
+                failure: vec![],
+            })?;
+            if done.succeeded {
+                return Ok(out);
+            }
+        }
+        Err(StoreError::Backend(format!(
+            "endpoint {key} kept changing while it was written ({PUT_ATTEMPTS} attempts)"
+        )))
     }
 
     pub fn delete(store: &dyn Store, ep: &Endpoint) -> Result<(), StoreError> {
@@ -253,5 +319,125 @@ pub mod store_io {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tern_model::{Kind, Protocol, Resource};
+
+    fn port(name: &str, port: u16, protocol: Protocol) -> EndpointPort {
+        EndpointPort {
+            name: name.into(),
+            protocol,
+            port,
+        }
+    }
+
+    fn ep(container_id: &str, ports: Vec<EndpointPort>) -> Endpoint {
+        Endpoint {
+            node: "n1".into(),
+            attachment: Attachment {
+                network: "k8s-pod-network".into(),
+                container_id: container_id.into(),
+                ifname: "eth0".into(),
+                netns_path: "/run/netns/x".into(),
+                pod: Some(PodRef {
+                    namespace: "prod".into(),
+                    name: "web".into(),
+                    infra_container_id: String::new(),
+                }),
+            },
+            host_ifname: "tern0123456789a".into(),
+            mac: "0a:58:00:00:00:01".into(),
+            ip_networks: vec!["10.244.0.5/32".into()],
+            labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
+            ports,
+            delegated_ipam: false,
+        }
+    }
+
+    fn stored(store: &dyn Store) -> tern_model::WorkloadEndpoint {
+        match tern_model::get_resource(
+            store,
+            Kind::WorkloadEndpoint,
+            Some("prod"),
+            "n1-k8s-web-eth0",
+        )
+        .unwrap()
+        .expect("endpoint stored")
+        {
+            Resource::WorkloadEndpoint(w) => w,
+            other => panic!("not a WorkloadEndpoint: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ports_are_written_to_spec_and_read_back() {
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let ports = vec![
+            port("http", 8080, Protocol::Tcp),
+            port("dns", 53, Protocol::Udp),
+        ];
+        let eps = Endpoints::load(store.clone(), "n1").unwrap();
+        eps.put(ep("c1", ports.clone())).unwrap();
+        assert_eq!(stored(&*store).spec.ports, ports);
+        // A fresh agent (cache loaded from the store) sees the same ports.
+        let again = Endpoints::load(store, "n1").unwrap();
+        assert_eq!(again.all()[0].ports, ports);
+        assert_eq!(again.all()[0], ep("c1", ports));
+    }
+
+    #[test]
+    fn rewrite_keeps_labels_and_ports_the_store_has() {
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let eps = Endpoints::load(store.clone(), "n1").unwrap();
+        eps.put(ep("c1", vec![port("http", 8080, Protocol::Tcp)]))
+            .unwrap();
+        // `ternctl port` / `ternctl label` change the stored document afterwards.
+        let mut w = stored(&*store);
+        w.spec.ports = vec![
+            port("http", 9000, Protocol::Tcp),
+            port("metrics", 9090, Protocol::Tcp),
+        ];
+        w.metadata.labels.insert("tier".into(), "front".into());
+        w.metadata.labels.insert("app".into(), "web2".into());
+        tern_model::put_resource(&*store, &Resource::WorkloadEndpoint(w)).unwrap();
+
+        // The agent rewrites the same attachment's endpoint (e.g. an ADD retried after its
+        // cache lost the endpoint): the store's values survive, the new ones are added.
+        let mut again = ep("c1", vec![port("http", 8080, Protocol::Tcp)]);
+        again.ports.push(port("grpc", 7000, Protocol::Tcp));
+        let fresh = Endpoints::load(store.clone(), "n1").unwrap();
+        fresh.put(again.clone()).unwrap();
+        let w = stored(&*store);
+        assert_eq!(
+            w.spec.ports,
+            vec![
+                port("http", 9000, Protocol::Tcp),
+                port("metrics", 9090, Protocol::Tcp),
+                port("grpc", 7000, Protocol::Tcp),
+            ]
+        );
+        assert_eq!(
+            w.metadata.labels.get("tier").map(String::as_str),
+            Some("front")
+        );
+        assert_eq!(
+            w.metadata.labels.get("app").map(String::as_str),
+            Some("web2")
+        );
+        // The cache holds what was written.
+        assert_eq!(fresh.get(&again.attachment).unwrap().ports, w.spec.ports);
+
+        // A new sandbox of the same pod name is a new pod: its own ports replace the old ones.
+        fresh
+            .put(ep("c2", vec![port("web", 80, Protocol::Tcp)]))
+            .unwrap();
+        let w = stored(&*store);
+        assert_eq!(w.spec.container_id, "c2");
+        assert_eq!(w.spec.ports, vec![port("web", 80, Protocol::Tcp)]);
+        assert_eq!(w.metadata.labels.get("tier"), None);
     }
 }

@@ -19,6 +19,7 @@ use tern_api::{
 use tern_ipam::{AllocationAttrs, AssignArgs, IpamError};
 use tern_linux::netns::NetNs;
 use tern_linux::veth;
+use tern_model::{EndpointPort, Protocol};
 use tern_store::StoreError;
 
 /// CNI error codes the agent answers with (spec codes below 100, tern's from 100).
@@ -250,6 +251,8 @@ impl Agent {
             }
             None => None,
         };
+        // Checked before anything is created, so a bad port has nothing to roll back.
+        let ports = endpoint_ports(&req.ports)?;
         let mut cfg = veth::PodInterfaceConfig {
             host_ifname: &host_if,
             pod_ifname: &a.ifname,
@@ -307,6 +310,7 @@ impl Agent {
             mac: String::new(),
             ip_networks: addrs.iter().map(|n| n.to_string()).collect(),
             labels: crate::policy::workload_labels(a, &req.labels),
+            ports,
             delegated_ipam: delegated,
         };
         // Policy first: the pod has no address and the host no route to it yet, so no packet
@@ -766,6 +770,48 @@ impl Agent {
     }
 }
 
+/// The named ports of an ADD as the WorkloadEndpoint stores them. The plugin validates
+/// `args.cni.ports` already; this guards against other clients of the socket, with code 7
+/// naming the field.
+pub fn endpoint_ports(ports: &[tern_api::NamedPort]) -> Result<Vec<EndpointPort>, ErrorReply> {
+    let mut out: Vec<EndpointPort> = Vec::with_capacity(ports.len());
+    for (i, p) in ports.iter().enumerate() {
+        let bad = |field: &str, why: String| {
+            err(
+                code::INVALID_CONFIG,
+                format!("args.cni.ports[{i}].{field}: {why}"),
+            )
+        };
+        tern_model::validate_port_name(&p.name).map_err(|e| bad("name", e))?;
+        if p.port == 0 {
+            return Err(bad("containerPort", "0 is not a port (1-65535)".into()));
+        }
+        let protocol = match p.protocol.to_ascii_uppercase().as_str() {
+            "TCP" => Protocol::Tcp,
+            "UDP" => Protocol::Udp,
+            "SCTP" => Protocol::Sctp,
+            _ => {
+                return Err(bad(
+                    "protocol",
+                    format!("{:?} is not TCP, UDP or SCTP", p.protocol),
+                ));
+            }
+        };
+        if let Some(j) = out.iter().position(|q| q.name == p.name) {
+            return Err(bad(
+                "name",
+                format!("{:?} is already the name of args.cni.ports[{j}]", p.name),
+            ));
+        }
+        out.push(EndpointPort {
+            name: p.name.clone(),
+            protocol,
+            port: p.port,
+        });
+    }
+    Ok(out)
+}
+
 /// Parses "aa:bb:cc:dd:ee:ff".
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let mut out = [0u8; 6];
@@ -787,6 +833,47 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoint_ports_convert_and_reject_bad_ones() {
+        let np = |name: &str, port: u16, protocol: &str| tern_api::NamedPort {
+            name: name.into(),
+            port,
+            protocol: protocol.into(),
+        };
+        let got = endpoint_ports(&[np("http", 8080, "TCP"), np("dns", 53, "udp")]).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                EndpointPort {
+                    name: "http".into(),
+                    protocol: Protocol::Tcp,
+                    port: 8080
+                },
+                EndpointPort {
+                    name: "dns".into(),
+                    protocol: Protocol::Udp,
+                    port: 53
+                },
+            ]
+        );
+        for (ports, want) in [
+            (vec![np("Bad", 1, "TCP")], "args.cni.ports[0].name"),
+            (
+                vec![np("a", 1, "TCP"), np("b", 0, "TCP")],
+                "args.cni.ports[1].containerPort: 0 is not a port",
+            ),
+            (vec![np("a", 1, "ICMP")], "args.cni.ports[0].protocol"),
+            (
+                vec![np("a", 1, "TCP"), np("a", 2, "UDP")],
+                "args.cni.ports[1].name: \"a\" is already",
+            ),
+        ] {
+            let e = endpoint_ports(&ports).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG);
+            assert!(e.msg.contains(want), "{} does not contain {want}", e.msg);
+        }
+    }
 
     #[test]
     fn mac_round_trip() {

@@ -137,6 +137,7 @@ fn add(sock: &Path, pod: &Ns, att: &Attachment) -> Result<IpAddr, String> {
         mac: None,
         allow_ip_forwarding: false,
         labels: Default::default(),
+        ports: Vec::new(),
     });
     match tern_api::call(sock, &req, Some(f.as_raw_fd()), Duration::from_secs(20)) {
         Ok(Ok(Reply::Result(r))) => Ok(r.ips[0].address.parse::<ipnet::IpNet>().unwrap().addr()),

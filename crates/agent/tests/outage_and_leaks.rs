@@ -201,6 +201,7 @@ fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
                 mac: None,
                 allow_ip_forwarding: false,
                 labels: Default::default(),
+                ports: Vec::new(),
             }),
             Some(me),
         );
@@ -307,6 +308,7 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
                 mac: None,
                 allow_ip_forwarding: false,
                 labels: Default::default(),
+                ports: Vec::new(),
             }),
             Some(pod_fd),
         );

@@ -129,6 +129,23 @@ pub struct NetResult {
     pub routes: Vec<Route>,
 }
 
+/// A named container port of a pod (from `args.cni.ports`), which policies may reference by
+/// name; the agent records it in the WorkloadEndpoint's `spec.ports`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedPort {
+    /// IANA service name, e.g. `http`.
+    pub name: String,
+    /// Port number in the pod.
+    pub port: u16,
+    /// `TCP`, `UDP` or `SCTP`.
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+}
+
+fn default_protocol() -> String {
+    "TCP".to_string()
+}
+
 /// ADD of a pod interface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AddRequest {
@@ -150,6 +167,9 @@ pub struct AddRequest {
     /// Pod labels (from `args.cni.labels`).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Named container ports (from `args.cni.ports`); absent from older plugins' requests.
+    #[serde(default)]
+    pub ports: Vec<NamedPort>,
 }
 
 /// DEL of a pod interface.
@@ -448,6 +468,29 @@ mod tests {
         let (body, fd) = read_frame(&b).unwrap();
         assert_eq!(body, b"{}");
         assert!(fd.is_none());
+    }
+
+    #[test]
+    fn add_request_without_ports_still_parses() {
+        // An older plugin's ADD has no `ports` (nor `labels`); a newer agent must accept it.
+        let old = r#"{"op":"add","attachment":{"network":"n","container_id":"c","ifname":"eth0"},
+                      "ipam":{"assign_ipv4":true,"assign_ipv6":false}}"#;
+        let Request::Add(a) = serde_json::from_str::<Request>(old).unwrap() else {
+            panic!("not an ADD")
+        };
+        assert!(a.ports.is_empty() && a.labels.is_empty());
+        let with = Request::Add(AddRequest {
+            ports: vec![NamedPort {
+                name: "http".into(),
+                port: 8080,
+                protocol: "TCP".into(),
+            }],
+            ..a
+        });
+        let back: Request = serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back, with);
+        let p: NamedPort = serde_json::from_str(r#"{"name":"dns","port":53}"#).unwrap();
+        assert_eq!(p.protocol, "TCP");
     }
 
     #[test]

@@ -56,12 +56,193 @@ pub struct Label {
     pub value: String,
 }
 
+/// The protocol of a named container port (Kubernetes `ContainerPort.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PortProtocol {
+    /// TCP, the default when `protocol` is absent.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl PortProtocol {
+    /// `TCP`, `UDP` or `SCTP`, as Kubernetes spells them.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PortProtocol::Tcp => "TCP",
+            PortProtocol::Udp => "UDP",
+            PortProtocol::Sctp => "SCTP",
+        }
+    }
+
+    /// Parses a protocol name, case-insensitively (`tcp`, `Udp`, `SCTP`, ...).
+    pub fn parse(s: &str) -> Option<PortProtocol> {
+        match s.to_ascii_uppercase().as_str() {
+            "TCP" => Some(PortProtocol::Tcp),
+            "UDP" => Some(PortProtocol::Udp),
+            "SCTP" => Some(PortProtocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// A named container port in `args.cni.ports`, a tern extension next to `args.cni.labels`
+/// shaped like a Kubernetes `ContainerPort`:
+/// `{"name": "http", "containerPort": 8080, "protocol": "TCP"}`.
+///
+/// [`NetConf::parse`] validates every entry (see [`validate_container_ports`]), so a parsed
+/// configuration only holds valid ports. Other keys (`hostPort`, `hostIP`) are kept in
+/// [`ContainerPort::extra`] and not used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerPort {
+    /// The port's name, an IANA service name (`http`, `metrics`).
+    pub name: String,
+    /// The port number in the container, 1-65535.
+    #[serde(rename = "containerPort")]
+    pub container_port: u16,
+    /// `TCP`, `UDP` or `SCTP` in any case; TCP when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// Other keys, kept so a re-serialised configuration is unchanged.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl ContainerPort {
+    /// The protocol, TCP when absent; `None` for a name that is not TCP, UDP or SCTP (which
+    /// [`NetConf::parse`] rejects).
+    pub fn protocol(&self) -> Option<PortProtocol> {
+        match &self.protocol {
+            None => Some(PortProtocol::Tcp),
+            Some(p) => PortProtocol::parse(p),
+        }
+    }
+}
+
+/// Whether `name` is an IANA service name as Kubernetes requires of port names: 1-15
+/// characters of lowercase letters, digits and `-`, at least one letter, no leading,
+/// trailing or double `-`.
+pub fn is_iana_svc_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && name.chars().any(|c| c.is_ascii_lowercase())
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--")
+}
+
+/// Validates a raw `args.cni.ports` value (`field` is its path, e.g. `args.cni.ports`) and
+/// returns a code 7 error naming the first bad field, e.g.
+/// `invalid network config: args.cni.ports[1].containerPort: 70000 is not a port`.
+///
+/// Checked on the raw JSON rather than through serde so that every message names the exact
+/// field: inside `args.cni` (a struct with flattened unknown keys) serde loses the path.
+pub fn validate_container_ports(ports: &Value, field: &str) -> Result<(), CniError> {
+    let bad =
+        |f: String, why: String| CniError::invalid_config(format!("invalid {NETCONF}: {f}: {why}"));
+    let Value::Array(list) = ports else {
+        return Err(bad(
+            field.to_string(),
+            format!(
+                "expected an array of {{\"name\", \"containerPort\", \"protocol\"}}, found {}",
+                json_kind(ports)
+            ),
+        ));
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, p) in list.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let Value::Object(obj) = p else {
+            return Err(bad(
+                at,
+                format!("expected an object, found {}", json_kind(p)),
+            ));
+        };
+        let name = match obj.get("name") {
+            None | Some(Value::Null) => {
+                return Err(bad(
+                    format!("{at}.name"),
+                    "is missing (a named port needs a name)".into(),
+                ));
+            }
+            Some(Value::String(s)) if is_iana_svc_name(s) => s.as_str(),
+            Some(Value::String(s)) => {
+                return Err(bad(
+                    format!("{at}.name"),
+                    format!(
+                        "{s:?} is not a valid port name (1-15 lowercase letters, digits and '-', \
+                         at least one letter, no leading, trailing or double '-')"
+                    ),
+                ));
+            }
+            Some(other) => {
+                return Err(bad(
+                    format!("{at}.name"),
+                    format!("expected a string, found {}", json_kind(other)),
+                ));
+            }
+        };
+        match obj.get("containerPort") {
+            None | Some(Value::Null) => {
+                return Err(bad(format!("{at}.containerPort"), "is missing".into()));
+            }
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|v| (1..=65535).contains(&v)) => {}
+            Some(Value::Number(n)) => {
+                return Err(bad(
+                    format!("{at}.containerPort"),
+                    format!("{n} is not a port (1-65535)"),
+                ));
+            }
+            Some(other) => {
+                return Err(bad(
+                    format!("{at}.containerPort"),
+                    format!("expected a number, found {}", json_kind(other)),
+                ));
+            }
+        }
+        match obj.get("protocol") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if PortProtocol::parse(s).is_some() => {}
+            Some(Value::String(s)) => {
+                return Err(bad(
+                    format!("{at}.protocol"),
+                    format!("{s:?} is not TCP, UDP or SCTP"),
+                ));
+            }
+            Some(other) => {
+                return Err(bad(
+                    format!("{at}.protocol"),
+                    format!("expected a string, found {}", json_kind(other)),
+                ));
+            }
+        }
+        // Kubernetes refuses two ports of one pod with the same name: a policy naming it
+        // would otherwise be ambiguous.
+        if let Some(j) = seen.iter().position(|n| *n == name) {
+            return Err(bad(
+                format!("{at}.name"),
+                format!("{name:?} is already the name of {field}[{j}]"),
+            ));
+        }
+        seen.push(name);
+    }
+    Ok(())
+}
+
 /// The `cni` namespace of `args` (CONVENTIONS.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CniConventionArgs {
     /// `args.cni.labels`: `[{"key", "value"}]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<Label>,
+    /// `args.cni.ports` (tern extension): the pod's named container ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ContainerPort>,
     /// `args.cni.ips`: requested addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ips: Vec<String>,
@@ -238,6 +419,13 @@ impl NetConf {
 
     fn from_map(map: Map<String, Value>) -> Result<NetConf, CniError> {
         check_version(&map)?;
+        if let Some(ports) = map
+            .get("args")
+            .and_then(|a| a.get("cni"))
+            .and_then(|c| c.get("ports"))
+        {
+            validate_container_ports(ports, "args.cni.ports")?;
+        }
         let conf: NetConf = from_value_with_path(Value::Object(map), NETCONF)?;
         if conf.plugin_type.is_empty() {
             return Err(CniError::invalid_config(
@@ -750,5 +938,159 @@ mod tests {
             CniError::INVALID_CONFIG
         );
         assert_eq!(l.plugin_types(), vec!["tern", "portmap"]);
+    }
+    fn with_ports(ports: &str) -> Result<NetConf, CniError> {
+        NetConf::parse(
+            format!(
+                r#"{{"cniVersion":"1.0.0","name":"n","type":"tern","args":{{"cni":{{"ports":{ports}}}}}}}"#
+            )
+            .as_bytes(),
+        )
+    }
+
+    #[test]
+    fn named_ports_parse_with_default_and_any_case_protocol() {
+        let c = with_ports(
+            r#"[{"name":"http","containerPort":8080,"protocol":"TCP"},
+                {"name":"dns","containerPort":53,"protocol":"udp"},
+                {"name":"metrics-2","containerPort":9090},
+                {"name":"assoc","containerPort":3868,"protocol":"Sctp","hostPort":3868}]"#,
+        )
+        .unwrap();
+        let ports = &c.args.as_ref().unwrap().cni.as_ref().unwrap().ports;
+        let got: Vec<(&str, u16, Option<PortProtocol>)> = ports
+            .iter()
+            .map(|p| (p.name.as_str(), p.container_port, p.protocol()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("http", 8080, Some(PortProtocol::Tcp)),
+                ("dns", 53, Some(PortProtocol::Udp)),
+                ("metrics-2", 9090, Some(PortProtocol::Tcp)),
+                ("assoc", 3868, Some(PortProtocol::Sctp)),
+            ]
+        );
+        assert_eq!(ports[3].extra["hostPort"], 3868);
+        // Re-serialising keeps the entries as written (a delegated plugin sees the same).
+        let again = NetConf::parse(&c.to_bytes()).unwrap();
+        assert_eq!(again, c);
+        assert_eq!(c.to_json()["args"]["cni"]["ports"][1]["protocol"], "udp");
+        // No ports at all is fine, and so is an empty list.
+        assert!(with_ports("[]").is_ok());
+    }
+
+    #[test]
+    fn bad_named_ports_are_code_7_naming_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"[{"name":"http","containerPort":80},{"name":"big","containerPort":70000}]"#,
+                "invalid network config: args.cni.ports[1].containerPort: 70000 is not a port (1-65535)",
+            ),
+            (
+                r#"[{"name":"zero","containerPort":0}]"#,
+                "args.cni.ports[0].containerPort: 0 is not a port",
+            ),
+            (
+                r#"[{"name":"neg","containerPort":-1}]"#,
+                "args.cni.ports[0].containerPort: -1 is not a port",
+            ),
+            (
+                r#"[{"name":"frac","containerPort":80.5}]"#,
+                "args.cni.ports[0].containerPort: 80.5 is not a port",
+            ),
+            (
+                r#"[{"name":"str","containerPort":"80"}]"#,
+                "args.cni.ports[0].containerPort: expected a number, found a string",
+            ),
+            (
+                r#"[{"name":"none"}]"#,
+                "args.cni.ports[0].containerPort: is missing",
+            ),
+            (
+                r#"[{"containerPort":80}]"#,
+                "args.cni.ports[0].name: is missing",
+            ),
+            (
+                r#"[{"name":"HTTP","containerPort":80}]"#,
+                "args.cni.ports[0].name: \"HTTP\" is not a valid port name",
+            ),
+            (
+                r#"[{"name":"8080","containerPort":80}]"#,
+                "args.cni.ports[0].name: \"8080\" is not a valid port name",
+            ),
+            (
+                r#"[{"name":"a--b","containerPort":80}]"#,
+                "args.cni.ports[0].name: \"a--b\" is not a valid port name",
+            ),
+            (
+                r#"[{"name":"-web","containerPort":80}]"#,
+                "args.cni.ports[0].name: \"-web\" is not a valid port name",
+            ),
+            (
+                r#"[{"name":"web-","containerPort":80}]"#,
+                "args.cni.ports[0].name: \"web-\" is not a valid port name",
+            ),
+            (
+                r#"[{"name":"abcdefghijklmnop","containerPort":80}]"#,
+                "args.cni.ports[0].name: \"abcdefghijklmnop\" is not a valid port name",
+            ),
+            (
+                r#"[{"name":"","containerPort":80}]"#,
+                "args.cni.ports[0].name: \"\" is not a valid port name",
+            ),
+            (
+                r#"[{"name":7,"containerPort":80}]"#,
+                "args.cni.ports[0].name: expected a string, found a number",
+            ),
+            (
+                r#"[{"name":"q","containerPort":80,"protocol":"ICMP"}]"#,
+                "args.cni.ports[0].protocol: \"ICMP\" is not TCP, UDP or SCTP",
+            ),
+            (
+                r#"[{"name":"q","containerPort":80,"protocol":6}]"#,
+                "args.cni.ports[0].protocol: expected a string, found a number",
+            ),
+            (
+                r#"[{"name":"web","containerPort":80},{"name":"web","containerPort":81,"protocol":"UDP"}]"#,
+                "args.cni.ports[1].name: \"web\" is already the name of args.cni.ports[0]",
+            ),
+            (
+                r#"["http"]"#,
+                "args.cni.ports[0]: expected an object, found a string",
+            ),
+            (r#"{"name":"http"}"#, "args.cni.ports: expected an array"),
+            ("null", "args.cni.ports: expected an array"),
+        ];
+        for (ports, want) in cases {
+            let e = with_ports(ports).unwrap_err();
+            assert_eq!(e.code, CniError::INVALID_CONFIG, "{ports}: {}", e.msg);
+            assert!(
+                e.msg.contains(want),
+                "{ports}: got {:?}, want {want:?}",
+                e.msg
+            );
+        }
+    }
+
+    #[test]
+    fn iana_service_names() {
+        for ok in ["http", "a", "h2", "web-api", "a1-b2-c3", "x23456789012345"] {
+            assert!(is_iana_svc_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "1",
+            "123",
+            "Http",
+            "a_b",
+            "a--b",
+            "-a",
+            "a-",
+            "x234567890123456",
+            "é",
+        ] {
+            assert!(!is_iana_svc_name(bad), "{bad}");
+        }
     }
 }

@@ -70,6 +70,20 @@ pub enum Command {
         #[arg(short = 'n', long)]
         namespace: Option<String>,
     },
+    /// Set (`name=port[/protocol]`) or remove (`name-`) named ports of a workloadendpoint.
+    Port {
+        /// Kind: workloadendpoint (wep).
+        kind: String,
+        /// Name of the resource.
+        name: String,
+        /// Changes: `http=8080/TCP` sets (protocol TCP, UDP or SCTP; TCP when absent),
+        /// `http-` removes.
+        #[arg(required = true)]
+        changes: Vec<String>,
+        /// Namespace of the workloadendpoint (default `default`).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
     /// IP address management.
     Ipam {
         #[command(subcommand)]

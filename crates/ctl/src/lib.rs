@@ -17,7 +17,7 @@ pub mod table;
 use cli::{Cli, Command, IpamCommand};
 use commands::{
     apply, delete, get, install_cni, ipam_check, ipam_configure, ipam_release, ipam_show, lab,
-    label,
+    label, port,
 };
 
 /// Where the datastore is and how to reach it.
@@ -136,6 +136,18 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             let s = open_store(&store)?;
             let now = label::label(&*s, kind, &name, namespace.as_deref(), &changes)?;
             println!("{} {name} labelled: {now}", kind.as_str());
+        }
+        Command::Port {
+            kind,
+            name,
+            changes,
+            namespace,
+        } => {
+            let kind = get::parse_kind(&kind)?;
+            let changes = port::parse_changes(&changes)?;
+            let s = open_store(&store)?;
+            let now = port::port(&*s, kind, &name, namespace.as_deref(), &changes)?;
+            println!("{} {name} ports: {now}", kind.as_str());
         }
         Command::Ipam { command } => {
             let s = open_store(&store)?;

@@ -59,6 +59,7 @@ fn endpoint(store: &dyn Store, cid: &str, ip: std::net::IpAddr) {
         mac: "ee:ee:ee:ee:ee:01".into(),
         ip_networks: vec![format!("{ip}/32")],
         labels: BTreeMap::new(),
+        ports: Vec::new(),
         delegated_ipam: false,
     };
     store_io::put(store, &ep).unwrap();

@@ -282,6 +282,30 @@ impl Call<'_> {
             .unwrap_or_default()
     }
 
+    /// `args.cni.ports` for the agent (validated by [`NetConf::parse`]).
+    fn ports(&self) -> Result<Vec<tern_api::NamedPort>, CniError> {
+        let Some(cni) = self.conf.args.as_ref().and_then(|a| a.cni.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        cni.ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let protocol = p.protocol().ok_or_else(|| {
+                    CniError::invalid_config(format!(
+                        "invalid network config: args.cni.ports[{i}].protocol: {:?} is not TCP, UDP or SCTP",
+                        p.protocol.as_deref().unwrap_or_default()
+                    ))
+                })?;
+                Ok(tern_api::NamedPort {
+                    name: p.name.clone(),
+                    port: p.container_port,
+                    protocol: protocol.as_str().to_string(),
+                })
+            })
+            .collect()
+    }
+
     fn delegate(&self, command: Command) -> Result<Option<Value>, CniError> {
         tern_cni::delegate(self.ipam_type(), command, self.stdin, &self.env)
     }
@@ -317,6 +341,7 @@ impl Call<'_> {
                 .as_ref()
                 .is_some_and(|c| c.allow_ip_forwarding),
             labels: self.labels(),
+            ports: self.ports()?,
         };
         if self.delegated() {
             let out = self.delegate(Command::Add)?.ok_or_else(|| {

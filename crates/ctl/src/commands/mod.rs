@@ -12,3 +12,4 @@ pub mod ipam_show;
 pub mod lab;
 pub mod label;
 pub mod node_status;
+pub mod port;
