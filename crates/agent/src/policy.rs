@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tern_model::{Kind, Resource};
-use tern_policy::{Endpoint, Incremental, PolicySet, Ruleset, Script};
+use tern_policy::{Endpoint, Incremental, PolicySet, Ruleset, Script, TableChange};
 use tern_store::{EventKind, Store, keys};
 
 /// Errors of policy enforcement.
@@ -42,6 +42,141 @@ pub enum PolicyAgentError {
         #[source]
         source: tern_linux::LinuxError,
     },
+}
+
+/// The netlink form of a table delta, or `None` when some element or rule has a shape
+/// `tern_linux::nft_netlink` does not encode (then `nft -f` applies it).
+pub fn netlink_ops(delta: &[TableChange]) -> Option<Vec<tern_linux::nft_netlink::TableOp>> {
+    use tern_linux::nft_netlink::{ElementChange, ElementOp, Rule, SetKind, TableOp};
+    delta
+        .iter()
+        .map(|c| {
+            Some(match c {
+                TableChange::Element(e) => {
+                    // Set kinds nft must handle itself (auto-merge intervals, ...) go to nft.
+                    let element = SetKind::from_spec(&e.spec)?
+                        .parse_element(&e.element)
+                        .ok()?;
+                    TableOp::Element(ElementChange {
+                        set: e.set.clone(),
+                        op: if e.add {
+                            ElementOp::Add
+                        } else {
+                            ElementOp::Delete
+                        },
+                        element,
+                    })
+                }
+                TableChange::AddChain(n) => TableOp::AddChain(n.clone()),
+                TableChange::FlushChain(n) => TableOp::FlushChain(n.clone()),
+                TableChange::DeleteChain(n) => TableOp::DeleteChain(n.clone()),
+                TableChange::AddRule { chain, rule } => TableOp::AddRule {
+                    chain: chain.clone(),
+                    rule: Rule::parse(rule)?,
+                },
+            })
+        })
+        .collect()
+}
+
+/// How [`apply_pending`] brought a change to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Nothing was pending.
+    Nothing,
+    /// One nfnetlink batch (elements and endpoint chains).
+    Netlink,
+    /// An `nft -f` delta script.
+    Delta,
+    /// A full resync: the table deleted and re-created in one `nft -f` transaction.
+    Full,
+}
+
+/// Applies a script with `nft -f` and commits it; a failure forgets the kernel state, so the
+/// next script is a full resync.
+pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAgentError> {
+    if s.text.is_empty() {
+        inc.commit(s);
+        return Ok(Applied::Nothing);
+    }
+    log::debug!(
+        "policy: applying {} lines (full: {}): {:.200}",
+        s.text.lines().count(),
+        s.full,
+        s.text
+    );
+    match tern_linux::nft::apply(&s.text) {
+        Ok(()) => {
+            inc.commit(s);
+            Ok(if s.full {
+                Applied::Full
+            } else {
+                Applied::Delta
+            })
+        }
+        Err(e) => {
+            inc.invalidate();
+            Err(PolicyAgentError::Apply {
+                kind: if s.full { "full" } else { "delta" },
+                lines: s.text.lines().count(),
+                source: e,
+            })
+        }
+    }
+}
+
+/// Brings the `inet tern` table of the calling thread's network namespace to `inc`'s desired
+/// state: over netlink when the change allows ([`apply_netlink`]), else as an `nft -f` delta;
+/// a delta the kernel refuses (drift) is retried as a full resync.
+pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError> {
+    let s = inc.script();
+    if apply_netlink(inc, &s) {
+        return Ok(Applied::Netlink);
+    }
+    match run_script(inc, &s) {
+        Err(e) if !s.full => {
+            log::warn!("policy: {e}; resyncing the whole table");
+            let full = inc.full_script();
+            run_script(inc, &full)
+        }
+        other => other,
+    }
+}
+
+/// Fast path of [`apply_pending`]: a delta that only adds and removes set / map elements and
+/// creates, re-fills or deletes endpoint chains (a pod joining or leaving selected sets, a
+/// local pod that policies select) goes to the kernel as one nfnetlink batch instead of
+/// `nft -f`, which would first load the whole table (15-40 ms at 1,000 policies). True when
+/// applied and committed; false when the delta is anything else (a policy's own rules, a base
+/// chain, a set declaration), or on any netlink error, after which the caller applies the same
+/// delta with `nft -f` (the batch is one transaction, so a failed one changed nothing), then a
+/// full resync if that fails too.
+pub fn apply_netlink(inc: &mut Incremental, s: &Script) -> bool {
+    if s.full || s.text.is_empty() {
+        return false;
+    }
+    let Some(delta) = inc.table_delta() else {
+        return false;
+    };
+    let Some(ops) = netlink_ops(&delta) else {
+        return false;
+    };
+    let table = tern_policy::nft::TABLE
+        .strip_prefix("inet ")
+        .expect("the policy table is an inet table");
+    // Like the `nft` child process it replaces, this acts in the network namespace of the
+    // calling thread (the socket is cached per thread and namespace).
+    match tern_linux::nft_netlink::apply_ops_cached(table, &ops) {
+        Ok(()) => {
+            log::debug!("policy: applied {} table changes over netlink", ops.len());
+            inc.commit(s);
+            true
+        }
+        Err(e) => {
+            log::warn!("policy: netlink table update failed ({e}); retrying with nft -f");
+            false
+        }
+    }
 }
 
 /// Kinds whose objects feed policy.
@@ -141,7 +276,7 @@ pub fn local_endpoint(ep: &crate::endpoints::Endpoint) -> Endpoint {
             .iter()
             .filter_map(|n| n.parse::<ipnet::IpNet>().ok().map(|n| n.addr()))
             .collect(),
-        ports: Vec::new(),
+        ports: ep.ports.clone(),
     }
 }
 
@@ -173,108 +308,25 @@ impl PolicyEngine {
         self.state.lock().unwrap().desired()
     }
 
+    fn count(&self, how: Applied) {
+        if how != Applied::Nothing {
+            self.applies.fetch_add(1, Ordering::Relaxed);
+        }
+        if how == Applied::Full {
+            self.full_applies.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn run(&self, inc: &mut Incremental, s: &Script) -> Result<(), PolicyAgentError> {
-        if s.text.is_empty() {
-            inc.commit(s);
-            return Ok(());
-        }
-        log::debug!(
-            "policy: applying {} lines (full: {}): {:.200}",
-            s.text.lines().count(),
-            s.full,
-            s.text
-        );
-        match tern_linux::nft::apply(&s.text) {
-            Ok(()) => {
-                inc.commit(s);
-                self.applies.fetch_add(1, Ordering::Relaxed);
-                if s.full {
-                    self.full_applies.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                inc.invalidate();
-                Err(PolicyAgentError::Apply {
-                    kind: if s.full { "full" } else { "delta" },
-                    lines: s.text.lines().count(),
-                    source: e,
-                })
-            }
-        }
+        let how = run_script(inc, s)?;
+        self.count(how);
+        Ok(())
     }
 
-    /// Applies what changed; a delta the kernel refuses (drift) is retried as a full resync.
     fn flush(&self, inc: &mut Incremental) -> Result<(), PolicyAgentError> {
-        let s = inc.script();
-        if self.apply_elements_netlink(inc, &s) {
-            return Ok(());
-        }
-        match self.run(inc, &s) {
-            Ok(()) => Ok(()),
-            Err(e) if !s.full => {
-                log::warn!("policy: {e}; resyncing the whole table");
-                let full = inc.full_script();
-                self.run(inc, &full)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Fast path of [`Self::flush`]: a delta that only adds and removes set / map elements (a
-    /// pod joining or leaving selected sets) goes to the kernel as one nfnetlink batch instead
-    /// of `nft -f`, which would first load the whole table (15-30 ms at 1,000 policies). True
-    /// when applied and committed; false when the delta is anything else, or on any netlink
-    /// error, after which the caller applies the same delta with `nft -f` (the batch is one
-    /// transaction, so a failed one changed nothing), then a full resync if that fails too.
-    fn apply_elements_netlink(&self, inc: &mut Incremental, s: &Script) -> bool {
-        use tern_linux::nft_netlink::{ElementChange, ElementOp, SetKind};
-        if s.full || s.text.is_empty() {
-            return false;
-        }
-        let Some(delta) = inc.element_delta() else {
-            return false;
-        };
-        let mut changes = Vec::with_capacity(delta.len());
-        for c in &delta {
-            // Set kinds nft must handle itself (auto-merge intervals, ...) take the slow path.
-            let Some(kind) = SetKind::from_spec(&c.spec) else {
-                return false;
-            };
-            let Ok(element) = kind.parse_element(&c.element) else {
-                return false;
-            };
-            changes.push(ElementChange {
-                set: c.set.clone(),
-                op: if c.add {
-                    ElementOp::Add
-                } else {
-                    ElementOp::Delete
-                },
-                element,
-            });
-        }
-        let table = tern_policy::nft::TABLE
-            .strip_prefix("inet ")
-            .expect("the policy table is an inet table");
-        // Like the `nft` child process it replaces, this acts in the network namespace of the
-        // calling thread (the socket is cached per thread and namespace).
-        let applied = tern_linux::nft_netlink::apply_cached(table, &changes);
-        match applied {
-            Ok(()) => {
-                log::debug!(
-                    "policy: applied {} set element changes over netlink",
-                    changes.len()
-                );
-                inc.commit(s);
-                self.applies.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(e) => {
-                log::warn!("policy: netlink set update failed ({e}); retrying with nft -f");
-                false
-            }
-        }
+        let how = apply_pending(inc)?;
+        self.count(how);
+        Ok(())
     }
 
     /// Re-reads everything from the store and replaces the table in one transaction.
@@ -432,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn element_only_deltas_go_over_netlink() {
+    fn element_and_endpoint_chain_deltas_go_over_netlink() {
         // The kernel part runs in a network namespace of this thread's own.
         std::thread::spawn(netlink_in_private_netns).join().unwrap();
     }
@@ -464,7 +516,7 @@ mod tests {
         // A remote pod joins the source set: applied without nft, and the kernel has it.
         inc.upsert_endpoint(remote("198.18.0.5", "b"));
         let s = inc.script();
-        assert!(engine.apply_elements_netlink(&mut inc, &s), "{}", s.text);
+        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
         assert_eq!(inc.pending(), 0);
         let listing = tern_linux::nft::list_table("inet", "tern")
             .unwrap()
@@ -473,26 +525,59 @@ mod tests {
         // It leaves (label change): removed the same way.
         inc.upsert_endpoint(remote("198.18.0.5", "c"));
         let s = inc.script();
-        assert!(engine.apply_elements_netlink(&mut inc, &s), "{}", s.text);
+        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
         let listing = tern_linux::nft::list_table("inet", "tern")
             .unwrap()
             .unwrap();
         assert!(!listing.contains("198.18.0.5"), "{listing}");
-        // A local pod brings chains: not for the fast path; flush applies it with nft.
-        inc.upsert_endpoint(Endpoint {
+        // The first filtered local pod adds the conntrack rules to the base chain: nft's job.
+        let local = |n: u8| Endpoint {
             node: "n1".into(),
-            interface: "ternlocal1".into(),
-            ..remote("198.18.0.6", "b")
-        });
+            interface: format!("ternlocal{n}"),
+            name: format!("local{n}"),
+            ..remote(&format!("198.18.0.{}", 10 + n), "b")
+        };
+        inc.upsert_endpoint(local(1));
         let s = inc.script();
-        assert!(!engine.apply_elements_netlink(&mut inc, &s));
+        assert!(!apply_netlink(&mut inc, &s));
         engine.flush(&mut inc).unwrap();
+        // The next one only brings its own chain, map entry and set elements: netlink.
+        inc.upsert_endpoint(local(2));
+        let s = inc.script();
+        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
+        let chain = || {
+            std::process::Command::new("nft")
+                .args(["list", "chain", "inet", "tern", "ep-in-ternlocal2"])
+                .output()
+                .unwrap()
+        };
+        let by_netlink = chain();
+        assert!(by_netlink.status.success());
+        let listing = tern_linux::nft::list_table("inet", "tern")
+            .unwrap()
+            .unwrap();
+        assert!(
+            listing.contains("\"ternlocal2\" : jump ep-in-ternlocal2"),
+            "{listing}"
+        );
+        // What netlink built is what nft builds from the same desired table.
+        let full = inc.full_script();
+        engine.run(&mut inc, &full).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&chain().stdout),
+            String::from_utf8_lossy(&by_netlink.stdout)
+        );
+        // It goes away the same way: map entry and chain gone.
+        inc.remove_endpoint("x", "local2");
+        let s = inc.script();
+        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
+        assert!(!chain().status.success(), "the chain was deleted");
         // Drift (the set vanished behind the agent's back): the netlink batch fails, nothing
         // is committed, and flush repairs it through nft and a full resync.
         tern_linux::nft::apply("delete table inet tern\n").unwrap();
         inc.upsert_endpoint(remote("198.18.0.7", "b"));
         let s = inc.script();
-        assert!(!engine.apply_elements_netlink(&mut inc, &s));
+        assert!(!apply_netlink(&mut inc, &s));
         assert!(inc.pending() > 0);
         let fulls = engine.full_applies();
         engine.flush(&mut inc).unwrap();

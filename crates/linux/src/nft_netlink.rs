@@ -1,4 +1,5 @@
-//! nftables set-element updates over NETLINK_NETFILTER, without spawning `nft`.
+//! nftables set-element, chain and simple rule updates over NETLINK_NETFILTER, without
+//! spawning `nft`.
 //!
 //! `nft -f` loads the whole table into its cache before it commits anything, which costs tens of
 //! milliseconds with thousands of chains. A pod joining a selected set only needs
@@ -11,6 +12,12 @@
 //! `nft` encodes them), concatenations `ipv4_addr . inet_service` / `ipv6_addr . inet_service`
 //! (each field padded to 4 bytes, the port in network order), and interface names (16 bytes,
 //! NUL padded) mapped to a verdict (`jump chain`).
+//!
+//! Chains and rules: [`TableOp`] adds, flushes and deletes regular chains and appends rules of
+//! the few shapes tern's per-endpoint chains are made of ([`Rule`]: mark bit clear / test,
+//! jump, verdict), encoded as the same expressions `nft` sends (`meta`, `bitwise`, `cmp`,
+//! `immediate`). A local pod that policies select thus reaches the kernel in one batch too.
+//! Policy chains (set lookups, ports, logging) stay `nft`'s job.
 //!
 //! Semantics are idempotent: adding an element that exists and deleting one that does not are
 //! not errors. A missing table or set is ([`LinuxError::NotFound`]).
@@ -47,6 +54,37 @@ const NFT_MSG_NEWSET: u8 = 9;
 const NFT_MSG_GETSET: u8 = 10;
 const NFT_MSG_NEWSETELEM: u8 = 12;
 const NFT_MSG_DELSETELEM: u8 = 14;
+
+const NFT_MSG_NEWCHAIN: u8 = 3;
+const NFT_MSG_DELCHAIN: u8 = 5;
+const NFT_MSG_NEWRULE: u8 = 6;
+const NFT_MSG_DELRULE: u8 = 8;
+const NLM_F_APPEND: u16 = 0x800;
+
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_META_DREG: u16 = 1;
+const NFTA_META_KEY: u16 = 2;
+const NFTA_META_SREG: u16 = 3;
+const NFT_META_MARK: u32 = 3;
+const NFTA_BITWISE_SREG: u16 = 1;
+const NFTA_BITWISE_DREG: u16 = 2;
+const NFTA_BITWISE_LEN: u16 = 3;
+const NFTA_BITWISE_MASK: u16 = 4;
+const NFTA_BITWISE_XOR: u16 = 5;
+const NFTA_CMP_SREG: u16 = 1;
+const NFTA_CMP_OP: u16 = 2;
+const NFTA_CMP_DATA: u16 = 3;
+const NFT_CMP_EQ: u32 = 0;
+const NFTA_IMMEDIATE_DREG: u16 = 1;
+const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFT_REG_VERDICT: u32 = 0;
+const NFT_REG_1: u32 = 1;
 
 const NFTA_SET_TABLE: u16 = 1;
 const NFTA_SET_NAME: u16 = 2;
@@ -134,6 +172,176 @@ pub struct ElementChange {
     pub op: ElementOp,
     /// The element.
     pub element: Element,
+}
+
+/// A rule of the shapes tern's per-endpoint chains are made of, which this module encodes
+/// without `nft`. [`Rule::parse`] reads exactly the text `nft` accepts for them and `Display`
+/// writes it back, so a compiled chain is sent over netlink only when every one of its rules is
+/// one of these; anything else goes through `nft -f`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// `meta mark set meta mark and MASK`: clear mark bits.
+    MarkAnd(u32),
+    /// `meta mark and BITS == BITS VERDICT`: the verdict when all of `BITS` are set.
+    MarkTest {
+        /// Bits that must all be set.
+        bits: u32,
+        /// What happens then.
+        verdict: Verdict,
+    },
+    /// A bare verdict: `drop`, `accept`, `jump CHAIN`, ...
+    Verdict(Verdict),
+}
+
+fn parse_u32(s: &str) -> Option<u32> {
+    match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+impl Rule {
+    /// Parses one rule as written in an nft chain, or `None` if it is not one of the shapes
+    /// of [`Rule`].
+    pub fn parse(text: &str) -> Option<Rule> {
+        let w: Vec<&str> = text.split_whitespace().collect();
+        match w.as_slice() {
+            ["meta", "mark", "set", "meta", "mark", "and", m] => Some(Rule::MarkAnd(parse_u32(m)?)),
+            ["meta", "mark", "and", a, "==", b, v @ ..] => {
+                let bits = parse_u32(a)?;
+                (parse_u32(b)? == bits).then_some(())?;
+                Some(Rule::MarkTest {
+                    bits,
+                    verdict: Verdict::parse(v)?,
+                })
+            }
+            v => Verdict::parse(v).map(Rule::Verdict),
+        }
+    }
+
+    fn encode(&self, b: &mut Batch) -> Result<()> {
+        b.nest(NFTA_RULE_EXPRESSIONS);
+        match self {
+            Rule::MarkAnd(mask) => {
+                expr_meta_load(b, NFT_META_MARK)?;
+                expr_bitwise(b, *mask)?;
+                expr(b, "meta", |b| {
+                    b.attr(NFTA_META_KEY, &NFT_META_MARK.to_be_bytes());
+                    b.attr(NFTA_META_SREG, &NFT_REG_1.to_be_bytes());
+                    Ok(())
+                })?;
+            }
+            Rule::MarkTest { bits, verdict } => {
+                expr_meta_load(b, NFT_META_MARK)?;
+                expr_bitwise(b, *bits)?;
+                expr(b, "cmp", |b| {
+                    b.attr(NFTA_CMP_SREG, &NFT_REG_1.to_be_bytes());
+                    b.attr(NFTA_CMP_OP, &NFT_CMP_EQ.to_be_bytes());
+                    b.nest(NFTA_CMP_DATA);
+                    // The mark sits in the register in host byte order.
+                    b.attr(NFTA_DATA_VALUE, &bits.to_ne_bytes());
+                    b.end_nest()
+                })?;
+                expr_verdict(b, verdict)?;
+            }
+            Rule::Verdict(v) => expr_verdict(b, v)?,
+        }
+        b.end_nest()
+    }
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rule::MarkAnd(m) => write!(f, "meta mark set meta mark and {m:#010x}"),
+            Rule::MarkTest { bits, verdict } => {
+                write!(f, "meta mark and {bits:#x} == {bits:#x} {verdict}")
+            }
+            Rule::Verdict(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// One expression of a rule: `NFTA_LIST_ELEM { name, data { ... } }`.
+fn expr(b: &mut Batch, name: &str, data: impl FnOnce(&mut Batch) -> Result<()>) -> Result<()> {
+    b.nest(NFTA_LIST_ELEM);
+    b.attr_str(NFTA_EXPR_NAME, name);
+    b.nest(NFTA_EXPR_DATA);
+    data(b)?;
+    b.end_nest()?;
+    b.end_nest()
+}
+
+/// `meta load KEY => reg 1`.
+fn expr_meta_load(b: &mut Batch, key: u32) -> Result<()> {
+    expr(b, "meta", |b| {
+        b.attr(NFTA_META_DREG, &NFT_REG_1.to_be_bytes());
+        b.attr(NFTA_META_KEY, &key.to_be_bytes());
+        Ok(())
+    })
+}
+
+/// `reg 1 = (reg 1 & mask) ^ 0` over 4 bytes.
+fn expr_bitwise(b: &mut Batch, mask: u32) -> Result<()> {
+    expr(b, "bitwise", |b| {
+        b.attr(NFTA_BITWISE_SREG, &NFT_REG_1.to_be_bytes());
+        b.attr(NFTA_BITWISE_DREG, &NFT_REG_1.to_be_bytes());
+        b.attr(NFTA_BITWISE_LEN, &4u32.to_be_bytes());
+        b.nest(NFTA_BITWISE_MASK);
+        b.attr(NFTA_DATA_VALUE, &mask.to_ne_bytes());
+        b.end_nest()?;
+        b.nest(NFTA_BITWISE_XOR);
+        b.attr(NFTA_DATA_VALUE, &0u32.to_ne_bytes());
+        b.end_nest()
+    })
+}
+
+/// `immediate reg 0 VERDICT`.
+fn expr_verdict(b: &mut Batch, v: &Verdict) -> Result<()> {
+    expr(b, "immediate", |b| {
+        b.attr(NFTA_IMMEDIATE_DREG, &NFT_REG_VERDICT.to_be_bytes());
+        b.nest(NFTA_IMMEDIATE_DATA);
+        encode_verdict(b, v)?;
+        b.end_nest()
+    })
+}
+
+/// One change of a table, as [`NftSocket::apply_ops`] applies them in order in one transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TableOp {
+    /// Add or delete a set / map element.
+    Element(ElementChange),
+    /// Create a regular chain (no error when it exists).
+    AddChain(String),
+    /// Delete every rule of a chain.
+    FlushChain(String),
+    /// Delete a chain and its rules; nothing may still jump to it.
+    DeleteChain(String),
+    /// Append a rule to a chain.
+    AddRule {
+        /// The chain.
+        chain: String,
+        /// The rule.
+        rule: Rule,
+    },
+}
+
+impl std::fmt::Display for TableOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TableOp::Element(c) => {
+                let verb = match c.op {
+                    ElementOp::Add => "add",
+                    ElementOp::Delete => "delete",
+                };
+                write!(f, "{verb} element {} {{ {} }}", c.set, c.element)
+            }
+            TableOp::AddChain(c) => write!(f, "add chain {c}"),
+            TableOp::FlushChain(c) => write!(f, "flush chain {c}"),
+            TableOp::DeleteChain(c) => write!(f, "delete chain {c}"),
+            TableOp::AddRule { chain, rule } => write!(f, "add rule {chain} {rule}"),
+        }
+    }
 }
 
 /// The set types this module can update, recognised from a set's nft declaration body.
@@ -234,20 +442,52 @@ impl SetKind {
                     return Err(bad("interface name must be 1-15 bytes"));
                 }
                 let words: Vec<&str> = v.split_whitespace().collect();
-                let verdict = match words.as_slice() {
-                    ["accept"] => Verdict::Accept,
-                    ["drop"] => Verdict::Drop,
-                    ["continue"] => Verdict::Continue,
-                    ["return"] => Verdict::Return,
-                    ["jump", c] => Verdict::Jump(c.to_string()),
-                    ["goto", c] => Verdict::Goto(c.to_string()),
-                    _ => return Err(bad("unknown verdict")),
-                };
+                let verdict = Verdict::parse(&words).ok_or_else(|| bad("unknown verdict"))?;
                 Ok(Element {
                     key: Key::Ifname(name.to_string()),
                     verdict: Some(verdict),
                 })
             }
+        }
+    }
+}
+
+impl Verdict {
+    /// Parses a verdict statement split into words: `accept`, `jump CHAIN`, ...
+    pub fn parse(words: &[&str]) -> Option<Verdict> {
+        Some(match words {
+            ["accept"] => Verdict::Accept,
+            ["drop"] => Verdict::Drop,
+            ["continue"] => Verdict::Continue,
+            ["return"] => Verdict::Return,
+            ["jump", c] => Verdict::Jump(c.to_string()),
+            ["goto", c] => Verdict::Goto(c.to_string()),
+            _ => return None,
+        })
+    }
+
+    /// The kernel's verdict code and target chain.
+    fn code(&self) -> (i32, Option<&str>) {
+        match self {
+            Verdict::Accept => (NF_ACCEPT, None),
+            Verdict::Drop => (NF_DROP, None),
+            Verdict::Continue => (NFT_CONTINUE, None),
+            Verdict::Return => (NFT_RETURN, None),
+            Verdict::Jump(c) => (NFT_JUMP, Some(c)),
+            Verdict::Goto(c) => (NFT_GOTO, Some(c)),
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Accept => write!(f, "accept"),
+            Verdict::Drop => write!(f, "drop"),
+            Verdict::Continue => write!(f, "continue"),
+            Verdict::Return => write!(f, "return"),
+            Verdict::Jump(c) => write!(f, "jump {c}"),
+            Verdict::Goto(c) => write!(f, "goto {c}"),
         }
     }
 }
@@ -262,12 +502,7 @@ impl std::fmt::Display for Element {
         }
         match &self.verdict {
             None => Ok(()),
-            Some(Verdict::Accept) => write!(f, " : accept"),
-            Some(Verdict::Drop) => write!(f, " : drop"),
-            Some(Verdict::Continue) => write!(f, " : continue"),
-            Some(Verdict::Return) => write!(f, " : return"),
-            Some(Verdict::Jump(c)) => write!(f, " : jump {c}"),
-            Some(Verdict::Goto(c)) => write!(f, " : goto {c}"),
+            Some(v) => write!(f, " : {v}"),
         }
     }
 }
@@ -436,6 +671,86 @@ fn groups(changes: &[ElementChange]) -> Vec<Group<'_>> {
     out
 }
 
+/// One message of a batch.
+#[derive(Debug, Clone)]
+enum Msg<'a> {
+    /// NEWSETELEM / DELSETELEM of a run of element changes.
+    Elements(Group<'a>),
+    /// A chain or rule operation.
+    Table(&'a TableOp),
+}
+
+/// The messages of `ops`: consecutive element changes of one set and op share a message.
+fn messages(ops: &[TableOp]) -> Vec<Msg<'_>> {
+    let mut out: Vec<Msg<'_>> = Vec::new();
+    for op in ops {
+        let TableOp::Element(c) = op else {
+            out.push(Msg::Table(op));
+            continue;
+        };
+        match out.last_mut() {
+            Some(Msg::Elements(g))
+                if g.set == c.set && g.op == c.op && g.elements.len() < MAX_ELEMENTS_PER_MSG =>
+            {
+                g.elements.push(&c.element)
+            }
+            _ => out.push(Msg::Elements(Group {
+                set: &c.set,
+                op: c.op,
+                elements: vec![&c.element],
+            })),
+        }
+    }
+    out
+}
+
+fn encode_msg(b: &mut Batch, seq: u32, flags: u16, table: &str, m: &Msg<'_>) -> Result<()> {
+    let op = match m {
+        Msg::Elements(g) => return encode_group(b, seq, flags, table, g),
+        Msg::Table(op) => op,
+    };
+    let (kind, extra, chain) = match op {
+        TableOp::Element(_) => unreachable!("element changes are grouped"),
+        TableOp::AddChain(c) => (NFT_MSG_NEWCHAIN, NLM_F_CREATE, c),
+        TableOp::DeleteChain(c) => (NFT_MSG_DELCHAIN, 0, c),
+        TableOp::FlushChain(c) => (NFT_MSG_DELRULE, 0, c),
+        TableOp::AddRule { chain, .. } => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, chain),
+    };
+    b.begin(
+        (NFNL_SUBSYS_NFTABLES << 8) | u16::from(kind),
+        flags | extra,
+        seq,
+        NFPROTO_INET,
+        0,
+    );
+    match op {
+        TableOp::AddChain(_) | TableOp::DeleteChain(_) => {
+            b.attr_str(NFTA_CHAIN_TABLE, table);
+            b.attr_str(NFTA_CHAIN_NAME, chain);
+        }
+        TableOp::FlushChain(_) => {
+            // DELRULE without a handle removes every rule of the chain.
+            b.attr_str(NFTA_RULE_TABLE, table);
+            b.attr_str(NFTA_RULE_CHAIN, chain);
+        }
+        TableOp::AddRule { rule, .. } => {
+            b.attr_str(NFTA_RULE_TABLE, table);
+            b.attr_str(NFTA_RULE_CHAIN, chain);
+            rule.encode(b)?;
+        }
+        TableOp::Element(_) => {}
+    }
+    b.end();
+    Ok(())
+}
+
+fn describe_msg(m: &Msg<'_>, table: &str) -> String {
+    match m {
+        Msg::Elements(g) => describe(g, table),
+        Msg::Table(op) => format!("{op} (table inet {table})"),
+    }
+}
+
 fn describe(g: &Group<'_>, table: &str) -> String {
     let verb = match g.op {
         ElementOp::Add => "add",
@@ -480,21 +795,8 @@ fn encode_group(b: &mut Batch, seq: u32, flags: u16, table: &str, g: &Group<'_>)
             }
             // Deletes are matched by key: the kernel ignores (and nft omits) the data.
             if let (Some(v), ElementOp::Add) = (verdict, g.op) {
-                let (code, chain) = match v {
-                    Verdict::Accept => (NF_ACCEPT, None),
-                    Verdict::Drop => (NF_DROP, None),
-                    Verdict::Continue => (NFT_CONTINUE, None),
-                    Verdict::Return => (NFT_RETURN, None),
-                    Verdict::Jump(c) => (NFT_JUMP, Some(c)),
-                    Verdict::Goto(c) => (NFT_GOTO, Some(c)),
-                };
                 b.nest(NFTA_SET_ELEM_DATA);
-                b.nest(NFTA_DATA_VERDICT);
-                b.attr(NFTA_VERDICT_CODE, &code.to_be_bytes());
-                if let Some(c) = chain {
-                    b.attr_str(NFTA_VERDICT_CHAIN, c);
-                }
-                b.end_nest()?;
+                encode_verdict(b, v)?;
                 b.end_nest()?;
             }
             b.end_nest()?;
@@ -503,6 +805,17 @@ fn encode_group(b: &mut Batch, seq: u32, flags: u16, table: &str, g: &Group<'_>)
     b.end_nest()?;
     b.end();
     Ok(())
+}
+
+/// `NFTA_DATA_VERDICT { code, chain }` (inside an element's data or an immediate's data).
+fn encode_verdict(b: &mut Batch, v: &Verdict) -> Result<()> {
+    let (code, chain) = v.code();
+    b.nest(NFTA_DATA_VERDICT);
+    b.attr(NFTA_VERDICT_CODE, &code.to_be_bytes());
+    if let Some(c) = chain {
+        b.attr_str(NFTA_VERDICT_CHAIN, c);
+    }
+    b.end_nest()
 }
 
 /// The kernel's answer to one message: errno (0 = ok) and its extended-ack text.
@@ -713,8 +1026,8 @@ impl NftSocket {
     }
 
     /// Sends one batch of the groups; returns the kernel's answer per group (`None` = ok).
-    fn send_batch(&mut self, table: &str, gs: &[Group<'_>]) -> Result<Vec<Option<Answer>>> {
-        let context = format!("update sets of table inet {table}");
+    fn send_batch(&mut self, table: &str, gs: &[Msg<'_>]) -> Result<Vec<Option<Answer>>> {
+        let context = format!("update table inet {table}");
         let mut b = Batch::new();
         let begin_seq = self.next_seq();
         b.begin(NFNL_MSG_BATCH_BEGIN, 0, begin_seq, 0, NFNL_SUBSYS_NFTABLES);
@@ -725,7 +1038,7 @@ impl NftSocket {
             // arrival ends the exchange (answers come in message order).
             let flags = if i + 1 == gs.len() { NLM_F_ACK } else { 0 };
             let seq = if i == 0 { first } else { self.next_seq() };
-            encode_group(&mut b, seq, flags, table, g)?;
+            encode_msg(&mut b, seq, flags, table, g)?;
         }
         let end_seq = self.next_seq();
         b.begin(NFNL_MSG_BATCH_END, 0, end_seq, 0, NFNL_SUBSYS_NFTABLES);
@@ -769,9 +1082,23 @@ impl NftSocket {
     /// jumping to a missing chain, a key of the wrong size) is [`LinuxError::Netlink`] naming
     /// the operation.
     pub fn apply(&mut self, table: &str, changes: &[ElementChange]) -> Result<()> {
-        let mut gs = groups(changes);
+        self.apply_msgs(
+            table,
+            groups(changes).into_iter().map(Msg::Elements).collect(),
+        )
+    }
+
+    /// Applies `ops` in order to table `inet table` as one transaction, with the element
+    /// semantics of [`Self::apply`]. Creating a chain that exists is a no-op; any other refusal
+    /// (a rule for a missing chain, deleting a chain something still jumps to) fails the whole
+    /// transaction with [`LinuxError::Netlink`] naming the operation.
+    pub fn apply_ops(&mut self, table: &str, ops: &[TableOp]) -> Result<()> {
+        self.apply_msgs(table, messages(ops))
+    }
+
+    fn apply_msgs(&mut self, table: &str, mut gs: Vec<Msg<'_>>) -> Result<()> {
         // Each round either succeeds, fails for good, or strictly shrinks a tolerated failure
-        // (split a message into single elements, or drop a single no-op element).
+        // (split a message into single elements, or drop a single no-op element or chain).
         loop {
             if gs.is_empty() {
                 return Ok(());
@@ -781,10 +1108,21 @@ impl NftSocket {
                 return Ok(());
             }
             let mut next = Vec::with_capacity(gs.len());
-            for (g, a) in gs.iter().zip(answers) {
+            for (m, a) in gs.iter().zip(answers) {
                 let Some(a) = a else {
-                    next.push(g.clone());
+                    next.push(m.clone());
                     continue;
+                };
+                let g = match m {
+                    Msg::Elements(g) => g,
+                    Msg::Table(TableOp::AddChain(_)) if a.errno == libc::EEXIST => continue,
+                    Msg::Table(_) => {
+                        return Err(LinuxError::Netlink {
+                            context: describe_msg(m, table),
+                            source: io::Error::from_raw_os_error(a.errno),
+                            ext_ack: a.ext_ack,
+                        });
+                    }
                 };
                 let tolerable = match (g.op, a.errno) {
                     (ElementOp::Add, libc::EEXIST) => true,
@@ -812,10 +1150,12 @@ impl NftSocket {
                     });
                 }
                 if g.elements.len() > 1 {
-                    next.extend(g.elements.iter().map(|e| Group {
-                        set: g.set,
-                        op: g.op,
-                        elements: vec![*e],
+                    next.extend(g.elements.iter().map(|e| {
+                        Msg::Elements(Group {
+                            set: g.set,
+                            op: g.op,
+                            elements: vec![*e],
+                        })
                     }));
                 }
             }
@@ -844,6 +1184,15 @@ fn current_netns() -> Result<(u64, u64)> {
 /// one should use this rather than a socket per change. After an error the socket is
 /// dropped, so no stale answer can confuse the next exchange.
 pub fn apply_cached(table: &str, changes: &[ElementChange]) -> Result<()> {
+    with_cached(|sock| sock.apply(table, changes))
+}
+
+/// [`NftSocket::apply_ops`] on the socket [`apply_cached`] keeps per thread.
+pub fn apply_ops_cached(table: &str, ops: &[TableOp]) -> Result<()> {
+    with_cached(|sock| sock.apply_ops(table, ops))
+}
+
+fn with_cached(f: impl FnOnce(&mut NftSocket) -> Result<()>) -> Result<()> {
     let ns = current_netns()?;
     CACHED.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -851,7 +1200,7 @@ pub fn apply_cached(table: &str, changes: &[ElementChange]) -> Result<()> {
             *slot = Some((ns, NftSocket::new()?));
         }
         let (_, sock) = slot.as_mut().expect("socket just cached");
-        let r = sock.apply(table, changes);
+        let r = f(sock);
         if r.is_err() {
             *slot = None;
         }
@@ -862,6 +1211,37 @@ pub fn apply_cached(table: &str, changes: &[ElementChange]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rules_parse_only_the_shapes_they_encode() {
+        for text in [
+            "meta mark set meta mark and 0xfffeffff",
+            "meta mark and 0x10000 == 0x10000 accept",
+            "meta mark and 0x10000 == 0x10000 return",
+            "jump pol-0123456789ab-in",
+            "drop",
+        ] {
+            let r = Rule::parse(text).unwrap_or_else(|| panic!("{text} parses"));
+            assert_eq!(r.to_string(), text);
+        }
+        assert_eq!(
+            Rule::parse("meta mark and 65536 == 0x10000 goto x"),
+            Some(Rule::MarkTest {
+                bits: 0x10000,
+                verdict: Verdict::Goto("x".into())
+            })
+        );
+        for text in [
+            "ip saddr @sel-a-v4 accept",
+            "meta mark and 0x1 == 0x2 accept",
+            "meta mark set meta mark or 0x10000 return",
+            "jump",
+            "drop now",
+            "",
+        ] {
+            assert_eq!(Rule::parse(text), None, "{text}");
+        }
+    }
 
     fn attrs(mut buf: &[u8]) -> Vec<(u16, Vec<u8>)> {
         let mut out = Vec::new();

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use tern_linux::LinuxError;
 use tern_linux::nft_netlink::{
-    Element, ElementChange, ElementOp, Key, NftSocket, SetKind, Verdict,
+    Element, ElementChange, ElementOp, Key, NftSocket, Rule, SetKind, TableOp, Verdict,
 };
 
 const TABLE: &str = "\
@@ -273,5 +273,158 @@ fn large_batches_are_one_transaction() {
             .collect();
         s.apply("tern", &dels).unwrap();
         assert!(listed("set", "sel-a-v4").is_empty());
+    });
+}
+
+/// The rules of a chain as `nft list chain` prints them (handles and the chain line removed).
+fn chain_rules(chain: &str) -> Vec<String> {
+    let out = Command::new("nft")
+        .args(["list", "chain", "inet", "tern", chain])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("table") && !l.starts_with("chain"))
+        .filter(|l| *l != "}")
+        .map(str::to_string)
+        .collect()
+}
+
+/// An endpoint chain as tern's compiler writes it.
+const EP_RULES: [&str; 6] = [
+    "meta mark set meta mark and 0xfffeffff",
+    "jump pol-a-in",
+    "meta mark and 0x10000 == 0x10000 accept",
+    "jump pol-b-in",
+    "meta mark and 0x10000 == 0x10000 accept",
+    "drop",
+];
+
+fn add_chain_ops(chain: &str, rules: &[&str]) -> Vec<TableOp> {
+    let mut ops = vec![TableOp::AddChain(chain.into())];
+    for r in rules {
+        ops.push(TableOp::AddRule {
+            chain: chain.into(),
+            rule: Rule::parse(r).unwrap_or_else(|| panic!("{r} parses")),
+        });
+    }
+    ops
+}
+
+fn map_entry(ifname: &str, op: ElementOp, chain: &str) -> TableOp {
+    TableOp::Element(ElementChange {
+        set: "ep-in".into(),
+        op,
+        element: Element {
+            key: Key::Ifname(ifname.into()),
+            verdict: Some(Verdict::Jump(chain.into())),
+        },
+    })
+}
+
+#[test]
+fn chains_and_rules_over_netlink_equal_what_nft_makes() {
+    in_netns(|| {
+        setup();
+        let mut script = String::from(
+            "add chain inet tern pol-a-in\nadd chain inet tern pol-b-in\nadd chain inet tern by-nft\n",
+        );
+        for r in EP_RULES {
+            script.push_str(&format!("add rule inet tern by-nft {r}\n"));
+        }
+        tern_linux::nft::apply(&script).unwrap();
+        let mut ops = add_chain_ops("ep-in-tern7", &EP_RULES);
+        ops.push(map_entry("tern7", ElementOp::Add, "ep-in-tern7"));
+        let mut s = NftSocket::new().unwrap();
+        s.apply_ops("tern", &ops).unwrap();
+        let want = chain_rules("by-nft");
+        assert_eq!(want.len(), EP_RULES.len(), "{want:?}");
+        assert_eq!(chain_rules("ep-in-tern7"), want);
+        // What Display writes is what Rule::parse reads.
+        for r in EP_RULES {
+            assert_eq!(Rule::parse(r).unwrap().to_string(), r);
+        }
+        assert_eq!(listed("map", "ep-in").len(), 1);
+
+        // Replace the rules (labels changed: one policy left), then remove the endpoint.
+        let mut replace = vec![TableOp::FlushChain("ep-in-tern7".into())];
+        replace.extend(
+            add_chain_ops(
+                "ep-in-tern7",
+                &[EP_RULES[0], EP_RULES[3], EP_RULES[4], "drop"],
+            )
+            .into_iter()
+            .skip(1),
+        );
+        s.apply_ops("tern", &replace).unwrap();
+        assert_eq!(chain_rules("ep-in-tern7").len(), 4);
+        assert!(chain_rules("ep-in-tern7")[1].contains("pol-b-in"));
+        s.apply_ops(
+            "tern",
+            &[
+                map_entry("tern7", ElementOp::Delete, ""),
+                TableOp::DeleteChain("ep-in-tern7".into()),
+            ],
+        )
+        .unwrap();
+        assert!(listed("map", "ep-in").is_empty());
+        let gone = Command::new("nft")
+            .args(["list", "chain", "inet", "tern", "ep-in-tern7"])
+            .output()
+            .unwrap();
+        assert!(!gone.status.success(), "the chain was deleted");
+    });
+}
+
+#[test]
+fn a_refused_operation_leaves_the_table_unchanged() {
+    in_netns(|| {
+        setup();
+        tern_linux::nft::apply("add chain inet tern pol-a-in\nadd chain inet tern pol-b-in\n")
+            .unwrap();
+        let mut s = NftSocket::new().unwrap();
+        let mut ops = add_chain_ops("ep-in-tern7", &EP_RULES);
+        ops.push(map_entry("tern7", ElementOp::Add, "ep-in-tern7"));
+        s.apply_ops("tern", &ops).unwrap();
+        // Deleting a chain the map still jumps to is refused, and the transaction with it:
+        // the rule added before it in the same batch is not there either.
+        let err = s
+            .apply_ops(
+                "tern",
+                &[
+                    TableOp::AddRule {
+                        chain: "ep-in-tern1".into(),
+                        rule: Rule::Verdict(Verdict::Drop),
+                    },
+                    TableOp::DeleteChain("ep-in-tern7".into()),
+                ],
+            )
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("delete chain ep-in-tern7"),
+            "{err}"
+        );
+        assert!(chain_rules("ep-in-tern1").is_empty());
+        assert_eq!(chain_rules("ep-in-tern7").len(), EP_RULES.len());
+        // A rule jumping to a missing chain names the rule.
+        let err = s
+            .apply_ops(
+                "tern",
+                &[TableOp::AddRule {
+                    chain: "ep-in-tern1".into(),
+                    rule: Rule::Verdict(Verdict::Jump("nowhere".into())),
+                }],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("jump nowhere"), "{err}");
+        // Creating a chain that exists is fine.
+        s.apply_ops("tern", &[TableOp::AddChain("ep-in-tern1".into())])
+            .unwrap();
     });
 }

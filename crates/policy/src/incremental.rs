@@ -46,6 +46,17 @@ pub struct ElementChange {
     pub element: String,
 }
 
+/// One change of [`Incremental::table_delta`], in nft terms: rules are rule text as in a
+/// chain body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableChange {
+    Element(ElementChange),
+    AddChain(String),
+    FlushChain(String),
+    DeleteChain(String),
+    AddRule { chain: String, rule: String },
+}
+
 /// The incrementally maintained policy state of one node.
 #[derive(Debug, Clone)]
 pub struct Incremental {
@@ -483,6 +494,62 @@ impl Incremental {
                 return None;
             }
         }
+        let (mut removed, mut added) = self.element_changes(applied)?;
+        removed.append(&mut added);
+        Some(removed)
+    }
+
+    /// The pending change as element changes plus regular-chain changes (created, re-filled,
+    /// deleted), when that is all it is: the "a local pod is selected / leaves / changes
+    /// labels" case, whose endpoint chains are new or changed while every policy chain and set
+    /// declaration stays. `None` when the kernel state is unknown, a base chain changed or a
+    /// set was declared, deleted or redeclared. In the order one transaction must apply them:
+    /// element removals, new chains, flushed chains, their rules, element additions (map
+    /// entries jump to chains that now exist), chain deletions (nothing jumps to them any
+    /// more). Commit with the [`Self::script`] it goes with.
+    pub fn table_delta(&self) -> Option<Vec<TableChange>> {
+        let applied = self.applied.as_ref()?;
+        let (removed, added) = self.element_changes(applied)?;
+        let mut out: Vec<TableChange> = removed.into_iter().map(TableChange::Element).collect();
+        let mut created = Vec::new();
+        let mut flushed = Vec::new();
+        let mut rules = Vec::new();
+        let mut deleted = Vec::new();
+        for n in &self.dirty_chains {
+            let desired = self.rs.chains.get(n).or(self.extra.chains.get(n));
+            let old = applied.chains.get(n);
+            if old == desired {
+                continue;
+            }
+            if old.is_some_and(|c| c.base.is_some()) || desired.is_some_and(|c| c.base.is_some()) {
+                return None;
+            }
+            match (old, desired) {
+                (_, None) => deleted.push(TableChange::DeleteChain(n.clone())),
+                (None, Some(_)) => created.push(TableChange::AddChain(n.clone())),
+                (Some(_), Some(_)) => flushed.push(TableChange::FlushChain(n.clone())),
+            }
+            if let Some(c) = desired {
+                rules.extend(c.rules.iter().map(|r| TableChange::AddRule {
+                    chain: n.clone(),
+                    rule: r.clone(),
+                }));
+            }
+        }
+        out.append(&mut created);
+        out.append(&mut flushed);
+        out.append(&mut rules);
+        out.extend(added.into_iter().map(TableChange::Element));
+        out.append(&mut deleted);
+        Some(out)
+    }
+
+    /// Element removals and additions of the dirty sets; `None` if a set's declaration
+    /// changed or a set appeared or disappeared.
+    fn element_changes(
+        &self,
+        applied: &Ruleset,
+    ) -> Option<(Vec<ElementChange>, Vec<ElementChange>)> {
         let mut removed = Vec::new();
         let mut added = Vec::new();
         for n in &self.dirty_sets {
@@ -513,8 +580,7 @@ impl Incremental {
                 }
             }
         }
-        removed.append(&mut added);
-        Some(removed)
+        Some((removed, added))
     }
 
     /// The full-resync script of the desired table (one transaction).

@@ -17,7 +17,7 @@ pub mod model;
 pub mod nft;
 
 pub use compile::compile;
-pub use incremental::{ElementChange, Incremental, Script, policy_key};
+pub use incremental::{ElementChange, Incremental, Script, TableChange, policy_key};
 pub use model::{
     Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Match, NamespaceScope,
     PolicyKey, PolicySet,

@@ -309,3 +309,72 @@ fn element_delta_covers_only_pure_set_element_changes() {
     inc.upsert_endpoint(ep("x", "a2", "n1", "198.18.0.9", &[("pod", "a")]));
     assert_eq!(inc.element_delta(), None);
 }
+
+#[test]
+fn table_delta_orders_chain_and_element_changes_for_one_transaction() {
+    use tern_policy::TableChange;
+    let mut set = PolicySet::new();
+    set.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
+    for r in resources(POLICIES) {
+        set.apply(&r).unwrap();
+    }
+    let mut inc = Incremental::new("n1", set);
+    assert_eq!(inc.table_delta(), None, "kernel state unknown");
+    let full = inc.script();
+    inc.commit(&full);
+    // A second local pod that both policies select: its chains, their rules, then the map
+    // entries jumping to them, plus its address in the sets that select it.
+    inc.upsert_endpoint(ep("x", "a2", "n1", "198.18.0.9", &[("pod", "a")]));
+    let d = inc.table_delta().expect("chains and elements only");
+    let chain_in = pos_of(
+        &d,
+        |c| matches!(c, TableChange::AddChain(n) if n == "ep-in-tva2"),
+    );
+    let rule_in = pos_of(
+        &d,
+        |c| matches!(c, TableChange::AddRule { chain, .. } if chain == "ep-in-tva2"),
+    );
+    let entry_in = pos_of(
+        &d,
+        |c| matches!(c, TableChange::Element(e) if e.set == "ep-in" && e.add && e.element.contains("tva2")),
+    );
+    assert!(chain_in < rule_in && rule_in < entry_in, "{d:#?}");
+    assert!(
+        d.iter()
+            .any(|c| matches!(c, TableChange::AddChain(n) if n == "ep-out-tva2"))
+    );
+    let last_rule = d
+        .iter()
+        .rev()
+        .find_map(|c| match c {
+            TableChange::AddRule { chain, rule } if chain == "ep-in-tva2" => Some(rule.as_str()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(last_rule, "drop", "default deny ends the endpoint chain");
+    let s = inc.script();
+    inc.commit(&s);
+    // Labels change so no ingress policy selects it: map entry out first, chain deleted last.
+    inc.upsert_endpoint(ep("x", "a2", "n1", "198.18.0.9", &[("other", "a")]));
+    let d = inc.table_delta().expect("chains and elements only");
+    let entry_out = pos_of(
+        &d,
+        |c| matches!(c, TableChange::Element(e) if e.set == "ep-in" && !e.add && e.element.contains("tva2")),
+    );
+    let chain_gone = pos_of(
+        &d,
+        |c| matches!(c, TableChange::DeleteChain(n) if n == "ep-in-tva2"),
+    );
+    assert!(entry_out < chain_gone, "{d:#?}");
+    let s = inc.script();
+    inc.commit(&s);
+    // Removing the last filtered endpoints changes the base chain (no more conntrack rules):
+    // not expressible as a table delta.
+    inc.remove_endpoint("x", "a");
+    inc.remove_endpoint("x", "a2");
+    assert_eq!(inc.table_delta(), None);
+}
+
+fn pos_of(d: &[tern_policy::TableChange], f: impl Fn(&tern_policy::TableChange) -> bool) -> usize {
+    d.iter().position(f).unwrap()
+}
