@@ -35,6 +35,7 @@ pub mod netpol;
 
 pub mod pod;
 pub mod policybench;
+pub mod policyprop;
 pub mod process;
 pub mod state;
 pub mod topology;

@@ -6,8 +6,10 @@
 //! A pod joins its Kubernetes namespace through `CNI_ARGS K8S_POD_NAMESPACE/K8S_POD_NAME` and
 //! gets its labels through `args.cni.labels` in the netconf (the agent adds
 //! `tern.dev/namespace`), exactly as a container runtime would pass them. Named container
-//! ports cannot come through CNI (Calico reads them from the pod spec), so [`set_pod_ports`]
-//! writes them into the pod's WorkloadEndpoint, as an orchestrator integration would.
+//! ports can come through `args.cni.ports` (a tern extension; Calico reads them from the pod
+//! spec); here [`set_pod_ports`] writes them into the pod's WorkloadEndpoint after ADD, as an
+//! orchestrator integration or `ternctl port` would, which also proves that a port change
+//! reaches every node's sets.
 //! Namespaces, policies and label changes are written to the lab's store as `ternctl apply` /
 //! `ternctl label` write them; every agent sees them through its store watch.
 

@@ -31,6 +31,22 @@ enum Cmd {
     Converge(ConvergeArgs),
     /// NetworkPolicy programming: 1,000 policies x 1,000 endpoints, and incremental changes.
     Policy(PolicyArgs),
+    /// Policy propagation: a NetworkPolicy's write to every node enforcing it, and its delete
+    /// to traffic flowing again (3-node lab).
+    PolicyPropagation(PolicyPropagationArgs),
+}
+
+#[derive(Args)]
+struct PolicyPropagationArgs {
+    /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// Apply/delete rounds (each gives one sample per node and direction).
+    #[arg(long, default_value_t = 20)]
+    trials: usize,
+    /// Datastore of the lab.
+    #[arg(long, value_enum, default_value_t = tern_lab::StoreKind::Etcd)]
+    store: tern_lab::StoreKind,
 }
 
 #[derive(Args)]
@@ -44,19 +60,31 @@ struct PolicyArgs {
     /// Incremental changes timed per kind.
     #[arg(long, default_value_t = 50)]
     samples: u32,
-    /// Instead: per-packet cost (iperf3 and TCP request/response) with `--rules` rules in
-    /// tern vs none vs a linear iptables chain.
+    /// Instead: per-packet cost (iperf3, TCP request/response, new connections) with
+    /// `--rules` rules in tern vs no netfilter vs conntrack only vs a linear iptables chain.
     #[arg(long)]
     per_packet: bool,
     /// Rules for `--per-packet`.
     #[arg(long, default_value_t = 10000)]
     rules: u32,
     /// Seconds per measurement for `--per-packet`.
-    #[arg(long, default_value_t = 5)]
-    seconds: u32,
-    /// Rounds over all configurations for `--per-packet` (best of each is kept).
     #[arg(long, default_value_t = 3)]
+    seconds: u32,
+    /// Rounds for `--per-packet`: each measures every configuration once, in a rotating
+    /// order; medians and per-round paired losses are reported.
+    #[arg(long, default_value_t = 8)]
     runs: u32,
+    /// CPU of the client for `--per-packet` (iperf3 -c via taskset, client threads). Client
+    /// and server share one CPU by default: the whole path (send, forward, receive) then runs
+    /// there, and no round trip waits for another vCPU to wake up.
+    #[arg(long, default_value_t = 1)]
+    client_cpu: usize,
+    /// CPU of the server for `--per-packet` (iperf3 -s via taskset, server threads).
+    #[arg(long, default_value_t = 1)]
+    server_cpu: usize,
+    /// Leave client and server placement to the scheduler for `--per-packet`.
+    #[arg(long)]
+    no_pin: bool,
 }
 
 #[derive(Args)]
@@ -144,6 +172,10 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                     runs: a.runs,
                     rules: a.rules,
                     seconds: a.seconds,
+                    pin: (!a.no_pin).then_some(tern_lab::policybench::CpuPin {
+                        client: a.client_cpu,
+                        server: a.server_cpu,
+                    }),
                 })?;
             let table = tern_lab::policybench::render_per_packet(&r);
             print!("{table}");
@@ -159,6 +191,14 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             let table = tern_lab::policybench::render(&o, &r);
             print!("{table}");
             return Ok(!table.contains("MISS"));
+        }
+        Cmd::PolicyPropagation(a) => {
+            let mut o =
+                tern_lab::policyprop::PropagationOptions::new(absolute(a.bin_dir)?, a.trials);
+            o.store = a.store;
+            let r = tern_lab::policyprop::run_propagation(&o)?;
+            println!("{r}");
+            return Ok(r.pass());
         }
         Cmd::Converge(a) => {
             let r = netbench::run_converge(&netbench::ConvergeOptions {
