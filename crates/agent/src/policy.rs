@@ -129,10 +129,10 @@ pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAg
 /// state: over netlink when the change allows ([`apply_netlink`]), else as an `nft -f` delta;
 /// a delta the kernel refuses (drift) is retried as a full resync.
 pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError> {
-    let s = inc.script();
-    if apply_netlink(inc, &s) {
-        return Ok(Applied::Netlink);
+    if let Some(how) = apply_netlink(inc) {
+        return Ok(how);
     }
+    let s = inc.script();
     match run_script(inc, &s) {
         Err(e) if !s.full => {
             log::warn!("policy: {e}; resyncing the whole table");
@@ -146,21 +146,24 @@ pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError>
 /// Fast path of [`apply_pending`]: a delta that only adds and removes set / map elements and
 /// creates, re-fills or deletes endpoint chains (a pod joining or leaving selected sets, a
 /// local pod that policies select) goes to the kernel as one nfnetlink batch instead of
-/// `nft -f`, which would first load the whole table (15-40 ms at 1,000 policies). True when
-/// applied and committed; false when the delta is anything else (a policy's own rules, a base
-/// chain, a set declaration), or on any netlink error, after which the caller applies the same
-/// delta with `nft -f` (the batch is one transaction, so a failed one changed nothing), then a
-/// full resync if that fails too.
-pub fn apply_netlink(inc: &mut Incremental, s: &Script) -> bool {
-    if s.full || s.text.is_empty() {
-        return false;
+/// `nft -f`, which would first load the whole table (15-40 ms at 1,000 policies); no script
+/// text is rendered for it. `Some` when applied (or nothing was pending) and committed; `None`
+/// when the delta is anything else (a policy's own rules, a base chain, a set declaration) or
+/// the kernel state is unknown, or on any netlink error, after which the caller applies the
+/// same delta with `nft -f` (the batch is one transaction, so a failed one changed nothing),
+/// then a full resync if that fails too.
+pub fn apply_netlink(inc: &mut Incremental) -> Option<Applied> {
+    let delta = inc.table_delta()?;
+    // Commits the dirty state; a delta script's text is never looked at by commit.
+    let done = Script {
+        text: String::new(),
+        full: false,
+    };
+    if delta.is_empty() {
+        inc.commit(&done);
+        return Some(Applied::Nothing);
     }
-    let Some(delta) = inc.table_delta() else {
-        return false;
-    };
-    let Some(ops) = netlink_ops(&delta) else {
-        return false;
-    };
+    let ops = netlink_ops(&delta)?;
     let table = tern_policy::nft::TABLE
         .strip_prefix("inet ")
         .expect("the policy table is an inet table");
@@ -169,12 +172,12 @@ pub fn apply_netlink(inc: &mut Incremental, s: &Script) -> bool {
     match tern_linux::nft_netlink::apply_ops_cached(table, &ops) {
         Ok(()) => {
             log::debug!("policy: applied {} table changes over netlink", ops.len());
-            inc.commit(s);
-            true
+            inc.commit(&done);
+            Some(Applied::Netlink)
         }
         Err(e) => {
             log::warn!("policy: netlink table update failed ({e}); retrying with nft -f");
-            false
+            None
         }
     }
 }
@@ -515,8 +518,7 @@ mod tests {
         };
         // A remote pod joins the source set: applied without nft, and the kernel has it.
         inc.upsert_endpoint(remote("198.18.0.5", "b"));
-        let s = inc.script();
-        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
+        assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         assert_eq!(inc.pending(), 0);
         let listing = tern_linux::nft::list_table("inet", "tern")
             .unwrap()
@@ -524,8 +526,7 @@ mod tests {
         assert!(listing.contains("198.18.0.5"), "{listing}");
         // It leaves (label change): removed the same way.
         inc.upsert_endpoint(remote("198.18.0.5", "c"));
-        let s = inc.script();
-        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
+        assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         let listing = tern_linux::nft::list_table("inet", "tern")
             .unwrap()
             .unwrap();
@@ -538,13 +539,11 @@ mod tests {
             ..remote(&format!("198.18.0.{}", 10 + n), "b")
         };
         inc.upsert_endpoint(local(1));
-        let s = inc.script();
-        assert!(!apply_netlink(&mut inc, &s));
+        assert_eq!(apply_netlink(&mut inc), None);
         engine.flush(&mut inc).unwrap();
         // The next one only brings its own chain, map entry and set elements: netlink.
         inc.upsert_endpoint(local(2));
-        let s = inc.script();
-        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
+        assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         let chain = || {
             std::process::Command::new("nft")
                 .args(["list", "chain", "inet", "tern", "ep-in-ternlocal2"])
@@ -569,15 +568,13 @@ mod tests {
         );
         // It goes away the same way: map entry and chain gone.
         inc.remove_endpoint("x", "local2");
-        let s = inc.script();
-        assert!(apply_netlink(&mut inc, &s), "{}", s.text);
+        assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         assert!(!chain().status.success(), "the chain was deleted");
         // Drift (the set vanished behind the agent's back): the netlink batch fails, nothing
         // is committed, and flush repairs it through nft and a full resync.
         tern_linux::nft::apply("delete table inet tern\n").unwrap();
         inc.upsert_endpoint(remote("198.18.0.7", "b"));
-        let s = inc.script();
-        assert!(!apply_netlink(&mut inc, &s));
+        assert_eq!(apply_netlink(&mut inc), None);
         assert!(inc.pending() > 0);
         let fulls = engine.full_applies();
         engine.flush(&mut inc).unwrap();

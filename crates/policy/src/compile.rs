@@ -110,19 +110,19 @@ impl SetSource {
 }
 
 impl Family {
-    fn of(ip: &IpAddr) -> Family {
+    pub(crate) fn of(ip: &IpAddr) -> Family {
         if ip.is_ipv4() { Family::V4 } else { Family::V6 }
     }
-    fn of_net(n: &IpNet) -> Family {
+    pub(crate) fn of_net(n: &IpNet) -> Family {
         Family::of(&n.addr())
     }
-    fn suffix(self) -> &'static str {
+    pub(crate) fn suffix(self) -> &'static str {
         match self {
             Family::V4 => "v4",
             Family::V6 => "v6",
         }
     }
-    fn kw(self) -> &'static str {
+    pub(crate) fn kw(self) -> &'static str {
         match self {
             Family::V4 => "ip",
             Family::V6 => "ip6",
@@ -165,9 +165,64 @@ pub fn endpoint_map(dir: Direction) -> &'static str {
     }
 }
 
+/// Name of a local endpoint's fast-path set (see [`crate::fastpath`]) for a direction and
+/// family.
+pub fn fast_path_set(ep: &Endpoint, dir: Direction, fam: Family) -> String {
+    let d = match dir {
+        Direction::Ingress => "in",
+        Direction::Egress => "out",
+    };
+    format!("fp-{d}-{}-{}", ep.interface, fam.suffix())
+}
+
+/// What a local endpoint has in the table for one direction: its chain (`None` when no
+/// policy applies: the endpoint is not filtered) and its fast-path sets by name (`None` = the
+/// set must not exist).
+pub struct EndpointParts {
+    pub chain: Option<Chain>,
+    pub sets: Vec<(String, Option<Set>)>,
+}
+
+/// The chain and fast-path sets of local endpoint `ep` for a direction, given the policies
+/// that apply to it in evaluation order.
+pub fn endpoint_parts(ep: &Endpoint, pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
+    let mut sets = Vec::new();
+    let mut fast = Vec::new();
+    for fam in [Family::V4, Family::V6] {
+        let name = fast_path_set(ep, dir, fam);
+        let elements = if pols.is_empty() {
+            BTreeMap::new()
+        } else {
+            crate::fastpath::elements(pols, dir, fam)
+        };
+        if elements.is_empty() {
+            sets.push((name, None));
+            continue;
+        }
+        let field = match dir {
+            Direction::Ingress => "saddr",
+            Direction::Egress => "daddr",
+        };
+        fast.push(format!(
+            "{} {field} . meta l4proto . th dport @{name}",
+            fam.kw()
+        ));
+        let set = Set {
+            spec: crate::fastpath::set_spec(fam),
+            elements,
+        };
+        sets.push((name, Some(set)));
+    }
+    EndpointParts {
+        chain: endpoint_chain_rules(pols, dir, &fast),
+        sets,
+    }
+}
+
 /// The chain of a local endpoint for a direction, given the policies that apply to it in
-/// evaluation order; `None` when no policy applies (the endpoint is not filtered).
-pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction) -> Option<Chain> {
+/// evaluation order and the fast-path matches to try first; `None` when no policy applies (the
+/// endpoint is not filtered).
+pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[String]) -> Option<Chain> {
     if pols.is_empty() {
         return None;
     }
@@ -177,6 +232,9 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction) -> Option<Chain>
         // Egress allowed: back to the base chain, which checks the receiver's ingress.
         Direction::Egress => "return",
     };
+    for m in fast {
+        rules.push(format!("{m} {done}"));
+    }
     for p in pols {
         rules.push(format!("jump {}", policy_chain(p, dir)));
         rules.push(format!(
@@ -234,7 +292,13 @@ pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
     for ep in local {
         for dir in [Direction::Ingress, Direction::Egress] {
             let pols = set.policies_for(ep, dir);
-            let Some(chain) = endpoint_chain_rules(&pols, dir) else {
+            let parts = endpoint_parts(ep, &pols, dir);
+            for (name, s) in parts.sets {
+                if let Some(s) = s {
+                    c.rs.sets.insert(name, s);
+                }
+            }
+            let Some(chain) = parts.chain else {
                 continue;
             };
             for p in pols {

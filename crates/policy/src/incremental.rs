@@ -20,7 +20,8 @@ use tern_model::{Kind, Resource};
 
 use crate::PolicyError;
 use crate::compile::{
-    Compiler, SetSource, endpoint_chain, endpoint_chain_rules, endpoint_map, policy_chain,
+    Compiler, Family, SetSource, endpoint_chain, endpoint_map, endpoint_parts, fast_path_set,
+    policy_chain,
 };
 use crate::model::{Direction, Endpoint, PolicyKey, PolicySet};
 use crate::nft::{Chain, Ruleset, Set};
@@ -170,7 +171,13 @@ impl Incremental {
         for ep in self.set.endpoints().filter(|e| is_local(e, &self.node)) {
             for dir in DIRS {
                 let pols = self.set.policies_for(ep, dir);
-                if let Some(chain) = endpoint_chain_rules(&pols, dir) {
+                let parts = endpoint_parts(ep, &pols, dir);
+                for (name, s) in parts.sets {
+                    if let Some(s) = s {
+                        c.rs.sets.insert(name, s);
+                    }
+                }
+                if let Some(chain) = parts.chain {
                     let name = endpoint_chain(ep, dir);
                     c.rs.chains.insert(name.clone(), chain);
                     if let Some(m) = c.rs.sets.get_mut(endpoint_map(dir)) {
@@ -213,6 +220,17 @@ impl Incremental {
             None => self.rs.chains.remove(&name),
         };
         self.dirty_chains.insert(name);
+    }
+
+    fn put_set(&mut self, name: String, set: Option<Set>) {
+        if self.rs.sets.get(&name) == set.as_ref() {
+            return;
+        }
+        match set {
+            Some(s) => self.rs.sets.insert(name.clone(), s),
+            None => self.rs.sets.remove(&name),
+        };
+        self.dirty_sets.insert(name);
     }
 
     fn put_map_entry(&mut self, map: &str, key: String, target: Option<String>) {
@@ -265,17 +283,23 @@ impl Incremental {
             for dir in DIRS {
                 self.put_map_entry(endpoint_map(dir), map_key(o), None);
                 self.put_chain(endpoint_chain(o, dir), None);
+                for fam in [Family::V4, Family::V6] {
+                    self.put_set(fast_path_set(o, dir, fam), None);
+                }
             }
         }
         let Some(n) = new.filter(|n| is_local(n, &node)) else {
             return;
         };
         for dir in DIRS {
-            let chain = endpoint_chain_rules(&self.set.policies_for(n, dir), dir);
+            let parts = endpoint_parts(n, &self.set.policies_for(n, dir), dir);
+            for (name, set) in parts.sets {
+                self.put_set(name, set);
+            }
             let name = endpoint_chain(n, dir);
-            let target = chain.as_ref().map(|_| name.clone());
+            let target = parts.chain.as_ref().map(|_| name.clone());
             // Chain before map entry: the script declares and fills the chain first.
-            self.put_chain(name, chain);
+            self.put_chain(name, parts.chain);
             self.put_map_entry(endpoint_map(dir), map_key(n), target);
         }
     }

@@ -12,6 +12,7 @@
 //!   scripts, each one atomic transaction.
 
 pub mod compile;
+pub mod fastpath;
 pub mod incremental;
 pub mod model;
 pub mod nft;

@@ -182,6 +182,10 @@ pub fn render_delta(old: &Ruleset, new: &Ruleset) -> String {
             // A changed mapping is deleted before it is re-added.
             render_elements(&mut s, "delete", name, removed.into_iter());
             render_elements(&mut map_adds, "add", name, added);
+        } else if set.spec.contains("flags interval") {
+            // Interval sets refuse an element overlapping one still there: remove first.
+            render_elements(&mut s, "delete", name, removed.into_iter());
+            render_elements(&mut s, "add", name, added);
         } else {
             render_elements(&mut s, "add", name, added);
             render_elements(&mut deletes, "delete", name, removed.into_iter());
