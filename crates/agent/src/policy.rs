@@ -570,6 +570,32 @@ mod tests {
         inc.remove_endpoint("x", "local2");
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         assert!(!chain().status.success(), "the chain was deleted");
+        // An allow-only CIDR policy gives local1 a fast-path set (declared: nft). A pod with
+        // the same policies shares that set, so its chain, with the set lookup, goes over
+        // netlink and equals what nft builds.
+        let cidr = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: from-net, namespace: x}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n  ingress:\n  - from:\n    - ipBlock: {cidr: 198.19.0.0/16}\n    ports:\n    - {port: 80, protocol: TCP}\n";
+        let r = tern_model::parse_documents(cidr, "t.yaml")
+            .unwrap()
+            .remove(0);
+        inc.apply(&r).unwrap();
+        assert_eq!(apply_netlink(&mut inc), None);
+        engine.flush(&mut inc).unwrap();
+        inc.upsert_endpoint(local(3));
+        assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
+        let chain3 = || {
+            std::process::Command::new("nft")
+                .args(["list", "chain", "inet", "tern", "ep-in-ternlocal3"])
+                .output()
+                .unwrap()
+        };
+        let by_netlink = String::from_utf8_lossy(&chain3().stdout).into_owned();
+        assert!(
+            by_netlink.contains("ip saddr . meta l4proto . th dport @fp-in-"),
+            "{by_netlink}"
+        );
+        let full = inc.full_script();
+        engine.run(&mut inc, &full).unwrap();
+        assert_eq!(String::from_utf8_lossy(&chain3().stdout), by_netlink);
         // Drift (the set vanished behind the agent's back): the netlink batch fails, nothing
         // is committed, and flush repairs it through nft and a full resync.
         tern_linux::nft::apply("delete table inet tern\n").unwrap();

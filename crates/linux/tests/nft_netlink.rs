@@ -428,3 +428,65 @@ fn a_refused_operation_leaves_the_table_unchanged() {
             .unwrap();
     });
 }
+
+/// The expressions of a chain's rules as the kernel holds them (`nft --debug=netlink`).
+fn chain_exprs(chain: &str) -> Vec<String> {
+    let out = Command::new("nft")
+        .args(["--debug=netlink", "list", "chain", "inet", "tern", chain])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with('['))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn fast_path_lookups_over_netlink_are_the_expressions_nft_sends() {
+    const LOOKUPS: [&str; 4] = [
+        "ip saddr . meta l4proto . th dport @fp-v4 accept",
+        "ip daddr . meta l4proto . th dport @fp-v4 return",
+        "ip6 saddr . meta l4proto . th dport @fp-v6 accept",
+        "ip6 daddr . meta l4proto . th dport @fp-v6 return",
+    ];
+    in_netns(|| {
+        setup();
+        let mut script = String::from(
+            "add set inet tern fp-v4 { type ipv4_addr . inet_proto . inet_service; flags interval; }\n\
+             add set inet tern fp-v6 { type ipv6_addr . inet_proto . inet_service; flags interval; }\n\
+             add element inet tern fp-v4 { 198.18.0.0/16 . 6 . 80 }\n\
+             add chain inet tern by-nft\n",
+        );
+        for r in LOOKUPS {
+            script.push_str(&format!("add rule inet tern by-nft {r}\n"));
+        }
+        tern_linux::nft::apply(&script).unwrap();
+        for r in LOOKUPS {
+            assert_eq!(Rule::parse(r).unwrap().to_string(), r);
+        }
+        let mut s = NftSocket::new().unwrap();
+        s.apply_ops("tern", &add_chain_ops("by-netlink", &LOOKUPS))
+            .unwrap();
+        let want = chain_exprs("by-nft");
+        assert!(
+            want.iter().any(|l| l.contains("lookup reg 1 set fp-v6")),
+            "{want:?}"
+        );
+        assert_eq!(chain_exprs("by-netlink"), want);
+        assert_eq!(chain_rules("by-netlink"), chain_rules("by-nft"));
+        // A lookup in a set that does not exist is refused and names the rule.
+        let err = s
+            .apply_ops(
+                "tern",
+                &[TableOp::AddRule {
+                    chain: "by-netlink".into(),
+                    rule: Rule::parse("ip saddr . meta l4proto . th dport @nope accept").unwrap(),
+                }],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("@nope"), "{err}");
+    });
+}

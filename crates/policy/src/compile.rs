@@ -165,40 +165,39 @@ pub fn endpoint_map(dir: Direction) -> &'static str {
     }
 }
 
-/// Name of a local endpoint's fast-path set (see [`crate::fastpath`]) for a direction and
-/// family.
-pub fn fast_path_set(ep: &Endpoint, dir: Direction, fam: Family) -> String {
+/// Name of a fast-path set (see [`crate::fastpath`]) for a direction and family, derived from
+/// its elements: endpoints whose policies give them the same fast path share one set, so a
+/// pod like one already on the node adds no set (and its chain can go over netlink).
+pub fn fast_path_set(dir: Direction, fam: Family, elements: &BTreeMap<String, String>) -> String {
     let d = match dir {
         Direction::Ingress => "in",
         Direction::Egress => "out",
     };
-    format!("fp-{d}-{}-{}", ep.interface, fam.suffix())
+    let keys: Vec<&str> = elements.keys().map(String::as_str).collect();
+    format!("fp-{d}-{}-{}", short_hash(&keys.join(",")), fam.suffix())
 }
 
 /// What a local endpoint has in the table for one direction: its chain (`None` when no
-/// policy applies: the endpoint is not filtered) and its fast-path sets by name (`None` = the
-/// set must not exist).
+/// policy applies: the endpoint is not filtered) and the fast-path sets the chain looks up.
 pub struct EndpointParts {
     pub chain: Option<Chain>,
-    pub sets: Vec<(String, Option<Set>)>,
+    pub sets: Vec<(String, Set)>,
 }
 
 /// The chain and fast-path sets of local endpoint `ep` for a direction, given the policies
 /// that apply to it in evaluation order.
-pub fn endpoint_parts(ep: &Endpoint, pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
+pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
     let mut sets = Vec::new();
     let mut fast = Vec::new();
     for fam in [Family::V4, Family::V6] {
-        let name = fast_path_set(ep, dir, fam);
-        let elements = if pols.is_empty() {
-            BTreeMap::new()
-        } else {
-            crate::fastpath::elements(pols, dir, fam)
-        };
+        if pols.is_empty() {
+            break;
+        }
+        let elements = crate::fastpath::elements(pols, dir, fam);
         if elements.is_empty() {
-            sets.push((name, None));
             continue;
         }
+        let name = fast_path_set(dir, fam, &elements);
         let field = match dir {
             Direction::Ingress => "saddr",
             Direction::Egress => "daddr",
@@ -211,7 +210,7 @@ pub fn endpoint_parts(ep: &Endpoint, pols: &[&IrPolicy], dir: Direction) -> Endp
             spec: crate::fastpath::set_spec(fam),
             elements,
         };
-        sets.push((name, Some(set)));
+        sets.push((name, set));
     }
     EndpointParts {
         chain: endpoint_chain_rules(pols, dir, &fast),
@@ -292,12 +291,8 @@ pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
     for ep in local {
         for dir in [Direction::Ingress, Direction::Egress] {
             let pols = set.policies_for(ep, dir);
-            let parts = endpoint_parts(ep, &pols, dir);
-            for (name, s) in parts.sets {
-                if let Some(s) = s {
-                    c.rs.sets.insert(name, s);
-                }
-            }
+            let parts = endpoint_parts(&pols, dir);
+            c.rs.sets.extend(parts.sets);
             let Some(chain) = parts.chain else {
                 continue;
             };

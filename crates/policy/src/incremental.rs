@@ -20,8 +20,7 @@ use tern_model::{Kind, Resource};
 
 use crate::PolicyError;
 use crate::compile::{
-    Compiler, Family, SetSource, endpoint_chain, endpoint_map, endpoint_parts, fast_path_set,
-    policy_chain,
+    Compiler, SetSource, endpoint_chain, endpoint_map, endpoint_parts, policy_chain,
 };
 use crate::model::{Direction, Endpoint, PolicyKey, PolicySet};
 use crate::nft::{Chain, Ruleset, Set};
@@ -70,6 +69,10 @@ pub struct Incremental {
     sources: BTreeMap<String, SetSource>,
     policy_sets: HashMap<PolicyKey, BTreeSet<String>>,
     set_refs: HashMap<String, usize>,
+    /// Fast-path sets (shared by content) and how many endpoint chains look each up.
+    fp_refs: HashMap<String, usize>,
+    /// The fast-path sets each local endpoint chain looks up.
+    ep_fp: HashMap<String, Vec<String>>,
     /// What the kernel holds (merged), as of the last commit; None = unknown: full resync.
     applied: Option<Ruleset>,
     dirty_chains: BTreeSet<String>,
@@ -95,6 +98,8 @@ impl Incremental {
             sources: BTreeMap::new(),
             policy_sets: HashMap::new(),
             set_refs: HashMap::new(),
+            fp_refs: HashMap::new(),
+            ep_fp: HashMap::new(),
             applied: None,
             dirty_chains: BTreeSet::new(),
             dirty_sets: BTreeSet::new(),
@@ -148,6 +153,8 @@ impl Incremental {
     /// Recompiles everything from the policy model and marks what differs. Used at start, on
     /// namespace changes and by the periodic resync.
     pub fn rebuild(&mut self) {
+        let mut fp_refs: HashMap<String, usize> = HashMap::new();
+        let mut ep_fp: HashMap<String, Vec<String>> = HashMap::new();
         let mut c = Compiler::new(&self.set);
         c.base();
         let mut policy_sets: HashMap<PolicyKey, BTreeSet<String>> = HashMap::new();
@@ -171,12 +178,15 @@ impl Incremental {
         for ep in self.set.endpoints().filter(|e| is_local(e, &self.node)) {
             for dir in DIRS {
                 let pols = self.set.policies_for(ep, dir);
-                let parts = endpoint_parts(ep, &pols, dir);
-                for (name, s) in parts.sets {
-                    if let Some(s) = s {
-                        c.rs.sets.insert(name, s);
-                    }
+                let parts = endpoint_parts(&pols, dir);
+                let names: Vec<String> = parts.sets.iter().map(|(n, _)| n.clone()).collect();
+                for n in &names {
+                    *fp_refs.entry(n.clone()).or_insert(0) += 1;
                 }
+                if !names.is_empty() {
+                    ep_fp.insert(endpoint_chain(ep, dir), names);
+                }
+                c.rs.sets.extend(parts.sets);
                 if let Some(chain) = parts.chain {
                     let name = endpoint_chain(ep, dir);
                     c.rs.chains.insert(name.clone(), chain);
@@ -205,6 +215,8 @@ impl Incremental {
             }
         }
         self.rs = new;
+        self.fp_refs = fp_refs;
+        self.ep_fp = ep_fp;
         self.sources = sources;
         self.policy_sets = policy_sets;
         self.set_refs = refs;
@@ -231,6 +243,34 @@ impl Incremental {
             None => self.rs.sets.remove(&name),
         };
         self.dirty_sets.insert(name);
+    }
+
+    /// Records the fast-path sets endpoint chain `chain` looks up: sets new to the table are
+    /// created, sets no chain looks up any more are deleted.
+    fn set_endpoint_fast_path(&mut self, chain: String, sets: Vec<(String, Set)>) {
+        let names: Vec<String> = sets.iter().map(|(n, _)| n.clone()).collect();
+        for (name, set) in sets {
+            let refs = self.fp_refs.entry(name.clone()).or_insert(0);
+            *refs += 1;
+            if *refs == 1 {
+                self.put_set(name, Some(set));
+            }
+        }
+        let old = if names.is_empty() {
+            self.ep_fp.remove(&chain)
+        } else {
+            self.ep_fp.insert(chain, names)
+        };
+        for name in old.unwrap_or_default() {
+            let Some(refs) = self.fp_refs.get_mut(&name) else {
+                continue;
+            };
+            *refs -= 1;
+            if *refs == 0 {
+                self.fp_refs.remove(&name);
+                self.put_set(name, None);
+            }
+        }
     }
 
     fn put_map_entry(&mut self, map: &str, key: String, target: Option<String>) {
@@ -282,20 +322,17 @@ impl Incremental {
         {
             for dir in DIRS {
                 self.put_map_entry(endpoint_map(dir), map_key(o), None);
-                self.put_chain(endpoint_chain(o, dir), None);
-                for fam in [Family::V4, Family::V6] {
-                    self.put_set(fast_path_set(o, dir, fam), None);
-                }
+                let chain = endpoint_chain(o, dir);
+                self.put_chain(chain.clone(), None);
+                self.set_endpoint_fast_path(chain, Vec::new());
             }
         }
         let Some(n) = new.filter(|n| is_local(n, &node)) else {
             return;
         };
         for dir in DIRS {
-            let parts = endpoint_parts(n, &self.set.policies_for(n, dir), dir);
-            for (name, set) in parts.sets {
-                self.put_set(name, set);
-            }
+            let parts = endpoint_parts(&self.set.policies_for(n, dir), dir);
+            self.set_endpoint_fast_path(endpoint_chain(n, dir), parts.sets);
             let name = endpoint_chain(n, dir);
             let target = parts.chain.as_ref().map(|_| name.clone());
             // Chain before map entry: the script declares and fills the chain first.

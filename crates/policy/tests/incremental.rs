@@ -409,19 +409,19 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
     // re-cut into disjoint boxes: a delta that must delete before it adds), then back.
     inc.apply(&docs[0]).unwrap();
     apply(&mut inc);
-    let fp = inc.set_elements("fp-in-tva-v4").expect("fast path set");
+    let fp = fast_set(&inc, "in", "v4").expect("fast path set");
     assert_eq!(
         fp.elements.keys().collect::<Vec<_>>(),
         ["198.19.0.0/16 . 6 . 80"]
     );
-    let eg = inc.set_elements("fp-out-tva-v4").expect("egress fast path");
+    let eg = fast_set(&inc, "out", "v4").expect("egress fast path");
     assert_eq!(
         eg.elements.keys().collect::<Vec<_>>(),
         ["0.0.0.0/0 . 0-255 . 0-65535"]
     );
     inc.apply(&docs[1]).unwrap();
     apply(&mut inc);
-    let fp = inc.set_elements("fp-in-tva-v4").unwrap();
+    let fp = fast_set(&inc, "in", "v4").unwrap();
     assert!(
         fp.elements.contains_key("198.19.5.0/24 . 6 . 80-90")
             && fp.elements.contains_key("198.19.5.0/24 . 17 . 53")
@@ -429,7 +429,7 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
         "{:?}",
         fp.elements.keys()
     );
-    assert!(inc.set_elements("fp-in-tva-v6").is_some());
+    assert!(fast_set(&inc, "in", "v6").is_some());
     // Everything agrees with a fresh compile, and the kernel took every delta.
     assert_eq!(inc.desired(), fresh(&inc));
     let listing = Command::new("ip")
@@ -447,23 +447,63 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
         .output()
         .unwrap();
     let listing = String::from_utf8_lossy(&listing.stdout);
+    let name = fast_name(&inc, "in", "v4").unwrap();
     assert!(
-        listing.contains("ip saddr . meta l4proto . th dport @fp-in-tva-v4 accept"),
+        listing.contains(&format!(
+            "ip saddr . meta l4proto . th dport @{name} accept"
+        )),
         "{listing}"
     );
+    // A second pod with the same policies shares the set: its delta is chains, rules and
+    // elements only (netlink-able), no set is declared.
+    inc.upsert_endpoint(ep("x", "a3", "n1", "198.18.0.3", &[("pod", "a")]));
+    let d = inc
+        .table_delta()
+        .expect("no set declared for a pod like one already there");
+    assert!(
+        d.iter().any(
+            |c| matches!(c, tern_policy::TableChange::AddRule { rule, .. } if rule.contains(&name))
+        ),
+        "{d:#?}"
+    );
+    apply(&mut inc);
+    inc.remove_endpoint("x", "a3");
+    assert!(
+        inc.table_delta().is_some(),
+        "the set stays for the first pod"
+    );
+    apply(&mut inc);
     inc.remove(Kind::K8sNetworkPolicy, Some("x"), "wide");
     apply(&mut inc);
     // A Deny in any applicable policy makes order matter: no fast path then.
     let deny = "apiVersion: tern.dev/v1\nkind: GlobalNetworkPolicy\nmetadata: {name: deny-some}\nspec:\n  order: 1\n  selector: has(pod)\n  types: [Ingress]\n  ingress:\n  - action: Deny\n    source: {nets: [198.19.5.7/32]}\n";
     inc.apply(&resources(deny)[0]).unwrap();
     apply(&mut inc);
-    assert!(inc.set_elements("fp-in-tva-v4").is_none());
+    assert!(fast_set(&inc, "in", "v4").is_none());
     inc.remove(Kind::GlobalNetworkPolicy, None, "deny-some");
     apply(&mut inc);
-    assert!(inc.set_elements("fp-in-tva-v4").is_some());
+    assert!(fast_set(&inc, "in", "v4").is_some());
     inc.remove_endpoint("x", "a");
     apply(&mut inc);
-    assert!(inc.set_elements("fp-in-tva-v4").is_none());
+    assert!(fast_set(&inc, "in", "v4").is_none());
+    assert!(fast_set(&inc, "out", "v4").is_none());
     let full = inc.full_script();
     nft(&ns.0, &full.text);
+}
+
+/// The name of the (only) fast-path set of a direction and family.
+fn fast_name(inc: &Incremental, dir: &str, fam: &str) -> Option<String> {
+    let names: Vec<String> = inc
+        .desired()
+        .sets
+        .keys()
+        .filter(|k| k.starts_with(&format!("fp-{dir}-")) && k.ends_with(fam))
+        .cloned()
+        .collect();
+    assert!(names.len() <= 1, "{names:?}");
+    names.into_iter().next()
+}
+
+fn fast_set(inc: &Incremental, dir: &str, fam: &str) -> Option<Set> {
+    fast_name(inc, dir, fam).and_then(|n| inc.set_elements(&n).cloned())
 }
