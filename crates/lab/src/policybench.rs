@@ -26,6 +26,10 @@ use tern_policy::{Endpoint, Incremental, PolicySet};
 pub struct PolicyBenchOptions {
     pub policies: u32,
     pub endpoints: u32,
+    /// Give every policy a second ingress rule from a CIDR (`10.<i>.0.0/16`, TCP 443), so
+    /// every selected endpoint has an allow-only fast-path set (shared by endpoints with the
+    /// same policies).
+    pub ipblocks: bool,
     /// Incremental changes timed per kind.
     pub samples: u32,
 }
@@ -96,25 +100,40 @@ fn endpoint(i: u32, node: &str) -> Endpoint {
     }
 }
 
-fn policy(i: u32) -> Resource {
+fn policy(i: u32, ipblocks: bool) -> Resource {
+    let mut ingress = vec![Rule {
+        action: Action::Allow,
+        protocol: Some(Protocol::Tcp),
+        source: EntityRule {
+            selector: Some(format!("tier == 't{}' && app != 'x{i}'", i % 7)),
+            ..EntityRule::default()
+        },
+        destination: EntityRule {
+            ports: vec![Port::Range(8000 + (i % 50) as u16, 8000 + (i % 50) as u16)],
+            ..EntityRule::default()
+        },
+    }];
+    if ipblocks {
+        ingress.push(Rule {
+            action: Action::Allow,
+            protocol: Some(Protocol::Tcp),
+            source: EntityRule {
+                nets: vec![format!("10.{}.{}.0/24", i / 256 % 256, i % 256)],
+                ..EntityRule::default()
+            },
+            destination: EntityRule {
+                ports: vec![Port::Range(443, 443)],
+                ..EntityRule::default()
+            },
+        });
+    }
     let mut p = NetworkPolicy::new(
         format!("p{i}"),
         NetworkPolicySpec {
             order: Some(f64::from(i)),
             selector: format!("app == 'app{}'", i % 100),
             types: vec![PolicyType::Ingress],
-            ingress: vec![Rule {
-                action: Action::Allow,
-                protocol: Some(Protocol::Tcp),
-                source: EntityRule {
-                    selector: Some(format!("tier == 't{}' && app != 'x{i}'", i % 7)),
-                    ..EntityRule::default()
-                },
-                destination: EntityRule {
-                    ports: vec![Port::Range(8000 + (i % 50) as u16, 8000 + (i % 50) as u16)],
-                    ..EntityRule::default()
-                },
-            }],
+            ingress,
             egress: vec![],
         },
     );
@@ -172,7 +191,7 @@ pub fn run_policy(o: &PolicyBenchOptions) -> anyhow::Result<PolicyBenchReport> {
         set.upsert_endpoint(endpoint(o.endpoints + i, "n2"));
     }
     for i in 0..o.policies {
-        set.apply(&policy(i))?;
+        set.apply(&policy(i, o.ipblocks))?;
     }
     let t = Instant::now();
     let mut inc = Incremental::new("n1", set);
@@ -199,6 +218,7 @@ pub fn run_policy(o: &PolicyBenchOptions) -> anyhow::Result<PolicyBenchReport> {
     let base = 2 * o.endpoints;
     let samples = o.samples;
     let policies = o.policies;
+    let ipblocks = o.ipblocks;
     // ternd applies changes from a thread in the node's namespace: so does the bench.
     let timings = crate::netns::in_netns(&ns.0, move || -> anyhow::Result<_> {
         let mut t: [Vec<(Duration, Applied)>; 3] = Default::default();
@@ -207,7 +227,7 @@ pub fn run_policy(o: &PolicyBenchOptions) -> anyhow::Result<PolicyBenchReport> {
             t[0].push(timed(&mut inc, |i| i.upsert_endpoint(e))?);
             let e = endpoint(base + samples + k, "n1");
             t[1].push(timed(&mut inc, |i| i.upsert_endpoint(e))?);
-            let p = policy(policies + k);
+            let p = policy(policies + k, ipblocks);
             let mut err = None;
             t[2].push(timed(&mut inc, |i| {
                 err = i.apply(&p).err();
@@ -243,8 +263,18 @@ pub fn render(o: &PolicyBenchOptions, r: &PolicyBenchReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "policy: {} policies x {} local endpoints (+{} remote): {} chains, {} sets, {} script lines",
-        o.policies, o.endpoints, o.endpoints, r.chains, r.sets, r.script_lines
+        "policy: {} policies{} x {} local endpoints (+{} remote): {} chains, {} sets, {} script lines",
+        o.policies,
+        if o.ipblocks {
+            " (each also allowing a CIDR: fast-path sets)"
+        } else {
+            ""
+        },
+        o.endpoints,
+        o.endpoints,
+        r.chains,
+        r.sets,
+        r.script_lines
     );
     let _ = writeln!(
         s,

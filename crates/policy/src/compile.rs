@@ -6,12 +6,16 @@
 //!   `iifname vmap @ep-out` (egress of the sending local pod) and `oifname vmap @ep-in`
 //!   (ingress of the receiving local pod). Traffic the node itself sends to its pods (kubelet
 //!   probes) goes through the output hook, which tern does not filter, so it always passes.
-//! - per selected local endpoint: `ep-in-<ifname>` / `ep-out-<ifname>`, which clear tern's
-//!   mark bit, jump to each applicable policy chain in order and stop as soon as a policy
-//!   allowed ([`ALLOW_MARK`]); the chain ends with `drop` (default deny). Endpoints no policy
-//!   selects have no chain and no map entry, so they are not filtered.
+//! - per selected local endpoint: `ep-in-<ifname>` / `ep-out-<ifname>`: the allow-only fast
+//!   path lookup if any ([`crate::fastpath`]), then a jump to each applicable policy chain in
+//!   order; the chain ends with `drop` (default deny). Ingress policy chains accept directly;
+//!   egress ones set tern's mark bit ([`ALLOW_MARK`]) and return, and the egress chain, which
+//!   clears the bit first, returns to the base chain as soon as it is set (the receiver's
+//!   ingress is checked next). Endpoints no policy selects have no chain and no map entry, so
+//!   they are not filtered.
 //! - per policy and direction: `pol-<hash>-in|out`, compiled once and shared by all endpoints.
-//!   Allow/Pass set the mark and return, Deny drops, Log logs and continues.
+//!   Allow/Pass accept (ingress) or mark and return (egress), Deny drops, Log logs and
+//!   continues.
 //! - per endpoint selector: address sets `sel-<hash>-v4|v6` of the matching endpoints'
 //!   addresses (cluster-wide); per (named port, protocol): `np-<hash>-v4|v6` of
 //!   `address . port`. Pods coming and going only change elements of these.
@@ -21,6 +25,7 @@ use std::fmt::Write;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use sha1::{Digest, Sha1};
 use tern_model::{Action, Port, Protocol};
 
 use crate::model::{Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match, PolicySet};
@@ -173,8 +178,15 @@ pub fn fast_path_set(dir: Direction, fam: Family, elements: &BTreeMap<String, St
         Direction::Ingress => "in",
         Direction::Egress => "out",
     };
-    let keys: Vec<&str> = elements.keys().map(String::as_str).collect();
-    format!("fp-{d}-{}-{}", short_hash(&keys.join(",")), fam.suffix())
+    // Endpoints sharing a name share the set, so the name must not collide for different
+    // contents even when a policy author tries to: a cryptographic digest, not short_hash.
+    let mut h = Sha1::new();
+    for k in elements.keys() {
+        h.update(k.as_bytes());
+        h.update(b",");
+    }
+    let digest = h.finalize();
+    format!("fp-{d}-{}-{}", hex::encode(&digest[..16]), fam.suffix())
 }
 
 /// What a local endpoint has in the table for one direction: its chain (`None` when no
@@ -225,20 +237,33 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[String])
     if pols.is_empty() {
         return None;
     }
-    let mut rules = vec![format!("meta mark set meta mark and {:#010x}", !ALLOW_MARK)];
-    let done = match dir {
-        Direction::Ingress => "accept",
-        // Egress allowed: back to the base chain, which checks the receiver's ingress.
-        Direction::Egress => "return",
-    };
-    for m in fast {
-        rules.push(format!("{m} {done}"));
-    }
-    for p in pols {
-        rules.push(format!("jump {}", policy_chain(p, dir)));
-        rules.push(format!(
-            "meta mark and {ALLOW_MARK:#x} == {ALLOW_MARK:#x} {done}"
-        ));
+    let mut rules = Vec::new();
+    match dir {
+        // Ingress: a policy that allows accepts the packet itself (nothing comes after the
+        // receiver's ingress), so the chain is just the jumps: half the rules, and half the
+        // jump graph the kernel re-validates when a chain is added.
+        Direction::Ingress => {
+            for m in fast {
+                rules.push(format!("{m} accept"));
+            }
+            for p in pols {
+                rules.push(format!("jump {}", policy_chain(p, dir)));
+            }
+        }
+        // Egress: an allowed packet goes back to the base chain, which checks the receiver's
+        // ingress; the policy chain marks it and returns, and the mark ends the walk here.
+        Direction::Egress => {
+            rules.push(format!("meta mark set meta mark and {:#010x}", !ALLOW_MARK));
+            for m in fast {
+                rules.push(format!("{m} return"));
+            }
+            for p in pols {
+                rules.push(format!("jump {}", policy_chain(p, dir)));
+                rules.push(format!(
+                    "meta mark and {ALLOW_MARK:#x} == {ALLOW_MARK:#x} return"
+                ));
+            }
+        }
     }
     rules.push("drop".into());
     Some(Chain { base: None, rules })
@@ -428,6 +453,7 @@ impl<'a> Compiler<'a> {
         let rules: Vec<IrRule> = p.rules(dir).unwrap_or_default().to_vec();
         for (i, r) in rules.iter().enumerate() {
             let verdict = match r.action {
+                Action::Allow | Action::Pass if dir == Direction::Ingress => "accept".into(),
                 Action::Allow | Action::Pass => {
                     format!("meta mark set meta mark or {ALLOW_MARK:#x} return")
                 }

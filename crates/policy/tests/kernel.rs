@@ -268,4 +268,42 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
     assert!(tcp_ok(&a, B, 8080));
     assert!(udp_ok(&a, &udp_b, B, 9090));
     assert!(rs4.chains.keys().all(|c| !c.starts_with("pol-")));
+
+    // An allow-only CIDR policy: b's chain gets the fast-path lookup. Emptying the policy's
+    // own chain behind the compiler's back shows which one admits: the set alone lets a's TCP
+    // to 8080 in, and nothing else.
+    load(
+        &mut empty,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: from-net, namespace: default}\n\
+         spec:\n  podSelector: {matchLabels: {app: b}}\n  ingress:\n  - from: [{ipBlock: {cidr: 198.18.10.0/24}}]\n    ports: [{port: 8080, protocol: TCP}]\n",
+    );
+    let rs5 = compile(&empty, "n1");
+    let fp = rs5
+        .sets
+        .keys()
+        .find(|k| k.starts_with("fp-in-"))
+        .expect("a fast-path set")
+        .clone();
+    assert!(
+        rs5.chains["ep-in-vb"].rules[0].contains(&format!("@{fp} accept")),
+        "{:?}",
+        rs5.chains["ep-in-vb"]
+    );
+    nft(&r, &render_delta(&rs4, &rs5));
+    assert!(tcp_ok(&a, B, 8080));
+    assert!(!tcp_ok(&a, B, 8081), "port 8081 is not allowed");
+    let pol = rs5.chains.keys().find(|k| k.starts_with("pol-")).unwrap();
+    run(&[
+        "ip", "netns", "exec", &r, "nft", "flush", "chain", "inet", "tern", pol,
+    ]);
+    assert!(tcp_ok(&a, B, 8080), "the fast-path set admits on its own");
+    assert!(!tcp_ok(&a, B, 8081));
+    assert!(!udp_ok(&a, &udp_b, B, 9090));
+    run(&[
+        "ip", "netns", "exec", &r, "nft", "flush", "set", "inet", "tern", &fp,
+    ]);
+    assert!(
+        !tcp_ok(&a, B, 8080),
+        "with both emptied nothing admits: the set was the one letting it in"
+    );
 }

@@ -60,6 +60,10 @@ struct PolicyArgs {
     /// Incremental changes timed per kind.
     #[arg(long, default_value_t = 50)]
     samples: u32,
+    /// Give every policy a second ingress rule from a CIDR, so selected endpoints get
+    /// allow-only fast-path sets.
+    #[arg(long)]
+    ipblocks: bool,
     /// Instead: per-packet cost (iperf3, TCP request/response, new connections) with
     /// `--rules` rules in tern vs no netfilter vs conntrack only vs a linear iptables chain.
     #[arg(long)]
@@ -186,6 +190,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                 policies: a.policies,
                 endpoints: a.endpoints,
                 samples: a.samples,
+                ipblocks: a.ipblocks,
             };
             let r = tern_lab::policybench::run_policy(&o)?;
             let table = tern_lab::policybench::render(&o, &r);
