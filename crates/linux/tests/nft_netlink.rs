@@ -43,18 +43,21 @@ fn setup() {
     tern_linux::nft::apply(TABLE).unwrap();
 }
 
-/// The elements of a set as `nft -j list set` renders them, as comparable strings.
-fn listed(kind: &str, set: &str) -> BTreeSet<String> {
-    let out = Command::new("nft")
-        .args(["-j", "list", kind, "inet", "tern", set])
-        .output()
-        .unwrap();
+/// What `nft ARGS` prints; it must succeed.
+fn nft_stdout(args: &[&str]) -> String {
+    let out = Command::new("nft").args(args).output().unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "nft {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The elements of a set as `nft -j list set` renders them, as comparable strings.
+fn listed(kind: &str, set: &str) -> BTreeSet<String> {
+    let out = nft_stdout(&["-j", "list", kind, "inet", "tern", set]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let obj = v["nftables"]
         .as_array()
         .unwrap()
@@ -278,17 +281,8 @@ fn large_batches_are_one_transaction() {
 
 /// The rules of a chain as `nft list chain` prints them (handles and the chain line removed).
 fn chain_rules(chain: &str) -> Vec<String> {
-    let out = Command::new("nft")
-        .args(["list", "chain", "inet", "tern", chain])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
+    nft_stdout(&["list", "chain", "inet", "tern", chain])
+        .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("table") && !l.starts_with("chain"))
         .filter(|l| *l != "}")
@@ -431,12 +425,7 @@ fn a_refused_operation_leaves_the_table_unchanged() {
 
 /// The expressions of a chain's rules as the kernel holds them (`nft --debug=netlink`).
 fn chain_exprs(chain: &str) -> Vec<String> {
-    let out = Command::new("nft")
-        .args(["--debug=netlink", "list", "chain", "inet", "tern", chain])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
+    nft_stdout(&["--debug=netlink", "list", "chain", "inet", "tern", chain])
         .lines()
         .map(str::trim)
         .filter(|l| l.starts_with('['))

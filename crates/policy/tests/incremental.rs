@@ -215,26 +215,38 @@ fn nft(ns: &str, script: &str) {
     );
 }
 
-#[test]
-fn every_delta_applies_to_a_real_kernel() {
+/// A fresh, uniquely named network namespace for applying scripts, or `None` (skipped)
+/// without root.
+fn kernel_netns(tag: &str) -> Option<Netns> {
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root");
-        return;
+        return None;
     }
-    let ns = Netns(format!("tpol-inc-{}", std::process::id()));
+    let ns = Netns(format!("tpol-{tag}-{}", std::process::id()));
     let ok = Command::new("ip")
         .args(["netns", "add", &ns.0])
         .status()
         .unwrap();
     assert!(ok.success());
-    let mut inc = Incremental::new("n1", PolicySet::new());
-    let apply = |inc: &mut Incremental| {
-        let s = inc.script();
-        if !s.text.is_empty() {
-            nft(&ns.0, &s.text);
-        }
-        inc.commit(&s);
+    Some(ns)
+}
+
+/// Applies the pending script in `ns` (it must apply cleanly) and commits it.
+fn apply_script(ns: &Netns, inc: &mut Incremental) {
+    let s = inc.script();
+    if !s.text.is_empty() {
+        nft(&ns.0, &s.text);
+    }
+    inc.commit(&s);
+}
+
+#[test]
+fn every_delta_applies_to_a_real_kernel() {
+    let Some(ns) = kernel_netns("inc") else {
+        return;
     };
+    let mut inc = Incremental::new("n1", PolicySet::new());
+    let apply = |inc: &mut Incremental| apply_script(&ns, inc);
     apply(&mut inc);
     inc.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
     apply(&mut inc);
@@ -384,24 +396,11 @@ apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: narrow, 
 
 #[test]
 fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root");
+    let Some(ns) = kernel_netns("fp") else {
         return;
-    }
-    let ns = Netns(format!("tpol-fp-{}", std::process::id()));
-    let ok = Command::new("ip")
-        .args(["netns", "add", &ns.0])
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let mut inc = Incremental::new("n1", PolicySet::new());
-    let apply = |inc: &mut Incremental| {
-        let s = inc.script();
-        if !s.text.is_empty() {
-            nft(&ns.0, &s.text);
-        }
-        inc.commit(&s);
     };
+    let mut inc = Incremental::new("n1", PolicySet::new());
+    let apply = |inc: &mut Incremental| apply_script(&ns, inc);
     apply(&mut inc);
     inc.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
     let docs = resources(IPBLOCKS);
