@@ -224,8 +224,8 @@ pub mod store_io {
         tern_store::keys::namespaced_resource("WorkloadEndpoint", &ep.namespace(), &ep.name())
     }
 
-    /// How often [`put`] re-reads a document that changed between its read and its write.
-    const PUT_ATTEMPTS: usize = 8;
+    /// Attempts of [`put`]: the blind first write, then up to 8 read-merge-writes.
+    const PUT_ATTEMPTS: usize = 9;
 
     /// Whether two endpoints describe the same pod interface (not merely the same name: a pod
     /// re-created under the same name is a new sandbox with its own ports and labels).
@@ -261,19 +261,24 @@ pub mod store_io {
     /// (retried), so a concurrent `ternctl label`/`port` is never lost.
     pub fn put(store: &dyn Store, ep: &Endpoint) -> Result<Endpoint, StoreError> {
         let key = key(ep);
-        for _ in 0..PUT_ATTEMPTS {
-            let current = store.get(&key)?;
-            let mut out = ep.clone();
-            let rev = match &current {
-                Some(kv) => {
-                    match serde_json::from_slice::<WorkloadEndpoint>(&kv.value) {
-                        Ok(w) => merge_stored(&mut out, &from_resource(w)),
-                        Err(e) => log::warn!("replacing unreadable endpoint {key}: {e}"),
+        // The first attempt assumes the document is new (a pod ADD, the hot path): one write,
+        // no read. Only when it exists is it read and merged.
+        let mut out = ep.clone();
+        let mut rev = 0;
+        for attempt in 0..PUT_ATTEMPTS {
+            if attempt > 0 {
+                out = ep.clone();
+                rev = match store.get(&key)? {
+                    Some(kv) => {
+                        match serde_json::from_slice::<WorkloadEndpoint>(&kv.value) {
+                            Ok(w) => merge_stored(&mut out, &from_resource(w)),
+                            Err(e) => log::warn!("replacing unreadable endpoint {key}: {e}"),
+                        }
+                        kv.mod_revision
                     }
-                    kv.mod_revision
-                }
-                None => 0,
-            };
+                    None => 0,
+                };
+            }
             let body = serde_json::to_vec(&to_resource(&out))
                 .map_err(|e| StoreError::Backend(e.to_string()))?;
             let done = store.txn(tern_store::Txn {

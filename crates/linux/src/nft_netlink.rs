@@ -709,9 +709,7 @@ fn entries(e: &Element) -> Result<Vec<Entry<'_>>> {
     })
 }
 
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
+use crate::netlink::align4;
 
 /// Appends netlink messages (header, nfgenmsg, attributes) to one batch buffer.
 struct Batch {
@@ -1065,26 +1063,9 @@ impl NftSocket {
         other: &mut dyn FnMut(u32, u16),
     ) -> Result<()> {
         loop {
-            // SAFETY: self.buf is a valid writable buffer of its length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(LinuxError::io(
-                    format!("{context}: receive nfnetlink answer"),
-                    err,
-                ));
-            }
-            let n = n as usize;
+            let n = crate::netlink::recv_retrying(&self.fd, &mut self.buf).map_err(|err| {
+                LinuxError::io(format!("{context}: receive nfnetlink answer"), err)
+            })?;
             let mut off = 0;
             while off + NLMSG_HDRLEN <= n {
                 let h = &self.buf[off..n];

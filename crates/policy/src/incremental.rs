@@ -524,15 +524,7 @@ impl Incremental {
         }
         // A changed declaration cannot be patched (render_delta would render only the
         // subset as a full script): resync everything.
-        let redeclared = new
-            .chains
-            .iter()
-            .any(|(n, c)| old.chains.get(n).is_some_and(|o| o.base != c.base))
-            || new
-                .sets
-                .iter()
-                .any(|(n, s)| old.sets.get(n).is_some_and(|o| o.spec != s.spec));
-        if redeclared {
+        if new.redeclares(&old) {
             return self.full_script();
         }
         Script {

@@ -87,6 +87,18 @@ impl Ruleset {
         s
     }
 
+    /// True when a chain or set of `self` also exists in `old` with another declaration (a
+    /// base chain's hook, a set's type or flags): that cannot be patched, only re-created.
+    pub fn redeclares(&self, old: &Ruleset) -> bool {
+        self.chains
+            .iter()
+            .any(|(n, c)| old.chains.get(n).is_some_and(|o| o.base != c.base))
+            || self
+                .sets
+                .iter()
+                .any(|(n, s)| old.sets.get(n).is_some_and(|o| o.spec != s.spec))
+    }
+
     fn render_declarations<'a>(
         &self,
         s: &mut String,
@@ -144,15 +156,7 @@ fn render_elements<'a>(
 /// entry), never a rewrite of policy chains. Returns an empty string when nothing changed.
 /// When a base chain's declaration changed, the full script is returned instead.
 pub fn render_delta(old: &Ruleset, new: &Ruleset) -> String {
-    let base_changed = new
-        .chains
-        .iter()
-        .any(|(n, c)| old.chains.get(n).is_some_and(|o| o.base != c.base))
-        || new
-            .sets
-            .iter()
-            .any(|(n, s)| old.sets.get(n).is_some_and(|o| o.spec != s.spec));
-    if base_changed {
+    if new.redeclares(old) {
         return new.render_full();
     }
     let mut s = String::new();

@@ -1,28 +1,14 @@
 //! Text of compiled rulesets and deltas, and evaluator semantics of tern policies.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
-use tern_model::{EndpointPort, Protocol};
+use tern_model::Protocol;
 use tern_policy::{Endpoint, Flow, PolicySet, Ruleset, compile, render_delta};
 
+mod common;
+
 fn ep(ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> Endpoint {
-    Endpoint {
-        namespace: ns.into(),
-        name: name.into(),
-        node: "n1".into(),
-        interface: format!("v{name}"),
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ips: vec![ip.parse::<IpAddr>().unwrap()],
-        ports: vec![EndpointPort {
-            name: "web".into(),
-            protocol: Protocol::Tcp,
-            port: 80,
-        }],
-    }
+    common::endpoint(ns, name, "n1", format!("v{name}"), ip, labels)
 }
 
 fn load(set: &mut PolicySet, yaml: &str) {

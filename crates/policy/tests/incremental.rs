@@ -3,30 +3,16 @@
 //! applies cleanly to a real kernel (private network namespace, root only).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::net::IpAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use tern_model::{EndpointPort, Kind, Protocol};
+use tern_model::Kind;
 use tern_policy::{Endpoint, Incremental, PolicySet, Ruleset, Set};
 
+mod common;
+use common::{Netns, nft};
+
 fn ep(ns: &str, name: &str, node: &str, ip: &str, labels: &[(&str, &str)]) -> Endpoint {
-    Endpoint {
-        namespace: ns.into(),
-        name: name.into(),
-        node: node.into(),
-        interface: format!("tv{name}"),
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ips: vec![ip.parse::<IpAddr>().unwrap()],
-        ports: vec![EndpointPort {
-            name: "web".into(),
-            protocol: Protocol::Tcp,
-            port: 80,
-        }],
-    }
+    common::endpoint(ns, name, node, format!("tv{name}"), ip, labels)
 }
 
 const POLICIES: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: allow-b, namespace: x}\nspec:\n  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Ingress]\n  ingress:\n  - from:\n    - podSelector: {matchLabels: {pod: b}}\n      namespaceSelector: {}\n    ports:\n    - {port: web, protocol: TCP}\n    - {port: 81, protocol: UDP}\n---\n\
@@ -187,34 +173,6 @@ fn extra_chains_are_rendered_with_policy_and_a_failed_apply_forces_a_full_resync
     assert!(s.text.contains("198.18.0.0/16"));
 }
 
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn nft(ns: &str, script: &str) {
-    let mut c = Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = c.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft -f failed: {}\nscript:\n{script}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A fresh, uniquely named network namespace for applying scripts, or `None` (skipped)
 /// without root.
 fn kernel_netns(tag: &str) -> Option<Netns> {
@@ -222,9 +180,9 @@ fn kernel_netns(tag: &str) -> Option<Netns> {
         eprintln!("skipped: needs root");
         return None;
     }
-    let ns = Netns(format!("tpol-{tag}-{}", std::process::id()));
+    let ns = Netns(vec![format!("tpol-{tag}-{}", std::process::id())]);
     let ok = Command::new("ip")
-        .args(["netns", "add", &ns.0])
+        .args(["netns", "add", &ns.0[0]])
         .status()
         .unwrap();
     assert!(ok.success());
@@ -235,7 +193,7 @@ fn kernel_netns(tag: &str) -> Option<Netns> {
 fn apply_script(ns: &Netns, inc: &mut Incremental) {
     let s = inc.script();
     if !s.text.is_empty() {
-        nft(&ns.0, &s.text);
+        nft(&ns.0[0], &s.text);
     }
     inc.commit(&s);
 }
@@ -267,7 +225,7 @@ fn every_delta_applies_to_a_real_kernel() {
     // The kernel agrees with the model: list the table and look for what must be there.
     let out = Command::new("ip")
         .args([
-            "netns", "exec", &ns.0, "nft", "list", "table", "inet", "tern",
+            "netns", "exec", &ns.0[0], "nft", "list", "table", "inet", "tern",
         ])
         .output()
         .unwrap();
@@ -435,7 +393,7 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
         .args([
             "netns",
             "exec",
-            &ns.0,
+            &ns.0[0],
             "nft",
             "list",
             "chain",
@@ -487,7 +445,7 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
     assert!(fast_set(&inc, "in", "v4").is_none());
     assert!(fast_set(&inc, "out", "v4").is_none());
     let full = inc.full_script();
-    nft(&ns.0, &full.text);
+    nft(&ns.0[0], &full.text);
 }
 
 /// The name of the (only) fast-path set of a direction and family.

@@ -4,50 +4,22 @@
 //! Runs only as root; addresses are from 198.18.0.0/15.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use tern_model::{EndpointPort, Protocol};
 use tern_policy::{Endpoint, PolicySet, compile, render_delta};
 
-struct Netns(Vec<String>);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
+mod common;
+use common::{Netns, nft};
 
 fn run(args: &[&str]) {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
     assert!(
         out.status.success(),
         "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn nft(ns: &str, script: &str) {
-    let mut c = Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = c.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft -f failed: {}\nscript:\n{script}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -7,7 +7,7 @@
 mod ext;
 mod wire;
 
-pub(crate) use wire::open_bound;
+pub(crate) use wire::{align4, open_bound, recv_retrying};
 
 pub use ext::{Route, RouteKind, VxlanInfo};
 

@@ -257,6 +257,21 @@ pub(crate) struct Socket {
     buf: Vec<u8>,
 }
 
+/// One datagram from a netlink socket into `buf` (retried on EINTR); its length.
+pub(crate) fn recv_retrying(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid writable buffer of its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 /// Opens a netlink socket of `protocol` in the calling thread's network namespace, with
 /// extended acks asked for, bound to a kernel-chosen port. `name` goes into error messages.
 pub(crate) fn open_bound(protocol: libc::c_int, name: &str) -> Result<OwnedFd> {
@@ -336,28 +351,8 @@ impl Socket {
         context: &dyn Fn() -> String,
         each: &mut dyn FnMut(u16, &[u8]) -> Result<bool>,
     ) -> Result<bool> {
-        let n = loop {
-            // SAFETY: self.buf is a valid writable buffer of its length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                let err = io::Error::last_os_error();
-                if err.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(LinuxError::io(
-                    format!("{}: receive netlink reply", context()),
-                    err,
-                ));
-            }
-            break n as usize;
-        };
+        let n = recv_retrying(&self.fd, &mut self.buf)
+            .map_err(|err| LinuxError::io(format!("{}: receive netlink reply", context()), err))?;
         let mut off = 0;
         let data = std::mem::take(&mut self.buf);
         let result = (|| {

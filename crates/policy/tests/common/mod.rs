@@ -1,0 +1,68 @@
+//! Helpers shared by the policy crate's integration tests.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+use tern_model::{EndpointPort, Protocol};
+use tern_policy::Endpoint;
+
+/// Network namespaces (`ip netns`) deleted when dropped, even when the test fails.
+pub struct Netns(pub Vec<String>);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// Applies an nft script inside namespace `ns`; it must succeed.
+pub fn nft(ns: &str, script: &str) {
+    let mut c = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft -f failed: {}\nscript:\n{script}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An endpoint with one address, the given labels and a named TCP port `web` (80).
+pub fn endpoint(
+    ns: &str,
+    name: &str,
+    node: &str,
+    interface: String,
+    ip: &str,
+    labels: &[(&str, &str)],
+) -> Endpoint {
+    Endpoint {
+        namespace: ns.into(),
+        name: name.into(),
+        node: node.into(),
+        interface,
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ips: vec![ip.parse::<IpAddr>().unwrap()],
+        ports: vec![EndpointPort {
+            name: "web".into(),
+            protocol: Protocol::Tcp,
+            port: 80,
+        }],
+    }
+}
