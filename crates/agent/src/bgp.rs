@@ -14,6 +14,16 @@
 //! - originated prefixes: the node's affine blocks and the addresses it borrowed from other
 //!   nodes' blocks, never more-specifics inside its own blocks.
 //!
+//! Import policy ([`ImportPolicy`], Calico's BIRD filter made explicit): the speaker only
+//! uses routes inside an IPPool at its block size or longer, never this node's own blocks or
+//! pod addresses, never the underlay or a default route unless a BGPPeer lists the prefix in
+//! `acceptPrefixes`. Refused routes stay out of the RIB's best paths (so they are neither
+//! installed nor passed on), are counted per peer (`tern_bgp_routes_rejected_total`) and
+//! logged (rate-limited). A learned route is never installed over a kernel route of another
+//! protocol (the connected underlay, a default route, a pod's route, the reconciler's):
+//! new routes are added with `NLM_F_EXCL`, and only tern's own proto-85 routes are replaced or
+//! deleted.
+//!
 //! Learned routes are installed with protocol [`TERN_BGP_ROUTE_PROTOCOL`] (85), a recursive
 //! next hop resolved through the kernel's table when it is not on a connected network.
 //! Prefixes inside pools that encapsulate (VXLAN, IPIP) stay with the route reconciler, and
@@ -36,6 +46,7 @@ use tern_api::{BgpPeerStatus, BgpStatusReply};
 use tern_bgp::driver::RouteEvent;
 use tern_bgp::driver::{PeerConfig, Speaker, SpeakerConfig, SpeakerHandle};
 use tern_bgp::fsm::State;
+use tern_bgp::rib::ImportFilter;
 use tern_linux::TERN_BGP_ROUTE_PROTOCOL;
 use tern_linux::netlink::{Handle, MAIN_TABLE, Route, RouteKind, Scope};
 use tern_model::{
@@ -44,7 +55,7 @@ use tern_model::{
 use tern_store::{Store, keys};
 use tokio::sync::mpsc;
 
-use crate::routes::{PoolInfo, Snapshot};
+use crate::snapshot::{PoolInfo, Snapshot, load_snapshot, reconciler_owns};
 
 /// Graceful-restart time advertised, and how long stale routes survive our own restart.
 const RESTART_TIME: u16 = 120;
@@ -86,6 +97,9 @@ pub struct Plan {
     pub peers: BTreeMap<IpAddr, (PeerConfig, PeerKind)>,
     /// Prefixes to originate.
     pub originate: BTreeSet<IpNet>,
+    /// Per peer, the prefixes outside the pools its BGPPeer admits (`acceptPrefixes`), as
+    /// (covering prefix, longest length).
+    pub accept: BTreeMap<IpAddr, Vec<(IpNet, u8)>>,
 }
 
 /// Errors of BGP configuration and start-up.
@@ -156,6 +170,7 @@ pub fn plan(
     };
     let i_am_rr = cluster_id.is_some();
     let mut out = BTreeMap::new();
+    let mut accept: BTreeMap<IpAddr, Vec<(IpNet, u8)>> = BTreeMap::new();
     let node_peer = |n: &Node, port: u16| -> Option<PeerConfig> {
         let addr = node_v4(n)?;
         let mut p = PeerConfig::new(IpAddr::V4(addr), asn_of(n));
@@ -181,13 +196,25 @@ pub fn plan(
         } else {
             PeerKind::Global
         };
+        let admits = s
+            .accept_prefixes
+            .iter()
+            .map(|a| {
+                a.parse().map_err(|e| {
+                    BgpError::Config(format!("BGPPeer {}: acceptPrefixes: {e}", bp.metadata.name))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut add = |mut p: PeerConfig| {
-            if p.address == IpAddr::V4(router_id) {
+            if p.address == IpAddr::V4(router_id) || out.contains_key(&p.address) {
                 return;
             }
             p.password = s.password.clone();
             p.keep_original_next_hop = s.keep_original_next_hop;
-            out.entry(p.address).or_insert((p, kind));
+            if !admits.is_empty() {
+                accept.insert(p.address, admits.clone());
+            }
+            out.insert(p.address, (p, kind));
         };
         match s.peer_address() {
             Ok(Some(sa)) => {
@@ -236,6 +263,7 @@ pub fn plan(
         cluster_id,
         peers: out,
         originate: originated(snap, me),
+        accept,
     })
 }
 
@@ -258,16 +286,328 @@ pub fn originated(snap: &Snapshot, me: &str) -> BTreeSet<IpNet> {
     out
 }
 
-/// True when routes to `dst` belong to the route reconciler even with BGP on: `dst` lies in a
-/// pool that encapsulates (VXLAN / IPIP), whose routes go through the tunnel devices.
-pub fn reconciler_owns(pools: &[PoolInfo], dst: &IpNet) -> bool {
-    pools
-        .iter()
-        .filter(|p| p.cidr.contains(dst))
-        .max_by_key(|p| p.cidr.prefix_len())
-        .is_some_and(|p| {
-            p.vxlan != tern_model::EncapMode::Never || p.ipip != tern_model::EncapMode::Never
+/// An IPPool as the import policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolRange {
+    /// Pool CIDR.
+    pub cidr: IpNet,
+    /// Its `blockSize`: the shortest prefix accepted inside it.
+    pub block_size: u8,
+    /// No new allocations: only prefixes inside existing blocks are accepted.
+    pub disabled: bool,
+}
+
+/// What node `me` accepts from its BGP peers. Pure data; [`ImportPolicy::evaluate`] is the
+/// filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportPolicy {
+    /// The IPPools.
+    pub pools: Vec<PoolRange>,
+    /// Every allocation block (affine to any node, or none).
+    pub blocks: Vec<IpNet>,
+    /// This node's blocks.
+    pub own_blocks: Vec<IpNet>,
+    /// Addresses inside this node's blocks allocated by other nodes: their host routes are
+    /// the one thing learned inside an own block.
+    pub lent: BTreeSet<IpAddr>,
+    /// Addresses this node allocated (its pods, its tunnel addresses).
+    pub local: BTreeSet<IpAddr>,
+    /// The underlay: this node's interface networks and the networks of its node addresses.
+    pub underlay: Vec<IpNet>,
+    /// Every node's underlay addresses (ours included).
+    pub node_addresses: BTreeSet<IpAddr>,
+    /// The prefix length of each node address's own network (`/24` for `198.18.0.12/24`): a
+    /// learned route more specific than that would steal the node's traffic.
+    pub node_address_len: BTreeMap<IpAddr, u8>,
+    /// Per peer, extra prefixes its BGPPeer admits (see [`Plan::accept`]).
+    pub accept: BTreeMap<IpAddr, Vec<(IpNet, u8)>>,
+    /// Other nodes' blocks: the node holding the affinity (if any) and who allocated each
+    /// address in it, so that only the owner announces the block and only the borrower
+    /// announces a borrowed address.
+    pub remote_blocks: BTreeMap<IpNet, RemoteBlock>,
+    /// The node each peer address belongs to (node addresses and BGP addresses).
+    pub peer_nodes: BTreeMap<IpAddr, String>,
+    /// Peers that are route reflectors: they relay other nodes' routes, so they may announce
+    /// any node's block and borrowed addresses.
+    pub reflectors: BTreeSet<IpAddr>,
+}
+
+/// Another node's block as the import policy sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemoteBlock {
+    /// The node the block is affine to.
+    pub owner: Option<String>,
+    /// Allocated addresses and the node that allocated each.
+    pub allocated_by: BTreeMap<IpAddr, String>,
+}
+
+/// Why the import policy refused a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// Inside one of this node's blocks (and not an address lent to another node).
+    OwnBlock(IpNet),
+    /// The host route of an address this node allocated.
+    LocalAddress(IpAddr),
+    /// `0.0.0.0/0` or `::/0`.
+    DefaultRoute,
+    /// Overlaps an underlay network.
+    Underlay(IpNet),
+    /// Covers a node's underlay address.
+    NodeAddress(IpAddr),
+    /// Inside no IPPool.
+    OutsidePools,
+    /// Shorter than the pool's block size.
+    ShorterThanBlock {
+        /// The pool.
+        pool: IpNet,
+        /// Its blockSize.
+        block_size: u8,
+    },
+    /// Inside a disabled pool but in no existing block.
+    DisabledPool(IpNet),
+    /// Another node's block, from a peer that is neither that node nor a route reflector.
+    NotBlockOwner(IpNet),
+    /// More specific than another node's block and not an address borrowed into it, or a
+    /// borrowed address from a peer that is neither its borrower nor a route reflector.
+    InsideRemoteBlock(IpNet),
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::OwnBlock(b) => write!(f, "inside this node's block {b}"),
+            Rejection::LocalAddress(a) => write!(f, "{a} is a local pod or tunnel address"),
+            Rejection::DefaultRoute => {
+                f.write_str("default route not in the peer's acceptPrefixes")
+            }
+            Rejection::Underlay(n) => {
+                write!(
+                    f,
+                    "overlaps the underlay network {n} (not in the peer's acceptPrefixes)"
+                )
+            }
+            Rejection::NodeAddress(a) => write!(f, "covers node address {a}"),
+            Rejection::OutsidePools => {
+                f.write_str("outside every IPPool (and not in the peer's acceptPrefixes)")
+            }
+            Rejection::ShorterThanBlock { pool, block_size } => {
+                write!(f, "shorter than blockSize /{block_size} of pool {pool}")
+            }
+            Rejection::DisabledPool(p) => {
+                write!(f, "inside disabled pool {p} but in no allocated block")
+            }
+            Rejection::NotBlockOwner(b) => {
+                write!(
+                    f,
+                    "block {b} from a peer that is not its node or a route reflector"
+                )
+            }
+            Rejection::InsideRemoteBlock(b) => write!(
+                f,
+                "more specific than another node's block {b} and not an address borrowed \
+                 into it by the announcing node"
+            ),
+        }
+    }
+}
+
+impl ImportPolicy {
+    /// The policy of node `me`: `pools` with their block sizes, `underlay` its interface
+    /// networks, `accept` the per-peer admitted prefixes.
+    pub fn new(
+        me: &str,
+        snap: &Snapshot,
+        pools: Vec<PoolRange>,
+        underlay: Vec<IpNet>,
+        accept: BTreeMap<IpAddr, Vec<(IpNet, u8)>>,
+    ) -> ImportPolicy {
+        let mut p = ImportPolicy {
+            pools,
+            underlay,
+            accept,
+            ..Default::default()
+        };
+        for b in &snap.blocks {
+            p.blocks.push(b.cidr);
+            let mine = b.affinity.as_deref() == Some(me);
+            if mine {
+                p.own_blocks.push(b.cidr);
+            } else {
+                p.remote_blocks.insert(
+                    b.cidr.trunc(),
+                    RemoteBlock {
+                        owner: b.affinity.clone(),
+                        allocated_by: b.allocations.iter().cloned().collect(),
+                    },
+                );
+            }
+            for (ip, by) in &b.allocations {
+                if by == me {
+                    p.local.insert(*ip);
+                } else if mine && !by.is_empty() {
+                    p.lent.insert(*ip);
+                }
+            }
+        }
+        for n in &snap.nodes {
+            for a in &n.addresses {
+                p.node_addresses.insert(a.addr());
+                p.node_address_len.insert(a.addr(), a.prefix_len());
+                p.peer_nodes.insert(a.addr(), n.name.clone());
+                if n.name == me && a.prefix_len() < a.max_prefix_len() {
+                    p.underlay.push(a.trunc());
+                }
+            }
+        }
+        p.underlay.sort();
+        p.underlay.dedup();
+        p
+    }
+
+    /// Records the peers that are nodes (by their BGP address) and which of them are route
+    /// reflectors, from the Node resources.
+    pub fn set_peer_nodes(&mut self, nodes: &[Node]) {
+        for n in nodes {
+            if let Some(a) = node_v4(n) {
+                self.peer_nodes
+                    .insert(IpAddr::V4(a), n.metadata.name.clone());
+                if is_rr(n) {
+                    self.reflectors.insert(IpAddr::V4(a));
+                }
+            }
+        }
+    }
+
+    /// The filter: `Ok` when the route for `prefix` learned from `peer` may be installed.
+    ///
+    /// In order, refused whatever the peer's `acceptPrefixes` say: inside this node's blocks
+    /// (except the host route of an address lent to another node), this node's own addresses,
+    /// a prefix more specific than an underlay network or than a node address's network
+    /// (these would move tunnel and BGP traffic). Then admitted when the peer's
+    /// `acceptPrefixes` lists it. Then refused: a default route, a prefix overlapping the
+    /// underlay or covering a node address. Inside an IPPool, admitted with a length of at
+    /// least its blockSize (in a disabled pool only inside an existing block), except inside
+    /// another node's block: the block itself only from its node (or a route reflector), a
+    /// host route only for an address a different node borrowed into it, from that node (or a
+    /// route reflector), and nothing else more specific. Refused otherwise.
+    pub fn evaluate(&self, peer: IpAddr, prefix: &IpNet) -> Result<(), Rejection> {
+        self.evaluate_via(peer, prefix, None)
+    }
+
+    /// [`ImportPolicy::evaluate`] for a route with its next hop: inside another node's block,
+    /// a route whose next hop is the entitled node's address counts as that node's (a route
+    /// reflector, tern's or an external one, keeps the originator's next hop), since the
+    /// traffic goes where the next hop says.
+    pub fn evaluate_via(
+        &self,
+        peer: IpAddr,
+        prefix: &IpNet,
+        next_hop: Option<IpAddr>,
+    ) -> Result<(), Rejection> {
+        let prefix = prefix.trunc();
+        let host = prefix.prefix_len() == prefix.max_prefix_len();
+        if let Some(b) = self.own_blocks.iter().find(|b| b.contains(&prefix))
+            && !(host && self.lent.contains(&prefix.addr()))
+        {
+            return Err(Rejection::OwnBlock(*b));
+        }
+        if host && self.local.contains(&prefix.addr()) {
+            return Err(Rejection::LocalAddress(prefix.addr()));
+        }
+        // Strictly more specific than an underlay network: it would beat the connected route.
+        // (The network itself is left to acceptPrefixes; the kernel check keeps the connected
+        // route in place.)
+        if let Some(u) = self
+            .underlay
+            .iter()
+            .find(|u| u.contains(&prefix) && prefix.prefix_len() > u.prefix_len())
+        {
+            return Err(Rejection::Underlay(*u));
+        }
+        // A range query: the filter runs for every received route.
+        if let Some(a) = self
+            .node_addresses
+            .range(prefix.network()..=prefix.broadcast())
+            .find(|a| {
+                host || prefix.prefix_len() > self.node_address_len.get(*a).copied().unwrap_or(0)
+            })
+        {
+            return Err(Rejection::NodeAddress(*a));
+        }
+        if self.accept.get(&peer).is_some_and(|l| {
+            l.iter()
+                .any(|(net, max)| net.contains(&prefix) && prefix.prefix_len() <= *max)
+        }) {
+            return Ok(());
+        }
+        if prefix.prefix_len() == 0 {
+            return Err(Rejection::DefaultRoute);
+        }
+        if let Some(u) = self
+            .underlay
+            .iter()
+            .find(|u| u.contains(&prefix) || prefix.contains(&u.network()))
+        {
+            return Err(Rejection::Underlay(*u));
+        }
+        if let Some(a) = self
+            .node_addresses
+            .range(prefix.network()..=prefix.broadcast())
+            .next()
+        {
+            return Err(Rejection::NodeAddress(*a));
+        }
+        let pool = self
+            .pools
+            .iter()
+            .filter(|p| p.cidr.contains(&prefix))
+            .max_by_key(|p| p.cidr.prefix_len())
+            .ok_or(Rejection::OutsidePools)?;
+        if prefix.prefix_len() < pool.block_size {
+            return Err(Rejection::ShorterThanBlock {
+                pool: pool.cidr,
+                block_size: pool.block_size,
+            });
+        }
+        let block = IpNet::new(prefix.addr(), pool.block_size)
+            .map(|b| b.trunc())
+            .unwrap_or(prefix);
+        if let Some(rb) = self.remote_blocks.get(&block) {
+            let relayed = self.reflectors.contains(&peer);
+            // Whether the route comes from node `n`: the peer is `n`, or its next hop is.
+            let by_node = |n: &String| {
+                self.peer_nodes.get(&peer) == Some(n)
+                    || next_hop.is_some_and(|h| self.peer_nodes.get(&h) == Some(n))
+            };
+            if prefix == block {
+                if relayed || rb.owner.as_ref().is_some_and(by_node) {
+                    return Ok(());
+                }
+                return Err(Rejection::NotBlockOwner(block));
+            }
+            if host
+                && let Some(by) = rb.allocated_by.get(&prefix.addr())
+                && !by.is_empty()
+                && Some(by) != rb.owner.as_ref()
+                && (relayed || by_node(by))
+            {
+                return Ok(());
+            }
+            return Err(Rejection::InsideRemoteBlock(block));
+        }
+        if pool.disabled && !self.blocks.iter().any(|b| b.contains(&prefix)) {
+            return Err(Rejection::DisabledPool(pool.cidr));
+        }
+        Ok(())
+    }
+
+    /// The policy as the speaker's import filter.
+    pub fn filter(self: &Arc<Self>) -> ImportFilter {
+        let p = self.clone();
+        ImportFilter::with_next_hop(move |peer, prefix, nh| {
+            p.evaluate_via(peer, prefix, nh).is_ok()
         })
+    }
 }
 
 /// Per-session figures shared with the status request and `/metrics`.
@@ -275,6 +615,10 @@ pub fn reconciler_owns(pools: &[PoolInfo], dst: &IpNet) -> bool {
 struct Shared {
     status: BgpStatusReply,
     routes_installed: usize,
+    /// Routes the import policy refused, per peer, since start.
+    routes_rejected: BTreeMap<IpAddr, u64>,
+    /// Learned routes not installed because the kernel has a route tern does not own.
+    routes_conflicting: usize,
     established_transitions: BTreeMap<IpAddr, u64>,
     last_error: Option<String>,
 }
@@ -402,6 +746,12 @@ impl Bgp {
         }
         out.push_str("# HELP tern_bgp_routes_installed Routes learned over BGP installed in the kernel.\n# TYPE tern_bgp_routes_installed gauge\n");
         let _ = writeln!(out, "tern_bgp_routes_installed {}", s.routes_installed);
+        out.push_str("# HELP tern_bgp_routes_rejected_total Routes from the peer refused by the import policy.\n# TYPE tern_bgp_routes_rejected_total counter\n");
+        for (peer, n) in &s.routes_rejected {
+            let _ = writeln!(out, "tern_bgp_routes_rejected_total{{peer=\"{peer}\"}} {n}");
+        }
+        out.push_str("# HELP tern_bgp_routes_conflicting Accepted routes not installed: the kernel has a route for the prefix that tern did not install.\n# TYPE tern_bgp_routes_conflicting gauge\n");
+        let _ = writeln!(out, "tern_bgp_routes_conflicting {}", s.routes_conflicting);
     }
 }
 
@@ -456,7 +806,17 @@ struct Runner {
     stale: Option<BTreeSet<IpNet>>,
     started: Instant,
     last_states: BTreeMap<IpAddr, State>,
+    /// The import policy of the last plan, and the one the speaker has.
+    policy: Arc<ImportPolicy>,
+    policy_sent: Option<Arc<ImportPolicy>>,
+    /// Rate limit of rejection log lines: window start, lines logged, lines suppressed.
+    reject_log: (Instant, u32, u64),
+    /// Accepted prefixes the kernel holds a foreign route for (not installed).
+    conflicts: BTreeSet<IpNet>,
 }
+
+/// Rejection log lines per minute (the counter counts all).
+const REJECT_LOG_PER_MINUTE: u32 = 20;
 
 impl Runner {
     fn new(settings: BgpSettings, store: Arc<dyn Store>, shared: Arc<Mutex<Shared>>) -> Runner {
@@ -476,6 +836,10 @@ impl Runner {
             stale: (!stale.is_empty()).then_some(stale),
             started: Instant::now(),
             last_states: BTreeMap::new(),
+            policy: Arc::new(ImportPolicy::default()),
+            policy_sent: None,
+            reject_log: (Instant::now(), 0, 0),
+            conflicts: BTreeSet::new(),
         }
     }
 
@@ -609,6 +973,7 @@ impl Runner {
                         ..plan.clone()
                     };
                     self.speaker = Some((h, empty));
+                    self.policy_sent = None;
                 }
                 Err(e) => {
                     log::warn!("BGP: {e}");
@@ -619,6 +984,16 @@ impl Runner {
         let Some((h, cur)) = self.speaker.as_mut() else {
             return;
         };
+        // The filter goes first: no route of a peer added below is ever used unfiltered.
+        if self.policy_sent.as_ref() != Some(&self.policy) {
+            match h.set_import_filter(Some(self.policy.filter())).await {
+                Ok(()) => self.policy_sent = Some(self.policy.clone()),
+                Err(e) => {
+                    log::warn!("BGP: setting the import policy: {e}");
+                    return;
+                }
+            }
+        }
         for (addr, (pc, _)) in &cur.peers {
             if plan.peers.get(addr).map(|(p, _)| p) != Some(pc) {
                 if let Err(e) = h.remove_peer(*addr).await {
@@ -660,7 +1035,7 @@ impl Runner {
         let store = &*self.store;
         let me = self.settings.node_name.clone();
         let st = |e: tern_model::ModelError| BgpError::Store(e.to_string());
-        let mut nodes: Vec<Node> = tern_model::list_resources(store, Kind::Node)
+        let mut nodes: Vec<Node> = tern_model::list_resources_warn(store, Kind::Node, "BGP")
             .map_err(st)?
             .into_iter()
             .filter_map(|r| match r {
@@ -690,7 +1065,7 @@ impl Runner {
             Some(Resource::BgpConfiguration(c)) => c.spec,
             _ => BgpConfigurationSpec::default(),
         };
-        let peers: Vec<BgpPeer> = tern_model::list_resources(store, Kind::BgpPeer)
+        let peers: Vec<BgpPeer> = tern_model::list_resources_warn(store, Kind::BgpPeer, "BGP")
             .map_err(st)?
             .into_iter()
             .filter_map(|r| match r {
@@ -698,15 +1073,37 @@ impl Runner {
                 _ => None,
             })
             .collect();
-        let snap = crate::dataplane::load_snapshot(store).map_err(BgpError::Store)?;
+        let snap = load_snapshot(store).map_err(BgpError::Store)?;
         self.pools = snap.pools.clone();
-        plan(&me, &nodes, &config, &peers, &snap)
+        let ranges = tern_model::list_resources_warn(store, Kind::IpPool, "BGP")
+            .map_err(st)?
+            .into_iter()
+            .filter_map(|mut r| {
+                r.fill_defaults();
+                match r {
+                    Resource::IpPool(p) => Some(PoolRange {
+                        cidr: p.spec.net()?.trunc(),
+                        block_size: p.spec.block_size,
+                        disabled: p.spec.disabled,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect();
+        let underlay = crate::host::local_subnets().map_err(|e| BgpError::Config(e.to_string()))?;
+        let plan = plan(&me, &nodes, &config, &peers, &snap)?;
+        let mut policy = ImportPolicy::new(&me, &snap, ranges, underlay, plan.accept.clone());
+        policy.set_peer_nodes(&nodes);
+        if *self.policy != policy {
+            self.policy = Arc::new(policy);
+        }
+        Ok(plan)
     }
 
     fn underlay_v4(&self) -> Option<IpNet> {
         match self.settings.node_ip {
-            Some(ip) => crate::node::local_address(ip).ok(),
-            None => crate::reconcile::node_addresses()
+            Some(ip) => crate::host::local_address(ip).ok(),
+            None => crate::host::node_addresses()
                 .into_iter()
                 .find(|a| a.addr().is_ipv4()),
         }
@@ -720,21 +1117,77 @@ impl Runner {
         match e {
             RouteEvent::Install { prefix, next_hop } => {
                 self.learned.insert(prefix, next_hop);
-                if self.wanted(&prefix)
-                    && let Err(e) = install(prefix, next_hop)
-                {
-                    log::warn!("BGP: installing {prefix} via {next_hop}: {e}");
+                if self.wanted(&prefix) {
+                    self.install_checked(prefix, next_hop);
                 }
             }
+            RouteEvent::Rejected { peer, prefix } => self.rejected(peer, prefix),
             RouteEvent::Remove { prefix } => {
                 self.learned.remove(&prefix);
+                self.conflicts.remove(&prefix);
                 if let Err(e) = uninstall(prefix) {
                     log::warn!("BGP: removing {prefix}: {e}");
                 }
             }
         }
-        self.shared.lock().unwrap().routes_installed =
-            self.learned.keys().filter(|p| self.wanted(p)).count();
+        let mut s = self.shared.lock().unwrap();
+        s.routes_installed = self
+            .learned
+            .keys()
+            .filter(|p| self.wanted(p) && !self.conflicts.contains(p))
+            .count();
+        s.routes_conflicting = self.conflicts.len();
+    }
+
+    /// Installs a learned route unless the kernel has a route for the prefix that tern's BGP
+    /// did not install (then the prefix is recorded as a conflict, logged once).
+    fn install_checked(&mut self, prefix: IpNet, next_hop: IpAddr) {
+        match install(prefix, next_hop) {
+            Ok(None) => {
+                self.conflicts.remove(&prefix);
+            }
+            Ok(Some(other)) => {
+                if self.conflicts.insert(prefix) {
+                    log::warn!(
+                        "BGP: not installing {prefix} via {next_hop}: the kernel has a route for it with protocol {} that tern's BGP did not install",
+                        other.protocol
+                    );
+                }
+            }
+            Err(e) => log::warn!("BGP: installing {prefix} via {next_hop}: {e}"),
+        }
+    }
+
+    /// Counts and (rate-limited) logs a route the import policy refused.
+    fn rejected(&mut self, peer: IpAddr, prefix: IpNet) {
+        *self
+            .shared
+            .lock()
+            .unwrap()
+            .routes_rejected
+            .entry(peer)
+            .or_default() += 1;
+        let (start, logged, suppressed) = &mut self.reject_log;
+        if start.elapsed() > Duration::from_secs(60) {
+            if *suppressed > 0 {
+                log::warn!(
+                    "BGP: {suppressed} more routes rejected by the import policy in the last minute"
+                );
+            }
+            *start = Instant::now();
+            *logged = 0;
+            *suppressed = 0;
+        }
+        if *logged < REJECT_LOG_PER_MINUTE {
+            *logged += 1;
+            let why = match self.policy.evaluate(peer, &prefix) {
+                Err(r) => r.to_string(),
+                Ok(()) => "import policy".to_string(),
+            };
+            log::warn!("BGP: rejected {prefix} from peer {peer}: {why}");
+        } else {
+            *suppressed += 1;
+        }
     }
 
     /// Makes the kernel's proto-85 routes match the learned routes: installs missing ones and,
@@ -755,11 +1208,10 @@ impl Runner {
             .filter(|(p, _)| self.wanted(p))
             .map(|(p, n)| (*p, *n))
             .collect();
+        self.conflicts.retain(|p| want.contains_key(p));
         for (p, nh) in &want {
-            if !have.contains_key(p)
-                && let Err(e) = install(*p, *nh)
-            {
-                log::warn!("BGP: installing {p} via {nh}: {e}");
+            if !have.contains_key(p) {
+                self.install_checked(*p, *nh);
             }
         }
         // Stale routes of a previous run stay until every session is back (they keep traffic
@@ -782,7 +1234,9 @@ impl Runner {
                 log::warn!("BGP: removing {p}: {e}");
             }
         }
-        self.shared.lock().unwrap().routes_installed = want.len();
+        let mut s = self.shared.lock().unwrap();
+        s.routes_installed = want.len().saturating_sub(self.conflicts.len());
+        s.routes_conflicting = self.conflicts.len();
     }
 
     async fn refresh_status(&mut self) {
@@ -864,10 +1318,40 @@ fn bgp_route(dst: IpNet, gateway: Option<IpAddr>) -> Route {
 
 /// Installs `dst via next_hop`; when the next hop is not on a connected network (eBGP
 /// multihop, a reflected route), resolves it recursively through the kernel's routes.
-fn install(dst: IpNet, next_hop: IpAddr) -> tern_linux::Result<()> {
+///
+/// Never touches a route tern's BGP did not install: when the main table has a route for
+/// `dst` of another protocol (any metric), nothing is installed and that route is returned.
+/// A new route is added with `NLM_F_EXCL`, so one appearing meanwhile is not replaced either;
+/// only an existing proto-85 route is replaced (a next-hop change).
+fn install(dst: IpNet, next_hop: IpAddr) -> tern_linux::Result<Option<Route>> {
     let mut h = Handle::new()?;
-    match h.replace_route_full(&bgp_route(dst, Some(next_hop))) {
-        Ok(()) => Ok(()),
+    let same: Vec<Route> = h
+        .routes_full(dst.addr().is_ipv6(), MAIN_TABLE)?
+        .into_iter()
+        .filter(|r| r.dst == dst)
+        .collect();
+    if let Some(other) = same.iter().find(|r| r.protocol != TERN_BGP_ROUTE_PROTOCOL) {
+        return Ok(Some(other.clone()));
+    }
+    let ours = !same.is_empty();
+    let put = |h: &mut Handle, r: &Route| -> tern_linux::Result<Option<Route>> {
+        let res = if ours {
+            h.replace_route_full(r)
+        } else {
+            h.add_route_full(r)
+        };
+        match res {
+            Ok(()) => Ok(None),
+            // Someone installed a route for `dst` since the listing: theirs stays.
+            Err(e) if e.is_already_exists() => Ok(h
+                .routes_full(dst.addr().is_ipv6(), MAIN_TABLE)?
+                .into_iter()
+                .find(|x| x.dst == dst && x.protocol != TERN_BGP_ROUTE_PROTOCOL)),
+            Err(e) => Err(e),
+        }
+    };
+    match put(&mut h, &bgp_route(dst, Some(next_hop))) {
+        Ok(r) => Ok(r),
         Err(first) => {
             let routes = h.routes_full(next_hop.is_ipv6(), MAIN_TABLE)?;
             let via = routes
@@ -880,7 +1364,7 @@ fn install(dst: IpNet, next_hop: IpAddr) -> tern_linux::Result<()> {
                 .max_by_key(|r| r.dst.prefix_len())
                 .and_then(|r| r.gateway);
             match via {
-                Some(g) => h.replace_route_full(&bgp_route(dst, Some(g))),
+                Some(g) => put(&mut h, &bgp_route(dst, Some(g))),
                 None => Err(first),
             }
         }
@@ -895,7 +1379,7 @@ fn uninstall(dst: IpNet) -> tern_linux::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routes::BlockInfo;
+    use crate::snapshot::{BlockInfo, NodeInfo};
     use tern_model::{BgpPeerSpec, Document, EncapMode, NodeBgpSpec, NodeSpec};
 
     fn node(name: &str, addr: Option<&str>, rr: bool, labels: &[(&str, &str)]) -> Node {
@@ -1051,6 +1535,304 @@ mod tests {
         let a = &pc.peers[&ip("198.18.0.11")].0;
         assert_eq!(a.asn, 65100);
         assert!(!a.rr_client);
+    }
+
+    fn n(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// Node a: pool 10.244.0.0/16 (/26 blocks), disabled pool 10.250.0.0/16 with one block,
+    /// own block 10.244.1.0/26 with pod .1 and .5 lent to b, a pod of a borrowed in b's
+    /// block (.9), underlay 198.18.0.0/24; node b at 198.18.0.12, c at 198.18.5.13.
+    fn policy() -> ImportPolicy {
+        let mut s = snap();
+        s.blocks[0].allocations.push((ip("10.244.1.5"), "b".into()));
+        s.blocks.push(BlockInfo {
+            cidr: n("10.250.3.0/26"),
+            affinity: Some("c".into()),
+            allocations: vec![],
+        });
+        s.nodes = vec![
+            NodeInfo {
+                name: "a".into(),
+                addresses: vec![n("198.18.0.11/24")],
+                vxlan_tunnel_addr: None,
+                vtep_mac: None,
+            },
+            NodeInfo {
+                name: "b".into(),
+                addresses: vec![n("198.18.0.12/24")],
+                vxlan_tunnel_addr: None,
+                vtep_mac: None,
+            },
+            NodeInfo {
+                name: "c".into(),
+                addresses: vec![n("198.18.5.13/24")],
+                vxlan_tunnel_addr: None,
+                vtep_mac: None,
+            },
+        ];
+        let pools = vec![
+            PoolRange {
+                cidr: n("10.244.0.0/16"),
+                block_size: 26,
+                disabled: false,
+            },
+            PoolRange {
+                cidr: n("10.250.0.0/16"),
+                block_size: 26,
+                disabled: true,
+            },
+            PoolRange {
+                cidr: n("fd00:244::/48"),
+                block_size: 122,
+                disabled: false,
+            },
+        ];
+        let mut accept = BTreeMap::new();
+        accept.insert(
+            ip("198.18.0.250"),
+            vec![
+                (n("0.0.0.0/0"), 0),
+                (n("10.99.0.0/16"), 24),
+                (n("198.18.7.0/24"), 24),
+            ],
+        );
+        // The interface list also has the node's own subnet (dedup'ed).
+        ImportPolicy::new(
+            "a",
+            &s,
+            pools,
+            vec![n("198.18.0.0/24"), n("fe80::/64")],
+            accept,
+        )
+    }
+
+    #[test]
+    fn import_policy_accepts_only_pool_prefixes_at_block_size_or_longer() {
+        let p = policy();
+        let tor = ip("198.18.0.250");
+        let mesh = ip("198.18.0.12");
+        let ok = |peer: IpAddr, s: &str| p.evaluate(peer, &n(s));
+        let c = ip("198.18.5.13");
+        // Legitimate: b's block from b, a v6 prefix in no known block, an address of our own
+        // block lent to b (from b), a block of a disabled pool from its node c.
+        for (from, good) in [
+            (mesh, "10.244.2.0/26"),
+            (mesh, "10.244.9.0/26"),
+            (mesh, "fd00:244::40/122"),
+            (mesh, "10.244.1.5/32"),
+            (c, "10.250.3.0/26"),
+        ] {
+            assert_eq!(ok(from, good), Ok(()), "{good}");
+        }
+        assert_eq!(ok(mesh, "0.0.0.0/0"), Err(Rejection::DefaultRoute));
+        assert_eq!(ok(mesh, "::/0"), Err(Rejection::DefaultRoute));
+        assert_eq!(
+            ok(mesh, "198.18.0.0/24"),
+            Err(Rejection::Underlay(n("198.18.0.0/24")))
+        );
+        assert_eq!(
+            ok(mesh, "198.18.0.11/32"),
+            Err(Rejection::Underlay(n("198.18.0.0/24")))
+        );
+        assert_eq!(
+            ok(mesh, "198.18.0.0/16"),
+            Err(Rejection::Underlay(n("198.18.0.0/24")))
+        );
+        assert_eq!(
+            ok(mesh, "198.18.5.0/24"),
+            Err(Rejection::NodeAddress(ip("198.18.5.13")))
+        );
+        assert_eq!(
+            ok(mesh, "fe80::/64"),
+            Err(Rejection::Underlay(n("fe80::/64")))
+        );
+        assert_eq!(ok(mesh, "10.99.0.0/24"), Err(Rejection::OutsidePools));
+        assert_eq!(ok(mesh, "192.0.2.0/24"), Err(Rejection::OutsidePools));
+        for short in ["10.244.0.0/16", "10.244.0.0/24", "10.244.2.0/25"] {
+            assert_eq!(
+                ok(mesh, short),
+                Err(Rejection::ShorterThanBlock {
+                    pool: n("10.244.0.0/16"),
+                    block_size: 26,
+                }),
+                "{short}"
+            );
+        }
+        assert_eq!(
+            ok(mesh, "10.250.4.0/26"),
+            Err(Rejection::DisabledPool(n("10.250.0.0/16")))
+        );
+        // Our own block, anything inside it, our pods and our borrowed address: never.
+        for own in [
+            "10.244.1.0/26",
+            "10.244.1.0/27",
+            "10.244.1.1/32",
+            "10.244.1.6/32",
+        ] {
+            assert_eq!(
+                ok(tor, own),
+                Err(Rejection::OwnBlock(n("10.244.1.0/26"))),
+                "{own}"
+            );
+        }
+        assert_eq!(
+            ok(tor, "10.244.2.9/32"),
+            Err(Rejection::LocalAddress(ip("10.244.2.9")))
+        );
+        // The ToR's acceptPrefixes admit exactly what they list, to it alone.
+        assert_eq!(ok(tor, "0.0.0.0/0"), Ok(()));
+        assert_eq!(ok(tor, "10.99.0.0/24"), Ok(()));
+        assert_eq!(ok(tor, "10.99.0.0/25"), Err(Rejection::OutsidePools));
+        assert_eq!(ok(tor, "198.18.7.0/24"), Ok(()));
+        assert_eq!(ok(tor, "::/0"), Err(Rejection::DefaultRoute));
+        // Another node's block only from that node (or a route reflector, or a peer whose
+        // acceptPrefixes list it).
+        assert_eq!(
+            ok(tor, "10.244.2.0/26"),
+            Err(Rejection::NotBlockOwner(n("10.244.2.0/26")))
+        );
+        // The filter the speaker gets says the same.
+        let f = Arc::new(p.clone()).filter();
+        assert!(f.accepts(mesh, &n("10.244.2.0/26")));
+        assert!(!f.accepts(mesh, &n("0.0.0.0/0")) && f.accepts(tor, &n("0.0.0.0/0")));
+        // Every rejection explains itself.
+        assert_eq!(
+            ok(mesh, "10.244.0.0/24").unwrap_err().to_string(),
+            "shorter than blockSize /26 of pool 10.244.0.0/16"
+        );
+    }
+
+    /// F8: inside another node's block, only that node announces the block, only a borrower
+    /// announces its borrowed address, nothing else more specific is taken from anyone; a
+    /// route reflector relays them; acceptPrefixes admit what they list, but never a route
+    /// more specific than a node address's network or inside the underlay.
+    #[test]
+    fn import_policy_refuses_hijacks_of_other_nodes_pods() {
+        let mut s = snap();
+        // c (198.18.5.13) borrowed 10.244.2.20 from b's block.
+        s.blocks[1]
+            .allocations
+            .push((ip("10.244.2.20"), "c".into()));
+        s.nodes = ["a", "b", "c"]
+            .iter()
+            .zip(["198.18.0.11/24", "198.18.0.12/24", "198.18.5.13/24"])
+            .map(|(name, a)| NodeInfo {
+                name: name.to_string(),
+                addresses: vec![n(a)],
+                vxlan_tunnel_addr: None,
+                vtep_mac: None,
+            })
+            .collect();
+        let pools = vec![PoolRange {
+            cidr: n("10.244.0.0/16"),
+            block_size: 26,
+            disabled: false,
+        }];
+        let (b, c, ext) = (ip("198.18.0.12"), ip("198.18.5.13"), ip("198.18.9.1"));
+        let rr = ip("198.18.0.20");
+        let mut accept = BTreeMap::new();
+        accept.insert(ext, vec![(n("10.0.0.0/8"), 32), (n("198.18.0.0/16"), 32)]);
+        let mut p = ImportPolicy::new("a", &s, pools, vec![n("198.18.0.0/24")], accept);
+        p.set_peer_nodes(&[
+            node("r", Some("198.18.0.20"), true, &[]),
+            node("c", Some("198.18.5.13"), false, &[]),
+        ]);
+        let ok = |peer: IpAddr, s: &str| p.evaluate(peer, &n(s));
+        let blk = n("10.244.2.0/26");
+        // The block: from b, or relayed by the route reflector; not from c.
+        assert_eq!(ok(b, "10.244.2.0/26"), Ok(()));
+        assert_eq!(ok(rr, "10.244.2.0/26"), Ok(()));
+        assert_eq!(ok(c, "10.244.2.0/26"), Err(Rejection::NotBlockOwner(blk)));
+        // A pod of b as /32: from nobody (b does not announce its own pods' host routes).
+        for from in [b, c, rr] {
+            assert_eq!(
+                ok(from, "10.244.2.1/32"),
+                Err(Rejection::InsideRemoteBlock(blk))
+            );
+        }
+        // The address c borrowed: from c or the reflector, not from b.
+        assert_eq!(ok(c, "10.244.2.20/32"), Ok(()));
+        assert_eq!(ok(rr, "10.244.2.20/32"), Ok(()));
+        assert_eq!(
+            ok(b, "10.244.2.20/32"),
+            Err(Rejection::InsideRemoteBlock(blk))
+        );
+        // An external reflector (not a Node): the route counts as the next hop's node's.
+        let bird = ip("198.18.0.30");
+        assert_eq!(p.evaluate_via(bird, &blk, Some(b)), Ok(()));
+        assert_eq!(
+            p.evaluate_via(bird, &blk, Some(bird)),
+            Err(Rejection::NotBlockOwner(blk))
+        );
+        assert_eq!(p.evaluate_via(bird, &n("10.244.2.20/32"), Some(c)), Ok(()));
+        assert_eq!(
+            p.evaluate_via(bird, &n("10.244.2.1/32"), Some(b)),
+            Err(Rejection::InsideRemoteBlock(blk))
+        );
+        // A more specific than the block, from anyone: refused (it would win by LPM).
+        assert_eq!(
+            ok(b, "10.244.2.0/27"),
+            Err(Rejection::InsideRemoteBlock(blk))
+        );
+        // acceptPrefixes: an explicit peer admitted 10.0.0.0/8 gets the blocks it lists...
+        assert_eq!(ok(ext, "10.244.2.1/32"), Ok(()));
+        // ...and a route to a node's network (routing as usual)...
+        assert_eq!(ok(ext, "198.18.5.0/24"), Ok(()));
+        // ...but never another node's underlay address or the underlay itself.
+        assert_eq!(
+            ok(ext, "198.18.5.13/32"),
+            Err(Rejection::NodeAddress(ip("198.18.5.13")))
+        );
+        assert_eq!(
+            ok(ext, "198.18.5.0/25"),
+            Err(Rejection::NodeAddress(ip("198.18.5.13")))
+        );
+        assert_eq!(
+            ok(ext, "198.18.0.128/25"),
+            Err(Rejection::Underlay(n("198.18.0.0/24")))
+        );
+    }
+
+    #[test]
+    fn accept_prefixes_follow_the_bgppeer_that_wins_the_address() {
+        use tern_model::AcceptPrefix;
+        let cfg = BgpConfigurationSpec::default();
+        let ap = |c: &str, m: Option<u8>| AcceptPrefix {
+            cidr: c.into(),
+            max_length: m,
+        };
+        let peers = vec![
+            peer(
+                "tor",
+                BgpPeerSpec {
+                    peer_ip: Some("198.18.0.250".into()),
+                    as_number: Some(65001),
+                    accept_prefixes: vec![ap("0.0.0.0/0", None), ap("10.99.0.0/16", Some(24))],
+                    ..Default::default()
+                },
+            ),
+            peer(
+                "tor-again",
+                BgpPeerSpec {
+                    peer_ip: Some("198.18.0.250".into()),
+                    as_number: Some(65001),
+                    accept_prefixes: vec![ap("192.0.2.0/24", None)],
+                    ..Default::default()
+                },
+            ),
+        ];
+        let p = plan("a", &nodes(), &cfg, &peers, &snap()).unwrap();
+        assert_eq!(
+            p.accept.get(&ip("198.18.0.250")),
+            Some(&vec![(n("0.0.0.0/0"), 0), (n("10.99.0.0/16"), 24)])
+        );
+        assert_eq!(p.accept.len(), 1, "mesh peers admit nothing extra");
+        let mut bad = peers.clone();
+        bad[0].spec.accept_prefixes = vec![ap("10.0.0.1/8", None)];
+        let e = plan("a", &nodes(), &cfg, &bad, &snap()).unwrap_err();
+        assert!(e.to_string().contains("BGPPeer tor: acceptPrefixes"), "{e}");
     }
 
     #[test]

@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+/// Default number of requests served at once on the socket (`--max-connections`).
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// Everything `ternd` needs to start.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -24,6 +27,9 @@ pub struct AgentConfig {
     /// Seconds an allocation must look leaked (no endpoint, no owner, not in flight) before the
     /// leak repair releases it.
     pub leak_grace_seconds: u64,
+    /// Seconds a Kubernetes Node must stay deleted before the elected agent releases its IPAM
+    /// (`--node-gc-grace`; see [`crate::kube::gc`]).
+    pub node_gc_grace_seconds: u64,
     /// `host:port` of the HTTP listener serving `/metrics` (and the health paths); `0` or
     /// empty disables it.
     pub metrics_addr: String,
@@ -43,6 +49,26 @@ pub struct AgentConfig {
     /// Run the BGP speaker (`--bgp`, see [`crate::bgp`]): routes to other nodes' blocks in
     /// unencapsulated pools are then learned over BGP instead of computed from the store.
     pub bgp: bool,
+    /// Read pods, namespaces and NetworkPolicies from the Kubernetes API server
+    /// (`--kubernetes`, or implied by `--kubeconfig`; see [`crate::kube`]).
+    pub kubernetes: bool,
+    /// Kubeconfig of the API server (`--kubeconfig` / `TERN_KUBECONFIG`); None with `kubernetes`
+    /// set = the in-cluster service account (or `~/.kube/config`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Group (gid) that may use the agent socket besides root (`--socket-group`, default 0): the
+    /// socket is created `0660 root:<group>` whatever the umask, and every connection's peer
+    /// credentials must be uid 0 or a member of this group.
+    pub socket_group: u32,
+    /// Requests served at once on the socket; a connection beyond this is answered "busy"
+    /// (code 11) at once (`--max-connections`, default [`MAX_CONNECTIONS`]).
+    pub max_connections: usize,
+    /// Start on a store that is empty, lacks the cluster ID or holds another cluster's, even
+    /// though this node has pods (`--accept-new-store`): the reconciler then deletes the pod
+    /// interfaces the store does not know. Off by default (see [`crate::identity`]).
+    pub accept_new_store: bool,
+    /// Set the sysctls tern needs (`ip_forward`, ...) when they are wrong; off with
+    /// `--no-set-sysctls`, which only reports them (see [`crate::hostcheck`]).
+    pub set_sysctls: bool,
 }
 
 impl AgentConfig {
@@ -58,6 +84,7 @@ impl AgentConfig {
             mtu: 0,
             resync_seconds: 30,
             leak_grace_seconds: 60,
+            node_gc_grace_seconds: 60,
             metrics_addr: "127.0.0.1:9091".to_string(),
             health_addr: "127.0.0.1:9099".to_string(),
             etcd_ca: None,
@@ -66,6 +93,62 @@ impl AgentConfig {
             node_ip: None,
             dataplane: true,
             bgp: false,
+            kubernetes: false,
+            kubeconfig: None,
+            socket_group: 0,
+            max_connections: MAX_CONNECTIONS,
+            accept_new_store: false,
+            set_sysctls: true,
         }
+    }
+}
+
+/// Resolves `--socket-group`: a numeric gid or a group name from the group database.
+pub fn resolve_group(spec: &str) -> Result<u32, String> {
+    let spec = spec.trim();
+    if let Ok(gid) = spec.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(spec)
+        .map_err(|_| format!("--socket-group {spec:?}: contains a NUL byte"))?;
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: group is plain data filled by getgrnam_r; buf outlives the call and is only
+    // referenced through `grp`'s string pointers, which we do not read.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+            &mut out,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "--socket-group {spec:?}: cannot read the group database: {}",
+            std::io::Error::from_raw_os_error(rc)
+        ));
+    }
+    if out.is_null() {
+        return Err(format!(
+            "--socket-group {spec:?}: no such group (give a group name or a numeric gid)"
+        ));
+    }
+    Ok(grp.gr_gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_resolve_by_number_and_name() {
+        assert_eq!(resolve_group("0"), Ok(0));
+        assert_eq!(resolve_group("1234"), Ok(1234));
+        assert_eq!(resolve_group("root"), Ok(0));
+        let e = resolve_group("no-such-group-tern").unwrap_err();
+        assert!(e.contains("no such group"), "{e}");
     }
 }

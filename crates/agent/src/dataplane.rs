@@ -7,14 +7,17 @@
 //! protocol 84 in the main table that do not go out of a tern veth (those are the endpoint
 //! code's per-pod routes), and neighbour / FDB entries on `vxlan.tern`.
 
+pub mod node;
+
 use crate::mtu;
-use crate::node::{self, Liveness, NodeError, Registration};
+use crate::nat::NatTable;
 use crate::routes::{
-    self, BlockInfo, Desired, IPIP_DEVICE, NodeInfo, PoolInfo, Snapshot, Target, VXLAN_DEVICE,
-    VXLAN_PORT, VXLAN_VNI, Vtep,
+    self, Desired, IPIP_DEVICE, Target, VXLAN_DEVICE, VXLAN_PORT, VXLAN_VNI, Vtep,
 };
+use crate::snapshot::{NodeInfo, PoolInfo, Snapshot, load_snapshot, reconciler_owns};
 use ipnet::IpNet;
-use std::collections::{BTreeMap, HashSet};
+use node::{Liveness, NodeError, Registration};
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 use tern_ipam::Ipam;
 use tern_linux::TERN_ROUTE_PROTOCOL;
 use tern_linux::netlink::{Handle, MAIN_TABLE, Route, RouteKind, Scope};
-use tern_model::{Kind, Resource};
+use tern_model::Kind;
 use tern_store::{Store, keys};
 
 /// Settings of the dataplane reconciler.
@@ -63,120 +66,11 @@ pub struct Dataplane {
     lock: Mutex<()>,
     /// The nft script last applied successfully: event-driven syncs skip `nft` when unchanged.
     nat_applied: Mutex<Option<String>>,
-    /// When set, natOutgoing is rendered with the policy chains in one table (see
-    /// [`crate::policy`]) instead of by its own script.
-    policy: Mutex<Option<Arc<crate::policy::PolicyEngine>>>,
+    /// When set, natOutgoing is rendered with the policy chains in one table (the policy
+    /// engine, attached by the root) instead of by its own script.
+    policy: Mutex<Option<Arc<dyn NatTable>>>,
     /// BGP routes the unencapsulated pools ([`Dataplane::set_bgp_routing`]).
     bgp: AtomicBool,
-}
-
-/// Reads the pools, nodes and blocks; a malformed pool or node is reported and skipped.
-pub fn load_snapshot(store: &dyn Store) -> Result<Snapshot, String> {
-    let mut s = Snapshot::default();
-    let (kvs, _) = store
-        .range(&keys::resource_prefix(Kind::IpPool.as_str()))
-        .map_err(|e| format!("reading IP pools: {e}"))?;
-    for kv in kvs {
-        let r = Resource::from_json(&kv.value).and_then(|mut r| {
-            r.fill_defaults();
-            r.validate().map_err(|e| e.to_string())?;
-            Ok(r)
-        });
-        match r {
-            Ok(Resource::IpPool(p)) => match p.spec.net() {
-                Some(cidr) => s.pools.push(PoolInfo {
-                    name: p.metadata.name.clone(),
-                    cidr,
-                    vxlan: p.spec.vxlan_mode,
-                    ipip: p.spec.ipip_mode,
-                    nat_outgoing: p.spec.nat_outgoing,
-                    disabled: p.spec.disabled,
-                }),
-                None => s
-                    .errors
-                    .push(format!("IPPool {}: bad cidr", p.metadata.name)),
-            },
-            Ok(_) => {}
-            Err(e) => s.errors.push(format!("IPPool at {} ignored: {e}", kv.key)),
-        }
-    }
-    let (kvs, _) = store
-        .range(&keys::resource_prefix(Kind::Node.as_str()))
-        .map_err(|e| format!("reading nodes: {e}"))?;
-    for kv in kvs {
-        match Resource::from_json(&kv.value) {
-            Ok(Resource::Node(n)) => {
-                let addresses = n
-                    .spec
-                    .addresses
-                    .iter()
-                    .filter_map(|a| {
-                        a.address
-                            .parse::<IpNet>()
-                            .ok()
-                            .or_else(|| a.address.parse::<IpAddr>().ok().map(IpNet::from))
-                    })
-                    .collect();
-                s.nodes.push(NodeInfo {
-                    name: n.metadata.name.clone(),
-                    addresses,
-                    vxlan_tunnel_addr: n
-                        .spec
-                        .ipv4_vxlan_tunnel_addr
-                        .as_deref()
-                        .and_then(|a| a.split('/').next()?.parse().ok()),
-                    vtep_mac: n
-                        .spec
-                        .vxlan_tunnel_mac_addr
-                        .as_deref()
-                        .and_then(crate::ops::parse_mac),
-                });
-            }
-            Ok(_) => {}
-            Err(e) => s.errors.push(format!("Node at {} ignored: {e}", kv.key)),
-        }
-    }
-    s.blocks = load_blocks(store)?;
-    Ok(s)
-}
-
-/// The allocation blocks with their affinity and the node behind each allocation.
-fn load_blocks(store: &dyn Store) -> Result<Vec<BlockInfo>, String> {
-    {
-        let (kvs, _) = store
-            .range(keys::BLOCKS)
-            .map_err(|e| format!("reading blocks: {e}"))?;
-        let mut out = Vec::new();
-        for kv in kvs {
-            let b: tern_ipam::Block = match serde_json::from_slice(&kv.value) {
-                Ok(b) => b,
-                Err(e) => return Err(format!("block {}: {e}", kv.key)),
-            };
-            if b.deleted {
-                continue;
-            }
-            let allocations = b
-                .allocations
-                .iter()
-                .enumerate()
-                .filter_map(|(ord, a)| {
-                    let idx = (*a)? as usize;
-                    let by = b
-                        .attributes
-                        .get(idx)
-                        .map(|at| at.secondary.node.clone())
-                        .unwrap_or_default();
-                    Some((b.ip(ord as u32), by))
-                })
-                .collect();
-            out.push(BlockInfo {
-                cidr: b.cidr,
-                affinity: b.affine_node().map(str::to_string),
-                allocations,
-            });
-        }
-        Ok(out)
-    }
 }
 
 impl Dataplane {
@@ -184,7 +78,7 @@ impl Dataplane {
     /// address that is not on a local interface is an error (the agent refuses to start).
     pub fn new(cfg: DataplaneConfig, store: Arc<dyn Store>) -> Result<Dataplane, NodeError> {
         if let Some(ip) = cfg.node_ip {
-            node::local_address(ip)?;
+            crate::host::local_address(ip)?;
         }
         Ok(Dataplane {
             ipam: Ipam::new(store.clone()),
@@ -236,8 +130,8 @@ impl Dataplane {
     /// default-route interface's addresses.
     fn underlay(&self) -> Result<Vec<IpNet>, NodeError> {
         match self.cfg.node_ip {
-            Some(ip) => Ok(vec![node::local_address(ip)?]),
-            None => Ok(crate::reconcile::node_addresses()),
+            Some(ip) => Ok(vec![crate::host::local_address(ip)?]),
+            None => Ok(crate::host::node_addresses()),
         }
     }
 
@@ -252,7 +146,7 @@ impl Dataplane {
                 .find(|(_, n)| n.addr() == a)?;
             Some(h.link_by_index(idx).ok()??.mtu)
         };
-        find().unwrap_or_else(crate::reconcile::detect_mtu)
+        find().unwrap_or_else(crate::host::detect_mtu)
     }
 
     /// Registers the node (addresses, tunnel addresses, MTU); returns the registration.
@@ -322,7 +216,7 @@ impl Dataplane {
             }
             Err(e) => r.errors.push(format!("registering node: {e}")),
         }
-        let subnets = match node::local_subnets() {
+        let subnets = match crate::host::local_subnets() {
             Ok(s) => s,
             Err(e) => {
                 r.errors.push(e.to_string());
@@ -332,7 +226,7 @@ impl Dataplane {
         let mut desired = routes::compute(&snap, &self.cfg.node_name, &subnets);
         if self.bgp.load(Ordering::Relaxed) {
             desired.routes.retain(|dst, t| {
-                !matches!(t, Target::Direct(_)) || crate::bgp::reconciler_owns(&snap.pools, dst)
+                !matches!(t, Target::Direct(_)) || reconciler_owns(&snap.pools, dst)
             });
         }
         r.errors.extend(desired.errors.iter().cloned());
@@ -349,7 +243,7 @@ impl Dataplane {
         self.sync_routes(&mut h, &desired, vxlan_idx, ipip_idx, &mut r);
         let policy = self.policy.lock().unwrap().clone();
         if let Some(engine) = policy {
-            if let Err(e) = engine.set_nat(crate::nat::chains(&snap.pools)) {
+            if let Err(e) = engine.replace_nat(crate::nat::chains(&snap.pools)) {
                 r.errors.push(format!("natOutgoing: {e}"));
             }
             return self.finish(r);
@@ -370,8 +264,9 @@ impl Dataplane {
         self.finish(r)
     }
 
-    /// Hands natOutgoing to the policy engine: from now on both share every transaction.
-    pub fn attach_policy(&self, engine: Arc<crate::policy::PolicyEngine>) {
+    /// Hands natOutgoing to the policy engine (or any [`NatTable`]): from now on both share
+    /// every transaction.
+    pub fn attach_policy(&self, engine: Arc<dyn NatTable>) {
         *self.policy.lock().unwrap() = Some(engine);
     }
 
@@ -608,6 +503,8 @@ impl Dataplane {
         Some(link.index)
     }
 
+    /// Applies [`crate::routes::plan::plan`] for the desired routes: the kernel work is this
+    /// loop; which routes to add, replace or delete (and which are foreign) is decided purely.
     fn sync_routes(
         &self,
         h: &mut Handle,
@@ -616,98 +513,126 @@ impl Dataplane {
         ipip: Option<u32>,
         r: &mut SyncReport,
     ) {
-        let mut want: BTreeMap<IpNet, Route> = BTreeMap::new();
-        for (dst, t) in &d.routes {
-            let base = Route {
-                dst: *dst,
-                kind: RouteKind::Unicast,
-                gateway: None,
-                oif: None,
-                onlink: false,
-                scope: Scope::Universe,
-                protocol: TERN_ROUTE_PROTOCOL,
-                table: MAIN_TABLE,
-            };
-            let route = match *t {
-                Target::Blackhole => Route {
-                    kind: RouteKind::Blackhole,
-                    ..base
-                },
-                Target::Direct(gw) => Route {
-                    gateway: Some(gw),
-                    ..base
-                },
-                Target::Vxlan(gw) => match vxlan {
-                    Some(i) => Route {
-                        gateway: Some(gw),
-                        oif: Some(i),
-                        onlink: true,
-                        ..base
-                    },
-                    None => continue,
-                },
-                Target::Ipip(gw) => match ipip {
-                    Some(i) => Route {
-                        gateway: Some(gw),
-                        oif: Some(i),
-                        onlink: true,
-                        ..base
-                    },
-                    None => continue,
-                },
-            };
-            want.insert(*dst, route);
-        }
-        let veths: HashSet<u32> = match h.links() {
+        use crate::routes::plan::{self, RouteOp};
+        let want = plan::kernel_routes(d, vxlan, ipip);
+        let links: Vec<_> = match h.links() {
             Ok(l) => l
                 .into_iter()
                 .filter(|l| {
                     l.kind.as_deref() == Some("veth")
                         && l.name.starts_with(&self.cfg.interface_prefix)
                 })
-                .map(|l| l.index)
                 .collect(),
             Err(e) => {
                 r.errors.push(format!("listing links: {e}"));
                 return;
             }
         };
+        let veths: HashSet<u32> = links.iter().map(|l| l.index).collect();
+        self.sync_pod_routes(h, &links, r);
         let mut have = Vec::new();
         for v6 in [false, true] {
             match h.routes_full(v6, MAIN_TABLE) {
-                Ok(rs) => have.extend(
-                    rs.into_iter()
-                        .filter(|x| x.protocol == TERN_ROUTE_PROTOCOL)
-                        .filter(|x| !x.oif.is_some_and(|o| veths.contains(&o))),
-                ),
+                Ok(rs) => have.extend(rs),
                 Err(e) => {
                     r.errors.push(format!("listing routes: {e}"));
                     return;
                 }
             }
         }
-        for x in &have {
-            let keep = want.get(&x.dst).is_some_and(|w| same_route(w, x));
-            if !keep && !want.contains_key(&x.dst) {
-                match h.delete_route_full(x) {
+        for op in plan::plan(&want, &have, &veths) {
+            match op {
+                RouteOp::Delete(x) => match h.delete_route_full(&x) {
                     Ok(_) => r.routes_removed += 1,
                     Err(e) => r.errors.push(format!("removing route {}: {e}", x.dst)),
+                },
+                RouteOp::Add(w) | RouteOp::Replace { new: w, .. } => {
+                    match h.replace_route_full(&w) {
+                        Ok(()) => r.routes_set += 1,
+                        Err(e) => r.errors.push(format!("route {}: {e}", w.dst)),
+                    }
                 }
+                RouteOp::Blocked { want, foreign } => r.errors.push(format!(
+                    "route {} not installed: the kernel has a route for it with protocol {} that tern does not own",
+                    want.dst, foreign.protocol
+                )),
             }
         }
-        for (dst, w) in &want {
-            let present = have.iter().any(|x| x.dst == *dst && same_route(w, x));
-            if present {
+    }
+
+    /// Restores the host route (`<pod address>/32 dev <host veth> scope link proto 84`) of
+    /// every local endpoint whose veth is up but whose route is gone (deleted by hand, or by
+    /// anything that replaced and then withdrew it): the endpoint code installs these routes
+    /// only at ADD. Veths that are down (a DEL in progress) are left alone.
+    fn sync_pod_routes(
+        &self,
+        h: &mut Handle,
+        links: &[tern_linux::netlink::Link],
+        r: &mut SyncReport,
+    ) {
+        let eps = match crate::endpoints::store_io::list(&*self.store, &self.cfg.node_name) {
+            Ok(e) => e,
+            Err(e) => {
+                r.errors.push(format!("listing endpoints: {e}"));
+                return;
+            }
+        };
+        let mut have: Option<Vec<Route>> = None;
+        for ep in eps {
+            let Some(link) = links.iter().find(|l| l.name == ep.host_ifname && l.up) else {
                 continue;
-            }
-            // A stale tern route to the same destination of another type must go first:
-            // replace does not turn a blackhole into a unicast route.
-            for x in have.iter().filter(|x| x.dst == *dst && x.kind != w.kind) {
-                let _ = h.delete_route_full(x);
-            }
-            match h.replace_route_full(w) {
-                Ok(()) => r.routes_set += 1,
-                Err(e) => r.errors.push(format!("route {dst}: {e}")),
+            };
+            for a in ep
+                .ip_networks
+                .iter()
+                .filter_map(|a| a.parse::<IpNet>().ok())
+            {
+                let ip = a.addr();
+                let dst = IpNet::from(ip);
+                let routes = match &mut have {
+                    Some(v) => v,
+                    None => {
+                        let mut v = Vec::new();
+                        for v6 in [false, true] {
+                            match h.routes_full(v6, MAIN_TABLE) {
+                                Ok(rs) => v.extend(rs),
+                                Err(e) => {
+                                    r.errors.push(format!("listing routes: {e}"));
+                                    return;
+                                }
+                            }
+                        }
+                        have.insert(v)
+                    }
+                };
+                if routes
+                    .iter()
+                    .any(|x| x.dst == dst && x.oif == Some(link.index))
+                {
+                    continue;
+                }
+                let route = Route {
+                    dst,
+                    kind: RouteKind::Unicast,
+                    gateway: None,
+                    oif: Some(link.index),
+                    onlink: false,
+                    scope: Scope::Link,
+                    protocol: TERN_ROUTE_PROTOCOL,
+                    table: MAIN_TABLE,
+                };
+                match h.replace_route_full(&route) {
+                    Ok(()) => {
+                        log::info!("restored the host route {dst} dev {}", link.name);
+                        r.routes_set += 1;
+                    }
+                    // The veth went down since the listing: its DEL is running.
+                    Err(tern_linux::LinuxError::Netlink { source, .. })
+                        if source.raw_os_error() == Some(libc::ENETDOWN) => {}
+                    Err(e) => r
+                        .errors
+                        .push(format!("host route {dst} dev {}: {e}", link.name)),
+                }
             }
         }
     }
@@ -828,11 +753,4 @@ fn relevant(key: &str) -> bool {
         || key.starts_with(&keys::resource_prefix(Kind::Node.as_str()))
         || key.starts_with(keys::BLOCKS)
         || key.starts_with(keys::AFFINITIES)
-}
-
-fn same_route(want: &Route, have: &Route) -> bool {
-    want.kind == have.kind
-        && want.gateway == have.gateway
-        && (want.oif.is_none() || want.oif == have.oif)
-        && want.onlink == have.onlink
 }

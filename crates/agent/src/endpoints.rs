@@ -7,6 +7,12 @@ use tern_api::{Attachment, PodRef};
 use tern_model::EndpointPort;
 use tern_store::{Store, StoreError};
 
+/// Annotation of a WorkloadEndpoint with the pod's UID (`K8S_POD_UID`, or the API server's).
+pub const POD_UID_ANNOTATION: &str = "tern.dev/pod-uid";
+/// Label carrying the pod's service account (as Calico's `projectcalico.org/serviceaccount`),
+/// set by the Kubernetes source ([`crate::kube`]).
+pub const SERVICE_ACCOUNT_LABEL: &str = "tern.dev/serviceaccount";
+
 /// What the agent knows of one pod interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -131,7 +137,13 @@ impl Endpoints {
             ports: Vec::new(),
             delegated_ipam: false,
         });
-        store_io::delete(&*self.store, &ep)?;
+        if self.get(a).is_some() {
+            store_io::delete(&*self.store, &ep)?;
+        } else {
+            // Not a cached endpoint (a stale sandbox's DEL, a repeated DEL): the document is
+            // named by pod and interface, so it may be another sandbox's of the same pod.
+            store_io::delete_if_attachment(&*self.store, &ep)?;
+        }
         self.cache.lock().unwrap().remove(&key_of(a));
         Ok(())
     }
@@ -158,6 +170,9 @@ pub mod store_io {
                 pod.infra_container_id.clone(),
             );
         }
+        if !pod.uid.is_empty() {
+            annotations.insert(POD_UID_ANNOTATION.to_string(), pod.uid.clone());
+        }
         let mut doc = WorkloadEndpoint::new(
             ep.name(),
             WorkloadEndpointSpec {
@@ -175,7 +190,7 @@ pub mod store_io {
                 ip_networks: ep.ip_networks.clone(),
                 network: ep.attachment.network.clone(),
                 profiles: vec![],
-                service_account_name: None,
+                service_account_name: ep.labels.get(SERVICE_ACCOUNT_LABEL).cloned(),
                 ports: ep.ports.clone(),
             },
         );
@@ -199,6 +214,7 @@ pub mod store_io {
                 .get("tern.dev/infra-container-id")
                 .cloned()
                 .unwrap_or_default(),
+            uid: ann.get(POD_UID_ANNOTATION).cloned().unwrap_or_default(),
         });
         Endpoint {
             node: w.spec.node.clone(),
@@ -300,6 +316,37 @@ pub mod store_io {
         Ok(())
     }
 
+    /// Deletes the stored document of `ep`'s name only when it records `ep`'s attachment
+    /// (network, container ID, interface), or cannot be read: another sandbox of the same pod,
+    /// which has the same document name, keeps its endpoint. Compared and deleted in one
+    /// transaction (mod_revision), so a write in between is never deleted.
+    pub fn delete_if_attachment(store: &dyn Store, ep: &Endpoint) -> Result<(), StoreError> {
+        let key = key(ep);
+        let Some(kv) = store.get(&key)? else {
+            return Ok(());
+        };
+        if let Ok(w) = serde_json::from_slice::<WorkloadEndpoint>(&kv.value) {
+            let stored = from_resource(w);
+            if key_of(&stored.attachment) != key_of(&ep.attachment) {
+                log::info!(
+                    "not deleting endpoint {key}: it records container {}, not {}",
+                    stored.attachment.container_id,
+                    ep.attachment.container_id
+                );
+                return Ok(());
+            }
+        }
+        store.txn(tern_store::Txn {
+            compare: vec![tern_store::Compare::ModRevision(
+                key.clone(),
+                kv.mod_revision,
+            )],
+            success: vec![tern_store::Op::delete(key)],
+            failure: vec![],
+        })?;
+        Ok(())
+    }
+
     /// Every endpoint of `node`; documents that do not parse are skipped with a warning.
     pub fn list(store: &dyn Store, node: &str) -> Result<Vec<Endpoint>, StoreError> {
         list_where(store, |n| n == node)
@@ -352,6 +399,7 @@ mod tests {
                     namespace: "prod".into(),
                     name: "web".into(),
                     infra_container_id: String::new(),
+                    uid: String::new(),
                 }),
             },
             host_ifname: "tern0123456789a".into(),

@@ -23,74 +23,16 @@
 //! the in-flight set re-checked; and the release is a compare-and-swap on the allocation's
 //! sequence number, so an address that was freed and reused meanwhile is never released.
 
-use crate::server::Agent;
-use serde::{Deserialize, Serialize};
+use crate::claims::Claims;
+use crate::endpoints::{Endpoint, Endpoints};
+use crate::owners::{OwnerRecord, delete_owner, list_owners};
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use tern_ipam::Allocation;
-use tern_store::{Store, StoreError};
-
-/// Prefix of every owner record of standalone `tern-ipam` allocations.
-pub const OWNERS_PREFIX: &str = "/tern/v1/ipam/owners/";
-
-/// Key of the owner record of `handle` on `node`.
-pub fn owner_key(node: &str, handle: &str) -> String {
-    format!("{OWNERS_PREFIX}{node}/{handle}")
-}
-
-/// Who holds a standalone `tern-ipam` allocation: written before the allocation so that a
-/// crash in between leaves at worst a record without an allocation (harmless).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OwnerRecord {
-    pub handle: String,
-    pub node: String,
-    pub network: String,
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    pub ifname: String,
-    /// `CNI_NETNS` of the ADD; empty when unknown.
-    pub netns: String,
-}
-
-/// Writes (or overwrites) an owner record.
-pub fn record_owner(store: &dyn Store, o: &OwnerRecord) -> Result<(), StoreError> {
-    let body = serde_json::to_vec(o).map_err(|e| StoreError::Backend(e.to_string()))?;
-    store.put(&owner_key(&o.node, &o.handle), &body)?;
-    Ok(())
-}
-
-/// Deletes an owner record; Ok when absent.
-pub fn delete_owner(store: &dyn Store, node: &str, handle: &str) -> Result<(), StoreError> {
-    store.delete(&owner_key(node, handle))?;
-    Ok(())
-}
-
-/// Owner records of one node (or of every node), by handle. Unreadable records are skipped
-/// with a warning.
-pub fn list_owners(
-    store: &dyn Store,
-    node: Option<&str>,
-) -> Result<HashMap<String, OwnerRecord>, StoreError> {
-    let prefix = match node {
-        Some(n) => format!("{OWNERS_PREFIX}{n}/"),
-        None => OWNERS_PREFIX.to_string(),
-    };
-    let (kvs, _) = store.range(&prefix)?;
-    let mut out = HashMap::new();
-    for kv in kvs {
-        match serde_json::from_slice::<OwnerRecord>(&kv.value) {
-            Ok(o) => {
-                out.insert(o.handle.clone(), o);
-            }
-            Err(e) => log::warn!("skipping unreadable owner record {}: {e}", kv.key),
-        }
-    }
-    Ok(out)
-}
+use tern_ipam::{Allocation, Ipam};
+use tern_store::Store;
 
 /// What the node knows about who uses addresses, for [`leak_suspects`].
 pub struct UseView<'a> {
@@ -200,38 +142,55 @@ pub struct LeakReport {
     pub errors: Vec<String>,
 }
 
-impl Agent {
-    fn endpoint_handles(eps: &[crate::endpoints::Endpoint]) -> HashSet<String> {
+/// What one leak-repair pass reads; the agent lends it its own state.
+pub struct RepairInputs<'a> {
+    /// This node's name.
+    pub node: &'a str,
+    pub store: &'a dyn Store,
+    pub ipam: &'a Ipam,
+    /// IPAM handles of ADDs in flight (re-read just before release).
+    pub in_flight_handles: &'a Claims,
+    /// The endpoint cache (the store itself is re-read before release).
+    pub endpoints: &'a Endpoints,
+    /// How long an allocation must look leaked before it is released.
+    pub grace: Duration,
+}
+
+impl LeakTracker {
+    /// Handles in use by endpoints: each endpoint's handle and its legacy form, since a pod
+    /// added before handles were unambiguous still holds its addresses under the latter
+    /// (keeping a legacy handle another attachment shares errs on the side of not releasing).
+    fn endpoint_handles(eps: &[Endpoint]) -> HashSet<String> {
         eps.iter()
             .filter(|e| !e.delegated_ipam)
-            .map(|e| e.attachment.handle())
+            .flat_map(|e| [e.attachment.handle(), e.attachment.legacy_handle()])
             .collect()
     }
 
     /// One leak-repair pass: finds suspects, releases those suspected for longer than the
     /// grace period after re-checking them against the store.
-    pub fn repair_leaks(&self) -> LeakReport {
+    pub fn repair(&self, inp: &RepairInputs<'_>) -> LeakReport {
         let mut r = LeakReport::default();
-        let node = self.cfg.node_name.as_str();
+        let node = inp.node;
         // Order matters: allocations first, then in-flight, then endpoints. An ADD marks its
         // handle in flight before allocating and records its endpoint before unmarking, so an
         // allocation listed here is covered by one of the two later snapshots.
-        let allocs = match self.ipam.allocations(Some(node)) {
+        let allocs = match inp.ipam.allocations(Some(node)) {
             Ok(a) => a,
             Err(e) => {
                 r.errors.push(format!("listing allocations: {e}"));
                 return r;
             }
         };
-        let owners = match list_owners(&*self.store, Some(node)) {
+        let owners = match list_owners(inp.store, Some(node)) {
             Ok(o) => o,
             Err(e) => {
                 r.errors.push(format!("listing IPAM owner records: {e}"));
                 return r;
             }
         };
-        let in_flight = self.in_flight_handles.lock().unwrap().clone();
-        let handles = Self::endpoint_handles(&self.endpoints.all());
+        let in_flight = inp.in_flight_handles.names();
+        let handles = Self::endpoint_handles(&inp.endpoints.all());
         let view = UseView {
             node,
             endpoint_handles: &handles,
@@ -240,20 +199,20 @@ impl Agent {
         };
         let suspects = leak_suspects(&allocs, &view, &netns_path_exists);
         r.suspects = suspects.len();
-        let grace = Duration::from_secs(self.cfg.leak_grace_seconds);
-        let due = self.leaks.update(&suspects, grace, Instant::now());
+        let grace = inp.grace;
+        let due = self.update(&suspects, grace, Instant::now());
         if due.is_empty() {
             return r;
         }
         // Re-check against the store itself: the endpoint cache may lag a concurrent refresh.
-        let fresh = match crate::endpoints::store_io::list(&*self.store, node) {
+        let fresh = match crate::endpoints::store_io::list(inp.store, node) {
             Ok(eps) => eps,
             Err(e) => {
                 r.errors.push(format!("re-reading endpoints: {e}"));
                 return r;
             }
         };
-        let in_flight = self.in_flight_handles.lock().unwrap().clone();
+        let in_flight = inp.in_flight_handles.names();
         let handles = Self::endpoint_handles(&fresh);
         let view = UseView {
             in_flight: &in_flight,
@@ -261,7 +220,7 @@ impl Agent {
             ..view
         };
         let due = leak_suspects(&due, &view, &netns_path_exists);
-        match self.ipam.release_allocations(&due) {
+        match inp.ipam.release_allocations(&due) {
             Ok(ips) => {
                 for a in &due {
                     if ips.contains(&a.ip) {
@@ -274,18 +233,17 @@ impl Agent {
                         );
                     }
                 }
-                self.metrics.add_gc_reclamations(ips.len() as u64);
                 r.released = ips;
             }
             Err(e) => r.errors.push(format!("releasing leaked addresses: {e}")),
         }
-        self.leaks.forget(&due);
+        self.forget(&due);
         // Owner records of released standalone allocations are done with.
         let done: HashSet<&str> = due.iter().filter_map(|a| a.handle.as_deref()).collect();
         for h in done {
             if owners.contains_key(h)
-                && self.ipam.ips_by_handle(h).is_ok_and(|l| l.is_empty())
-                && let Err(e) = delete_owner(&*self.store, node, h)
+                && inp.ipam.ips_by_handle(h).is_ok_and(|l| l.is_empty())
+                && let Err(e) = delete_owner(inp.store, node, h)
             {
                 r.errors.push(format!("deleting owner record of {h}: {e}"));
             }
@@ -383,25 +341,5 @@ mod tests {
     fn missing_paths_do_not_exist() {
         assert!(netns_path_exists("/proc/self/ns/net"));
         assert!(!netns_path_exists("/nonexistent/tern/netns"));
-    }
-
-    #[test]
-    fn owner_records_round_trip() {
-        let s = tern_store::mem::MemStore::new();
-        let o = OwnerRecord {
-            handle: "net.c1".into(),
-            node: "n1".into(),
-            network: "net".into(),
-            container_id: "c1".into(),
-            ifname: "eth0".into(),
-            netns: "/run/netns/x".into(),
-        };
-        record_owner(&s, &o).unwrap();
-        assert_eq!(list_owners(&s, Some("n1")).unwrap()["net.c1"], o);
-        assert!(list_owners(&s, Some("n2")).unwrap().is_empty());
-        assert_eq!(list_owners(&s, None).unwrap().len(), 1);
-        delete_owner(&s, "n1", "net.c1").unwrap();
-        delete_owner(&s, "n1", "net.c1").unwrap();
-        assert!(list_owners(&s, None).unwrap().is_empty());
     }
 }

@@ -12,33 +12,63 @@
 //!           via tern-linux, store)
 //!
 //!   maintenance thread: release journal replay (every 2 s while entries are pending),
-//!                       start-up and periodic reconciliation, leak repair (leak.rs)
+//!                       start-up and periodic reconciliation, leak repair (reconcile.rs,
+//!                       leak.rs)
 //!   dataplane-watch:    store watch → routes, tunnels, nftables (dataplane.rs)
-//!   http thread(s):     /metrics, /liveness, /readiness (metrics.rs)
+//!   http thread(s):     /metrics, /liveness, /readiness (http.rs)
+//!   kubernetes:         API server watches → pod labels into the endpoints, namespaces and
+//!                       NetworkPolicies into the policy engine (kube/, with `--kubernetes`)
 //! ```
 //!
 //! Every request is handled on its own thread; the only shared state is the store (which
 //! serialises by compare-and-swap) and the endpoint cache (a mutex held only for map updates).
 //! Namespaces are entered only on dedicated threads (`NetNs::run`), never on a server thread.
+//!
+//! # Layers
+//!
+//! A module imports only what lies below it (enforced by `tests/layers.rs`, which holds the
+//! same table and the few edges that still break it, each with its reason):
+//!
+//! | layer | modules | may import |
+//! |---|---|---|
+//! | leaf | `claims` `code` `config` `endpoints` `host` `hostcheck` `identity` `logger` `metrics` `mtu` `nat` `owners` `reaper` `routes` `snapshot` | other leaves (the leaves form a DAG) |
+//! | service | `bgp` `dataplane` (with `dataplane::node`) `kube` `leak` `policy` | leaves, never another service |
+//! | root | `server` (`Agent`, the socket server), `ops` (the CNI operations), `reconcile` (the maintenance loop), `http` (the HTTP endpoints), `lib` | anything below, and `server`'s `Agent` |
+//!
+//! Only the root names [`Agent`]: a service gets its inputs as arguments and keeps its own
+//! state (the leak tracker, the host checks), and the root lends them the agent's. What two
+//! services share is a leaf: the snapshot types in `snapshot`, and `nat::NatTable`, through
+//! which the dataplane hands natOutgoing to the policy engine the root attaches. The graph is
+//! acyclic, the root's too: `ops`, `reconcile` and `http` add `impl Agent` blocks to the
+//! `Agent` of `server`, which names none of them.
 
-pub mod audit;
+/// The cluster-wide IPAM check, which lives next to IPAM (`tern_ipam::audit`) so that `ternctl`
+/// needs no agent; re-exported for agent code and tests.
+pub use tern_ipam::audit;
 pub mod bgp;
 pub mod claims;
+pub mod code;
 pub mod config;
 pub mod dataplane;
 pub mod endpoints;
+pub mod host;
+pub mod hostcheck;
+pub mod http;
+pub mod identity;
+pub mod kube;
 pub mod leak;
 pub mod logger;
 pub mod metrics;
 pub mod mtu;
 pub mod nat;
-pub mod node;
 pub mod ops;
+pub mod owners;
 pub mod policy;
 pub mod reaper;
 pub mod reconcile;
 pub mod routes;
 pub mod server;
+pub mod snapshot;
 
 pub use config::AgentConfig;
 pub use server::Agent;

@@ -1,17 +1,15 @@
-//! Prometheus metrics and the health endpoints, over a minimal HTTP/1.1 server on std.
+//! Prometheus metrics: the agent's in-memory counters ([`Metrics`]) and the IPAM gauges, in the
+//! text exposition format. The HTTP endpoints that serve them are the root's (`http.rs`).
 //!
-//! Counters live in memory ([`Metrics`]); the IPAM gauges are computed from the store at
+//! The IPAM gauges are computed from the store at
 //! scrape time, so they are never stale and cost nothing between scrapes. Gauges cover only
 //! this node (label `node`), so that a cluster of agents exports each series exactly once;
 //! they are labelled by pool as Calico's kube-controllers label theirs.
 
-use crate::server::Agent;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the request latency histogram buckets.
@@ -115,7 +113,7 @@ impl Metrics {
 }
 
 /// Escapes a Prometheus label value.
-fn escape(v: &str) -> String {
+pub fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
@@ -169,208 +167,10 @@ pub fn ipam_gauges(
     Ok(out)
 }
 
-impl Agent {
-    /// The full `/metrics` page.
-    pub fn render_metrics(&self) -> String {
-        let node = &self.cfg.node_name;
-        let en = escape(node);
-        let mut out = String::new();
-        match ipam_gauges(&self.ipam, node) {
-            Ok(g) => {
-                for (name, help, get) in [
-                    (
-                        "ipam_allocations_in_use",
-                        "Addresses allocated by this node, per pool.",
-                        (|g: &PoolGauges| g.in_use) as fn(&PoolGauges) -> u64,
-                    ),
-                    (
-                        "ipam_blocks",
-                        "Blocks affine to this node, per pool.",
-                        |g: &PoolGauges| g.blocks,
-                    ),
-                    (
-                        "ipam_allocations_borrowed",
-                        "Addresses this node allocated from blocks of other nodes, per pool.",
-                        |g: &PoolGauges| g.borrowed,
-                    ),
-                ] {
-                    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-                    for (pool, v) in &g {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{ippool=\"{}\",node=\"{en}\"}} {}",
-                            escape(pool),
-                            get(v)
-                        );
-                    }
-                }
-                out.push_str("# HELP tern_datastore_up Whether the last scrape could read the datastore.\n# TYPE tern_datastore_up gauge\n");
-                let _ = writeln!(out, "tern_datastore_up{{node=\"{en}\"}} 1");
-            }
-            Err(e) => {
-                log::debug!("metrics: cannot read IPAM: {e}");
-                out.push_str("# HELP tern_datastore_up Whether the last scrape could read the datastore.\n# TYPE tern_datastore_up gauge\n");
-                let _ = writeln!(out, "tern_datastore_up{{node=\"{en}\"}} 0");
-            }
-        }
-        if let Some(b) = &self.bgp {
-            b.render_metrics(&mut out);
-        }
-        out.push_str("# HELP tern_endpoints Pod interfaces (WorkloadEndpoints) of this node.\n# TYPE tern_endpoints gauge\n");
-        let _ = writeln!(
-            out,
-            "tern_endpoints{{node=\"{en}\"}} {}",
-            self.endpoints.len()
-        );
-        self.metrics.render_counters(node, &mut out);
-        out
-    }
-
-    /// Readiness: the store answers and at least one pool can serve workloads on this node.
-    pub fn readiness(&self) -> Result<(), String> {
-        self.store
-            .revision()
-            .map_err(|e| format!("datastore unreachable: {e}"))?;
-        let pools = self
-            .ipam
-            .usable_pools(&self.cfg.node_name)
-            .map_err(|e| format!("cannot read IP pools: {e}"))?;
-        if pools.is_empty() {
-            return Err(format!(
-                "no IP pool is usable for workloads on node {}",
-                self.cfg.node_name
-            ));
-        }
-        Ok(())
-    }
-
-    /// Liveness: the maintenance loop has ticked recently (it is not wedged).
-    pub fn liveness(&self) -> Result<(), String> {
-        let age = self.heartbeat_age();
-        let limit = Duration::from_secs(self.cfg.resync_seconds.max(1) * 3 + 60);
-        if age > limit {
-            return Err(format!(
-                "maintenance loop has not run for {}s",
-                age.as_secs()
-            ));
-        }
-        Ok(())
-    }
-
-    /// Answers one HTTP request path: (status, content type, body).
-    pub fn http_response(&self, path: &str) -> (u16, &'static str, String) {
-        let path = path.split('?').next().unwrap_or("");
-        match path {
-            "/metrics" => (
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                self.render_metrics(),
-            ),
-            "/liveness" | "/livez" | "/healthz" => match self.liveness() {
-                Ok(()) => (200, "text/plain", "ok\n".into()),
-                Err(e) => (503, "text/plain", format!("{e}\n")),
-            },
-            "/readiness" | "/readyz" => match self.readiness() {
-                Ok(()) => (200, "text/plain", "ready\n".into()),
-                Err(e) => (503, "text/plain", format!("{e}\n")),
-            },
-            _ => (404, "text/plain", format!("no such path {path}\n")),
-        }
-    }
-}
-
-/// Binds the HTTP listeners of the configuration (one when both addresses are equal); a
-/// listener that cannot bind is logged and skipped: metrics must never stop the agent.
-pub fn start_http(agent: &Arc<Agent>) -> Vec<std::net::SocketAddr> {
-    let mut addrs: Vec<&str> = Vec::new();
-    for a in [
-        agent.cfg.metrics_addr.as_str(),
-        agent.cfg.health_addr.as_str(),
-    ] {
-        let a = a.trim();
-        if a.is_empty() || a == "0" || addrs.contains(&a) {
-            continue;
-        }
-        addrs.push(a);
-    }
-    let mut bound = Vec::new();
-    for a in addrs {
-        let listener = match TcpListener::bind(a) {
-            Ok(l) => l,
-            Err(e) => {
-                log::warn!("cannot serve metrics/health on {a}: {e}");
-                continue;
-            }
-        };
-        if let Ok(local) = listener.local_addr() {
-            bound.push(local);
-        }
-        let me = agent.clone();
-        let spawned = std::thread::Builder::new()
-            .name("http".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if me.stopping() {
-                        return;
-                    }
-                    if let Ok(stream) = conn {
-                        // Scrapes are rare and short: serve them one at a time.
-                        if let Err(e) = serve_http(&me, stream) {
-                            log::debug!("http: {e}");
-                        }
-                    }
-                }
-            });
-        match spawned {
-            Ok(_) => log::info!("serving /metrics, /liveness, /readiness on {a}"),
-            Err(e) => log::warn!("cannot spawn http thread: {e}"),
-        }
-    }
-    bound
-}
-
-fn serve_http(agent: &Agent, stream: TcpStream) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    // Drain the headers; a GET has no body.
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-            break;
-        }
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or("");
-    let path = parts.next().unwrap_or("/");
-    let (status, ctype, body) = if method == "GET" || method == "HEAD" {
-        agent.http_response(path)
-    } else {
-        (405, "text/plain", "only GET is supported\n".to_string())
-    };
-    let reason = match status {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Service Unavailable",
-    };
-    let mut w = stream;
-    write!(
-        w,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
-    if method != "HEAD" {
-        w.write_all(body.as_bytes())?;
-    }
-    w.flush()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn counters_render_in_prometheus_format() {

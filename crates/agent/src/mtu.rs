@@ -1,6 +1,6 @@
 //! Pod MTU: the underlay MTU minus the overhead of the encapsulation the pools use.
 
-use crate::routes::PoolInfo;
+use crate::snapshot::PoolInfo;
 use tern_model::EncapMode;
 
 /// Bytes IPIP adds (outer IPv4 header).

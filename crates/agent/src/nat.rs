@@ -5,7 +5,7 @@
 //! `all-ipv6-pools`, `masq-ipv6-pools`; it flushes and refills only those, in one `nft -f -`
 //! transaction, so chains other code adds to the table (policy) are left alone.
 
-use crate::routes::PoolInfo;
+use crate::snapshot::PoolInfo;
 use ipnet::IpNet;
 use std::fmt::Write;
 
@@ -104,6 +104,17 @@ pub fn chains(pools: &[PoolInfo]) -> tern_policy::Ruleset {
         );
     }
     rs
+}
+
+/// A table that renders natOutgoing's [`chains`] together with other chains (the policy
+/// engine implements it): defined here so that the dataplane hands over its chains without
+/// importing the engine, and the root wires the two.
+pub trait NatTable: Send + Sync {
+    /// Replaces natOutgoing's chains and sets in the table and applies it.
+    fn replace_nat(
+        &self,
+        nat: tern_policy::Ruleset,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// Applies [`ruleset`] atomically in the caller's network namespace.

@@ -5,7 +5,9 @@
 //! DEL tears the kernel side down first, then releases; a release the store cannot take now is
 //! journaled and completed by the maintenance loop.
 
+use crate::code;
 use crate::endpoints::Endpoint;
+use crate::host::{fmt_mac, parse_mac};
 use crate::server::Agent;
 use ipnet::IpNet;
 use std::collections::HashSet;
@@ -21,19 +23,6 @@ use tern_linux::netns::NetNs;
 use tern_linux::veth;
 use tern_model::{EndpointPort, Protocol};
 use tern_store::StoreError;
-
-/// CNI error codes the agent answers with (spec codes below 100, tern's from 100).
-pub mod code {
-    pub const INVALID_ENV: u32 = 4;
-    pub const INVALID_CONFIG: u32 = 7;
-    pub const TRY_AGAIN: u32 = 11;
-    pub const NOT_AVAILABLE: u32 = 50;
-    pub const POOL_EXHAUSTED: u32 = 100;
-    pub const INTERNAL: u32 = 101;
-    pub const INTERFACE: u32 = 102;
-    pub const ADDRESS_UNAVAILABLE: u32 = 103;
-    pub const CHECK_FAILED: u32 = 104;
-}
 
 fn err(code: u32, msg: impl Into<String>) -> ErrorReply {
     ErrorReply {
@@ -55,7 +44,9 @@ fn busy(host_if: &str) -> ErrorReply {
 
 fn store_err(what: &str, e: &StoreError) -> ErrorReply {
     match e {
-        StoreError::Unavailable(_) => err(
+        // A lost answer (leader change) the store could not resolve is as transient as an
+        // unreachable store: "try again later" (11), never an internal error (101).
+        StoreError::Unavailable(_) | StoreError::Ambiguous(_) => err(
             code::TRY_AGAIN,
             format!("{what}: the datastore is unreachable ({e}); retry when it is back"),
         ),
@@ -95,33 +86,6 @@ fn attrs_of(node: &str, a: &Attachment) -> AllocationAttrs {
         node: node.to_string(),
         container_id: a.container_id.clone(),
         ifname: a.ifname.clone(),
-    }
-}
-
-/// Removes an IPAM handle from the in-flight handles when dropped (leak repair skips them).
-struct HandleInFlight<'a> {
-    agent: &'a Agent,
-    handle: String,
-}
-
-impl<'a> HandleInFlight<'a> {
-    fn new(agent: &'a Agent, handle: String) -> HandleInFlight<'a> {
-        agent
-            .in_flight_handles
-            .lock()
-            .unwrap()
-            .insert(handle.clone());
-        HandleInFlight { agent, handle }
-    }
-}
-
-impl Drop for HandleInFlight<'_> {
-    fn drop(&mut self) {
-        self.agent
-            .in_flight_handles
-            .lock()
-            .unwrap()
-            .remove(&self.handle);
     }
 }
 
@@ -227,13 +191,21 @@ impl Agent {
         }
         let host_if = self.host_ifname(a);
         // A pod re-created with the same name gets the same veth name: let an earlier DEL's
-        // deferred deletion of that name finish first.
-        self.reaper
-            .wait_gone(&host_if, std::time::Duration::from_secs(5));
+        // deferred deletion of that name finish first. Proceeding while it is still queued
+        // would replace a device the queue is about to delete: "try again" instead.
+        if !self
+            .reaper
+            .wait_gone(&host_if, std::time::Duration::from_secs(5))
+        {
+            return Err(err(
+                code::TRY_AGAIN,
+                format!("the deletion of the previous interface {host_if} is still queued; retry"),
+            ));
+        }
         let Some(_claim) = self.in_flight.claim(&host_if, CLAIM_WAIT) else {
             return Err(busy(&host_if));
         };
-        let _handle_guard = HandleInFlight::new(self, a.handle());
+        let _handle_guard = self.in_flight_handles.hold(&a.handle());
 
         let t0 = std::time::Instant::now();
         let delegated = req.delegated_ips.is_some();
@@ -253,6 +225,21 @@ impl Agent {
         };
         // Checked before anything is created, so a bad port has nothing to roll back.
         let ports = endpoint_ports(&req.ports)?;
+        // The pod's labels and ports from the API server (cache, or one GET): before anything
+        // is created, so "try again" has nothing to roll back.
+        let kube_pod = match &self.kube {
+            Some(k) => k.pod_for_add(a).map_err(|(c, m)| err(c, m))?,
+            None => None,
+        };
+        // The pod's (and namespace's) IPAM annotations: pools, fixed addresses, or addresses
+        // without IPAM (`no_ipam`); refused before anything is created.
+        let mut ipam_req = req.ipam.clone();
+        let no_ipam = match (&self.kube, &kube_pod) {
+            (Some(k), Some(pod)) => k
+                .ipam_for_add(pod, &mut ipam_req, delegated)
+                .map_err(|(c, m)| err(c, m))?,
+            _ => None,
+        };
         let mut cfg = veth::PodInterfaceConfig {
             host_ifname: &host_if,
             pod_ifname: &a.ifname,
@@ -266,7 +253,20 @@ impl Agent {
         let (ips, created) = std::thread::scope(|s| {
             let base = &cfg;
             let creating = s.spawn(move || veth::create_pod_veth(base));
-            let ips = self.addresses_for(a, &req);
+            let ips = match &no_ipam {
+                Some(v) => Ok(v.clone()),
+                None if delegated => self.addresses_for(a, &req),
+                // A refusal of what the annotations asked for names the pod.
+                None => self.allocate(a, &ipam_req).map_err(|mut e| {
+                    if let Some(p) = kube_pod.as_ref().filter(|_| ipam_req != req.ipam) {
+                        e.msg = format!(
+                            "pod {}/{} (IPAM annotations): {}",
+                            p.namespace, p.name, e.msg
+                        );
+                    }
+                    e
+                }),
+            };
             let created = creating.join().unwrap_or_else(|_| {
                 Err(tern_linux::LinuxError::CheckFailed(
                     "veth creation panicked".into(),
@@ -311,8 +311,12 @@ impl Agent {
             ip_networks: addrs.iter().map(|n| n.to_string()).collect(),
             labels: crate::policy::workload_labels(a, &req.labels),
             ports,
-            delegated_ipam: delegated,
+            // Addresses without IPAM are, like a delegated plugin's, never released by tern.
+            delegated_ipam: delegated || no_ipam.is_some(),
         };
+        if let Some(pod) = &kube_pod {
+            crate::kube::apply_pod(&mut ep, pod);
+        }
         // Policy first: the pod has no address and the host no route to it yet, so no packet
         // can reach or leave it before its chains, map entries and set elements are in.
         if let Some(p) = &self.policy
@@ -347,6 +351,9 @@ impl Agent {
             }
             unpolice();
             return Err(rollback(store_err("recording the endpoint", &e)));
+        }
+        if let Some(k) = &self.kube {
+            k.endpoint_recorded(&ep);
         }
         log::debug!(
             "ADD {}: allocate+create veth {:?}, configure {:?}, endpoint {:?}",
@@ -410,9 +417,26 @@ impl Agent {
         let Some(_claim) = self.in_flight.claim(&host_if, CLAIM_WAIT) else {
             return Err(busy(&host_if));
         };
+        // Without an endpoint of its own (a stale sandbox of the pod, a repeated DEL), the
+        // derived name may be the veth of another attachment: another sandbox of the same pod
+        // shares it. That veth is not this DEL's to touch; only the addresses are released.
+        let owned_by_other = ep.is_none()
+            && self
+                .endpoints
+                .all()
+                .iter()
+                .any(|e| e.host_ifname == host_if);
+        if owned_by_other {
+            log::info!(
+                "DEL {}/{}: interface {host_if} belongs to another endpoint; releasing addresses only",
+                a.container_id,
+                a.ifname
+            );
+        }
         // The kernel takes ~20 ms to unregister a veth; the pod is cut off now (link down) and
         // the deletion itself happens off the request path.
-        if let Err(e) = self.reaper.detach(&host_if) {
+        if !owned_by_other && let Err(e) = self.reaper.detach(&host_if, &self.cfg.interface_prefix)
+        {
             return Err(err(
                 code::INTERFACE,
                 format!("removing interface {host_if}: {e}"),
@@ -429,9 +453,10 @@ impl Agent {
             Ok(()) => {}
             Err(e) => {
                 // Local teardown is done; the release completes when the store is back.
+                // The interface is gone already (or another endpoint's): the replay releases only.
                 let entry = JournalEntry {
                     attachment: a.clone(),
-                    host_ifname: host_if,
+                    host_ifname: String::new(),
                     delegated_ipam: delegated,
                     source: "agent".into(),
                 };
@@ -459,11 +484,44 @@ impl Agent {
     /// Releases an attachment's addresses (unless delegated) and deletes its endpoint.
     pub(crate) fn release_attachment(&self, a: &Attachment, delegated: bool) -> Result<(), String> {
         if !delegated {
-            self.ipam
-                .release_by_handle(&a.handle())
-                .map_err(|e| e.to_string())?;
+            self.release_handles(a).map_err(|e| e.to_string())?;
         }
         self.endpoints.remove(a).map_err(|e| e.to_string())
+    }
+
+    /// The attachment's handle in the form written before handles were unambiguous, when the
+    /// store still holds addresses under it that were allocated for this very attachment
+    /// (same container ID and interface): a pod added before the upgrade. A legacy handle
+    /// shared with another attachment is never returned.
+    pub(crate) fn legacy_handle_of(&self, a: &Attachment) -> Result<Option<String>, IpamError> {
+        let legacy = a.legacy_handle();
+        if legacy == a.handle() {
+            return Ok(None);
+        }
+        Ok(self
+            .ipam
+            .handle_held_by(&legacy, &a.container_id, &a.ifname)?
+            .then_some(legacy))
+    }
+
+    /// Releases the attachment's handle and, for a pod added before the upgrade, its legacy
+    /// handle; returns the legacy handle released, if any.
+    fn release_handles(&self, a: &Attachment) -> Result<Option<String>, IpamError> {
+        self.ipam.release_by_handle(&a.handle())?;
+        let legacy = self.legacy_handle_of(a)?;
+        if let Some(l) = &legacy {
+            self.ipam.release_by_handle(l)?;
+        }
+        Ok(legacy)
+    }
+
+    /// The addresses IPAM holds for the attachment, under either handle form.
+    fn ips_of(&self, a: &Attachment) -> Result<Vec<IpAddr>, IpamError> {
+        let mut held = self.ipam.ips_by_handle(&a.handle())?;
+        if let Some(l) = self.legacy_handle_of(a)? {
+            held.extend(self.ipam.ips_by_handle(&l)?);
+        }
+        Ok(held)
     }
 
     pub(crate) fn check(&self, req: CheckRequest, fd: Option<OwnedFd>) -> Response {
@@ -509,10 +567,7 @@ impl Agent {
             }
         }
         if !ep.delegated_ipam {
-            let held = self
-                .ipam
-                .ips_by_handle(&a.handle())
-                .map_err(|e| ipam_err(&e))?;
+            let held = self.ips_of(a).map_err(|e| ipam_err(&e))?;
             for n in &addrs {
                 if !held.contains(&n.addr()) {
                     return Err(err(
@@ -530,6 +585,11 @@ impl Agent {
     }
 
     pub(crate) fn status(&self) -> Response {
+        if let Some(k) = &self.kube
+            && let Err(e) = k.readiness()
+        {
+            return Err(err(code::NOT_AVAILABLE, format!("ternd is not ready: {e}")));
+        }
         if let Err(e) = self.store.revision() {
             return Err(err(
                 code::NOT_AVAILABLE,
@@ -570,9 +630,20 @@ impl Agent {
             {
                 continue;
             }
-            if let Err(e) = veth::teardown_pod_interface(&ep.host_ifname) {
-                errors.push(format!("{}: {e}", ep.host_ifname));
-                continue;
+            // The name comes from the store: only tern's own pod veth of that name goes (prefix,
+            // digest shape and kind checked, deleted by index), never `cni0` or a NIC.
+            match tern_linux::delete_pod_veth(&ep.host_ifname, &self.cfg.interface_prefix) {
+                Ok(tern_linux::Deleted::Refused(why)) => log::warn!(
+                    "GC: not deleting interface {} of {}/{}: {why}",
+                    ep.host_ifname,
+                    a.container_id,
+                    a.ifname
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    errors.push(format!("{}: {e}", ep.host_ifname));
+                    continue;
+                }
             }
             match self.release_attachment(a, ep.delegated_ipam || req.delegated_ipam) {
                 Ok(()) => released += 1,
@@ -584,11 +655,22 @@ impl Agent {
             // users of tern-ipam, or an ADD that died between allocation and endpoint).
             match self.ipam.allocations(Some(&self.cfg.node_name)) {
                 Ok(allocs) => {
-                    let prefix = format!("{}.", req.network);
+                    let prefix = tern_api::ident::handle_prefix(&req.network);
                     let mut seen = HashSet::new();
                     for al in allocs {
                         let Some(handle) = al.handle else { continue };
-                        if !handle.starts_with(&prefix) || !seen.insert(handle.clone()) {
+                        // This network's handles; a legacy one (`<network>.<cid>[.<if>]`) only
+                        // when it is exactly what this network's attachment of the
+                        // allocation's container and interface was given, never by prefix (a
+                        // network `a.b` is not part of network `a`).
+                        let legacy = tern_api::ident::legacy_handle(
+                            &req.network,
+                            &al.attrs.container_id,
+                            &al.attrs.ifname,
+                        );
+                        let ours = handle.starts_with(&prefix)
+                            || (!al.attrs.container_id.is_empty() && handle == legacy);
+                        if !ours || !seen.insert(handle.clone()) {
                             continue;
                         }
                         let key = (al.attrs.container_id.clone(), al.attrs.ifname.clone());
@@ -620,10 +702,10 @@ impl Agent {
 
     pub(crate) fn ipam_add(&self, req: IpamAddRequest) -> Response {
         let a = &req.attachment;
-        let _handle_guard = HandleInFlight::new(self, a.handle());
+        let _handle_guard = self.in_flight_handles.hold(&a.handle());
         // Standalone IPAM allocations have no tern endpoint: the owner record (written before
         // allocating) tells leak repair which sandbox holds them.
-        let owner = crate::leak::OwnerRecord {
+        let owner = crate::owners::OwnerRecord {
             handle: a.handle(),
             node: self.cfg.node_name.clone(),
             network: a.network.clone(),
@@ -631,13 +713,13 @@ impl Agent {
             ifname: a.ifname.clone(),
             netns: a.netns_path.clone(),
         };
-        crate::leak::record_owner(&*self.store, &owner)
+        crate::owners::record_owner(&*self.store, &owner)
             .map_err(|e| store_err("recording the IPAM owner", &e))?;
         let ips = match self.allocate(a, &req.ipam) {
             Ok(ips) => ips,
             Err(e) => {
                 if let Err(de) =
-                    crate::leak::delete_owner(&*self.store, &self.cfg.node_name, &a.handle())
+                    crate::owners::delete_owner(&*self.store, &self.cfg.node_name, &a.handle())
                 {
                     log::warn!("removing owner record of {}: {de}", a.handle());
                 }
@@ -699,7 +781,7 @@ impl Agent {
         {
             return Ok((addr, gw.ip));
         }
-        let owner = crate::leak::OwnerRecord {
+        let owner = crate::owners::OwnerRecord {
             handle: handle.clone(),
             node: node.clone(),
             network: String::new(),
@@ -707,7 +789,7 @@ impl Agent {
             ifname: String::new(),
             netns: String::new(),
         };
-        crate::leak::record_owner(&*self.store, &owner)
+        crate::owners::record_owner(&*self.store, &owner)
             .map_err(|e| store_err("recording the gateway owner", &e))?;
         let attrs = AllocationAttrs {
             node: node.clone(),
@@ -728,13 +810,13 @@ impl Agent {
     }
 
     pub(crate) fn ipam_del(&self, a: Attachment) -> Response {
-        let released = self.ipam.release_by_handle(&a.handle()).and_then(|_| {
-            crate::leak::delete_owner(&*self.store, &self.cfg.node_name, &a.handle())
+        let released = self.release_handles(&a).and_then(|_| {
+            crate::owners::delete_owner_of(&*self.store, &self.cfg.node_name, &a)
                 .map_err(IpamError::Store)
         });
         match released {
             Ok(()) => Ok(Reply::Done),
-            Err(IpamError::Store(StoreError::Unavailable(e))) => {
+            Err(IpamError::Store(StoreError::Unavailable(e) | StoreError::Ambiguous(e))) => {
                 let entry = JournalEntry {
                     attachment: a,
                     host_ifname: String::new(),
@@ -756,10 +838,7 @@ impl Agent {
     }
 
     pub(crate) fn ipam_check(&self, a: Attachment) -> Response {
-        let held = self
-            .ipam
-            .ips_by_handle(&a.handle())
-            .map_err(|e| ipam_err(&e))?;
+        let held = self.ips_of(&a).map_err(|e| ipam_err(&e))?;
         if held.is_empty() {
             return Err(err(
                 code::CHECK_FAILED,
@@ -812,24 +891,6 @@ pub fn endpoint_ports(ports: &[tern_api::NamedPort]) -> Result<Vec<EndpointPort>
     Ok(out)
 }
 
-/// Parses "aa:bb:cc:dd:ee:ff".
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut out = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in out.iter_mut() {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(out)
-}
-
-/// Formats a MAC as lower-case colon-separated hex.
-pub fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -873,14 +934,5 @@ mod tests {
             assert_eq!(e.code, code::INVALID_CONFIG);
             assert!(e.msg.contains(want), "{} does not contain {want}", e.msg);
         }
-    }
-
-    #[test]
-    fn mac_round_trip() {
-        let m = parse_mac("EE:ee:ee:ee:ee:01").unwrap();
-        assert_eq!(fmt_mac(&m), "ee:ee:ee:ee:ee:01");
-        assert!(parse_mac("ee:ee").is_none());
-        assert!(parse_mac("ee:ee:ee:ee:ee:ee:ee").is_none());
-        assert!(parse_mac("zz:ee:ee:ee:ee:ee").is_none());
     }
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tern_model::{Kind, Resource};
-use tern_policy::{Endpoint, Incremental, PolicySet, Ruleset, Script, TableChange};
+use tern_policy::{Endpoint, Incremental, PolicyKey, PolicySet, Ruleset, Script, TableChange};
 use tern_store::{EventKind, Store, keys};
 
 /// Errors of policy enforcement.
@@ -194,15 +194,43 @@ const KINDS: [Kind; 5] = [
 /// The policy state of this node and the kernel table it drives.
 pub struct PolicyEngine {
     store: Arc<dyn Store>,
+    /// Objects from a source other than the store (the Kubernetes API, see [`crate::kube`]):
+    /// applied over the store's at every resync, so a resync never drops them. Locked before
+    /// `state` whenever both are held.
+    external: Mutex<BTreeMap<ObjectKey, Resource>>,
+    /// Stored policies this node cannot use (undecodable, or refused by the compiler), with
+    /// why; each keeps enforcing its last good version, if it had one, across resyncs (see
+    /// [`PolicyEngine::unusable_policies`]). Locked after `state`.
+    unusable: Mutex<BTreeMap<PolicyKey, String>>,
     state: Mutex<Incremental>,
     applies: AtomicU64,
     full_applies: AtomicU64,
 }
 
+/// Identity of a policy-relevant object: kind, namespace, name.
+pub type ObjectKey = (Kind, Option<String>, String);
+
+fn object_key(r: &Resource) -> ObjectKey {
+    (
+        r.kind(),
+        r.namespace().map(str::to_string),
+        r.name().to_string(),
+    )
+}
+
 /// Loads every policy, namespace and endpoint; a stored object that does not parse or
 /// validate is skipped with a warning (it must not block enforcement of the others).
 pub fn load_policy_set(store: &dyn Store) -> Result<PolicySet, PolicyAgentError> {
+    load_policy_set_reporting(store).map(|(set, _)| set)
+}
+
+/// As [`load_policy_set`], and also the policies that were skipped, with why: the caller
+/// keeps their last good version (see [`PolicyEngine::resync`]).
+pub fn load_policy_set_reporting(
+    store: &dyn Store,
+) -> Result<(PolicySet, BTreeMap<PolicyKey, String>), PolicyAgentError> {
     let mut set = PolicySet::new();
+    let mut unusable = BTreeMap::new();
     // Namespaces first so their labels exist when anything else is evaluated.
     for kind in [
         Kind::Namespace,
@@ -217,17 +245,34 @@ pub fn load_policy_set(store: &dyn Store) -> Result<PolicySet, PolicyAgentError>
             source: e,
         })?;
         for kv in kvs {
-            match Resource::from_json(&kv.value) {
-                Ok(r) => {
-                    if let Err(e) = set.apply(&r) {
-                        log::warn!("policy: skipping {}: {e}", kv.key);
-                    }
-                }
-                Err(e) => log::warn!("policy: skipping unreadable {}: {e}", kv.key),
+            let why = match Resource::from_stored(&kv.value) {
+                Ok(r) => match set.apply(&r) {
+                    Ok(()) => continue,
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => format!("unreadable: {e}"),
+            };
+            log::warn!("policy: skipping {}: {why}", kv.key);
+            if let Some(key) = policy_key_of(&kv.key) {
+                unusable.insert(key, why);
             }
         }
     }
-    Ok(set)
+    Ok((set, unusable))
+}
+
+/// The policy a store key names, when it names one.
+fn policy_key_of(key: &str) -> Option<PolicyKey> {
+    let (kind, namespace, name) = parse_key(key)?;
+    matches!(
+        kind,
+        Kind::K8sNetworkPolicy | Kind::NetworkPolicy | Kind::GlobalNetworkPolicy
+    )
+    .then_some(PolicyKey {
+        kind,
+        namespace,
+        name,
+    })
 }
 
 /// The kind, namespace and name a resource key names, for the kinds policy cares about.
@@ -287,13 +332,25 @@ impl PolicyEngine {
     /// Reads the cluster's policy state for `node`; nothing is applied yet (see
     /// [`PolicyEngine::resync`]), so the table already in the kernel keeps enforcing.
     pub fn load(store: Arc<dyn Store>, node: &str) -> Result<PolicyEngine, PolicyAgentError> {
-        let set = load_policy_set(&*store)?;
+        let (set, unusable) = load_policy_set_reporting(&*store)?;
         Ok(PolicyEngine {
             store,
+            external: Mutex::new(BTreeMap::new()),
+            unusable: Mutex::new(unusable),
             state: Mutex::new(Incremental::new(node, set)),
             applies: AtomicU64::new(0),
             full_applies: AtomicU64::new(0),
         })
+    }
+
+    /// The stored policies this node cannot use and why (each still enforces its last good
+    /// version if it had one). For `/readiness`: a non-empty list means the node does not
+    /// enforce what the store says.
+    pub fn unusable_policies(&self) -> Vec<(String, String)> {
+        let u = self.unusable.lock().unwrap();
+        u.iter()
+            .map(|(k, why)| (k.to_string(), why.clone()))
+            .collect()
     }
 
     /// Number of scripts applied (full and delta).
@@ -333,9 +390,28 @@ impl PolicyEngine {
     }
 
     /// Re-reads everything from the store and replaces the table in one transaction.
+    ///
+    /// A stored policy that cannot be used keeps the version enforced now (its last good
+    /// one), so a resync or an upgrade never switches a policy's protection off; it is
+    /// listed in [`PolicyEngine::unusable_policies`].
     pub fn resync(&self) -> Result<(), PolicyAgentError> {
-        let set = load_policy_set(&*self.store)?;
+        let (mut set, unusable) = load_policy_set_reporting(&*self.store)?;
+        let external = self.external.lock().unwrap();
+        for (k, r) in external.iter() {
+            if let Err(e) = set.apply(r) {
+                log::warn!("policy: skipping {k:?}: {e}");
+            }
+        }
         let mut inc = self.state.lock().unwrap();
+        for (key, why) in &unusable {
+            if set.policy(key).is_none()
+                && let Some(ir) = inc.policy_set().policy(key)
+            {
+                log::warn!("policy: keeping the last good version of {key} ({why})");
+                set.keep_policy(ir.clone());
+            }
+        }
+        *self.unusable.lock().unwrap() = unusable;
         let node = inc.node().to_string();
         // natOutgoing's part comes from the dataplane, not from this store read: keep it.
         let extra = inc.extra().clone();
@@ -370,8 +446,85 @@ impl PolicyEngine {
         self.flush(&mut inc)
     }
 
+    /// Replaces every external object of `kinds` by `objects` (a source's full list) in one
+    /// transaction; with `flush` false only the desired state changes (before the first
+    /// apply, so the table left by the previous agent keeps enforcing until then).
+    pub fn external_replace(
+        &self,
+        kinds: &[Kind],
+        objects: Vec<Resource>,
+        flush: bool,
+    ) -> Result<(), PolicyAgentError> {
+        let mut external = self.external.lock().unwrap();
+        let mut inc = self.state.lock().unwrap();
+        let gone: Vec<ObjectKey> = external
+            .keys()
+            .filter(|k| kinds.contains(&k.0))
+            .cloned()
+            .collect();
+        let fresh: BTreeMap<ObjectKey, Resource> =
+            objects.into_iter().map(|r| (object_key(&r), r)).collect();
+        for k in gone {
+            if !fresh.contains_key(&k) {
+                external.remove(&k);
+                inc.remove(k.0, k.1.as_deref(), &k.2);
+            }
+        }
+        for (k, r) in fresh {
+            if external.get(&k) == Some(&r) {
+                continue;
+            }
+            if let Err(e) = inc.apply(&r) {
+                log::warn!("policy: ignoring {k:?}: {e}");
+            }
+            external.insert(k, r);
+        }
+        if flush {
+            self.flush(&mut inc)?;
+        }
+        Ok(())
+    }
+
+    /// Adds or replaces one external object.
+    pub fn external_apply(&self, r: Resource) -> Result<(), PolicyAgentError> {
+        let mut external = self.external.lock().unwrap();
+        let k = object_key(&r);
+        if external.get(&k) == Some(&r) {
+            return Ok(());
+        }
+        let mut inc = self.state.lock().unwrap();
+        if let Err(e) = inc.apply(&r) {
+            log::warn!("policy: ignoring {k:?}: {e}");
+        }
+        external.insert(k, r);
+        self.flush(&mut inc)
+    }
+
+    /// Removes one external object.
+    pub fn external_remove(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<(), PolicyAgentError> {
+        let mut external = self.external.lock().unwrap();
+        let k = (kind, namespace.map(str::to_string), name.to_string());
+        if external.remove(&k).is_none() {
+            return Ok(());
+        }
+        let mut inc = self.state.lock().unwrap();
+        inc.remove(kind, namespace, name);
+        self.flush(&mut inc)
+    }
+
+    /// The external objects held now (the Kubernetes source snapshots them to disk).
+    pub fn external_objects(&self) -> Vec<Resource> {
+        self.external.lock().unwrap().values().cloned().collect()
+    }
+
     /// Applies a batch of store events in one transaction.
     pub fn handle_events(&self, events: &[tern_store::Event]) -> Result<usize, PolicyAgentError> {
+        let external = self.external.lock().unwrap();
         let mut inc = self.state.lock().unwrap();
         let mut n = 0;
         for ev in events {
@@ -379,16 +532,35 @@ impl PolicyEngine {
                 continue;
             };
             n += 1;
-            match ev.kind {
-                EventKind::Put => match Resource::from_json(&ev.kv.value) {
-                    Ok(r) => {
-                        if let Err(e) = inc.apply(&r) {
-                            log::warn!("policy: ignoring {}: {e}", ev.kv.key);
-                        }
-                    }
-                    Err(e) => log::warn!("policy: ignoring unreadable {}: {e}", ev.kv.key),
+            // An unusable update leaves the previous version in force (`inc` is unchanged).
+            let unusable = match ev.kind {
+                EventKind::Put => match Resource::from_stored(&ev.kv.value) {
+                    Ok(r) => inc.apply(&r).err().map(|e| e.to_string()),
+                    Err(e) => Some(format!("unreadable: {e}")),
                 },
-                EventKind::Delete => inc.remove(kind, ns.as_deref(), &name),
+                EventKind::Delete => {
+                    inc.remove(kind, ns.as_deref(), &name);
+                    None
+                }
+            };
+            if let Some(why) = &unusable {
+                log::warn!(
+                    "policy: ignoring {} (keeping its last good version): {why}",
+                    ev.kv.key
+                );
+            }
+            if let Some(key) = policy_key_of(&ev.kv.key) {
+                let mut u = self.unusable.lock().unwrap();
+                match unusable {
+                    Some(why) => u.insert(key, why),
+                    None => u.remove(&key),
+                };
+            }
+            // An external object of the same identity wins over the store's.
+            if let Some(r) = external.get(&(kind, ns.clone(), name.clone()))
+                && let Err(e) = inc.apply(r)
+            {
+                log::warn!("policy: ignoring external {}: {e}", ev.kv.key);
             }
         }
         if n > 0 {
@@ -459,6 +631,13 @@ impl PolicyEngine {
     }
 }
 
+/// natOutgoing's chains go into the engine's table ([`PolicyEngine::set_nat`]).
+impl crate::nat::NatTable for PolicyEngine {
+    fn replace_nat(&self, nat: Ruleset) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(self.set_nat(nat)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,19 +662,151 @@ mod tests {
     #[test]
     fn store_events_update_the_desired_table() {
         // nft runs in a network namespace of this thread's own (never the machine's).
-        std::thread::spawn(events_in_private_netns).join().unwrap();
+        // Named after the test, so tern-testkit's skip or failure names it.
+        let t = tern_testkit::thread_for_test().spawn(events_in_private_netns);
+        t.unwrap().join().unwrap();
+    }
+
+    #[test]
+    fn big_and_pre_existing_policies_are_enforced_and_kept() {
+        // nft runs in a network namespace of this thread's own (never the machine's).
+        let t = tern_testkit::thread_for_test().spawn(big_policies_in_private_netns);
+        t.unwrap().join().unwrap();
+    }
+
+    /// F1: a Kubernetes policy the API server accepts (65 peers, 300 except CIDRs) is
+    /// enforced; a tern policy stored over a write-time count limit (1001 rules, written
+    /// before the limit existed) is enforced and survives a resync; an unusable update keeps
+    /// the last good version across resyncs and is reported.
+    fn big_policies_in_private_netns() {
+        // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        let why = format!(
+            "unshare(CLONE_NEWNET): {}; run as root",
+            std::io::Error::last_os_error()
+        );
+        if !tern_testkit::require("a private network namespace (root)", rc == 0, why) {
+            return;
+        }
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let peers: Vec<String> = (0..64)
+            .map(|i| format!("{{podSelector: {{matchLabels: {{app: a{i}}}}}}}"))
+            .collect();
+        let except: Vec<String> = (0..300)
+            .map(|i| format!("10.{}.{}.0/24", i / 100, (i % 100) * 2))
+            .collect();
+        let k8s = format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: big, namespace: x}}\nspec:\n  podSelector: {{}}\n  policyTypes: [Ingress]\n  ingress:\n  - from: [{}, {{ipBlock: {{cidr: 10.0.0.0/8, except: [{}]}}}}]\n",
+            peers.join(", "),
+            except.join(", ")
+        );
+        let k8s = tern_model::parse_documents(&k8s, "k.yaml")
+            .unwrap()
+            .remove(0);
+        tern_model::put_resource(&*store, &k8s).unwrap();
+        // Over MAX_RULES_PER_DIRECTION: put_resource refuses it, so written as an older
+        // version (or anyone with store access) would have.
+        let rules: Vec<String> = (0..=tern_model::limits::MAX_RULES_PER_DIRECTION)
+            .map(|i| {
+                format!(
+                    "{{\"action\":\"Allow\",\"source\":{{\"nets\":[\"198.19.{}.{}/32\"]}}}}",
+                    i / 250,
+                    i % 250
+                )
+            })
+            .collect();
+        let gnp = |sel: &str| {
+            format!(
+                "{{\"apiVersion\":\"tern.dev/v1\",\"kind\":\"GlobalNetworkPolicy\",\"metadata\":{{\"name\":\"old\",\"labels\":{{\"team\":\"{}\"}}}},\"spec\":{{\"selector\":\"{sel}\",\"ingress\":[{}]}}}}",
+                "x".repeat(100),
+                rules.join(",")
+            )
+        };
+        let gkey = keys::resource("GlobalNetworkPolicy", "old");
+        assert!(tern_model::Resource::from_stored(gnp("all()").as_bytes()).is_ok());
+        store.put(&gkey, gnp("all()").as_bytes()).unwrap();
+        let engine = PolicyEngine::load(store.clone(), "n1").unwrap();
+        engine.resync().unwrap();
+        let gp = PolicyKey {
+            kind: Kind::GlobalNetworkPolicy,
+            namespace: None,
+            name: "old".into(),
+        };
+        let kp = PolicyKey {
+            kind: Kind::K8sNetworkPolicy,
+            namespace: Some("x".into()),
+            name: "big".into(),
+        };
+        let rules_of = |k: &PolicyKey| {
+            let inc = engine.state.lock().unwrap();
+            inc.policy_set()
+                .policy(k)
+                .and_then(|p| p.ingress.as_ref().map(Vec::len))
+        };
+        assert_eq!(rules_of(&kp), Some(65));
+        assert_eq!(rules_of(&gp), Some(1001));
+        assert!(engine.unusable_policies().is_empty());
+        let listing = tern_linux::nft::list_table("inet", "tern")
+            .unwrap()
+            .unwrap();
+        assert!(
+            listing.contains("10.2.198.0/24"),
+            "the except list is in the kernel"
+        );
+        assert!(listing.contains("198.19.4.0"), "rule 1000 is in the kernel");
+        // An unusable update (a selector nested past the limit): the last good version stays,
+        // through the event and through later resyncs, and is reported.
+        let bad = gnp(&format!("{}all(){}", "(".repeat(40), ")".repeat(40)));
+        store.put(&gkey, bad.as_bytes()).unwrap();
+        let ev = tern_store::Event {
+            kind: EventKind::Put,
+            kv: tern_store::KeyValue {
+                key: gkey.clone(),
+                value: bad.into_bytes(),
+                create_revision: 1,
+                mod_revision: 2,
+                version: 2,
+                lease: 0,
+            },
+        };
+        engine.handle_events(&[ev]).unwrap();
+        assert_eq!(rules_of(&gp), Some(1001));
+        for _ in 0..2 {
+            engine.resync().unwrap();
+            assert_eq!(rules_of(&gp), Some(1001));
+            let u = engine.unusable_policies();
+            assert_eq!(u.len(), 1, "{u:?}");
+            assert!(u[0].1.contains("nests deeper"), "{u:?}");
+        }
+        let listing = tern_linux::nft::list_table("inet", "tern")
+            .unwrap()
+            .unwrap();
+        assert!(
+            listing.contains("198.19.4.0"),
+            "still enforced after resyncs"
+        );
+        // Restart (a fresh engine): there is no last good version to keep; it is reported.
+        let fresh = PolicyEngine::load(store, "n1").unwrap();
+        assert_eq!(fresh.unusable_policies().len(), 1);
     }
 
     #[test]
     fn element_and_endpoint_chain_deltas_go_over_netlink() {
         // The kernel part runs in a network namespace of this thread's own.
-        std::thread::spawn(netlink_in_private_netns).join().unwrap();
+        // Named after the test, so tern-testkit's skip or failure names it.
+        let t = tern_testkit::thread_for_test().spawn(netlink_in_private_netns);
+        t.unwrap().join().unwrap();
     }
 
     fn netlink_in_private_netns() {
         // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: cannot create a network namespace (needs root)");
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        let why = format!(
+            "unshare(CLONE_NEWNET): {}; run as root",
+            std::io::Error::last_os_error()
+        );
+        // Fails under TERN_TEST_STRICT=1, a visible SKIP otherwise (tern-testkit).
+        if !tern_testkit::require("a private network namespace (root)", rc == 0, why) {
             return;
         }
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
@@ -613,8 +924,13 @@ mod tests {
 
     fn events_in_private_netns() {
         // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: cannot create a network namespace (needs root)");
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        let why = format!(
+            "unshare(CLONE_NEWNET): {}; run as root",
+            std::io::Error::last_os_error()
+        );
+        // Fails under TERN_TEST_STRICT=1, a visible SKIP otherwise (tern-testkit).
+        if !tern_testkit::require("a private network namespace (root)", rc == 0, why) {
             return;
         }
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());

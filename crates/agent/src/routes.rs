@@ -1,8 +1,12 @@
 //! Desired dataplane state, computed purely from a store snapshot: the routes to remote blocks
 //! (direct, VXLAN, IPIP, CrossSubnet), blackholes for own blocks, `/32` routes for borrowed
-//! addresses, and the VXLAN neighbours (ARP + FDB) of remote VTEPs. No kernel access here: the
-//! reconciler in [`crate::dataplane`] diffs this against the kernel.
+//! addresses, and the VXLAN neighbours (ARP + FDB) of remote VTEPs. No kernel access here:
+//! [`plan`] diffs the routes against what the kernel reports, and the reconciler in
+//! `crate::dataplane` applies the resulting operations.
 
+pub mod plan;
+
+use crate::snapshot::{NodeInfo, PoolInfo, Snapshot};
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -17,81 +21,15 @@ pub const VXLAN_PORT: u16 = 4789;
 /// Name of the IPIP device.
 pub const IPIP_DEVICE: &str = "tunl0";
 
-/// One IP pool, as the dataplane sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolInfo {
-    /// Pool name.
-    pub name: String,
-    /// Pool CIDR.
-    pub cidr: IpNet,
-    /// VXLAN mode.
-    pub vxlan: EncapMode,
-    /// IPIP mode.
-    pub ipip: EncapMode,
-    /// Masquerade traffic from the pool to destinations outside every pool.
-    pub nat_outgoing: bool,
-    /// No new allocations (routing of existing blocks continues).
-    pub disabled: bool,
-}
-
-impl PoolInfo {
-    /// The encapsulation this pool asks for, and whether it is CrossSubnet.
-    fn encap(&self) -> (Encap, bool) {
-        match (self.vxlan, self.ipip) {
-            (EncapMode::Never, EncapMode::Never) => (Encap::None, false),
-            (m, EncapMode::Never) => (Encap::Vxlan, m == EncapMode::CrossSubnet),
-            (EncapMode::Never, m) => (Encap::Ipip, m == EncapMode::CrossSubnet),
-            // Rejected by validation on write; the snapshot loader reports and drops such pools.
-            _ => (Encap::None, false),
-        }
+/// The encapsulation `pool` asks for, and whether it is CrossSubnet.
+fn encap(pool: &PoolInfo) -> (Encap, bool) {
+    match (pool.vxlan, pool.ipip) {
+        (EncapMode::Never, EncapMode::Never) => (Encap::None, false),
+        (m, EncapMode::Never) => (Encap::Vxlan, m == EncapMode::CrossSubnet),
+        (EncapMode::Never, m) => (Encap::Ipip, m == EncapMode::CrossSubnet),
+        // Rejected by validation on write; the snapshot loader reports and drops such pools.
+        _ => (Encap::None, false),
     }
-}
-
-/// One node, as the dataplane sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeInfo {
-    /// Node name.
-    pub name: String,
-    /// Underlay addresses with their prefix length.
-    pub addresses: Vec<IpNet>,
-    /// Address of the node's VXLAN device.
-    pub vxlan_tunnel_addr: Option<IpAddr>,
-    /// MAC of the node's VXLAN device.
-    pub vtep_mac: Option<[u8; 6]>,
-}
-
-impl NodeInfo {
-    /// The node's first underlay address of the family of `like`.
-    pub fn address_like(&self, like: &IpAddr) -> Option<IpNet> {
-        self.addresses
-            .iter()
-            .find(|a| a.addr().is_ipv4() == like.is_ipv4())
-            .copied()
-    }
-}
-
-/// One allocation block: its affinity and who made each allocation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockInfo {
-    /// Block CIDR.
-    pub cidr: IpNet,
-    /// Node the block is affine to.
-    pub affinity: Option<String>,
-    /// Allocated addresses and the node that allocated each (`attrs.node`, may be empty).
-    pub allocations: Vec<(IpAddr, String)>,
-}
-
-/// Everything the route reconciler reads from the store.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Snapshot {
-    /// Valid pools.
-    pub pools: Vec<PoolInfo>,
-    /// Nodes.
-    pub nodes: Vec<NodeInfo>,
-    /// Allocation blocks.
-    pub blocks: Vec<BlockInfo>,
-    /// Problems found while reading (bad pools, bad nodes): reported, not fatal.
-    pub errors: Vec<String>,
 }
 
 /// Encapsulation between two nodes.
@@ -217,7 +155,7 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
             .address_like(&dst.addr())
             .ok_or_else(|| format!("node {node} has no IPv{} address for {dst}", fam(dst)))?
             .addr();
-        let (mut encap, cross) = pool.encap();
+        let (mut encap, cross) = encap(pool);
         if cross && same_subnet(local_subnets, &addr) {
             encap = Encap::None;
         }
@@ -272,6 +210,7 @@ fn fam(n: &IpNet) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::BlockInfo;
 
     fn pool(cidr: &str, vxlan: EncapMode, ipip: EncapMode) -> PoolInfo {
         PoolInfo {

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tern_api::{AddRequest, Attachment, DelRequest, IpamRequest, PodRef, Reply, Request};
+use tern_api::{AddRequest, Attachment, DelRequest, PodRef, Reply, Request};
 use tern_ipam::Ipam;
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -117,6 +117,7 @@ fn attachment(cid: &str, ns: &Ns) -> Attachment {
             namespace: "default".into(),
             name: format!("p-{cid}"),
             infra_container_id: String::new(),
+            uid: String::new(),
         }),
     }
 }
@@ -129,16 +130,7 @@ struct Pod {
 
 fn add(sock: &Path, pod: &Ns, att: &Attachment) -> Result<IpAddr, String> {
     let f = File::open(pod.path()).unwrap();
-    let req = Request::Add(AddRequest {
-        attachment: att.clone(),
-        mtu: 0,
-        ipam: IpamRequest::default(),
-        delegated_ips: None,
-        mac: None,
-        allow_ip_forwarding: false,
-        labels: Default::default(),
-        ports: Vec::new(),
-    });
+    let req = Request::Add(AddRequest::new(att.clone()));
     match tern_api::call(sock, &req, Some(f.as_raw_fd()), Duration::from_secs(20)) {
         Ok(Ok(Reply::Result(r))) => Ok(r.ips[0].address.parse::<ipnet::IpNet>().unwrap().addr()),
         Ok(other) => Err(format!("{other:?}")),
@@ -148,9 +140,7 @@ fn add(sock: &Path, pod: &Ns, att: &Attachment) -> Result<IpAddr, String> {
 
 #[test]
 fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root (network namespaces)");
+    if !tern_testkit::require_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -68,9 +68,9 @@ impl Store for Flaky {
     }
 }
 
+/// Root (network namespaces), as tern-testkit's `require_root` (fails under strict mode).
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    tern_testkit::require_root()
 }
 
 fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -94,6 +94,7 @@ fn attachment(cid: &str, netns: &str) -> Attachment {
             namespace: "default".into(),
             name: format!("pod-{cid}"),
             infra_container_id: String::new(),
+            uid: String::new(),
         }),
     }
 }
@@ -172,7 +173,7 @@ fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
         lo_up();
         let s = setup(1, 3600);
         let ipam = Ipam::new(s.store.clone());
-        let addrs = tern_agent::metrics::start_http(&s.agent);
+        let addrs = tern_agent::http::start_http(&s.agent);
         assert_eq!(addrs.len(), 1, "one listener when both addresses are equal");
         assert_eq!(http_get(addrs[0], "/readiness").0, 200);
 
@@ -193,16 +194,7 @@ fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
             .unwrap()
             .into();
         let add = s.agent.handle(
-            Request::Add(AddRequest {
-                attachment: attachment("c-b", "/proc/self/ns/net"),
-                mtu: 0,
-                ipam: IpamRequest::default(),
-                delegated_ips: None,
-                mac: None,
-                allow_ip_forwarding: false,
-                labels: Default::default(),
-                ports: Vec::new(),
-            }),
+            Request::Add(AddRequest::new(attachment("c-b", "/proc/self/ns/net"))),
             Some(me),
         );
         let e = add.unwrap_err();
@@ -251,7 +243,7 @@ fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
         );
         // Only the block gateway that standalone tern-ipam keeps for subnet-style results
         // remains (it is never released automatically).
-        let owners = tern_agent::leak::list_owners(&*s.store, None).unwrap();
+        let owners = tern_agent::owners::list_owners(&*s.store, None).unwrap();
         assert!(
             owners
                 .iter()
@@ -293,25 +285,15 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
         lo_up();
         let s = setup(1, 2);
         let ipam = Ipam::new(s.store.clone());
-        let addrs = tern_agent::metrics::start_http(&s.agent);
+        let addrs = tern_agent::http::start_http(&s.agent);
 
         // A real pod interface (endpoint recorded): must survive.
         let pod = tern_linux::netns::new_anonymous().unwrap();
         let pod_fd: OwnedFd = pod.as_fd().try_clone_to_owned().unwrap();
         let live = attachment("live", "/proc/self/ns/net");
-        let r = s.agent.handle(
-            Request::Add(AddRequest {
-                attachment: live.clone(),
-                mtu: 0,
-                ipam: IpamRequest::default(),
-                delegated_ips: None,
-                mac: None,
-                allow_ip_forwarding: false,
-                labels: Default::default(),
-                ports: Vec::new(),
-            }),
-            Some(pod_fd),
-        );
+        let r = s
+            .agent
+            .handle(Request::Add(AddRequest::new(live.clone())), Some(pod_fd));
         let live_ip = ip_of(&r);
 
         // Standalone tern-ipam allocations: one whose sandbox exists, one whose sandbox goes.
@@ -374,7 +356,7 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
         assert!(!left.contains(&orphan_ip));
         assert!(ipam.ips_by_handle(&ipam_gone.handle()).unwrap().is_empty());
         assert_eq!(ipam.ips_by_handle(&ipam_alive.handle()).unwrap().len(), 1);
-        let owners = tern_agent::leak::list_owners(&*s.store, Some("n1")).unwrap();
+        let owners = tern_agent::owners::list_owners(&*s.store, Some("n1")).unwrap();
         assert!(owners.contains_key(&ipam_alive.handle()));
         assert!(!owners.contains_key(&ipam_gone.handle()));
 

@@ -32,7 +32,7 @@ use crate::fsm::{
     Action, DownReason, Event, GracefulRestartConfig, Session, SessionConfig, State, TimerKind,
 };
 use crate::md5::{self, Md5Error};
-use crate::rib::{self, BestRoute, Rib, RibConfig, RibError, RouteKind};
+use crate::rib::{self, BestRoute, ImportFilter, Rib, RibConfig, RibError, RouteKind};
 
 /// The standard BGP port.
 pub const BGP_PORT: u16 = 179;
@@ -63,6 +63,19 @@ pub struct SpeakerConfig {
     pub next_hop_v4: Option<Ipv4Addr>,
     /// IPv6 next hop to advertise; default: the session's local address when it is IPv6.
     pub next_hop_v6: Option<Ipv6Addr>,
+    /// Most routes kept from one peer (refused ones included): beyond, the session ends with
+    /// Cease / Maximum Number of Prefixes Reached, so a peer cannot grow the speaker's memory
+    /// without bound. Default [`DEFAULT_MAX_PREFIXES_PER_PEER`].
+    #[serde(default = "default_max_prefixes")]
+    pub max_prefixes_per_peer: u32,
+}
+
+/// Default of [`SpeakerConfig::max_prefixes_per_peer`]: far above a cluster's blocks and
+/// borrowed addresses (a /16 pool in /26 blocks is 1,024 routes), far below what hurts.
+pub const DEFAULT_MAX_PREFIXES_PER_PEER: u32 = 100_000;
+
+fn default_max_prefixes() -> u32 {
+    DEFAULT_MAX_PREFIXES_PER_PEER
 }
 
 impl SpeakerConfig {
@@ -81,6 +94,7 @@ impl SpeakerConfig {
             connect_retry_max: Duration::from_secs(120),
             next_hop_v4: None,
             next_hop_v6: None,
+            max_prefixes_per_peer: DEFAULT_MAX_PREFIXES_PER_PEER,
         }
     }
 }
@@ -162,6 +176,14 @@ pub enum RouteEvent {
         /// Destination.
         prefix: IpNet,
     },
+    /// The import filter ([`SpeakerHandle::set_import_filter`]) refused a route the peer
+    /// announced. Reported once per (peer, prefix) until the route is withdrawn or accepted.
+    Rejected {
+        /// The peer that announced it.
+        peer: IpAddr,
+        /// Its prefix.
+        prefix: IpNet,
+    },
 }
 
 /// Driver errors.
@@ -199,6 +221,7 @@ enum Command {
     Withdraw(IpNet, oneshot::Sender<()>),
     Status(oneshot::Sender<Vec<PeerStatus>>),
     Routes(oneshot::Sender<Vec<BestRoute>>),
+    SetImportFilter(Option<ImportFilter>, oneshot::Sender<()>),
     Shutdown { graceful_restart: bool },
 }
 
@@ -277,6 +300,7 @@ impl Speaker {
             peers: BTreeMap::new(),
             timers: std::collections::HashMap::new(),
             installed: BTreeMap::new(),
+            rejected: std::collections::BTreeSet::new(),
             events: ev_tx,
             io_tx,
             next_id: 1,
@@ -337,6 +361,17 @@ impl SpeakerHandle {
     /// Stops originating a prefix.
     pub async fn withdraw(&self, prefix: IpNet) -> Result<(), SpeakerError> {
         self.ask(|tx| Command::Withdraw(prefix, tx)).await
+    }
+
+    /// Sets the import filter applied to every route learned from any peer (`None`: accept
+    /// all). Routes already received are re-evaluated at once: newly refused ones are removed
+    /// (and withdrawn from other peers), newly accepted ones installed. Set it before adding
+    /// peers so that no route is ever used unfiltered.
+    pub async fn set_import_filter(
+        &self,
+        filter: Option<ImportFilter>,
+    ) -> Result<(), SpeakerError> {
+        self.ask(|tx| Command::SetImportFilter(filter, tx)).await
     }
 
     /// Per-peer session status.
@@ -521,6 +556,8 @@ struct Core {
     peers: BTreeMap<IpAddr, Peer>,
     timers: std::collections::HashMap<(IpAddr, TimerKind), Instant>,
     installed: BTreeMap<IpNet, IpAddr>,
+    /// Routes the import filter refuses, as last reported.
+    rejected: std::collections::BTreeSet<(IpAddr, IpNet)>,
     events: mpsc::UnboundedSender<RouteEvent>,
     io_tx: mpsc::UnboundedSender<Io>,
     next_id: u64,
@@ -610,6 +647,10 @@ impl Core {
             }
             Command::Routes(reply) => {
                 let _ = reply.send(self.rib.best_routes());
+            }
+            Command::SetImportFilter(f, reply) => {
+                self.rib.set_import_filter(f);
+                let _ = reply.send(());
             }
             Command::Shutdown { .. } => {}
         }
@@ -913,6 +954,7 @@ impl Core {
     }
 
     fn execute(&mut self, addr: IpAddr, actions: Vec<Action>) {
+        let mut over_limit = false;
         for a in actions {
             let Some(p) = self.peers.get_mut(&addr) else {
                 return;
@@ -1000,6 +1042,10 @@ impl Core {
                 }
                 Action::RoutesReceived(u) => {
                     let _ = self.rib.apply_update(addr, &u);
+                    let limit = self.config.max_prefixes_per_peer;
+                    if self.rib.adj_rib_in_len(addr) > limit as usize {
+                        over_limit = true;
+                    }
                 }
                 Action::RoutesWithdrawn(prefixes) => {
                     let _ = self.rib.withdraw(addr, &prefixes);
@@ -1020,6 +1066,11 @@ impl Core {
         {
             p.state = p.session.state();
             p.since = SystemTime::now();
+        }
+        if over_limit {
+            let limit = self.config.max_prefixes_per_peer;
+            log::warn!("BGP peer {addr} sent more than {limit} routes: closing the session");
+            self.feed(addr, Event::PrefixLimitExceeded(limit));
         }
     }
 
@@ -1054,5 +1105,14 @@ impl Core {
             }
         }
         self.installed = want;
+        let rejected: std::collections::BTreeSet<(IpAddr, IpNet)> =
+            self.rib.filtered().into_iter().collect();
+        for (peer, prefix) in rejected.difference(&self.rejected) {
+            let _ = self.events.send(RouteEvent::Rejected {
+                peer: *peer,
+                prefix: *prefix,
+            });
+        }
+        self.rejected = rejected;
     }
 }

@@ -152,6 +152,10 @@ pub enum Event {
     MessageInvalid(DecodeError),
     /// A timer requested earlier fired.
     TimerExpired(TimerKind),
+    /// The peer's routes exceeded the configured limit (the driver counts them): Cease /
+    /// Maximum Number of Prefixes Reached (RFC 4486) with the limit as data, and the session
+    /// is retried later as after any error.
+    PrefixLimitExceeded(u32),
 }
 
 /// Why an Established session went down.
@@ -396,6 +400,15 @@ impl Session {
             Event::TimerExpired(kind) => self.timer(kind, &mut out),
             Event::MessageReceived(msg) => self.message(msg, now, &mut out),
             Event::MessageInvalid(err) => self.invalid(err, &mut out),
+            Event::PrefixLimitExceeded(limit) => {
+                if self.state == State::Established {
+                    let n = Notification::new(
+                        ErrorCode::Cease(CeaseSubcode::MaximumNumberOfPrefixesReached),
+                        limit.to_be_bytes().to_vec(),
+                    );
+                    self.fail(&mut out, DownReason::NotificationSent(n.clone()), Some(n));
+                }
+            }
         }
         out
     }

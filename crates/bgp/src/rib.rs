@@ -12,9 +12,14 @@
 //! - Stale routes (graceful-restart helper) stay eligible for best-path selection, so forwarding
 //!   is undisturbed while the peer restarts; a fresh announcement clears the stale mark.
 //! - Every exported UPDATE fits in [`MAX_MESSAGE_LEN`].
+//! - With an [`ImportFilter`], a route the filter refuses stays in its peer's Adj-RIB-In (so a
+//!   later policy change can admit it without a route refresh, as BIRD's `import keep
+//!   filtered`) but never takes part in best-path selection: it is neither installed nor
+//!   exported to any peer.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -37,6 +42,46 @@ pub enum RibError {
     /// The peer is configured already.
     #[error("BGP peer {0} is already configured in the RIB")]
     PeerExists(IpAddr),
+}
+
+/// Import policy: decides whether the route for a prefix learned from a peer may be used.
+/// Evaluated at best-path selection, so replacing the filter re-evaluates every stored route.
+#[derive(Clone)]
+pub struct ImportFilter(Arc<ImportFn>);
+
+/// The predicate inside an [`ImportFilter`]: (peer, prefix, the route's next hop).
+type ImportFn = dyn Fn(IpAddr, &IpNet, Option<IpAddr>) -> bool + Send + Sync;
+
+impl ImportFilter {
+    /// A filter from a predicate over (peer address, prefix); `true` accepts.
+    pub fn new(f: impl Fn(IpAddr, &IpNet) -> bool + Send + Sync + 'static) -> ImportFilter {
+        ImportFilter(Arc::new(move |peer, prefix, _| f(peer, prefix)))
+    }
+
+    /// A filter from a predicate over (peer address, prefix, the route's next hop), for
+    /// policies where who the traffic goes to matters (a reflected route keeps its
+    /// originator's next hop); `true` accepts.
+    pub fn with_next_hop(
+        f: impl Fn(IpAddr, &IpNet, Option<IpAddr>) -> bool + Send + Sync + 'static,
+    ) -> ImportFilter {
+        ImportFilter(Arc::new(f))
+    }
+
+    /// Whether the route for `prefix` from `peer` is accepted (judged without a next hop).
+    pub fn accepts(&self, peer: IpAddr, prefix: &IpNet) -> bool {
+        (self.0)(peer, prefix, None)
+    }
+
+    /// Whether the route for `prefix` from `peer` via `next_hop` is accepted.
+    pub fn accepts_via(&self, peer: IpAddr, prefix: &IpNet, next_hop: Option<IpAddr>) -> bool {
+        (self.0)(peer, prefix, next_hop)
+    }
+}
+
+impl std::fmt::Debug for ImportFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ImportFilter")
+    }
 }
 
 /// Speaker-wide RIB settings.
@@ -255,6 +300,11 @@ pub struct BestRoute {
 struct Path {
     attrs: RouteAttrs,
     stale: bool,
+    /// The import filter's verdict on this route, once asked: the filter runs once per route
+    /// received (and once per route when the filter is replaced), not at every best-path pass
+    /// over the whole RIB, so a peer holding many refused routes cannot make each small
+    /// UPDATE or KEEPALIVE cost a pass of the filter over all of them.
+    verdict: std::cell::Cell<Option<bool>>,
 }
 
 #[derive(Debug, Clone)]
@@ -284,6 +334,7 @@ pub struct Rib {
     config: RibConfig,
     peers: BTreeMap<IpAddr, Peer>,
     local: BTreeMap<IpNet, RouteAttrs>,
+    import: Option<ImportFilter>,
 }
 
 impl Rib {
@@ -293,7 +344,47 @@ impl Rib {
             config,
             peers: BTreeMap::new(),
             local: BTreeMap::new(),
+            import: None,
         }
+    }
+
+    /// Sets (or with `None` removes) the import filter. Takes effect at the next best-path
+    /// selection, for routes already received too.
+    /// Every held route is judged again by the new filter (lazily, once each).
+    pub fn set_import_filter(&mut self, filter: Option<ImportFilter>) {
+        self.import = filter;
+        for peer in self.peers.values() {
+            for path in peer.adj_in.values() {
+                path.verdict.set(None);
+            }
+        }
+    }
+
+    /// Whether the import filter accepts the route `path` for `prefix` from `peer`: asked at
+    /// most once per received route and filter (see [`Path::verdict`]).
+    fn import_accepts(&self, peer: IpAddr, prefix: &IpNet, path: &Path) -> bool {
+        let Some(f) = &self.import else {
+            return true;
+        };
+        if let Some(v) = path.verdict.get() {
+            return v;
+        }
+        let v = f.accepts_via(peer, prefix, path.attrs.next_hop);
+        path.verdict.set(Some(v));
+        v
+    }
+
+    /// The (peer, prefix) pairs held in Adj-RIBs-In that the import filter refuses.
+    pub fn filtered(&self) -> Vec<(IpAddr, IpNet)> {
+        if self.import.is_none() {
+            return Vec::new();
+        }
+        self.peers
+            .iter()
+            .flat_map(|(a, p)| p.adj_in.iter().map(move |(n, path)| (*a, n, path)))
+            .filter(|(a, n, path)| !self.import_accepts(*a, n, path))
+            .map(|(a, n, _)| (a, *n))
+            .collect()
     }
 
     /// Adds a peer (down until [`Rib::peer_up`]).
@@ -433,6 +524,7 @@ impl Rib {
                 Path {
                     attrs,
                     stale: false,
+                    verdict: std::cell::Cell::new(None),
                 },
             );
         }
@@ -503,6 +595,11 @@ impl Rib {
             .collect())
     }
 
+    /// How many routes the peer's Adj-RIB-In holds (filtered ones included).
+    pub fn adj_rib_in_len(&self, address: IpAddr) -> usize {
+        self.peers.get(&address).map_or(0, |p| p.adj_in.len())
+    }
+
     fn candidates(&self, prefix: &IpNet) -> Vec<Candidate<'_>> {
         let mut out = Vec::new();
         if let Some(attrs) = self.local.get(prefix) {
@@ -516,6 +613,9 @@ impl Rib {
         }
         for (addr, peer) in &self.peers {
             if let Some(path) = peer.adj_in.get(prefix) {
+                if !self.import_accepts(*addr, prefix, path) {
+                    continue;
+                }
                 out.push(Candidate {
                     source: RouteSource::Peer(*addr),
                     attrs: &path.attrs,

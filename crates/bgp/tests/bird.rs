@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -121,12 +120,9 @@ impl Drop for Bird {
     }
 }
 
+/// BIRD and birdc, as tern-testkit's `require_binary` (fails under strict mode).
 fn have_bird() -> bool {
-    if Path::new(BIRD).exists() && Path::new(BIRDC).exists() {
-        return true;
-    }
-    eprintln!("{BIRD} not installed (Debian package bird2): skipping BIRD interop");
-    false
+    tern_testkit::require_binary(BIRD) && tern_testkit::require_binary(BIRDC)
 }
 
 fn tern(n: u8, asn: u32) -> SpeakerConfig {

@@ -680,3 +680,129 @@ fn explicit_origination_next_hop_goes_to_ibgp_and_to_ebgp_only_when_kept() {
     );
     assert!(r.peer_config(ibgp).is_some());
 }
+
+#[test]
+fn import_filter_keeps_refused_routes_out_of_selection_and_export_until_admitted() {
+    let mut r = rib(Some("198.18.0.100"));
+    let hostile = peer(&mut r, 2, LOCAL_AS, true);
+    let good = peer(&mut r, 3, LOCAL_AS, true);
+    let client = peer(&mut r, 4, LOCAL_AS, true);
+    r.take_updates();
+    // Only 10.244.0.0/16 at /26 or longer, from anyone; 0.0.0.0/0 only from `good`.
+    r.set_import_filter(Some(ImportFilter::new(move |peer, p: &IpNet| {
+        (net("10.244.0.0/16").contains(p) && p.prefix_len() >= 26)
+            || (peer == good && p.prefix_len() == 0)
+    })));
+    for p in [
+        "0.0.0.0/0",
+        "10.244.9.0/26",
+        "10.99.0.0/24",
+        "10.244.0.0/16",
+    ] {
+        r.apply_update(hostile, &update(&route(p, "198.18.0.2")))
+            .unwrap();
+    }
+    assert_eq!(best_hop(&r, "10.244.9.0/26"), Some(ip("198.18.0.2")));
+    for p in ["0.0.0.0/0", "10.99.0.0/24", "10.244.0.0/16"] {
+        assert_eq!(best(&r, p), None, "{p} must not be selected");
+    }
+    let mut filtered = r.filtered();
+    filtered.sort();
+    assert_eq!(
+        filtered,
+        vec![
+            (hostile, net("0.0.0.0/0")),
+            (hostile, net("10.99.0.0/24")),
+            (hostile, net("10.244.0.0/16")),
+        ]
+    );
+    // Refused routes are not reflected either.
+    let ups = r.take_updates();
+    let to_client = announced_to(&ups, client);
+    assert_eq!(
+        to_client,
+        vec![(net("10.244.9.0/26"), Some(ip("198.18.0.2")))]
+    );
+    // The same prefix from a peer the filter admits it for is used.
+    r.apply_update(good, &update(&route("0.0.0.0/0", "198.18.0.3")))
+        .unwrap();
+    assert_eq!(best_hop(&r, "0.0.0.0/0"), Some(ip("198.18.0.3")));
+    // Dropping the filter admits what was kept (no route refresh needed); setting a
+    // stricter one withdraws from the other peers what it now refuses.
+    r.set_import_filter(None);
+    assert_eq!(best_hop(&r, "10.99.0.0/24"), Some(ip("198.18.0.2")));
+    assert!(r.filtered().is_empty());
+    r.take_updates();
+    r.set_import_filter(Some(ImportFilter::new(|_, _: &IpNet| false)));
+    assert!(r.best_routes().is_empty());
+    let ups = r.take_updates();
+    let w = sent_to(&ups, client);
+    let mut gone: Vec<IpNet> = w.iter().flat_map(|u| u.all_withdrawn()).collect();
+    gone.sort();
+    assert_eq!(
+        gone,
+        vec![
+            net("0.0.0.0/0"),
+            net("10.99.0.0/24"),
+            net("10.244.0.0/16"),
+            net("10.244.9.0/26"),
+        ]
+    );
+}
+
+/// F9: the import filter runs once per received route, not at every best-path pass: a peer
+/// holding 100,000 refused routes and sending one more UPDATE costs one evaluation, however
+/// often the speaker recomputes its best paths and its refused set. Replacing the filter judges
+/// everything again.
+#[test]
+fn import_filter_is_evaluated_incrementally() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut r = rib(None);
+    let hostile = peer(&mut r, 2, LOCAL_AS, false);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counting = |calls: &Arc<AtomicUsize>| {
+        let calls = calls.clone();
+        ImportFilter::new(move |_, p: &IpNet| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            p.prefix_len() == 26
+        })
+    };
+    r.set_import_filter(Some(counting(&calls)));
+    let n = 100_000u32;
+    let nlri: Vec<ipnet::Ipv4Net> = (0..n)
+        .map(|i| ipnet::Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 + i), 32).unwrap())
+        .collect();
+    let mut big = update(&route("10.255.0.0/24", "198.18.0.2"));
+    big.nlri = nlri;
+    r.apply_update(hostile, &big).unwrap();
+    // A driver pass: best paths plus the refused set.
+    let pass = |r: &Rib| (r.best_routes().len(), r.filtered().len());
+    assert_eq!(pass(&r), (0, n as usize));
+    assert_eq!(calls.load(Ordering::Relaxed), n as usize);
+    for _ in 0..3 {
+        assert_eq!(pass(&r), (0, n as usize));
+    }
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        n as usize,
+        "no re-evaluation"
+    );
+    // One more UPDATE (an accepted /26): one evaluation.
+    r.apply_update(hostile, &update(&route("10.244.9.0/26", "198.18.0.2")))
+        .unwrap();
+    assert_eq!(pass(&r), (1, n as usize));
+    assert_eq!(calls.load(Ordering::Relaxed), n as usize + 1);
+    // A withdrawal and a re-announcement of one refused route: one more.
+    r.withdraw(hostile, &[net("10.0.0.7/32")]).unwrap();
+    r.apply_update(hostile, &update(&route("10.0.0.7/32", "198.18.0.2")))
+        .unwrap();
+    assert_eq!(pass(&r), (1, n as usize));
+    assert_eq!(calls.load(Ordering::Relaxed), n as usize + 2);
+    // A new filter: every held route once more, then incremental again.
+    let fresh = Arc::new(AtomicUsize::new(0));
+    r.set_import_filter(Some(counting(&fresh)));
+    assert_eq!(pass(&r), (1, n as usize));
+    assert_eq!(pass(&r), (1, n as usize));
+    assert_eq!(fresh.load(Ordering::Relaxed), n as usize + 1);
+}

@@ -41,21 +41,35 @@ pub enum Command {
         /// Name of one resource; all when absent.
         name: Option<String>,
         /// Namespace (namespaced kinds); all namespaces when absent.
-        #[arg(short = 'n', long)]
+        #[arg(short = 'n', long, conflicts_with = "all_namespaces")]
         namespace: Option<String>,
+        /// Every namespace (the default without `-n`; accepted as calicoctl and kubectl
+        /// users type it).
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Delete a resource.
+    /// Delete a resource (`KIND NAME`), or every resource a file names (`-f FILE`).
     Delete {
         /// Kind (as for `get`).
-        kind: String,
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        kind: Option<String>,
         /// Name of the resource.
-        name: String,
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        name: Option<String>,
         /// Namespace (namespaced kinds; default `default`).
-        #[arg(short = 'n', long)]
+        #[arg(short = 'n', long, conflicts_with = "file")]
         namespace: Option<String>,
+        /// Delete the resources named by the documents of this file (`-` for stdin), as
+        /// `apply -f` reads it.
+        #[arg(short = 'f', long = "filename")]
+        file: Option<String>,
+        /// With `-f`: resources that do not exist are not an error (calicoctl's
+        /// `--skip-not-exists`, kubectl's `--ignore-not-found`).
+        #[arg(long, visible_alias = "ignore-not-found", requires = "file")]
+        skip_not_exists: bool,
     },
     /// Set (`key=value`) or remove (`key-`) labels of a workloadendpoint or namespace.
     Label {
@@ -91,6 +105,11 @@ pub enum Command {
     },
     /// Install the tern CNI binaries and network configuration on this host.
     InstallCni(InstallCniArgs),
+    /// Render installation files (`install manifest`: the Kubernetes manifest).
+    Install {
+        #[command(subcommand)]
+        command: InstallCommand,
+    },
     /// Throwaway clusters in network namespaces.
     Lab(LabArgs),
     /// This node.
@@ -98,6 +117,42 @@ pub enum Command {
         #[command(subcommand)]
         command: NodeStatusCommand,
     },
+}
+
+/// `install` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum InstallCommand {
+    /// Print the Kubernetes manifest (ServiceAccount, RBAC, ConfigMap, the tern-node
+    /// DaemonSet): `ternctl install manifest | kubectl apply -f -`. The datastore is the global
+    /// `--store` (etcd://host:port[,host:port], or sqlite:///var/lib/tern/FILE for a
+    /// single-node cluster; default sqlite:///var/lib/tern/tern.db).
+    Manifest(InstallManifestArgs),
+}
+
+/// Arguments of `install manifest`.
+#[derive(Debug, Clone, Args)]
+pub struct InstallManifestArgs {
+    /// Image of the DaemonSet's containers (built by scripts/k8s/tern-image.sh).
+    #[arg(long, default_value = crate::commands::install_manifest::DEFAULT_IMAGE)]
+    pub image: String,
+    /// CIDR of the default IPv4 pool.
+    #[arg(long, default_value = crate::commands::install_manifest::DEFAULT_POOL)]
+    pub pool: String,
+    /// Encapsulation of the default pool between nodes.
+    #[arg(long, value_enum, default_value_t = Encap::None)]
+    pub encap: Encap,
+    /// Run ternd's BGP speaker.
+    #[arg(long)]
+    pub bgp: bool,
+    /// ternd's log level (or a filter: info,tern_agent::kube=debug).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// The nodes' CNI bin directory (the container runtime's `bin_dir`).
+    #[arg(long, default_value = crate::commands::install_manifest::DEFAULT_CNI_BIN_DIR)]
+    pub cni_bin_dir: String,
+    /// The nodes' CNI configuration directory (the container runtime's `conf_dir`).
+    #[arg(long, default_value = crate::commands::install_manifest::DEFAULT_CNI_CONF_DIR)]
+    pub cni_conf_dir: String,
 }
 
 /// `ternctl node ...`.
@@ -198,6 +253,20 @@ pub struct InstallCniArgs {
     /// Directory to copy `tern` and `tern-ipam` from (default: ternctl's own directory).
     #[arg(long)]
     pub plugin_dir: Option<PathBuf>,
+    /// Install the binaries only, no conflist (the DaemonSet's init container: the conflist
+    /// is written once ternd is ready, by `--conflist-only --wait-ready`).
+    #[arg(long, conflicts_with = "conflist_only")]
+    pub skip_conflist: bool,
+    /// Write the conflist only (the binaries are already installed).
+    #[arg(long)]
+    pub conflist_only: bool,
+    /// Before writing anything, wait until this URL (ternd's `/readiness`, plain http://)
+    /// answers 200.
+    #[arg(long, value_name = "URL")]
+    pub wait_ready: Option<String>,
+    /// After installing, keep running until SIGTERM or SIGINT (a container beside ternd).
+    #[arg(long)]
+    pub stay: bool,
 }
 
 /// `lab` arguments.
@@ -236,23 +305,57 @@ pub enum LabCommand {
         /// unless a BGPConfiguration says otherwise).
         #[arg(long)]
         bgp: bool,
+        /// Also run a real Kubernetes cluster on the lab (control plane in a namespace of its
+        /// own; containerd, kubelet and kube-proxy on every node, tern as the CNI). Prints
+        /// `export KUBECONFIG=...`.
+        #[arg(long)]
+        kubernetes: bool,
+        /// Directory with the Kubernetes binaries (the last line of
+        /// `scripts/k8s-components.sh`).
+        #[arg(long, env = "TERN_K8S_BIN")]
+        k8s_bin_dir: Option<PathBuf>,
+        /// With --kubernetes: give the nodes the reference bridge + host-local network instead
+        /// of tern (the baseline of the pod start-up benchmark; no routes between nodes).
+        #[arg(long, requires = "kubernetes")]
+        reference_cni: bool,
+        /// With --kubernetes: run ternd on every node as the lab's host process (and the
+        /// conflist written by the lab) instead of installing tern's DaemonSet manifest
+        /// (the default, which also makes the lab's store etcd); for debugging.
+        #[arg(long, requires = "kubernetes")]
+        host_ternd: bool,
     },
     /// Describe the lab.
     Status,
     /// Remove the lab (also after a failed `up`).
     Down,
     /// Build a lab, add pods, prove connectivity with real packets, tear down. With more than
-    /// one node: cross-node traffic, each node's routes and `ternctl get nodes -o wide`.
+    /// one node: cross-node traffic, each node's routes to the other nodes' blocks (over BGP
+    /// or VXLAN), `ipam show --show-blocks`, `node status` and `get nodes -o wide`. With
+    /// --kubernetes: the same on a real cluster (kubectl get nodes/pods, kubectl exec).
     Demo {
-        /// Number of pods (spread over the nodes).
-        #[arg(long, default_value_t = 2)]
+        /// Number of pods (spread over the nodes; with --kubernetes, the Deployment's replicas).
+        #[arg(long, default_value_t = 6)]
         pods: usize,
         /// Number of nodes.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 3)]
         nodes: usize,
         /// Encapsulation between nodes.
         #[arg(long, value_enum, default_value_t = Encap::None)]
         encap: Encap,
+        /// Run the agents with `--bgp` (the default with --encap none and several nodes).
+        #[arg(long, conflicts_with = "no_bgp")]
+        bgp: bool,
+        /// Do not run BGP: with --encap none, ternd programs the routes from the store.
+        #[arg(long)]
+        no_bgp: bool,
+        /// Run the demo on a real Kubernetes cluster built on the lab (see `lab up
+        /// --kubernetes`).
+        #[arg(long)]
+        kubernetes: bool,
+        /// Directory with the Kubernetes binaries (the last line of
+        /// `scripts/k8s-components.sh`).
+        #[arg(long, env = "TERN_K8S_BIN", requires = "kubernetes")]
+        k8s_bin_dir: Option<PathBuf>,
     },
     /// Pods of the lab.
     Pod {
@@ -305,6 +408,20 @@ pub enum LabCommand {
         /// Fail a continuous probe whose longest gap exceeds this many milliseconds.
         #[arg(long)]
         max_gap_ms: Option<u64>,
+    },
+    /// Relay 127.0.0.1:<port> to an address inside a lab namespace (the operator's kubectl
+    /// path to a `--kubernetes` lab's API server; started by `lab up`).
+    #[command(hide = true)]
+    Relay {
+        /// The lab namespace to connect in.
+        #[arg(long)]
+        netns: String,
+        /// Target IP:PORT inside it.
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        /// File the chosen port is written to.
+        #[arg(long)]
+        ready_file: PathBuf,
     },
 }
 

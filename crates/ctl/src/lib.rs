@@ -62,7 +62,7 @@ fn run_ipam(s: Arc<dyn Store>, command: IpamCommand) -> anyhow::Result<i32> {
         }
         IpamCommand::Check { output } => {
             let report = ipam_check::check(s)?;
-            print!("{}", tern_agent::audit::summary(&report));
+            print!("{}", tern_ipam::audit::summary(&report));
             if let Some(path) = output {
                 ipam_check::write_report(&report, &path)?;
                 println!("Report written to {}", path.display());
@@ -109,6 +109,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             kind,
             name,
             namespace,
+            all_namespaces: _,
             output,
         } => {
             let kind = get::parse_kind(&kind)?;
@@ -120,7 +121,19 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             kind,
             name,
             namespace,
+            file,
+            skip_not_exists,
         } => {
+            if let Some(file) = file {
+                let s = open_store(&store)?;
+                let (text, name) = apply::read_input(&file)?;
+                let counts = delete::delete_documents(s, &text, &name, skip_not_exists)?;
+                println!("{}", delete::summary(&counts));
+                return Ok(0);
+            }
+            let (Some(kind), Some(name)) = (kind, name) else {
+                anyhow::bail!("pass KIND NAME, or -f FILE");
+            };
             let kind = get::parse_kind(&kind)?;
             let s = open_store(&store)?;
             println!("{}", delete::delete(s, kind, &name, namespace.as_deref())?);
@@ -158,19 +171,59 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 Some(d) => d.clone(),
                 None => lab::own_dir()?,
             };
+            if args.wait_ready.is_some() || args.stay {
+                install_cni::exit_on_termination()?;
+            }
+            if let Some(url) = &args.wait_ready {
+                install_cni::wait_ready(url, None)?;
+            }
             let done = install_cni::install(&args, &from)?;
             for b in &done.binaries {
                 println!("installed {}", b.display());
             }
-            println!(
-                "wrote {}{}",
-                done.conflist.display(),
-                if done.chained.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (chained: {})", done.chained.join(", "))
+            if let Some(c) = &done.conflist {
+                println!(
+                    "wrote {}{}",
+                    c.display(),
+                    if done.chained.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (chained: {})", done.chained.join(", "))
+                    }
+                );
+            }
+            if args.stay {
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                // Until SIGTERM or SIGINT (see `exit_on_termination`).
+                loop {
+                    std::thread::park();
                 }
-            );
+            }
+        }
+        Command::Install {
+            command: cli::InstallCommand::Manifest(args),
+        } => {
+            if store.ca.is_some() || store.cert.is_some() || store.key.is_some() {
+                anyhow::bail!(
+                    "install manifest: etcd over TLS (--etcd-ca/--etcd-cert/--etcd-key) is not \
+                     rendered yet; use an http etcd or SQLite"
+                );
+            }
+            let opts = commands::install_manifest::ManifestOptions {
+                store: store
+                    .url
+                    .unwrap_or(commands::install_manifest::DEFAULT_STORE)
+                    .to_string(),
+                image: args.image,
+                pool: args.pool,
+                encap: args.encap,
+                bgp: args.bgp,
+                log_level: args.log_level,
+                cni_bin_dir: args.cni_bin_dir,
+                cni_conf_dir: args.cni_conf_dir,
+            };
+            print!("{}", commands::install_manifest::render(&opts)?);
         }
         Command::Lab(args) => return lab::run(&args, store.url),
         Command::Node {

@@ -53,6 +53,7 @@ fn endpoint(store: &dyn Store, cid: &str, ip: std::net::IpAddr) {
                 namespace: "default".into(),
                 name: format!("pod-{cid}"),
                 infra_container_id: String::new(),
+                uid: String::new(),
             }),
         },
         host_ifname: format!("tern{cid}"),

@@ -2,60 +2,24 @@
 //! `tern` plugin and `ternd`, and proves connectivity with real packets. Needs root (it
 //! creates namespaces); nothing happens in the root network namespace.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// The directory of the built ternctl, where the workspace's other binaries are built too.
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_ternctl"))
-        .parent()
-        .expect("ternctl has a directory")
-        .to_path_buf()
-}
-
-/// Builds the plugin and agent binaries if they are not there yet (`cargo test -p tern-ctl`
-/// only builds ternctl itself).
-fn ensure_binaries(dir: &Path) {
-    if ["tern", "tern-ipam", "ternd"]
-        .iter()
-        .all(|b| dir.join(b).is_file())
-    {
-        return;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-p", "tern-plugin", "-p", "tern-agent"])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "building tern and ternd failed");
-}
+mod common;
 
 #[test]
 fn lab_demo_proves_connectivity() {
-    if !is_root() {
-        println!("skipped: lab_demo_proves_connectivity needs root to create network namespaces");
+    let Some(dir) = common::lab_ready() else {
         return;
-    }
-    let dir = bin_dir();
-    ensure_binaries(&dir);
-    // A name of our own, so a concurrent `ternctl lab` of a user is never touched.
-    let name = format!("t{}", std::process::id() % 100_000_000);
-    let out = Command::new(env!("CARGO_BIN_EXE_ternctl"))
-        .args(["lab", "--name", &name, "--bin-dir"])
-        .arg(&dir)
-        .args(["demo", "--pods", "2"])
-        .output()
-        .expect("ternctl runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    };
+    let name = common::lab_name("t");
+    // `demo` tears its lab down itself; the guard is for a demo that fails half-way.
+    let _lab = common::Lab::guard(&name);
+    let run = common::ternctl_lab(&name, dir, &["demo", "--nodes", "1", "--pods", "2"]);
+    let (stdout, stderr) = (&run.stdout, &run.stderr);
     assert!(
-        out.status.success(),
+        run.ok(),
         "demo failed ({}):\n{stdout}\n{stderr}",
-        out.status
+        run.out.status
     );
     let probes = |prefix: &str| stdout.lines().filter(|l| l.starts_with(prefix)).count();
     // Two pods: pod->pod TCP and UDP both ways, node->pod TCP to each.
@@ -86,10 +50,7 @@ fn lab_namespaces(name: &str) -> Vec<String> {
 
 #[test]
 fn down_cleans_up_after_a_failed_up() {
-    if !is_root() {
-        println!(
-            "skipped: down_cleans_up_after_a_failed_up needs root to create network namespaces"
-        );
+    if !common::require_root() {
         return;
     }
     // An agent that dies at start-up makes `up` fail after the namespaces exist.
@@ -99,18 +60,12 @@ fn down_cleans_up_after_a_failed_up() {
         std::fs::write(&p, "#!/bin/sh\necho agent exploded >&2\nexit 3\n").unwrap();
         std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     }
-    let name = format!("f{}", std::process::id() % 100_000_000);
-    let ternctl = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_ternctl"))
-            .args(["lab", "--name", &name, "--bin-dir"])
-            .arg(fake.path())
-            .args(args)
-            .output()
-            .expect("ternctl runs")
-    };
+    let name = common::lab_name("f");
+    let _lab = common::Lab::guard(&name);
+    let ternctl = |args: &[&str]| common::ternctl_lab(&name, fake.path(), args);
     let up = ternctl(&["up"]);
-    let err = String::from_utf8_lossy(&up.stderr);
-    assert!(!up.status.success());
+    let err = &up.stderr;
+    assert!(!up.ok());
     assert!(
         err.contains("exited during start-up") && err.contains("agent exploded"),
         "{err}"
@@ -120,11 +75,7 @@ fn down_cleans_up_after_a_failed_up() {
         "up should have left namespaces behind"
     );
     let down = ternctl(&["down"]);
-    assert!(
-        down.status.success(),
-        "{}",
-        String::from_utf8_lossy(&down.stderr)
-    );
+    assert!(down.ok(), "{}", down.stderr);
     assert!(
         lab_namespaces(&name).is_empty(),
         "{:?}",
@@ -132,5 +83,5 @@ fn down_cleans_up_after_a_failed_up() {
     );
     assert!(!Path::new("/run/tern-lab").join(&name).exists());
     // Down of a lab that no longer exists is a no-op, not an error.
-    assert!(ternctl(&["down"]).status.success());
+    assert!(ternctl(&["down"]).ok());
 }

@@ -11,12 +11,11 @@
 //!
 //! Needs root (namespaces); nothing happens in the root namespace. Labs are removed by a guard.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tern_lab::traffic::Proto;
-use tern_lab::{Encap, LabState, mesh};
+use tern_lab::{Encap, mesh};
 use tern_model::{
     BgpConfiguration, BgpConfigurationSpec, BgpPeer, BgpPeerSpec, Document, Resource,
 };
@@ -24,57 +23,12 @@ use tern_model::{
 const PORT: u16 = 7;
 const BIRD_IP: &str = "198.18.0.250";
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn ternctl() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ternctl"))
-}
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_ternctl"))
-        .parent()
-        .expect("ternctl has a directory")
-        .to_path_buf()
-}
-
-/// Builds the plugin and agent: always, so the agent under test has `--bgp`.
-fn ensure_binaries() {
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-p", "tern-plugin", "-p", "tern-agent"])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "building tern and ternd failed");
-}
-
-struct Lab {
-    name: String,
-    st: LabState,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Err(e) = tern_lab::down(&self.name) {
-            eprintln!("teardown of lab {}: {e}", self.name);
-        }
-    }
-}
+mod common;
+use common::{Lab, ternctl};
 
 impl Lab {
     fn dump(&self) -> String {
-        let mut out = String::new();
-        for n in &self.st.nodes {
-            out.push_str(&format!(
-                "\n--- {} ternd log ---\n{}\n--- {} routes ---\n{}",
-                n.name,
-                tern_lab::topology::log_tail(n, 25),
-                n.name,
-                mesh::routes(&self.st, &n.name).unwrap_or_default()
-            ));
-        }
-        out
+        self.logs_and_routes(25)
     }
 
     fn ip(&self, node: &str, args: &[&str]) -> String {
@@ -105,15 +59,8 @@ impl Lab {
             .collect()
     }
 
-    fn wait<F: FnMut() -> Option<String>>(&self, what: &str, secs: u64, mut f: F) {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            let Some(why) = f() else { return };
-            if Instant::now() > deadline {
-                panic!("{what}: {why}{}", self.dump());
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
+    fn wait<F: FnMut() -> Option<String>>(&self, what: &str, secs: u64, f: F) {
+        common::wait_until(what, secs, || self.dump(), f);
     }
 
     fn assert_full_mesh(&self) {
@@ -149,26 +96,16 @@ impl Lab {
 }
 
 fn build(tag: &str, nodes: usize) -> Lab {
-    ensure_binaries();
-    let name = format!("{tag}{}", std::process::id() % 100_000);
-    let mut o = tern_lab::UpOptions::new(&name, &bin_dir());
+    let name = common::lab_name(tag);
+    let mut o = tern_lab::UpOptions::new(&name, common::fresh_binaries());
     o.nodes = nodes;
     o.encap = Encap::None;
     o.resync_seconds = Some(2);
     o.agent_timeout = Duration::from_secs(30);
     o.agent_args.push("--bgp".into());
-    let mut lab = Lab {
-        name: name.clone(),
-        st: LabState::default(),
-    };
-    lab.st = tern_lab::up(&o).unwrap_or_else(|e| panic!("lab up {name}: {e}"));
+    let mut lab = Lab::up(&o);
     for n in 1..=nodes {
-        let pod = format!("p{n}");
-        if let Err(e) = tern_lab::add_pod(&mut lab.st, &format!("node{n}"), &pod) {
-            panic!("add {pod}: {e}{}", lab.dump());
-        }
-        tern_lab::start_server(&mut lab.st, &pod, &ternctl(), Some(PORT), None)
-            .unwrap_or_else(|e| panic!("echo server in {pod}: {e}"));
+        lab.add_echo_pod(&format!("node{n}"), &format!("p{n}"), Some(PORT), None);
     }
     lab
 }
@@ -184,8 +121,7 @@ fn put(lab: &Lab, r: Resource) {
 
 #[test]
 fn bgp_full_mesh_graceful_restart_and_flap() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::require_root() {
         return;
     }
     let mut lab = build("bgpm", 3);
@@ -296,7 +232,7 @@ fn bgp_full_mesh_graceful_restart_and_flap() {
 
 #[test]
 fn bird_route_reflector_with_mesh_disabled() {
-    if !is_root() || !tern_lab::bird::available() {
+    if !common::require_root() || !common::require_bird() {
         eprintln!("skipping: needs root and BIRD 2");
         return;
     }
@@ -350,7 +286,7 @@ fn bird_route_reflector_with_mesh_disabled() {
 
 #[test]
 fn bird_as_ebgp_peer() {
-    if !is_root() || !tern_lab::bird::available() {
+    if !common::require_root() || !common::require_bird() {
         eprintln!("skipping: needs root and BIRD 2");
         return;
     }
@@ -365,6 +301,11 @@ fn bird_as_ebgp_peer() {
             BgpPeerSpec {
                 peer_ip: Some(BIRD_IP.into()),
                 as_number: Some(65001),
+                // Outside every pool: installed only because the peer is allowed to send it.
+                accept_prefixes: vec![tern_model::AcceptPrefix {
+                    cidr: "10.99.0.0/24".into(),
+                    max_length: None,
+                }],
                 ..Default::default()
             },
         )),

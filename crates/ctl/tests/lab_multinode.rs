@@ -10,110 +10,39 @@
 //! unique name and is torn down by a guard, also when an assertion fails.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tern_lab::traffic::Proto;
-use tern_lab::{Encap, LabState, StoreKind, mesh};
+use tern_lab::{Encap, StoreKind, mesh};
 
 const PORT: u16 = 7;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn ternctl() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ternctl"))
-}
-
-/// The directory of the built ternctl, where the workspace's other binaries are built too.
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_ternctl"))
-        .parent()
-        .expect("ternctl has a directory")
-        .to_path_buf()
-}
-
-/// Builds the plugin and agent binaries if they are not there yet.
-fn ensure_binaries(dir: &Path) {
-    if ["tern", "tern-ipam", "ternd"]
-        .iter()
-        .all(|b| dir.join(b).is_file())
-    {
-        return;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-p", "tern-plugin", "-p", "tern-agent"])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "building tern and ternd failed");
-}
-
-/// Removes the lab when dropped (test passed, failed or panicked).
-struct Lab {
-    name: String,
-    st: LabState,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Err(e) = tern_lab::down(&self.name) {
-            eprintln!("teardown of lab {}: {e}", self.name);
-        }
-    }
-}
-
-impl Lab {
-    fn dump_logs(&self) -> String {
-        let mut out = String::new();
-        for n in &self.st.nodes {
-            out.push_str(&format!(
-                "\n--- {} ternd log ---\n{}\n--- {} routes ---\n{}",
-                n.name,
-                tern_lab::topology::log_tail(n, 15),
-                n.name,
-                mesh::routes(&self.st, &n.name).unwrap_or_default()
-            ));
-        }
-        out
-    }
-}
-
-/// A unique lab name: `<tag><pid mod 10^6>`, within the 12-character limit.
-fn lab_name(tag: &str) -> String {
-    format!("{tag}{}", std::process::id() % 1_000_000)
-}
+mod common;
+use common::{Lab, ternctl};
 
 /// Builds a lab of `nodes` nodes with `pods_per_node` pods each (`p<node>x<k>`) and an echo
 /// server (TCP and UDP) in every pod.
 fn build(tag: &str, encap: Encap, store: StoreKind, nodes: usize, pods_per_node: usize) -> Lab {
-    let dir = bin_dir();
-    ensure_binaries(&dir);
-    let name = lab_name(tag);
-    let mut o = tern_lab::UpOptions::new(&name, &dir);
+    let dir = common::fresh_binaries();
+    let name = common::lab_name(tag);
+    let mut o = tern_lab::UpOptions::new(&name, dir);
     o.nodes = nodes;
     o.encap = encap;
     o.store = store;
     // Short resyncs so that repairs are observed quickly.
     o.resync_seconds = Some(2);
     o.agent_timeout = Duration::from_secs(30);
-    let up = tern_lab::up(&o);
-    let mut lab = Lab {
-        name: name.clone(),
-        st: LabState::default(),
-    };
-    lab.st = up.unwrap_or_else(|e| panic!("lab up {name} ({encap}, {store}): {e}"));
+    let mut lab = Lab::guard(&name);
+    lab.st = tern_lab::up(&o).unwrap_or_else(|e| panic!("lab up {name} ({encap}, {store}): {e}"));
     for n in 1..=nodes {
         for k in 1..=pods_per_node {
-            let pod = format!("p{n}x{k}");
-            let r = tern_lab::add_pod(&mut lab.st, &format!("node{n}"), &pod);
-            if let Err(e) = r {
-                panic!("add {pod}: {e}{}", lab.dump_logs());
-            }
-            tern_lab::start_server(&mut lab.st, &pod, &ternctl(), Some(PORT), Some(PORT))
-                .unwrap_or_else(|e| panic!("echo server in {pod}: {e}"));
+            lab.add_echo_pod(
+                &format!("node{n}"),
+                &format!("p{n}x{k}"),
+                Some(PORT),
+                Some(PORT),
+            );
         }
     }
     lab
@@ -129,13 +58,7 @@ fn assert_full_mesh(lab: &Lab) {
     let pods = lab.st.pods.len();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = mesh::check_mesh(
-            &lab.st,
-            PORT,
-            &[Proto::Tcp, Proto::Udp],
-            Duration::from_millis(1500),
-        )
-        .unwrap();
+        let r = lab.probe_mesh(PORT);
         assert_eq!(r.results.len(), pods * (pods - 1) * 2);
         if r.failures().is_empty() {
             return;
@@ -145,7 +68,7 @@ fn assert_full_mesh(lab: &Lab) {
                 "{} of {} probes failed:\n{r}{}",
                 r.failures().len(),
                 r.results.len(),
-                lab.dump_logs()
+                lab.logs_and_routes(15)
             );
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -160,8 +83,7 @@ fn mesh_test(tag: &str, encap: Encap, store: StoreKind) -> Lab {
 
 #[test]
 fn mesh_direct_sqlite() {
-    if !is_root() {
-        println!("skipped: needs root to create network namespaces");
+    if !common::require_root() {
         return;
     }
     let lab = mesh_test("md", Encap::None, StoreKind::Sqlite);
@@ -176,8 +98,7 @@ fn mesh_direct_sqlite() {
 
 #[test]
 fn mesh_vxlan_sqlite() {
-    if !is_root() {
-        println!("skipped: needs root to create network namespaces");
+    if !common::require_root() {
         return;
     }
     let lab = mesh_test("mv", Encap::Vxlan, StoreKind::Sqlite);
@@ -191,8 +112,7 @@ fn mesh_vxlan_sqlite() {
 
 #[test]
 fn mesh_crosssubnet_sqlite() {
-    if !is_root() {
-        println!("skipped: needs root to create network namespaces");
+    if !common::require_root() {
         return;
     }
     let lab = mesh_test("mc", Encap::Crosssubnet, StoreKind::Sqlite);
@@ -206,15 +126,10 @@ fn mesh_crosssubnet_sqlite() {
 
 #[test]
 fn mesh_vxlan_etcd() {
-    if !is_root() {
-        println!("skipped: needs root to create network namespaces");
+    if !common::require_root() {
         return;
     }
-    if !Path::new(tern_lab::topology::ETCD_BIN).is_file() {
-        println!(
-            "skipped: mesh_vxlan_etcd needs {}",
-            tern_lab::topology::ETCD_BIN
-        );
+    if !tern_testkit::require_binary(tern_lab::topology::ETCD_BIN) {
         return;
     }
     let lab = mesh_test("me", Encap::Vxlan, StoreKind::Etcd);
@@ -226,14 +141,14 @@ fn mesh_vxlan_etcd() {
 
 #[test]
 fn mesh_ipip_sqlite() {
-    if !is_root() {
-        println!("skipped: needs root to create network namespaces");
+    if !common::require_root() {
         return;
     }
     if !tern_lab::topology::kernel_supports("ipip").unwrap() {
-        println!(
-            "skipped: mesh_ipip_sqlite: this kernel cannot create ipip devices \
-             (`ip link add type ipip` fails: no ipip support built in or loadable)"
+        tern_testkit::kernel_limit(
+            "ipip",
+            "this kernel cannot create ipip devices (`ip link add type ipip` fails: \
+             no ipip support built in or loadable)",
         );
         return;
     }
@@ -242,8 +157,7 @@ fn mesh_ipip_sqlite() {
 
 #[test]
 fn agent_restart_keeps_pods_connected_and_repairs_routes() {
-    if !is_root() {
-        println!("skipped: needs root to create network namespaces");
+    if !common::require_root() {
         return;
     }
     let mut lab = build("ar", Encap::Vxlan, StoreKind::Sqlite, 2, 1);
@@ -293,7 +207,7 @@ fn agent_restart_keeps_pods_connected_and_repairs_routes() {
             Instant::now() < deadline,
             "route to {} not repaired within 15 s{}",
             block[0],
-            lab.dump_logs()
+            lab.logs_and_routes(15)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -322,8 +236,7 @@ fn own_blocks(lab: &Lab, node: &str) -> Vec<String> {
 
 #[test]
 fn node_leaves_and_joins_live() {
-    if !is_root() {
-        println!("skipped: needs root to create network namespaces");
+    if !common::require_root() {
         return;
     }
     let mut lab = build("nj", Encap::Vxlan, StoreKind::Sqlite, 3, 1);
@@ -347,7 +260,7 @@ fn node_leaves_and_joins_live() {
             assert!(
                 Instant::now() < deadline,
                 "{n} still routes to departed node3's {gone:?}{}",
-                lab.dump_logs()
+                lab.logs_and_routes(15)
             );
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -13,17 +13,15 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_yaml::Value;
+use serde_norway::Value;
 use tern_lab::netns::in_netns;
 use tern_lab::netpol::{self, K8sPod, L4, Matrix};
 use tern_lab::traffic::Proto;
-use tern_lab::{Encap, LabState, mesh};
+use tern_lab::{Encap, mesh};
 use tern_model::{EndpointPort, Kind, Protocol};
 
 const CASES: &str = "/work/shared/conformance/netpol_cases.yaml";
@@ -33,61 +31,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// store watch of three agents).
 const STEP_DEADLINE: Duration = Duration::from_secs(3);
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_ternctl"))
-        .parent()
-        .expect("ternctl has a directory")
-        .to_path_buf()
-}
-
-fn ensure_binaries(dir: &Path) {
-    if ["tern", "tern-ipam", "ternd"]
-        .iter()
-        .all(|b| dir.join(b).is_file())
-    {
-        return;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-p", "tern-plugin", "-p", "tern-agent"])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "building tern and ternd failed");
-}
-
-/// Removes the lab when dropped (test passed, failed or panicked).
-struct Lab {
-    name: String,
-    st: LabState,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Err(e) = tern_lab::down(&self.name) {
-            eprintln!("teardown of lab {}: {e}", self.name);
-        }
-    }
-}
-
-impl Lab {
-    fn logs(&self) -> String {
-        self.st
-            .nodes
-            .iter()
-            .map(|n| {
-                format!(
-                    "\n--- {} ternd log ---\n{}",
-                    n.name,
-                    tern_lab::topology::log_tail(n, 15)
-                )
-            })
-            .collect()
-    }
-}
+mod common;
+use common::Lab;
 
 fn labels(v: &Value) -> BTreeMap<String, String> {
     v.as_mapping()
@@ -143,7 +88,7 @@ fn build_model(lab: &mut Lab, model: &Value, l4s: &[L4]) -> Model {
         // Round-robin: every namespace has a pod on every node.
         let node = format!("node{}", i % nodes + 1);
         let pod = netpol::add_k8s_pod(&mut lab.st, &node, ns, name, &labels(&p["labels"]))
-            .unwrap_or_else(|e| panic!("add {ns}/{name}: {e}{}", lab.logs()));
+            .unwrap_or_else(|e| panic!("add {ns}/{name}: {e}{}", lab.logs(15)));
         netpol::set_pod_ports(&lab.st, ns, name, &ports).unwrap();
         netpol::serve_in(&pod.netns, &[80, 81], l4s).unwrap();
         pod_labels.insert(pod.id(), netpol::pod_labels(&lab.st, ns, name).unwrap());
@@ -176,7 +121,7 @@ fn apply_action(lab: &Lab, m: &Model, cs: &mut CaseState, action: &Value) {
     let (kind, arg) = action.as_mapping().unwrap().iter().next().unwrap();
     match kind.as_str().unwrap() {
         "create_policy" | "update_policy" => {
-            let mut text = serde_yaml::to_string(arg).unwrap();
+            let mut text = serde_norway::to_string(arg).unwrap();
             for p in &m.pods {
                 text = text.replace(&format!("{{{{ip:{}}}}}", p.id()), &p.ip.to_string());
             }
@@ -260,7 +205,7 @@ fn conformance(lab: &Lab, m: &Model, doc: &Value, l4s: &[L4]) -> Vec<String> {
         diffs.is_empty(),
         "without policies every pod must reach every pod:\n{}{}",
         diffs.join("\n"),
-        lab.logs()
+        lab.logs(15)
     );
     let mut failed = Vec::new();
     let started = Instant::now();
@@ -519,28 +464,21 @@ fn restart_under_load(lab: &mut Lab, m: &Model) -> Result<String, String> {
 
 #[test]
 fn netpol_proofs_in_three_node_lab() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    let Some(dir) = common::lab_ready() else {
         return;
-    }
-    let dir = bin_dir();
-    ensure_binaries(&dir);
-    let doc: Value = serde_yaml::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
-    let name = format!("np{}", std::process::id() % 1_000_000);
-    let mut o = tern_lab::UpOptions::new(&name, &dir);
+    };
+    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
+    let name = common::lab_name("np");
+    let mut o = tern_lab::UpOptions::new(&name, dir);
     o.nodes = 3;
     o.encap = Encap::Vxlan;
     o.agent_timeout = Duration::from_secs(30);
-    let mut lab = Lab {
-        name: name.clone(),
-        st: LabState::default(),
-    };
-    lab.st = tern_lab::up(&o).unwrap_or_else(|e| panic!("lab up {name}: {e}"));
+    let mut lab = Lab::up(&o);
     let sctp = in_netns(&lab.st.nodes[0].netns, netpol::sctp_available).unwrap();
     let l4s: Vec<L4> = match &sctp {
         Ok(()) => vec![L4::Tcp, L4::Udp, L4::Sctp],
         Err(why) => {
-            println!("netpol: SCTP skipped: {why}");
+            tern_testkit::kernel_limit("sctp", format!("netpol runs TCP and UDP only: {why}"));
             vec![L4::Tcp, L4::Udp]
         }
     };
@@ -566,6 +504,6 @@ fn netpol_proofs_in_three_node_lab() {
         "{} problems:\n{}{}",
         problems.len(),
         problems.join("\n"),
-        lab.logs()
+        lab.logs(15)
     );
 }

@@ -26,7 +26,9 @@ use tern_model::{
 };
 use tern_store::{Compare, KeyValue, Op, Store, StoreError, Txn, keys};
 
+pub mod audit;
 pub mod block;
+pub mod node;
 pub mod storm;
 
 pub use block::{
@@ -86,7 +88,10 @@ impl IpamError {
     /// True when the datastore could not be reached: the caller should retry later (the
     /// agent reports CNI error code 11, "try again later").
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, IpamError::Store(StoreError::Unavailable(_)))
+        matches!(
+            self,
+            IpamError::Store(StoreError::Unavailable(_) | StoreError::Ambiguous(_))
+        )
     }
 }
 
@@ -117,7 +122,7 @@ pub struct AllocationAttrs {
 /// A request for addresses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AssignArgs {
-    /// Handle the addresses are recorded under (`<network>.<containerID>`).
+    /// Handle the addresses are recorded under (tern-api's `Attachment::handle`).
     pub handle: String,
     /// The node allocating (blocks are claimed for it).
     pub node: String,
@@ -283,11 +288,6 @@ impl Filter {
         let ip = Block::new_view(cidr).ip(ordinal);
         !self.reserved.iter().any(|r| r.contains(&ip))
     }
-
-    /// Whether some reservation covers the whole block, so claiming it is pointless.
-    fn covers(&self, block: &IpNet) -> bool {
-        self.reserved.iter().any(|r| r.contains(block))
-    }
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(kv: &KeyValue) -> Result<T> {
@@ -373,6 +373,17 @@ fn node_hash(node: &str) -> u64 {
 }
 
 /// The `index`-th block of `block_size` within `pool`.
+/// How far `addr` lies from `pool`'s network address.
+fn net_offset(pool: &IpNet, addr: &IpAddr) -> u128 {
+    match (pool, addr) {
+        (IpNet::V4(n), IpAddr::V4(a)) => {
+            (u32::from(*a) as u128).wrapping_sub(u32::from(n.network()) as u128)
+        }
+        (IpNet::V6(n), IpAddr::V6(a)) => u128::from(*a).wrapping_sub(u128::from(n.network())),
+        _ => 0,
+    }
+}
+
 fn nth_block(pool: &IpNet, block_size: u8, index: u128) -> IpNet {
     let shift = pool.max_prefix_len() - block_size;
     match pool {
@@ -537,10 +548,12 @@ impl Ipam {
         )
     }
 
-    /// Every reserved network of every `IPReservation`.
+    /// Every reserved network of every `IPReservation` a daemon can read: one corrupt
+    /// reservation (written past validation) is skipped with a warning naming its key rather
+    /// than failing every assignment, the same read-path decision every daemon reader takes.
     fn reservations(&self) -> Result<Vec<IpNet>> {
         let mut out = Vec::new();
-        for r in tern_model::list_resources(&*self.store, Kind::IpReservation)? {
+        for r in tern_model::list_resources_warn(&*self.store, Kind::IpReservation, "IPAM")? {
             if let Resource::IpReservation(r) = r {
                 out.extend(r.spec.nets());
             }
@@ -550,7 +563,12 @@ impl Ipam {
 
     fn pools(&self) -> Result<Vec<Pool>> {
         let mut out = Vec::new();
-        for r in tern_model::list_resources(&*self.store, Kind::IpPool)? {
+        // A pool whose stored value cannot be used (oversized, corrupt, invalid: written past
+        // validation) is skipped rather than failing every assignment. The decision is
+        // `Resource::from_stored`'s, as for the dataplane and BGP, so a pool is allocated from
+        // exactly when it is also routed; the agent's dataplane reports it with its key.
+        let (pools, _unreadable) = tern_model::list_resources_skipping(&*self.store, Kind::IpPool)?;
+        for r in pools {
             let rev = resource_rev(&r);
             if let Resource::IpPool(p) = r
                 && let Some(net) = p.spec.net()
@@ -1011,13 +1029,43 @@ impl Ipam {
             .iter()
             .map(|kv| keys::segment_cidr(&kv.key[keys::BLOCKS.len()..]))
             .collect();
+        // A reservation covering the whole pool leaves nothing to claim (a common way to drain
+        // a pool; a /64 of /122 blocks would otherwise be a walk of 2^58 steps).
+        if filter.reserved.iter().any(|r| r.contains(&pool.net)) {
+            return Ok(None);
+        }
         let start = node_hash(node) as u128 % count;
-        // Every step either finds a free block or skips a taken one, so the walk ends after at
-        // most (blocks in the store + 1) useful steps unless the pool is full.
-        for i in 0..count {
-            let cidr = nth_block(&pool.net, bs, (start + i) % count);
+        // Every step claims a free block, skips one taken block (at most one step per block in
+        // the store or lost to another node), or skips a reservation's whole range of blocks
+        // at once (at most twice per reservation: once more after wrapping around). So the
+        // walk is bounded by those counts, not by the pool's size.
+        let shift = pool.net.max_prefix_len() - bs;
+        let mut i: u128 = 0;
+        let mut steps: usize = 0;
+        while i < count {
+            steps += 1;
+            if steps > taken.len() + 2 * filter.reserved.len() + 2 {
+                break;
+            }
+            let idx = (start + i) % count;
+            let cidr = nth_block(&pool.net, bs, idx);
             let cs = cidr.to_string();
-            if taken.contains(&cs) || filter.covers(&cidr) {
+            if let Some(r) = filter
+                .reserved
+                .iter()
+                .filter(|r| r.contains(&cidr))
+                .min_by_key(|r| r.prefix_len())
+            {
+                // `r` lies inside the pool (CIDRs nest or are disjoint, and none covers the
+                // pool), so its blocks are the indices up to the one holding its last address.
+                let last = (net_offset(&pool.net, &r.broadcast()) >> shift).min(count - 1);
+                let skip = last.saturating_sub(idx) + 1;
+                // Not past the wrap point: the indices after it start again at 0.
+                i += skip.min(count - idx);
+                continue;
+            }
+            i += 1;
+            if taken.contains(&cs) {
                 continue;
             }
             let aff_key = keys::affinity(node, &cs);
@@ -1119,14 +1167,39 @@ impl Ipam {
                 Compare::ModRevision(hkey.clone(), hs.rev),
             ];
             compare.extend(cx.guards(cidr));
-            let resp = self.store.txn(Txn {
+            let hval = encode(&h);
+            let resp = match self.store.txn(Txn {
                 compare,
                 success: vec![
                     Op::put(bkey.clone(), encode(&b)),
-                    Op::put(hkey.clone(), encode(&h)),
+                    Op::put(hkey.clone(), hval.clone()),
                 ],
                 failure: vec![],
-            })?;
+            }) {
+                Ok(r) => r,
+                // The store could not tell whether this write applied (its answer was lost in
+                // a leader change and the keys have moved on since). The handle tells: only
+                // this operation writes it, so holding exactly what this write put there means
+                // it applied; anything else means it did not, as after a failed compare.
+                Err(StoreError::Ambiguous(_)) => {
+                    let applied = self
+                        .store
+                        .get(&hkey)?
+                        .filter(|kv| kv.value == hval)
+                        .map(|kv| kv.mod_revision);
+                    if let Some(rev) = applied {
+                        // The block has changed since; read it again when next needed.
+                        self.forget_block(cidr);
+                        *hs = HandleState { h, rev };
+                        return Ok(Some(ords.into_iter().map(|o| b.ip(o)).collect()));
+                    }
+                    tern_store::TxnResponse {
+                        succeeded: false,
+                        revision: 0,
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            };
             if resp.succeeded {
                 self.cache_block(&b, resp.revision);
                 *hs = HandleState {
@@ -1193,9 +1266,10 @@ impl Ipam {
                 None => Handle::default(),
             };
             *h.block.entry(cs.clone()).or_default() += 1;
+            let hval = encode(&h);
             let mut success = vec![
                 Op::put(bkey.clone(), encode(&b)),
-                Op::put(hkey.clone(), encode(&h)),
+                Op::put(hkey.clone(), hval.clone()),
             ];
             if brev == 0 && !attrs.node.is_empty() {
                 success.push(Op::put(
@@ -1205,16 +1279,30 @@ impl Ipam {
                     }),
                 ));
             }
-            let resp = self.store.txn(Txn {
+            // `Some(revision)` when the write applied, `Some(None)` when it applied at a
+            // revision not known here.
+            let committed = match self.store.txn(Txn {
                 compare: vec![
                     Compare::ModRevision(bkey.clone(), brev),
                     Compare::ModRevision(hkey.clone(), hkv.map_or(0, |kv| kv.mod_revision)),
                 ],
                 success,
                 failure: vec![],
-            })?;
-            if resp.succeeded {
-                self.cache_block(&b, resp.revision);
+            }) {
+                Ok(r) => r.succeeded.then_some(Some(r.revision)),
+                // Outcome unknown (see `alloc_in_block`): the handle tells whether it applied.
+                Err(StoreError::Ambiguous(_)) => self
+                    .store
+                    .get(&hkey)?
+                    .is_some_and(|kv| kv.value == hval)
+                    .then_some(None),
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(revision) = committed {
+                match revision {
+                    Some(r) => self.cache_block(&b, r),
+                    None => self.forget_block(&cidr),
+                }
                 if brev == 0 && !attrs.node.is_empty() {
                     // A new block affine to that node: its cached list must learn of it.
                     let node = attrs.node.clone();
@@ -1421,6 +1509,47 @@ impl Ipam {
             }
         }
         Ok(out)
+    }
+
+    /// True when `handle` holds at least one address and every address it holds was
+    /// allocated for container `container_id`, interface `ifname` (an empty interface is
+    /// `eth0`), by the allocation attributes. Used to accept a handle of the old, ambiguous
+    /// form (`<network>.<containerID>[.<ifname>]`) as an attachment's own: such a handle may
+    /// also be another attachment's, whose attributes then differ.
+    pub fn handle_held_by(&self, handle: &str, container_id: &str, ifname: &str) -> Result<bool> {
+        let norm = |s: &str| {
+            if s.is_empty() {
+                "eth0".to_string()
+            } else {
+                s.to_string()
+            }
+        };
+        let Some(hkv) = self.store.get(&keys::handle(handle))? else {
+            return Ok(false);
+        };
+        let h: Handle = decode(&hkv)?;
+        let mut held = 0usize;
+        for cidr in h.block.keys() {
+            let Some(bkv) = self.store.get(&keys::block(cidr))? else {
+                continue;
+            };
+            let b: Block = decode(&bkv)?;
+            for a in b.allocations.iter().flatten() {
+                let Some(attr) = b.attributes.get(*a as usize) else {
+                    continue;
+                };
+                if attr.handle_id.as_deref() != Some(handle) {
+                    continue;
+                }
+                if attr.secondary.container_id != container_id
+                    || norm(&attr.secondary.ifname) != norm(ifname)
+                {
+                    return Ok(false);
+                }
+                held += 1;
+            }
+        }
+        Ok(held > 0)
     }
 
     /// Usage per pool and per block (for `ternctl ipam show`), pools in store order, blocks

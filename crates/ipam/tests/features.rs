@@ -145,6 +145,105 @@ fn reservations_are_never_auto_assigned_but_may_be_requested() {
     assert!(matches!(e, IpamError::AddressInUse { .. }), "{e}");
 }
 
+/// F13: a reservation covering a large pool (a /64 of /122 blocks: 2^58 of them) used to make
+/// every ADD walk the blocks forever. Now the ADD fails at once with "exhausted" (the agent's
+/// CNI code 100), and reservations covering most of a pool are skipped arithmetically.
+#[test]
+fn reserved_large_pools_fail_or_allocate_fast() {
+    let s = mem();
+    pool(&*s, "v6", "fd00:1::/64", 122, "all()", false);
+    let reserve = |name: &str, cidrs: &[&str]| {
+        let r = IpReservation::new(
+            name,
+            IpReservationSpec {
+                reserved_cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
+            },
+        );
+        put_resource(&*s, &r.into()).unwrap();
+    };
+    reserve("all", &["fd00:1::/64"]);
+    let ipam = Ipam::new(s.clone());
+    let t = std::time::Instant::now();
+    let e = ipam.auto_assign(&args("h0", "n1", 0, 1)).unwrap_err();
+    assert!(matches!(e, IpamError::PoolsExhausted { .. }), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    // All but the last /122 reserved, in two ranges: found by skipping, not walking.
+    tern_model::delete_resource(&*s, tern_model::Kind::IpReservation, None, "all").unwrap();
+    reserve(
+        "most",
+        &[
+            "fd00:1::/65",
+            "fd00:1:0:0:8000::/66",
+            "fd00:1:0:0:c000::/67",
+        ],
+    );
+    // What is left: fd00:1:0:0:e000::/67, minus one more /68 and everything below the last
+    // /122 of it.
+    reserve("more", &["fd00:1:0:0:e000::/68", "fd00:1:0:0:f000::/69"]);
+    let ipam = Ipam::new(s.clone());
+    let t = std::time::Instant::now();
+    let got = ipam.auto_assign(&args("h1", "n1", 0, 1)).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
+    let IpAddr::V6(a) = got[0] else {
+        panic!("{got:?}")
+    };
+    assert!(
+        u128::from(a) >= u128::from("fd00:1:0:0:f800::".parse::<std::net::Ipv6Addr>().unwrap()),
+        "{a} is reserved"
+    );
+}
+
+/// F11: one corrupt IPReservation (written straight into the store) is skipped with a warning;
+/// it does not fail every assignment.
+#[test]
+fn a_corrupt_reservation_does_not_fail_assignments() {
+    let s = mem();
+    pool(&*s, "p", "10.0.0.0/28", 28, "all()", false);
+    s.put(&keys::resource("IPReservation", "broken"), b"{not json")
+        .unwrap();
+    let ipam = Ipam::new(s);
+    ipam.auto_assign(&args("h", "n1", 1, 0)).unwrap();
+}
+
+/// F11: IPAM reads pools with the same decision as the dataplane and BGP
+/// (`Resource::from_stored`): a pool stored before the metadata limits (a 100-byte label
+/// value) is used; one the dataplane cannot route (a block size out of range) is not
+/// allocated from either.
+#[test]
+fn pools_are_read_as_every_daemon_reads_them() {
+    let s = mem();
+    let raw = |name: &str, cidr: &str, block: u8| {
+        format!(
+            "{{\"apiVersion\":\"tern.dev/v1\",\"kind\":\"IPPool\",\"metadata\":{{\"name\":\"{name}\",\"labels\":{{\"team\":\"{}\"}}}},\"spec\":{{\"cidr\":\"{cidr}\",\"blockSize\":{block}}}}}",
+            "x".repeat(100)
+        )
+    };
+    s.put(
+        &keys::resource("IPPool", "old"),
+        raw("old", "10.1.0.0/24", 28).as_bytes(),
+    )
+    .unwrap();
+    s.put(
+        &keys::resource("IPPool", "bad"),
+        raw("bad", "10.2.0.0/24", 8).as_bytes(),
+    )
+    .unwrap();
+    assert!(tern_model::Resource::from_stored(raw("old", "10.1.0.0/24", 28).as_bytes()).is_ok());
+    assert!(tern_model::Resource::from_stored(raw("bad", "10.2.0.0/24", 8).as_bytes()).is_err());
+    let ipam = Ipam::new(s);
+    assert_eq!(ipam.usable_pools("n1").unwrap(), ["old"]);
+    let got = ipam.auto_assign(&args("h", "n1", 1, 0)).unwrap();
+    assert!(got[0].to_string().starts_with("10.1.0."), "{got:?}");
+}
+
 #[test]
 fn release_cooldown_delays_reuse_and_keeps_fifo() {
     let s = mem();

@@ -24,10 +24,11 @@ const URL: &str = "TERN_IPAM_STORM_ETCD_URL";
 const OPTS: &str = "TERN_IPAM_STORM_ETCD_OPTS";
 const INDEX: &str = "TERN_IPAM_STORM_ETCD_INDEX";
 
-/// Starts a fresh etcd, or `None` (with a message) when etcd is not installed.
+/// Starts a fresh etcd, or `None` (a SKIP line; a failure under `TERN_TEST_STRICT=1`, see
+/// tern-testkit) when etcd is not installed.
 fn etcd() -> Option<EtcdServer> {
-    if !etcd_available() {
-        eprintln!("skipping: no etcd binary (set TERN_ETCD_BIN or put etcd on PATH)");
+    let how = tern_testkit::install_hint("etcd");
+    if !tern_testkit::require("an etcd binary", etcd_available(), how) {
         return None;
     }
     Some(EtcdServer::start().expect("starting a throw-away etcd"))

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tern_ipam::Ipam;
 use tern_model::{Document, IpPoolSpec, Kind, Resource};
-use tern_store::{Compare, Op, Store, Txn, keys};
+use tern_store::Store;
 
 use crate::netns::in_netns;
 use crate::state::{LabState, StoreKind};
@@ -103,54 +103,13 @@ pub fn remove_records_in(s: Arc<dyn Store>, node: &str) -> Result<RemovedNode> {
             "removing node {node} from the datastore: {what}: {e}"
         ))
     };
-    let ipam = Ipam::new(s.clone());
-    let allocs = ipam
-        .allocations(Some(node))
-        .map_err(|e| err("listing its allocations", &e))?;
-    let released = ipam
-        .release_allocations(&allocs)
-        .map_err(|e| err("releasing its addresses", &e))?
-        .len();
-    let mut blocks = Vec::new();
-    for a in ipam
-        .affinities(Some(node))
-        .map_err(|e| err("listing its affinities", &e))?
-    {
-        let cidr = a.cidr.to_string();
-        let akey = keys::affinity(node, &cidr);
-        let bkey = keys::block(&cidr);
-        let Some(akv) = s.get(&akey).map_err(|e| err("reading an affinity", &e))? else {
-            continue;
-        };
-        let mut txn = Txn {
-            compare: vec![Compare::ModRevision(akey.clone(), akv.mod_revision)],
-            success: vec![Op::delete(akey.clone())],
-            failure: vec![],
-        };
-        // The block goes too unless another node's pod still borrows an address in it.
-        if let Some(bkv) = s.get(&bkey).map_err(|e| err("reading a block", &e))? {
-            let b: tern_ipam::block::Block = serde_json::from_slice(&bkv.value)
-                .map_err(|e| err(&format!("decoding block {cidr}"), &e))?;
-            if b.in_use() == 0 {
-                txn.compare
-                    .push(Compare::ModRevision(bkey.clone(), bkv.mod_revision));
-                txn.success.push(Op::delete(bkey));
-            }
-        }
-        let r = s.txn(txn).map_err(|e| err("deleting a block", &e))?;
-        if r.succeeded {
-            blocks.push(cidr);
-        }
-    }
-    s.delete(&keys::node_liveness(node))
-        .map_err(|e| err("deleting its liveness record", &e))?;
-    let node_deleted = tern_model::get_resource(&*s, Kind::Node, None, node)
-        .map_err(|e| err("reading its Node", &e))?
-        .is_some();
-    if node_deleted {
-        tern_model::delete_resource(&*s, Kind::Node, None, node)
-            .map_err(|e| err("deleting its Node", &e))?;
-    }
+    // The same release as ternd's Kubernetes node garbage collector.
+    let r = Ipam::new(s)
+        .release_node(node)
+        .map_err(|e| err("releasing it", &e))?;
+    let (released, node_deleted) = (r.released.len(), r.node_deleted);
+    let mut blocks = r.blocks;
+    blocks.extend(r.orphaned_blocks);
     Ok(RemovedNode {
         released,
         blocks,

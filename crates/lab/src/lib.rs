@@ -1,5 +1,5 @@
-//! tern-lab: throwaway clusters built from network namespaces, for tests, benches and
-//! `ternctl lab`.
+//! tern-lab: throwaway clusters built from network namespaces, for tests, `ternctl lab` and the
+//! benchmarks of `tern-bench` (crate `crates/bench`).
 //!
 //! A lab named `<lab>` consists of (every name prefixed `tl-<lab>-`, nothing in the root
 //! namespace is touched):
@@ -8,7 +8,7 @@
 //!   tl-<lab>-ul        underlay: bridge br0 198.18.0.1/24 (two bridges and a router
 //!                      namespace tl-<lab>-rtr for cross-subnet; see [`topology`])
 //!     |  veth n1 <-> eth0
-//!   tl-<lab>-node1     eth0 198.18.0.11/24, default via 198.18.0.1, ip_forward=1, runs ternd
+//!   tl-<lab>-node1     eth0 198.18.0.11/24, default via 198.18.0.1, ip_forward=0 until ternd sets it
 //!     |  veth made by ternd
 //!   tl-<lab>-pod-<p>   eth0 configured by the real `tern` CNI plugin
 //! ```
@@ -20,22 +20,18 @@
 //! Modules: [`state`] (state file), [`topology`] (up/down/status, nodes joining and leaving,
 //! agent restarts, etcd), [`cluster`] (the lab's datastore), [`pod`] (CNI ADD/DEL of pods),
 //! [`traffic`] (echo server and probes used to prove connectivity), [`mesh`] (every pod to every
-//! pod), [`netns`] (code inside a lab namespace), [`netbench`] (throughput and route
-//! convergence benchmarks), [`process`] (commands and PIDs).
+//! pod), [`netns`] (code inside a lab namespace), [`process`] (commands and PIDs).
 
 use std::path::PathBuf;
 
-pub mod bench;
 pub mod bird;
 pub mod cluster;
+pub mod kube;
 pub mod mesh;
-pub mod netbench;
 pub mod netns;
 pub mod netpol;
 
 pub mod pod;
-pub mod policybench;
-pub mod policyprop;
 pub mod process;
 pub mod state;
 pub mod topology;

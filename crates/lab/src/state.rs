@@ -46,6 +46,9 @@ pub struct LabState {
     /// address, so no stale neighbour entry elsewhere can point at it.
     #[serde(default)]
     pub last_node_index: usize,
+    /// The Kubernetes cluster on this lab (`lab up --kubernetes`), when there is one.
+    #[serde(default)]
+    pub kube: Option<crate::kube::KubeState>,
 }
 
 /// How pod traffic between nodes is carried; set by the lab's default IPPool.

@@ -273,7 +273,7 @@ fn build_underlay(st: &mut LabState) -> Result<()> {
 
 /// Plugs namespace `ns` into the underlay: a veth `ul_end` on `bridge` in the underlay
 /// namespace, `eth0` with `address` in `ns`, default route via `gateway`.
-fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Result<()> {
+pub(crate) fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Result<()> {
     let ul = state::underlay_ns(&st.name);
     // The veth's inner end is created directly inside `ns`, named eth0 there.
     ip_in(
@@ -418,7 +418,9 @@ fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
     st.save()?;
     // Proxy-ARP for 169.254.1.1 needs a route covering it: plug() adds the default route.
     plug(st, &ns, &format!("n{i}"), &p)?;
-    sysctl_in(&ns, "net.ipv4.ip_forward", "1")?;
+    // A stock host: forwarding off, as distributions ship it (and whatever the machine's own
+    // setting, which a new namespace may inherit). ternd must turn it on itself.
+    sysctl_in(&ns, "net.ipv4.ip_forward", "0")?;
     std::fs::create_dir_all(&dir)
         .map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
     start_agent(st, &name, false)?;
@@ -496,6 +498,8 @@ pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
     }
     let n = add_node(st, next)?;
     wait_for_agent(&n, timeout)?;
+    // A Kubernetes lab's new node joins the cluster too.
+    crate::kube::node_joined(st, &n.name)?;
     Ok(n)
 }
 
@@ -505,6 +509,8 @@ pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
 pub fn node_del(st: &mut LabState, node: &str) -> Result<Vec<String>> {
     let n = st.node(node)?.clone();
     let mut done = Vec::new();
+    // A Kubernetes lab's node leaves the cluster first (its pods' CNI DEL while ternd runs).
+    crate::kube::node_leaving(st, node, &mut done)?;
     let pods: Vec<String> = st
         .pods
         .iter()
@@ -601,6 +607,8 @@ pub fn down(name: &str) -> Result<Vec<String>> {
         }
     };
     if let Some(mut st) = st {
+        // The cluster first: its pods are deleted while the agents still run.
+        crate::kube::teardown(&mut st, &mut done, &mut errors);
         for s in std::mem::take(&mut st.servers) {
             if process::stop(
                 s.pid,
@@ -650,6 +658,7 @@ pub fn down(name: &str) -> Result<Vec<String>> {
             Err(e) => errors.push(e.to_string()),
         }
     }
+    crate::kube::sweep_cgroups(name, &mut done, &mut errors);
     let dir = state::lab_dir(name);
     if dir.exists() {
         match std::fs::remove_dir_all(&dir) {
@@ -708,6 +717,9 @@ pub fn status(name: &str) -> Result<String> {
             "pod {}  node {}  netns {}  ip {addrs}\n",
             p.name, p.node, p.netns
         ));
+    }
+    if let Some(k) = &st.kube {
+        out.push_str(&crate::kube::status(k));
     }
     for s in &st.servers {
         let alive = process::is_ours(s.pid, &s.ready_file.display().to_string());
@@ -772,7 +784,8 @@ mod tests {
 
     #[test]
     fn kernel_probe_answers_for_known_and_unknown_kinds() {
-        if unsafe { libc::geteuid() } != 0 {
+        // The probe creates a private network namespace: root (tern-testkit; fails when strict).
+        if !tern_testkit::require_root() {
             return;
         }
         assert!(kernel_supports("bridge").unwrap());

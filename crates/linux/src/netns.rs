@@ -17,6 +17,85 @@ pub const NETNS_RUN_DIR: &str = "/run/netns";
 /// `NS_GET_NSTYPE` ioctl: `_IO(0xb7, 0x3)`.
 const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
+/// `statfs.f_type` of nsfs, the filesystem of namespace files.
+pub const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Why a file is not a usable network namespace ([`open_nonblocking`], [`check_net_namespace`]).
+#[derive(Debug)]
+pub enum NsFileError {
+    /// The path cannot be opened.
+    Open(io::Error),
+    /// `fstatfs` failed on the descriptor.
+    Inspect(io::Error),
+    /// The file is not on nsfs (filesystem type given): a FIFO, a device, a regular file, ...
+    NotNsfs(i64),
+    /// A namespace of another type (`NS_GET_NSTYPE` result given).
+    NotNet(i32),
+}
+
+impl fmt::Display for NsFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NsFileError::Open(e) => write!(f, "cannot open the network namespace: {e}"),
+            NsFileError::Inspect(e) => write!(f, "cannot inspect the namespace file: {e}"),
+            NsFileError::NotNsfs(t) => {
+                write!(f, "not a namespace file (filesystem type {t:#x})")
+            }
+            NsFileError::NotNet(k) => {
+                write!(f, "a namespace but not a network namespace (type {k:#x})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for NsFileError {}
+
+/// Checks that `fd` is a network namespace file: nsfs, and `NS_GET_NSTYPE` says CLONE_NEWNET.
+/// Shared by every path that takes a namespace from outside (the plugin's CNI_NETNS, ternd's
+/// socket, ternd's repair of a stored netns path).
+pub fn check_net_namespace(fd: BorrowedFd<'_>) -> std::result::Result<(), NsFileError> {
+    // SAFETY: fstatfs writes into the zeroed struct we own.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } != 0 {
+        return Err(NsFileError::Inspect(io::Error::last_os_error()));
+    }
+    if sfs.f_type as i64 != NSFS_MAGIC {
+        return Err(NsFileError::NotNsfs(sfs.f_type as i64));
+    }
+    // SAFETY: ioctl without argument on a valid nsfs fd.
+    let kind = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE as _) };
+    if kind != libc::CLONE_NEWNET {
+        return Err(NsFileError::NotNet(kind));
+    }
+    Ok(())
+}
+
+/// Opens a namespace path that comes from outside (CNI_NETNS, a stored endpoint) without ever
+/// blocking (`O_NONBLOCK`: a FIFO would otherwise wait for a writer forever; `O_NOCTTY`), and
+/// checks it with [`check_net_namespace`].
+pub fn open_nonblocking(path: &Path) -> std::result::Result<OwnedFd, NsFileError> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        NsFileError::Open(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the path contains a NUL byte",
+        ))
+    })?;
+    // SAFETY: c is a valid NUL-terminated path.
+    let raw = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY,
+        )
+    };
+    if raw < 0 {
+        return Err(NsFileError::Open(io::Error::last_os_error()));
+    }
+    // SAFETY: raw is a fresh fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    check_net_namespace(fd.as_fd())?;
+    Ok(fd)
+}
+
 /// An open network namespace (owned fd). The namespace stays alive while this is open.
 pub struct NetNs {
     fd: OwnedFd,

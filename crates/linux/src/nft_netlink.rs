@@ -33,20 +33,13 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use ipnet::IpNet;
 
 use crate::error::{LinuxError, Result};
+use crate::netlink::framing::{
+    Answer, MsgBuilder, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLMSG_ERROR, open_bound,
+    parse_datagram, recv_retrying, send_all,
+};
 
 /// `NFPROTO_INET`: the family of `inet` tables.
 pub const NFPROTO_INET: u8 = 1;
-
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_CAPPED: u16 = 0x100;
-const NLM_F_ACK_TLVS: u16 = 0x200;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const NLMSGERR_ATTR_MSG: u16 = 1;
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
@@ -60,7 +53,6 @@ const NFT_MSG_NEWCHAIN: u8 = 3;
 const NFT_MSG_DELCHAIN: u8 = 5;
 const NFT_MSG_NEWRULE: u8 = 6;
 const NFT_MSG_DELRULE: u8 = 8;
-const NLM_F_APPEND: u16 = 0x800;
 
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
@@ -276,7 +268,7 @@ impl Rule {
     }
 
     fn encode(&self, b: &mut Batch) -> Result<()> {
-        b.nest(NFTA_RULE_EXPRESSIONS);
+        b.begin_nest(NFTA_RULE_EXPRESSIONS);
         match self {
             Rule::MarkAnd(mask) => {
                 expr_meta_load(b, NFT_META_MARK)?;
@@ -293,10 +285,11 @@ impl Rule {
                 expr(b, "cmp", |b| {
                     b.attr(NFTA_CMP_SREG, &NFT_REG_1.to_be_bytes());
                     b.attr(NFTA_CMP_OP, &NFT_CMP_EQ.to_be_bytes());
-                    b.nest(NFTA_CMP_DATA);
+                    b.begin_nest(NFTA_CMP_DATA);
                     // The mark sits in the register in host byte order.
                     b.attr(NFTA_DATA_VALUE, &bits.to_ne_bytes());
-                    b.end_nest()
+                    b.end_nest();
+                    Ok(())
                 })?;
                 expr_verdict(b, verdict)?;
             }
@@ -319,9 +312,10 @@ impl Rule {
                 expr(b, "cmp", |b| {
                     b.attr(NFTA_CMP_SREG, &NFT_REG_1.to_be_bytes());
                     b.attr(NFTA_CMP_OP, &NFT_CMP_EQ.to_be_bytes());
-                    b.nest(NFTA_CMP_DATA);
+                    b.begin_nest(NFTA_CMP_DATA);
                     b.attr(NFTA_DATA_VALUE, &[nfproto]);
-                    b.end_nest()
+                    b.end_nest();
+                    Ok(())
                 })?;
                 let words = len / 4;
                 expr_payload(b, reg32(0), NFT_PAYLOAD_NETWORK_HEADER, offset, len)?;
@@ -350,7 +344,8 @@ impl Rule {
                 expr_verdict(b, verdict)?;
             }
         }
-        b.end_nest()
+        b.end_nest();
+        Ok(())
     }
 }
 
@@ -400,12 +395,13 @@ impl std::fmt::Display for Rule {
 
 /// One expression of a rule: `NFTA_LIST_ELEM { name, data { ... } }`.
 fn expr(b: &mut Batch, name: &str, data: impl FnOnce(&mut Batch) -> Result<()>) -> Result<()> {
-    b.nest(NFTA_LIST_ELEM);
+    b.begin_nest(NFTA_LIST_ELEM);
     b.attr_str(NFTA_EXPR_NAME, name);
-    b.nest(NFTA_EXPR_DATA);
+    b.begin_nest(NFTA_EXPR_DATA);
     data(b)?;
-    b.end_nest()?;
-    b.end_nest()
+    b.end_nest();
+    b.end_nest();
+    Ok(())
 }
 
 /// `meta load KEY => reg 1`.
@@ -423,12 +419,13 @@ fn expr_bitwise(b: &mut Batch, mask: u32) -> Result<()> {
         b.attr(NFTA_BITWISE_SREG, &NFT_REG_1.to_be_bytes());
         b.attr(NFTA_BITWISE_DREG, &NFT_REG_1.to_be_bytes());
         b.attr(NFTA_BITWISE_LEN, &4u32.to_be_bytes());
-        b.nest(NFTA_BITWISE_MASK);
+        b.begin_nest(NFTA_BITWISE_MASK);
         b.attr(NFTA_DATA_VALUE, &mask.to_ne_bytes());
-        b.end_nest()?;
-        b.nest(NFTA_BITWISE_XOR);
+        b.end_nest();
+        b.begin_nest(NFTA_BITWISE_XOR);
         b.attr(NFTA_DATA_VALUE, &0u32.to_ne_bytes());
-        b.end_nest()
+        b.end_nest();
+        Ok(())
     })
 }
 
@@ -436,9 +433,10 @@ fn expr_bitwise(b: &mut Batch, mask: u32) -> Result<()> {
 fn expr_verdict(b: &mut Batch, v: &Verdict) -> Result<()> {
     expr(b, "immediate", |b| {
         b.attr(NFTA_IMMEDIATE_DREG, &NFT_REG_VERDICT.to_be_bytes());
-        b.nest(NFTA_IMMEDIATE_DATA);
+        b.begin_nest(NFTA_IMMEDIATE_DATA);
         encode_verdict(b, v)?;
-        b.end_nest()
+        b.end_nest();
+        Ok(())
     })
 }
 
@@ -709,73 +707,15 @@ fn entries(e: &Element) -> Result<Vec<Entry<'_>>> {
     })
 }
 
-use crate::netlink::align4;
+/// nfnetlink messages are built on the framing core's builder; a batch is several messages in
+/// one buffer, sent as one datagram.
+type Batch = MsgBuilder;
 
-/// Appends netlink messages (header, nfgenmsg, attributes) to one batch buffer.
-struct Batch {
-    buf: Vec<u8>,
-    msg_start: usize,
-    nests: Vec<usize>,
-}
-
-impl Batch {
-    fn new() -> Batch {
-        Batch {
-            buf: Vec::with_capacity(4096),
-            msg_start: 0,
-            nests: Vec::new(),
-        }
-    }
-
-    /// Starts a message with its `struct nfgenmsg` (family, version 0, res_id big-endian).
-    fn begin(&mut self, msg_type: u16, flags: u16, seq: u32, family: u8, res_id: u16) {
-        self.msg_start = self.buf.len();
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.extend_from_slice(&msg_type.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-        self.buf.extend_from_slice(&seq.to_ne_bytes());
-        self.buf.extend_from_slice(&0u32.to_ne_bytes());
-        self.buf.push(family);
-        self.buf.push(0); // NFNETLINK_V0
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
-    }
-
-    fn end(&mut self) {
-        debug_assert!(self.nests.is_empty(), "unclosed netlink nest");
-        let len = (self.buf.len() - self.msg_start) as u32;
-        self.buf[self.msg_start..self.msg_start + 4].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    fn attr(&mut self, kind: u16, data: &[u8]) {
-        let len = (4 + data.len()) as u16;
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&kind.to_ne_bytes());
-        self.buf.extend_from_slice(data);
-        self.buf.resize(align4(self.buf.len()), 0);
-    }
-
-    fn attr_str(&mut self, kind: u16, s: &str) {
-        let mut d = s.as_bytes().to_vec();
-        d.push(0);
-        self.attr(kind, &d);
-    }
-
-    fn nest(&mut self, kind: u16) {
-        self.nests.push(self.buf.len());
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-    }
-
-    fn end_nest(&mut self) -> Result<()> {
-        let start = self.nests.pop().expect("end_nest without nest");
-        let len = u16::try_from(self.buf.len() - start).map_err(|_| {
-            LinuxError::InvalidArgument("nftables netlink attribute exceeds 64 KiB".into())
-        })?;
-        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-        Ok(())
-    }
+/// Starts an nfnetlink message: the netlink header, then `struct nfgenmsg` (family, version 0,
+/// res_id big-endian).
+fn begin(b: &mut Batch, msg_type: u16, flags: u16, seq: u32, family: u8, res_id: u16) {
+    let [r0, r1] = res_id.to_be_bytes();
+    b.begin(msg_type, flags, seq).raw(&[family, 0, r0, r1]); // 0: NFNETLINK_V0
 }
 
 /// One NEWSETELEM / DELSETELEM message of a batch: a run of changes of one set and op.
@@ -850,7 +790,8 @@ fn encode_msg(b: &mut Batch, seq: u32, flags: u16, table: &str, m: &Msg<'_>) -> 
         TableOp::FlushChain(c) => (NFT_MSG_DELRULE, 0, c),
         TableOp::AddRule { chain, .. } => (NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, chain),
     };
-    b.begin(
+    begin(
+        b,
         (NFNL_SUBSYS_NFTABLES << 8) | u16::from(kind),
         flags | extra,
         seq,
@@ -874,8 +815,9 @@ fn encode_msg(b: &mut Batch, seq: u32, flags: u16, table: &str, m: &Msg<'_>) -> 
         }
         TableOp::Element(_) => {}
     }
+    // Surfaces an attribute that did not fit as the error of this message.
     b.end();
-    Ok(())
+    b.check()
 }
 
 fn describe_msg(m: &Msg<'_>, table: &str) -> String {
@@ -908,7 +850,8 @@ fn encode_group(b: &mut Batch, seq: u32, flags: u16, table: &str, g: &Group<'_>)
         ElementOp::Add => (NFT_MSG_NEWSETELEM, NLM_F_CREATE),
         ElementOp::Delete => (NFT_MSG_DELSETELEM, 0),
     };
-    b.begin(
+    begin(
+        b,
         (NFNL_SUBSYS_NFTABLES << 8) | u16::from(kind),
         flags | extra,
         seq,
@@ -917,74 +860,41 @@ fn encode_group(b: &mut Batch, seq: u32, flags: u16, table: &str, g: &Group<'_>)
     );
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, g.set);
-    b.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+    b.begin_nest(NFTA_SET_ELEM_LIST_ELEMENTS);
     for e in &g.elements {
         for (key, eflags, verdict) in entries(e)? {
-            b.nest(NFTA_LIST_ELEM);
-            b.nest(NFTA_SET_ELEM_KEY);
+            b.begin_nest(NFTA_LIST_ELEM);
+            b.begin_nest(NFTA_SET_ELEM_KEY);
             b.attr(NFTA_DATA_VALUE, &key);
-            b.end_nest()?;
+            b.end_nest();
             if eflags != 0 {
                 b.attr(NFTA_SET_ELEM_FLAGS, &eflags.to_be_bytes());
             }
             // Deletes are matched by key: the kernel ignores (and nft omits) the data.
             if let (Some(v), ElementOp::Add) = (verdict, g.op) {
-                b.nest(NFTA_SET_ELEM_DATA);
+                b.begin_nest(NFTA_SET_ELEM_DATA);
                 encode_verdict(b, v)?;
-                b.end_nest()?;
+                b.end_nest();
             }
-            b.end_nest()?;
+            b.end_nest();
         }
     }
-    b.end_nest()?;
+    b.end_nest();
+    // Surfaces an attribute that did not fit as the error of this message.
     b.end();
-    Ok(())
+    b.check()
 }
 
 /// `NFTA_DATA_VERDICT { code, chain }` (inside an element's data or an immediate's data).
 fn encode_verdict(b: &mut Batch, v: &Verdict) -> Result<()> {
     let (code, chain) = v.code();
-    b.nest(NFTA_DATA_VERDICT);
+    b.begin_nest(NFTA_DATA_VERDICT);
     b.attr(NFTA_VERDICT_CODE, &code.to_be_bytes());
     if let Some(c) = chain {
         b.attr_str(NFTA_VERDICT_CHAIN, c);
     }
-    b.end_nest()
-}
-
-/// The kernel's answer to one message: errno (0 = ok) and its extended-ack text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Answer {
-    errno: i32,
-    ext_ack: Option<String>,
-}
-
-fn ext_ack_message(payload: &[u8], flags: u16) -> Option<String> {
-    if flags & NLM_F_ACK_TLVS == 0 {
-        return None;
-    }
-    let orig_len = u32::from_ne_bytes(payload.get(4..8)?.try_into().ok()?) as usize;
-    let skip = if flags & NLM_F_CAPPED != 0 {
-        4 + NLMSG_HDRLEN
-    } else {
-        4 + align4(orig_len)
-    };
-    let mut tlvs = payload.get(skip..)?;
-    while tlvs.len() >= 4 {
-        let len = u16::from_ne_bytes([tlvs[0], tlvs[1]]) as usize;
-        let kind = u16::from_ne_bytes([tlvs[2], tlvs[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > tlvs.len() {
-            return None;
-        }
-        if kind == NLMSGERR_ATTR_MSG {
-            let d = &tlvs[4..len];
-            let end = d.iter().position(|&c| c == 0).unwrap_or(d.len());
-            let s = String::from_utf8_lossy(&d[..end]).into_owned();
-            return (!s.is_empty()).then_some(s);
-        }
-        tlvs = &tlvs[align4(len).min(tlvs.len())..];
-    }
-    None
+    b.end_nest();
+    Ok(())
 }
 
 /// A blocking NETLINK_NETFILTER socket in the network namespace of the creating thread.
@@ -997,7 +907,7 @@ pub struct NftSocket {
 impl NftSocket {
     /// Opens and binds the socket (needs CAP_NET_ADMIN to change anything).
     pub fn new() -> Result<NftSocket> {
-        let fd = crate::netlink::open_bound(libc::NETLINK_NETFILTER, "nfnetlink")?;
+        let fd = open_bound(libc::NETLINK_NETFILTER, "nfnetlink")?;
         // A lost answer must not hang the agent: time out and let the caller fall back.
         let tv = libc::timeval {
             tv_sec: REPLY_TIMEOUT_SECS,
@@ -1043,15 +953,8 @@ impl NftSocket {
                 );
             }
         }
-        // SAFETY: bytes is a valid buffer of the given length.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
-        if n < 0 {
-            return Err(LinuxError::io(
-                format!("{context}: send nfnetlink batch"),
-                io::Error::last_os_error(),
-            ));
-        }
-        Ok(())
+        send_all(&self.fd, bytes)
+            .map_err(|err| LinuxError::io(format!("{context}: send nfnetlink batch"), err))
     }
 
     /// Receives datagrams, handing every NLMSG_ERROR (ack or error) to `each` by sequence
@@ -1063,33 +966,15 @@ impl NftSocket {
         other: &mut dyn FnMut(u32, u16),
     ) -> Result<()> {
         loop {
-            let n = crate::netlink::recv_retrying(&self.fd, &mut self.buf).map_err(|err| {
+            let n = recv_retrying(&self.fd, &mut self.buf).map_err(|err| {
                 LinuxError::io(format!("{context}: receive nfnetlink answer"), err)
             })?;
-            let mut off = 0;
-            while off + NLMSG_HDRLEN <= n {
-                let h = &self.buf[off..n];
-                let len = u32::from_ne_bytes(h[0..4].try_into().unwrap()) as usize;
-                let msg_type = u16::from_ne_bytes(h[4..6].try_into().unwrap());
-                let flags = u16::from_ne_bytes(h[6..8].try_into().unwrap());
-                let seq = u32::from_ne_bytes(h[8..12].try_into().unwrap());
-                if len < NLMSG_HDRLEN || len > h.len() {
-                    return Err(LinuxError::Malformed(format!(
-                        "{context}: message length {len} at offset {off} of {n}"
-                    )));
-                }
-                let payload = &h[NLMSG_HDRLEN..len];
-                off += align4(len);
-                if msg_type != NLMSG_ERROR {
-                    other(seq, msg_type);
+            for m in parse_datagram(&self.buf[..n], &|| context.to_string())? {
+                if m.msg_type != NLMSG_ERROR {
+                    other(m.seq, m.msg_type);
                     continue;
                 }
-                let errno = payload
-                    .get(..4)
-                    .map(|b| -i32::from_ne_bytes(b.try_into().unwrap()))
-                    .ok_or_else(|| LinuxError::Malformed(format!("{context}: short error")))?;
-                let ext_ack = ext_ack_message(payload, flags);
-                if each(seq, Answer { errno, ext_ack }) {
+                if each(m.seq, Answer::decode(&m, &|| context.to_string())?) {
                     return Ok(());
                 }
             }
@@ -1100,8 +985,9 @@ impl NftSocket {
     pub fn set_exists(&mut self, table: &str, set: &str) -> Result<bool> {
         let context = format!("look up set inet {table} {set}");
         let seq = self.next_seq();
-        let mut b = Batch::new();
-        b.begin(
+        let mut b = Batch::batch();
+        begin(
+            &mut b,
             (NFNL_SUBSYS_NFTABLES << 8) | u16::from(NFT_MSG_GETSET),
             NLM_F_ACK,
             seq,
@@ -1110,8 +996,7 @@ impl NftSocket {
         );
         b.attr_str(NFTA_SET_TABLE, table);
         b.attr_str(NFTA_SET_NAME, set);
-        b.end();
-        self.send(&b.buf, &context)?;
+        self.send(b.finish()?, &context)?;
         let mut found = false;
         let mut answer = None;
         self.receive(
@@ -1133,11 +1018,7 @@ impl NftSocket {
         match answer {
             Some(Answer { errno: 0, .. }) => Ok(found),
             Some(Answer { errno, .. }) if errno == libc::ENOENT => Ok(false),
-            Some(Answer { errno, ext_ack }) => Err(LinuxError::Netlink {
-                context,
-                source: io::Error::from_raw_os_error(errno),
-                ext_ack,
-            }),
+            Some(a) => Err(a.into_error(context)),
             None => Err(LinuxError::Malformed(format!("{context}: no answer"))),
         }
     }
@@ -1145,9 +1026,16 @@ impl NftSocket {
     /// Sends one batch of the groups; returns the kernel's answer per group (`None` = ok).
     fn send_batch(&mut self, table: &str, gs: &[Msg<'_>]) -> Result<Vec<Option<Answer>>> {
         let context = format!("update table inet {table}");
-        let mut b = Batch::new();
+        let mut b = Batch::batch();
         let begin_seq = self.next_seq();
-        b.begin(NFNL_MSG_BATCH_BEGIN, 0, begin_seq, 0, NFNL_SUBSYS_NFTABLES);
+        begin(
+            &mut b,
+            NFNL_MSG_BATCH_BEGIN,
+            0,
+            begin_seq,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+        );
         b.end();
         let first = self.next_seq();
         for (i, g) in gs.iter().enumerate() {
@@ -1158,9 +1046,15 @@ impl NftSocket {
             encode_msg(&mut b, seq, flags, table, g)?;
         }
         let end_seq = self.next_seq();
-        b.begin(NFNL_MSG_BATCH_END, 0, end_seq, 0, NFNL_SUBSYS_NFTABLES);
-        b.end();
-        self.send(&b.buf, &context)?;
+        begin(
+            &mut b,
+            NFNL_MSG_BATCH_END,
+            0,
+            end_seq,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+        );
+        self.send(b.finish()?, &context)?;
         let last = first.wrapping_add(gs.len() as u32 - 1);
         let mut out: Vec<Option<Answer>> = vec![None; gs.len()];
         let mut batch_error = None;
@@ -1184,11 +1078,7 @@ impl NftSocket {
             &mut |_, _| {},
         )?;
         if let Some(a) = batch_error {
-            return Err(LinuxError::Netlink {
-                context,
-                source: io::Error::from_raw_os_error(a.errno),
-                ext_ack: a.ext_ack,
-            });
+            return Err(a.into_error(context));
         }
         Ok(out)
     }
@@ -1328,6 +1218,7 @@ fn with_cached(f: impl FnOnce(&mut NftSocket) -> Result<()>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::framing::{NLM_F_REQUEST, NLMSG_HDRLEN};
 
     #[test]
     fn rules_parse_only_the_shapes_they_encode() {
@@ -1365,15 +1256,10 @@ mod tests {
         }
     }
 
-    fn attrs(mut buf: &[u8]) -> Vec<(u16, Vec<u8>)> {
-        let mut out = Vec::new();
-        while buf.len() >= 4 {
-            let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
-            let kind = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-            out.push((kind, buf[4..len].to_vec()));
-            buf = &buf[align4(len).min(buf.len())..];
-        }
-        out
+    fn attrs(buf: &[u8]) -> Vec<(u16, Vec<u8>)> {
+        crate::netlink::framing::attrs(buf)
+            .map(|(k, v)| (k, v.to_vec()))
+            .collect()
     }
 
     fn one_message(op: ElementOp, set: &str, e: Element) -> Vec<u8> {
@@ -1383,9 +1269,9 @@ mod tests {
             element: e,
         }];
         let gs = groups(&changes);
-        let mut b = Batch::new();
+        let mut b = Batch::batch();
         encode_group(&mut b, 9, NLM_F_ACK, "tern", &gs[0]).unwrap();
-        b.buf
+        b.finish().unwrap().to_vec()
     }
 
     /// The NFTA_LIST_ELEM entries of a NEWSETELEM/DELSETELEM message.

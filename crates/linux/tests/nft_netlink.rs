@@ -21,18 +21,22 @@ add chain inet tern ep-in-tern1
 add chain inet tern ep-in-tern2
 ";
 
-/// Runs `f` in a private network namespace; skips (returns None) without privileges or nft.
+/// Runs `f` in a private network namespace; skips (returns None) without root or nft, or fails
+/// the test under `TERN_TEST_STRICT=1` (tern-testkit).
 fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    // Checked on the test's own thread, so the message names the test.
+    if !tern_testkit::require_root() || !tern_testkit::require_binary("nft") {
+        return None;
+    }
     std::thread::spawn(move || {
         // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: cannot create a network namespace (needs root)");
-            return None;
-        }
-        if Command::new("nft").arg("--version").output().is_err() {
-            eprintln!("skipped: nft not installed");
-            return None;
-        }
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
         Some(f())
     })
     .join()

@@ -2,86 +2,59 @@
 //! `metadata`, `spec`) with Calico v3 field names, their YAML/JSON parsing with precise error
 //! locations, validation on write, and store I/O helpers.
 //!
-//! Modules: [`resources`] (types), [`parse`] (YAML/JSON documents), [`validate`] (write-time
-//! checks), [`storage`] (read/write over a [`tern_store::Store`]).
+//! Modules, in layers (each imports only the layers above it; `tests/module_graph.rs` checks
+//! that the graph has no cycle):
+//!
+//! - leaves: [`error`] ([`ModelError`]), [`limits`] (every bound on input, listed with where it
+//!   is enforced in `docs/limits.md`), [`document`] ([`Document`], [`ObjectMeta`]),
+//!   [`selector`], [`validate`] (shared checks: DNS names, labels, CIDRs, port names);
+//! - [`kinds`]: one module per kind with its spec, defaults and checks;
+//! - [`registry`]: the one table of kinds, generating [`Kind`], [`Resource`] and [`Spec`];
+//! - generic code over the table: [`mod@resource`] ([`Resource`]'s methods), [`parse`] (YAML/JSON
+//!   streams), [`storage`] (read/write over a [`tern_store::Store`]).
+//!
+//! This file only declares and re-exports; every public item is reachable at the crate root.
 
-use std::fmt;
-
-pub mod bgp;
-pub mod namespace;
+pub mod document;
+pub mod error;
+pub mod kinds;
+pub mod limits;
 pub mod parse;
-pub mod policy;
-pub mod resources;
+pub mod registry;
+pub mod resource;
 pub mod selector;
 pub mod storage;
 pub mod validate;
 
-pub use bgp::{
-    BgpConfiguration, BgpConfigurationSpec, BgpPeer, BgpPeerSpec, DEFAULT_AS_NUMBER,
-    DEFAULT_BGP_CONFIGURATION, DEFAULT_BGP_PORT,
+pub use document::{API_VERSION, Document, ObjectMeta};
+pub use error::ModelError;
+pub use kinds::bgp::{
+    AcceptPrefix, BgpConfiguration, BgpConfigurationSpec, BgpPeer, BgpPeerSpec, DEFAULT_AS_NUMBER,
+    DEFAULT_BGP_CONFIGURATION, DEFAULT_BGP_PORT, MAX_ACCEPT_PREFIXES,
 };
-pub use namespace::{Namespace, NamespaceSpec};
-pub use parse::parse_documents;
-pub use policy::*;
-pub use resources::*;
+pub use kinds::ip_reservation::{IpReservation, IpReservationSpec};
+pub use kinds::ipam_config::{IpamConfig, IpamConfigSpec};
+pub use kinds::ippool::{AllowedUse, EncapMode, IpPool, IpPoolSpec, ip_pool_overlaps};
+pub use kinds::k8s_policy::{
+    IpBlock, K8S_NETWORKING_API_VERSION, K8sEgressRule, K8sIngressRule, K8sNetworkPolicy,
+    K8sNetworkPolicySpec, K8sPeer, K8sPort, K8sProtocol, LabelSelector, LabelSelectorOperator,
+    LabelSelectorRequirement, validate_k8s_spec,
+};
+pub use kinds::namespace::{Namespace, NamespaceSpec};
+pub use kinds::node::{Node, NodeAddress, NodeBgpSpec, NodeSpec};
+pub use kinds::policy::{
+    Action, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec, NetworkPolicy,
+    NetworkPolicySpec, Rule, validate_tern_spec,
+};
+pub use kinds::shared::{EndpointPort, IntOrString, PolicyType, Port, Protocol};
+pub use kinds::workload_endpoint::{WorkloadEndpoint, WorkloadEndpointSpec};
+pub use parse::{parse_documents, parse_stream};
+pub use registry::{Kind, PLANNED_KINDS, Resource, Spec};
 pub use selector::{Selector, SelectorError};
-pub use storage::{delete_resource, get_resource, list_resources, put_resource, resource_key};
-pub use validate::{ip_pool_overlaps, validate_dns1123_subdomain};
-
-/// The only `apiVersion` tern accepts.
-pub const API_VERSION: &str = "tern.dev/v1";
-
-/// Errors of parsing, validating and storing resources.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    /// A document could not be parsed; names the file, the line (when known) and the field path.
-    #[error("{}", fmt_parse(.file, .line, .path, .message))]
-    Parse {
-        file: String,
-        line: Option<usize>,
-        /// Field path inside the document (`spec.blockSize`), `.` for the document itself.
-        path: String,
-        message: String,
-    },
-    /// A resource failed validation.
-    #[error("{kind} {name:?}: {field}: {reason}")]
-    Invalid {
-        kind: &'static str,
-        name: String,
-        /// Field path (`spec.cidr`, `metadata.name`).
-        field: String,
-        reason: String,
-    },
-    /// An update carried a `resourceVersion` that no longer matches the stored one.
-    #[error(
-        "{kind} {name:?} was modified concurrently (resourceVersion {resource_version} is stale); re-read and retry"
-    )]
-    Conflict {
-        kind: &'static str,
-        name: String,
-        resource_version: String,
-    },
-    /// A stored value could not be decoded.
-    #[error("stored value at {key} is not a valid resource: {message}")]
-    Corrupt { key: String, message: String },
-    /// The datastore failed.
-    #[error(transparent)]
-    Store(#[from] tern_store::StoreError),
-}
-
-fn fmt_parse(file: &str, line: &Option<usize>, path: &str, message: &str) -> String {
-    struct Loc<'a>(&'a str, &'a Option<usize>);
-    impl fmt::Display for Loc<'_> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            match self.1 {
-                Some(l) => write!(f, "{}:{l}", self.0),
-                None => write!(f, "{}", self.0),
-            }
-        }
-    }
-    if path.is_empty() || path == "." {
-        format!("{}: {message}", Loc(file, line))
-    } else {
-        format!("{}: {path}: {message}", Loc(file, line))
-    }
-}
+pub use storage::{
+    delete_resource, get_resource, list_resources, list_resources_skipping, list_resources_warn,
+    put_resource, resource_key,
+};
+pub use validate::{
+    validate_dns1123_subdomain, validate_label_key, validate_label_value, validate_port_name,
+};

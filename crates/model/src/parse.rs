@@ -1,22 +1,391 @@
-//! Parsing of resource documents from YAML (several documents separated by `---`) or JSON (one
-//! object or an array of objects). Every error names the file, the line in the file and the
-//! field path, so `ternctl apply -f` can point the user at the mistake.
+//! Parsing of resource documents from any stream `kubectl apply -f` takes: YAML documents
+//! separated by `---` (block or flow style), JSON documents (one object, an array of objects,
+//! or several separated by `---`), and `kind: List` documents whose `items` are resources.
+//! Every error names the file, the line in the file and the field path, so `ternctl apply -f`
+//! can point the user at the mistake.
+//!
+//! Before any text reaches a parser, [`split_stream`] checks it in one linear pass against
+//! [`MAX_STREAM_BYTES`], [`MAX_STREAM_DOCUMENTS`] and [`MAX_DOCUMENT_DEPTH`], so hostile
+//! input is refused in linear time with an error naming the limit and the line.
 
 use serde::Deserialize;
 
-use crate::resources::{Document, Kind, Resource, Spec};
-use crate::{API_VERSION, ModelError};
+use crate::document::{API_VERSION, Document};
+use crate::error::ModelError;
+use crate::limits::{MAX_DOCUMENT_DEPTH, MAX_STREAM_BYTES, MAX_STREAM_DOCUMENTS};
+use crate::registry::{Decode, Kind, Resource, Spec};
 
-/// Parses every document of `text`; `file_name` is used in error messages and to recognise
-/// JSON (`.json`; text starting with `{` or `[` is JSON too). Defaults are filled; validation
-/// is separate ([`Resource::validate`]).
+/// Parses every document of `text`; `file_name` is used in error messages (a `.json` name
+/// makes a document that is not valid JSON an error rather than flow-style YAML). Defaults are
+/// filled; validation is separate ([`Resource::validate`]).
 pub fn parse_documents(text: &str, file_name: &str) -> Result<Vec<Resource>, ModelError> {
-    let trimmed = text.trim_start();
-    if file_name.ends_with(".json") || trimmed.starts_with('{') || trimmed.starts_with('[') {
-        parse_json(text, file_name)
-    } else {
-        parse_yaml(text, file_name)
+    Ok(parse_stream(text, file_name)?
+        .into_iter()
+        .map(|p| p.resource)
+        .collect())
+}
+
+/// How a document of a stream is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// YAML (block or flow style).
+    Yaml,
+    /// Strict JSON (an object or an array).
+    Json,
+}
+
+/// One document of a stream, as it appears in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceDocument<'a> {
+    /// Lines of the file before the document's first line: a 1-based line inside the document
+    /// plus this is the line in the file.
+    pub line_offset: usize,
+    /// The document's text (without its `---` separator).
+    pub text: &'a str,
+    /// Its format.
+    pub format: Format,
+}
+
+/// A resource read from a stream, with the document it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedResource<'a> {
+    /// The resource, defaults filled.
+    pub resource: Resource,
+    /// The document that holds it.
+    pub source: SourceDocument<'a>,
+    /// Its index in the document's `items` (a `kind: List`) or JSON array; `None` when the
+    /// document is the resource.
+    pub item: Option<usize>,
+}
+
+/// Parses every document of `text` (see [`parse_documents`]), keeping where each resource
+/// came from so callers can point at lines of the file.
+pub fn parse_stream<'a>(text: &'a str, file: &str) -> Result<Vec<ParsedResource<'a>>, ModelError> {
+    let mut out = Vec::new();
+    for doc in split_stream(text, file)? {
+        let items = match doc.format {
+            Format::Json => parse_json(doc, file)?,
+            Format::Yaml => parse_yaml(doc, file)?,
+        };
+        for (resource, item) in items {
+            out.push(ParsedResource {
+                resource,
+                source: doc,
+                item,
+            });
+        }
+        if out.len() > MAX_STREAM_DOCUMENTS {
+            return Err(parse_error(
+                file,
+                Some(doc.line_offset + 1),
+                ".",
+                format!(
+                    "more than {MAX_STREAM_DOCUMENTS} resources in one stream (counting list \
+                     items), the limit is {MAX_STREAM_DOCUMENTS}"
+                ),
+            ));
+        }
     }
+    Ok(out)
+}
+
+/// Splits a stream into its non-empty documents after checking it against the stream limits
+/// (size, number of documents, nesting depth), in one linear pass. A document whose first
+/// significant character is `{` or `[` and that is valid JSON is [`Format::Json`]; in a
+/// `.json` file every document is.
+pub fn split_stream<'a>(text: &'a str, file: &str) -> Result<Vec<SourceDocument<'a>>, ModelError> {
+    if text.len() > MAX_STREAM_BYTES {
+        return Err(parse_error(
+            file,
+            None,
+            ".",
+            format!(
+                "the stream is {} bytes, the limit is {MAX_STREAM_BYTES} ({} MiB)",
+                text.len(),
+                MAX_STREAM_BYTES >> 20
+            ),
+        ));
+    }
+    let json_file = file.ends_with(".json");
+    let mut docs = Vec::new();
+    let mut push = |line_offset: usize, body: &'a str| -> Result<(), ModelError> {
+        if !has_content(body) {
+            return Ok(());
+        }
+        if docs.len() == MAX_STREAM_DOCUMENTS {
+            return Err(parse_error(
+                file,
+                Some(line_offset + 1),
+                ".",
+                format!(
+                    "more than {MAX_STREAM_DOCUMENTS} documents in one stream, the limit is \
+                     {MAX_STREAM_DOCUMENTS}"
+                ),
+            ));
+        }
+        check_depth(body).map_err(|(line, depth)| {
+            parse_error(
+                file,
+                Some(line_offset + line),
+                ".",
+                format!(
+                    "nesting depth {depth} exceeds the limit of {MAX_DOCUMENT_DEPTH} (flow '[' \
+                     and '{{' plus block indentation levels)"
+                ),
+            )
+        })?;
+        let t = body.trim_start();
+        let json_like = t.starts_with('{') || t.starts_with('[');
+        let format = if json_file
+            || (json_like && serde_json::from_str::<serde::de::IgnoredAny>(body).is_ok())
+        {
+            Format::Json
+        } else {
+            Format::Yaml
+        };
+        docs.push(SourceDocument {
+            line_offset,
+            text: body,
+            format,
+        });
+        Ok(())
+    };
+    // Byte offset where the current document starts, and its line offset.
+    let mut start = 0usize;
+    let mut start_line = 0usize;
+    let mut pos = 0usize;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let t = line.trim_end();
+        let marker = t == "---" || t == "...";
+        let marker_with_content = t.starts_with("--- ") || t.starts_with("---\t");
+        if marker || marker_with_content {
+            push(start_line, &text[start..pos])?;
+            if marker {
+                start = pos + line.len();
+                start_line = i + 1;
+            } else {
+                // `--- {...}`: the document starts on the marker's line, after the marker.
+                start = pos + 4;
+                start_line = i;
+            }
+        }
+        pos += line.len();
+    }
+    push(start_line, &text[start..])?;
+    Ok(docs)
+}
+
+/// Whether a document has anything but blank lines and comments.
+fn has_content(doc: &str) -> bool {
+    doc.lines().any(|l| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#')
+    })
+}
+
+/// Scanner state carried across the lines of a document by [`check_depth`].
+#[derive(Default)]
+struct DepthScan {
+    /// Open flow collections (`[`, `{`).
+    flow: usize,
+    /// Indentation columns of the open block nodes, innermost last.
+    block: Vec<usize>,
+    /// Inside a quoted scalar (which may span lines): its quote character.
+    quote: Option<char>,
+    /// Inside a block scalar (`|`, `>`): the column of its parent node (the mapping key's
+    /// column after any `- ` prefixes, or the dash's for a sequence item); lines indented
+    /// deeper (or blank) are its content.
+    block_scalar: Option<usize>,
+    /// The previous line ended inside a plain scalar in block context, whose parent node is
+    /// at this column: a line indented deeper continues the scalar (`a: x` / `    'y` is the
+    /// one scalar `x 'y`), so a quote or bracket there is text, not structure.
+    plain: Option<usize>,
+}
+
+/// The context-free bound behind [`check_depth`]: the deepest running count of `[`/`{` minus
+/// `]`/`}` over the raw text, counting brackets inside strings, comments and block scalars
+/// too (never below zero, so closers written first cannot pay for later openers). It cannot be
+/// misled by a lexing mistake of the scanner, and selectors' brackets (`in {...}`) balance, so
+/// real documents stay far below it.
+pub(crate) const MAX_RAW_BRACKET_DEPTH: usize = 4 * MAX_DOCUMENT_DEPTH;
+
+/// Checks [`MAX_RAW_BRACKET_DEPTH`]; on failure, the 1-based line and the depth reached.
+fn check_raw_brackets(doc: &str) -> Result<(), (usize, usize)> {
+    let (mut depth, mut line) = (0usize, 1usize);
+    for b in doc.bytes() {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_RAW_BRACKET_DEPTH {
+                    return Err((line, depth));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b'\n' => line += 1,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks a document's nesting depth (flow collections plus block indentation levels)
+/// against [`MAX_DOCUMENT_DEPTH`] in one pass, without parsing it: quoted scalars, comments
+/// and block scalars are skipped so brackets inside strings do not count. On failure, the
+/// 1-based line inside the document and the depth reached.
+///
+/// [`check_raw_brackets`] runs after it, so flow nesting stays bounded even where this
+/// scanner's imitation of YAML lexing is wrong.
+fn check_depth(doc: &str) -> Result<(), (usize, usize)> {
+    check_depth_scan(doc)?;
+    check_raw_brackets(doc)
+}
+
+fn check_depth_scan(doc: &str) -> Result<(), (usize, usize)> {
+    let mut st = DepthScan::default();
+    for (i, line) in doc.lines().enumerate() {
+        let line_no = i + 1;
+        let indent = line.len() - line.trim_start_matches(' ').len();
+        let rest = &line[indent..];
+        if let Some(parent) = st.block_scalar {
+            if rest.trim().is_empty() || indent > parent {
+                continue;
+            }
+            st.block_scalar = None;
+        }
+        if let Some(parent) = st.plain
+            && st.quote.is_none()
+            && st.flow == 0
+        {
+            if rest.trim().is_empty() {
+                continue;
+            }
+            if indent > parent && !rest.starts_with('#') {
+                continue;
+            }
+            st.plain = None;
+        }
+        st.plain = None;
+        let mut col = indent;
+        // The column of the last `- ` on this line: a node that is the sequence item itself
+        // has the sequence as its parent.
+        let mut item_parent = indent;
+        if st.quote.is_none() && st.flow == 0 {
+            if rest.is_empty() || rest.starts_with('#') || rest.trim().is_empty() {
+                continue;
+            }
+            while st.block.last().is_some_and(|&top| top > indent) {
+                st.block.pop();
+            }
+            if st.block.last() != Some(&indent) {
+                st.block.push(indent);
+            }
+            // Compact sequences (`- - x`, `- key: v`) open one level per `- `.
+            let mut r = rest;
+            while let Some(after) = r.strip_prefix("- ") {
+                let skipped = r.len() - after.trim_start_matches(' ').len();
+                item_parent = col;
+                col += skipped;
+                r = &r[skipped..];
+                st.block.push(col);
+            }
+            if st.block.len() > MAX_DOCUMENT_DEPTH {
+                return Err((line_no, st.block.len()));
+            }
+        }
+        scan_line(&mut st, &line[col..], item_parent, col).map_err(|d| (line_no, d))?;
+    }
+    Ok(())
+}
+
+/// Scans the rest of one line (from column `col`, after any `- ` prefixes) for quotes, flow
+/// brackets, comments and block-scalar indicators; fails with the depth reached when it
+/// passes [`MAX_DOCUMENT_DEPTH`]. `item_parent` is the parent's column of a node that starts
+/// the text (the last dash's, or the line's indentation); a node after `key: ` has the
+/// mapping at `col` as its parent.
+fn scan_line(st: &mut DepthScan, text: &str, item_parent: usize, col: usize) -> Result<(), usize> {
+    // Where the current plain scalar began, as its parent's column.
+    let mut plain_parent: Option<usize> = None;
+    // The last significant character before this one (None at the start of a node), and
+    // whether whitespace came between.
+    let mut prev: Option<char> = None;
+    let mut spaced = true;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if let Some(q) = st.quote {
+            match (q, c) {
+                ('\'', '\'') if chars.peek() == Some(&'\'') => {
+                    chars.next();
+                }
+                ('"', '\\') => {
+                    chars.next();
+                }
+                _ if c == q => {
+                    st.quote = None;
+                    prev = Some(c);
+                    spaced = false;
+                }
+                _ => {}
+            }
+            continue;
+        }
+        if c == ' ' || c == '\t' {
+            spaced = true;
+            continue;
+        }
+        // A scalar (or collection) may start here: at the start of a node, after a flow
+        // separator, or after a `: `/`- `/`? ` indicator (`"a":"b"` too inside flow).
+        let node_start = match prev {
+            None | Some('[' | '{') => true,
+            Some(',') => st.flow > 0,
+            Some(':') => spaced || st.flow > 0,
+            Some('-' | '?') => spaced,
+            _ => false,
+        };
+        // Whether `c` acted as an indicator; inside a plain scalar (`a[b`, `x, y`) it did not,
+        // and must not make the next character look like the start of a node.
+        let mut indicator = true;
+        let parent = if prev.is_none() { item_parent } else { col };
+        match c {
+            '#' if spaced => return Ok(()),
+            '\'' | '"' if node_start => st.quote = Some(c),
+            '[' | '{' if node_start || st.flow > 0 => {
+                st.flow += 1;
+                let depth = st.flow + st.block.len();
+                if depth > MAX_DOCUMENT_DEPTH {
+                    return Err(depth);
+                }
+            }
+            ']' | '}' if st.flow > 0 => st.flow -= 1,
+            '|' | '>' if node_start && st.flow == 0 => {
+                st.block_scalar = Some(parent);
+                return Ok(());
+            }
+            ',' if st.flow > 0 => {}
+            ':' | '-' | '?' => {
+                // `: ` ends a plain scalar: it was a key. `-`/`?`/`:` inside one (`x-y`,
+                // `a:b`) are text and keep it going.
+                if c == ':' && matches!(chars.peek(), None | Some(' ' | '\t')) {
+                    plain_parent = None;
+                }
+            }
+            _ => {
+                indicator = false;
+                if node_start && st.flow == 0 {
+                    plain_parent = Some(parent);
+                }
+            }
+        }
+        if matches!(c, '[' | '{' | '\'' | '"') && node_start {
+            plain_parent = None;
+        }
+        prev = Some(if indicator { c } else { 'a' });
+        spaced = false;
+    }
+    // Still inside a plain scalar at the end of the line (a comment ended it above).
+    if st.quote.is_none() && st.flow == 0 {
+        st.plain = plain_parent;
+    }
+    Ok(())
 }
 
 /// The fields read first to pick the document's type.
@@ -27,7 +396,7 @@ struct Header {
     kind: Option<String>,
 }
 
-/// Removes the location suffix serde_yaml and serde_json append, and the path prefix serde_yaml
+/// Removes the location suffix serde_norway and serde_json append, and the path prefix serde_norway
 /// prepends, since both are reported separately.
 fn bare_message(msg: &str, path: &str) -> String {
     let path = if msg.contains("unknown field") {
@@ -69,48 +438,11 @@ fn parse_error(file: &str, line: Option<usize>, path: &str, message: String) -> 
     }
 }
 
-/// Splits YAML text into documents, each with the number of lines before it in the file.
-fn split_yaml(text: &str) -> Vec<(usize, String)> {
-    let mut docs = Vec::new();
-    let mut start = 0usize;
-    let mut cur = String::new();
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim_end();
-        if t == "---" || t.starts_with("--- ") || t == "..." {
-            docs.push((start, std::mem::take(&mut cur)));
-            start = i + 1;
-            continue;
-        }
-        cur.push_str(line);
-        cur.push('\n');
-    }
-    docs.push((start, cur));
-    docs.into_iter()
-        .filter(|(_, d)| {
-            d.lines().any(|l| {
-                let t = l.trim();
-                !t.is_empty() && !t.starts_with('#')
-            })
-        })
-        .collect()
-}
-
 /// 1-based line (within the document) of a top-level key, for errors about `kind`/`apiVersion`.
 fn top_level_key_line(doc: &str, key: &str) -> Option<usize> {
     doc.lines()
         .position(|l| l.starts_with(&format!("{key}:")))
         .map(|i| i + 1)
-}
-
-/// The kind of a document from its `apiVersion` and `kind`: tern's kinds under
-/// `tern.dev/v1`, plus Kubernetes `networking.k8s.io/v1` NetworkPolicy and core `v1` Namespace
-/// documents, accepted unchanged.
-pub(crate) fn kind_of(api_version: &str, kind: &str) -> Result<Kind, String> {
-    match (api_version, kind) {
-        (crate::policy::K8S_NETWORKING_API_VERSION, "NetworkPolicy") => Ok(Kind::K8sNetworkPolicy),
-        ("v1", "Namespace") => Ok(Kind::Namespace),
-        _ => kind.parse::<Kind>(),
-    }
 }
 
 fn check_header(
@@ -124,13 +456,11 @@ fn check_header(
         doc.and_then(|d| top_level_key_line(d, key))
             .map_or(Some(doc_line), |l| Some(l + offset))
     };
-    let foreign = matches!(
-        (h.api_version.as_deref(), h.kind.as_deref()),
-        (
-            Some(crate::policy::K8S_NETWORKING_API_VERSION),
-            Some("NetworkPolicy")
-        ) | (Some("v1"), Some("Namespace"))
-    );
+    // A kind listed under another apiVersion (Kubernetes documents accepted unchanged).
+    let foreign = match (h.api_version.as_deref(), h.kind.as_deref()) {
+        (Some(api), Some(kind)) => Kind::exact(api, kind).is_some(),
+        _ => false,
+    };
     match h.api_version.as_deref() {
         Some(API_VERSION) => {}
         _ if foreign => {}
@@ -159,32 +489,14 @@ fn check_header(
             "missing field `kind`".into(),
         ));
     };
-    kind_of(h.api_version.as_deref().unwrap_or_default(), &kind)
+    Kind::of_document(h.api_version.as_deref().unwrap_or_default(), &kind)
         .map_err(|m| parse_error(file, line_of("kind"), "kind", m))
 }
 
-/// Builds the [`Resource`] variant of `kind` with `$typed` (a generic fn over the spec type).
-macro_rules! dispatch {
-    ($kind:expr, $typed:ident ( $($arg:expr),* )) => {
-        match $kind {
-            Kind::IpPool => Resource::IpPool($typed($($arg),*)?),
-            Kind::IpamConfig => Resource::IpamConfig($typed($($arg),*)?),
-            Kind::Node => Resource::Node($typed($($arg),*)?),
-            Kind::WorkloadEndpoint => Resource::WorkloadEndpoint($typed($($arg),*)?),
-            Kind::IpReservation => Resource::IpReservation($typed($($arg),*)?),
-            Kind::NetworkPolicy => Resource::NetworkPolicy($typed($($arg),*)?),
-            Kind::GlobalNetworkPolicy => Resource::GlobalNetworkPolicy($typed($($arg),*)?),
-            Kind::K8sNetworkPolicy => Resource::K8sNetworkPolicy($typed($($arg),*)?),
-            Kind::Namespace => Resource::Namespace($typed($($arg),*)?),
-            Kind::BgpConfiguration => Resource::BgpConfiguration($typed($($arg),*)?),
-            Kind::BgpPeer => Resource::BgpPeer($typed($($arg),*)?),
-        }
-    };
-}
-
-/// Namespace documents usually have no `spec`; an empty one is implied.
+/// Namespace documents usually have no `spec`; for kinds that allow it
+/// ([`Kind::implied_spec`]) an empty one is implied.
 fn implied_spec(kind: Kind, doc: &str) -> String {
-    if kind == Kind::Namespace && top_level_key_line(doc, "spec").is_none() {
+    if kind.implied_spec() && top_level_key_line(doc, "spec").is_none() {
         format!("{doc}\nspec: {{}}\n")
     } else {
         doc.to_string()
@@ -192,7 +504,7 @@ fn implied_spec(kind: Kind, doc: &str) -> String {
 }
 
 fn implied_spec_json(kind: Kind, v: &mut serde_json::Value) {
-    if kind == Kind::Namespace
+    if kind.implied_spec()
         && let Some(o) = v.as_object_mut()
     {
         o.entry("spec")
@@ -200,108 +512,177 @@ fn implied_spec_json(kind: Kind, v: &mut serde_json::Value) {
     }
 }
 
-fn parse_yaml(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
-    let mut out = Vec::new();
-    for (offset, doc) in split_yaml(text) {
-        let yaml_err = |e: &serde_yaml::Error, path: &str| {
-            let line = e.location().map(|l| l.line() + offset);
-            parse_error(file, line, path, bare_message(&e.to_string(), path))
-        };
-        let header: Header = serde_yaml::from_str(&doc).map_err(|e| yaml_err(&e, ""))?;
-        let doc_line = offset
-            + doc
-                .lines()
-                .position(|l| {
-                    let t = l.trim();
-                    !t.is_empty() && !t.starts_with('#')
-                })
-                .unwrap_or(0)
-            + 1;
-        let kind = check_header(header, file, Some(&doc), doc_line, offset)?;
-        fn typed<S: Spec>(
-            doc: &str,
-            err: &dyn Fn(&serde_yaml::Error, &str) -> ModelError,
-        ) -> Result<Document<S>, ModelError> {
-            let de = serde_yaml::Deserializer::from_str(doc);
+/// Resources of one document, each with its index in the document's list (if it is one).
+type Items = Vec<(Resource, Option<usize>)>;
+
+/// `kind: List` (Kubernetes' `v1` List, as `kubectl get -o yaml` prints it): its `items` are
+/// the resources.
+const LIST_KIND: &str = "List";
+
+#[derive(Deserialize)]
+struct ListDocument {
+    #[serde(default)]
+    items: Vec<serde_json::Value>,
+}
+
+/// Line (1-based, in the file) of the document's first significant line.
+fn first_line(doc: SourceDocument<'_>) -> usize {
+    doc.line_offset
+        + doc
+            .text
+            .lines()
+            .position(|l| {
+                let t = l.trim();
+                !t.is_empty() && !t.starts_with('#')
+            })
+            .unwrap_or(0)
+        + 1
+}
+
+fn parse_yaml(src: SourceDocument<'_>, file: &str) -> Result<Items, ModelError> {
+    let offset = src.line_offset;
+    let doc = src.text;
+    let yaml_err = |e: &serde_norway::Error, path: &str| {
+        let line = e.location().map(|l| l.line() + offset);
+        parse_error(file, line, path, bare_message(&e.to_string(), path))
+    };
+    let header: Header = serde_norway::from_str(doc).map_err(|e| yaml_err(&e, ""))?;
+    let doc_line = first_line(src);
+    if header.kind.as_deref() == Some(LIST_KIND) {
+        let list: ListDocument = serde_norway::from_str(doc).map_err(|e| yaml_err(&e, ""))?;
+        return parse_values(list.items, file, "items");
+    }
+    let kind = check_header(header, file, Some(doc), doc_line, offset)?;
+    struct Yaml<'a> {
+        doc: &'a str,
+        err: &'a dyn Fn(&serde_norway::Error, &str) -> ModelError,
+    }
+    impl Decode for Yaml<'_> {
+        type Error = ModelError;
+        fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
+            let de = serde_norway::Deserializer::from_str(self.doc);
             let mut d: Document<S> = serde_path_to_error::deserialize(de)
-                .map_err(|e| err(e.inner(), &e.path().to_string()))?;
+                .map_err(|e| (self.err)(e.inner(), &e.path().to_string()))?;
             d.spec.fill_defaults();
             Ok(d)
         }
-        let doc = implied_spec(kind, &doc);
-        out.push(dispatch!(kind, typed(&doc, &yaml_err)));
+    }
+    let doc = implied_spec(kind, doc);
+    let resource = kind.decode(Yaml {
+        doc: &doc,
+        err: &yaml_err,
+    })?;
+    Ok(vec![(resource, None)])
+}
+
+/// Resources from decoded values (the elements of a JSON array, the `items` of a List):
+/// lines are lost, so the path names the element (`[1].spec`, `items[1].spec`).
+fn parse_values(
+    items: Vec<serde_json::Value>,
+    file: &str,
+    prefix: &str,
+) -> Result<Items, ModelError> {
+    if items.len() > MAX_STREAM_DOCUMENTS {
+        return Err(parse_error(
+            file,
+            None,
+            prefix,
+            format!(
+                "{} items, the limit is {MAX_STREAM_DOCUMENTS} resources per stream",
+                items.len()
+            ),
+        ));
+    }
+    struct Value<'a> {
+        v: serde_json::Value,
+        file: &'a str,
+        at: &'a dyn Fn(&str) -> String,
+    }
+    impl Decode for Value<'_> {
+        type Error = ModelError;
+        fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
+            let mut d: Document<S> = serde_path_to_error::deserialize(self.v).map_err(|e| {
+                let path = e.path().to_string();
+                parse_error(
+                    self.file,
+                    None,
+                    &(self.at)(&path),
+                    bare_message(&e.inner().to_string(), &path),
+                )
+            })?;
+            d.spec.fill_defaults();
+            Ok(d)
+        }
+    }
+    let mut out = Vec::new();
+    for (i, v) in items.into_iter().enumerate() {
+        let at = |path: &str| {
+            if path.is_empty() || path == "." {
+                format!("{prefix}[{i}]")
+            } else {
+                format!("{prefix}[{i}].{path}")
+            }
+        };
+        let header: Header = serde_json::from_value(v.clone())
+            .map_err(|e| parse_error(file, None, &at(""), bare_message(&e.to_string(), "")))?;
+        let kind = check_header(header, file, None, 0, 0).map_err(|e| match e {
+            ModelError::Parse { path, message, .. } => parse_error(file, None, &at(&path), message),
+            other => other,
+        })?;
+        let mut v = v;
+        implied_spec_json(kind, &mut v);
+        let resource = kind.decode(Value { v, file, at: &at })?;
+        out.push((resource, Some(i)));
     }
     Ok(out)
 }
 
-fn parse_json(text: &str, file: &str) -> Result<Vec<Resource>, ModelError> {
+fn parse_json(src: SourceDocument<'_>, file: &str) -> Result<Items, ModelError> {
+    let offset = src.line_offset;
+    let text = src.text;
     let json_err = |e: &serde_json::Error, path: &str| {
-        let line = (e.line() > 0).then_some(e.line());
+        let line = (e.line() > 0).then_some(e.line() + offset);
         parse_error(file, line, path, bare_message(&e.to_string(), path))
     };
     if text.trim_start().starts_with('[') {
-        // Elements of an array are re-read from values, so lines are lost; the path names the
-        // element instead.
         let items: Vec<serde_json::Value> =
             serde_json::from_str(text).map_err(|e| json_err(&e, ""))?;
-        let mut out = Vec::new();
-        for (i, v) in items.into_iter().enumerate() {
-            let at = |path: &str| {
-                if path.is_empty() || path == "." {
-                    format!("[{i}]")
-                } else {
-                    format!("[{i}].{path}")
-                }
-            };
-            let header: Header = serde_json::from_value(v.clone())
-                .map_err(|e| parse_error(file, None, &at(""), bare_message(&e.to_string(), "")))?;
-            let kind = check_header(header, file, None, 0, 0).map_err(|e| match e {
-                ModelError::Parse { path, message, .. } => {
-                    parse_error(file, None, &at(&path), message)
-                }
-                other => other,
-            })?;
-            fn typed<S: Spec>(
-                v: serde_json::Value,
-                file: &str,
-                at: &dyn Fn(&str) -> String,
-            ) -> Result<Document<S>, ModelError> {
-                let mut d: Document<S> = serde_path_to_error::deserialize(v).map_err(|e| {
-                    let path = e.path().to_string();
-                    parse_error(
-                        file,
-                        None,
-                        &at(&path),
-                        bare_message(&e.inner().to_string(), &path),
-                    )
-                })?;
-                d.spec.fill_defaults();
-                Ok(d)
-            }
-            let mut v = v;
-            implied_spec_json(kind, &mut v);
-            out.push(dispatch!(kind, typed(v.clone(), file, &at)));
-        }
-        return Ok(out);
+        return parse_values(items, file, "");
     }
     let header: Header = serde_json::from_str(text).map_err(|e| json_err(&e, ""))?;
-    let kind = check_header(header, file, None, 1, 0)?;
-    fn typed<S: Spec>(
-        text: &str,
-        err: &dyn Fn(&serde_json::Error, &str) -> ModelError,
-    ) -> Result<Document<S>, ModelError> {
-        let mut de = serde_json::Deserializer::from_str(text);
-        let mut d: Document<S> = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| err(e.inner(), &e.path().to_string()))?;
-        de.end().map_err(|e| err(&e, ""))?;
-        d.spec.fill_defaults();
-        Ok(d)
+    if header.kind.as_deref() == Some(LIST_KIND) {
+        let list: ListDocument = serde_json::from_str(text).map_err(|e| json_err(&e, ""))?;
+        return parse_values(list.items, file, "items");
     }
-    if kind == Kind::Namespace {
+    let kind = check_header(header, file, None, first_line(src), 0)?;
+    struct Json<'a> {
+        text: &'a str,
+        err: &'a dyn Fn(&serde_json::Error, &str) -> ModelError,
+    }
+    impl Decode for Json<'_> {
+        type Error = ModelError;
+        fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
+            let mut de = serde_json::Deserializer::from_str(self.text);
+            let mut d: Document<S> = serde_path_to_error::deserialize(&mut de)
+                .map_err(|e| (self.err)(e.inner(), &e.path().to_string()))?;
+            de.end().map_err(|e| (self.err)(&e, ""))?;
+            d.spec.fill_defaults();
+            Ok(d)
+        }
+    }
+    let resource = if kind.implied_spec() {
         let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| json_err(&e, ""))?;
         implied_spec_json(kind, &mut v);
         let text = v.to_string();
-        return Ok(vec![dispatch!(kind, typed(&text, &json_err))]);
-    }
-    Ok(vec![dispatch!(kind, typed(text, &json_err))])
+        kind.decode(Json {
+            text: &text,
+            err: &json_err,
+        })?
+    } else {
+        kind.decode(Json {
+            text,
+            err: &json_err,
+        })?
+    };
+    Ok(vec![(resource, None)])
 }

@@ -17,6 +17,12 @@
 //! As in Calico, `k != 'v'` and `k not in {...}` also match when the label is absent, and an
 //! empty (or all-blank) selector selects everything.
 //!
+//! Bounds: a selector is at most [`MAX_SELECTOR_BYTES`] long and nests at most
+//! [`MAX_SELECTOR_DEPTH`] levels (each `(` and each `!` is a level), checked by the parser
+//! itself, so no text, from `ternctl` or written straight into the store, can make parsing,
+//! evaluation, printing or dropping recurse without bound. `&&`/`||` chains are flat lists
+//! ([`Selector::And`], [`Selector::Or`]), walked iteratively.
+//!
 //! ```
 //! use std::collections::BTreeMap;
 //! use tern_model::selector::Selector;
@@ -29,6 +35,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
+
+use crate::limits::{MAX_SELECTOR_BYTES, MAX_SELECTOR_DEPTH};
 
 /// A parsed selector.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -55,31 +63,82 @@ pub enum Selector {
     EndsWith(String, String),
     /// `!e`.
     Not(Box<Selector>),
-    /// `a && b`.
-    And(Box<Selector>, Box<Selector>),
-    /// `a || b`.
-    Or(Box<Selector>, Box<Selector>),
+    /// `a && b && ...`: true when every operand is (an empty list is true). The parser
+    /// produces at least two operands; a parenthesised operand stays a nested node.
+    And(Vec<Selector>),
+    /// `a || b || ...`: true when any operand is (an empty list is false). The parser produces
+    /// at least two operands.
+    Or(Vec<Selector>),
 }
 
 /// A selector that does not parse: what went wrong and where (0-based character offset).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid selector {selector:?}: at position {position}: {message}")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelectorError {
-    /// The selector text.
+    /// The selector text (only its first few dozen characters when it broke a limit).
     pub selector: String,
     /// Character offset of the problem (the length of the text for "unexpected end").
     pub position: usize,
-    /// What was expected or found.
+    /// What was expected or found; for a broken limit, the size and the limit.
     pub message: String,
+    /// True when the selector broke [`MAX_SELECTOR_BYTES`] or [`MAX_SELECTOR_DEPTH`]: then
+    /// the message leads (`selector is 9000 bytes, the limit is 4096`).
+    pub exceeded_limit: bool,
+}
+
+impl fmt::Display for SelectorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.exceeded_limit {
+            write!(f, "{} (selector begins {:?})", self.message, self.selector)
+        } else {
+            write!(
+                f,
+                "invalid selector {:?}: at position {}: {}",
+                self.selector, self.position, self.message
+            )
+        }
+    }
+}
+
+impl std::error::Error for SelectorError {}
+
+/// How much of an over-limit selector an error quotes.
+const QUOTED_PREFIX_CHARS: usize = 40;
+
+fn limit_error(text: &str, position: usize, message: String) -> SelectorError {
+    let mut selector: String = text.chars().take(QUOTED_PREFIX_CHARS).collect();
+    if selector.len() < text.len() {
+        selector.push_str("...");
+    }
+    SelectorError {
+        selector,
+        position,
+        message,
+        exceeded_limit: true,
+    }
 }
 
 impl Selector {
-    /// Parses a selector; see the module documentation for the grammar.
+    /// Parses a selector; see the module documentation for the grammar and the bounds.
     pub fn parse(text: &str) -> Result<Selector, SelectorError> {
+        if text.len() > MAX_SELECTOR_BYTES {
+            let at = text
+                .char_indices()
+                .take_while(|(b, _)| *b < MAX_SELECTOR_BYTES)
+                .count();
+            return Err(limit_error(
+                text,
+                at,
+                format!(
+                    "selector is {} bytes, the limit is {MAX_SELECTOR_BYTES}",
+                    text.len()
+                ),
+            ));
+        }
         let err = |position: usize, message: String| SelectorError {
             selector: text.to_string(),
             position,
             message,
+            exceeded_limit: false,
         };
         let tokens = lex(text).map_err(|(p, m)| err(p, m))?;
         if tokens.is_empty() {
@@ -89,8 +148,16 @@ impl Selector {
             toks: &tokens,
             i: 0,
             end: text.chars().count(),
+            depth: 0,
+            too_deep: false,
         };
-        let sel = p.expr().map_err(|(pos, m)| err(pos, m))?;
+        let sel = p.expr().map_err(|(pos, m)| {
+            if p.too_deep {
+                limit_error(text, pos, m)
+            } else {
+                err(pos, m)
+            }
+        })?;
         if let Some(t) = p.peek() {
             return Err(err(
                 t.pos,
@@ -117,8 +184,8 @@ impl Selector {
             Selector::StartsWith(k, s) => get(k).is_some_and(|v| v.starts_with(s.as_str())),
             Selector::EndsWith(k, s) => get(k).is_some_and(|v| v.ends_with(s.as_str())),
             Selector::Not(e) => !e.matches(labels),
-            Selector::And(a, b) => a.matches(labels) && b.matches(labels),
-            Selector::Or(a, b) => a.matches(labels) || b.matches(labels),
+            Selector::And(es) => es.iter().all(|e| e.matches(labels)),
+            Selector::Or(es) => es.iter().any(|e| e.matches(labels)),
         }
     }
 
@@ -155,6 +222,15 @@ impl fmt::Display for Selector {
             Selector::And(..) | Selector::Or(..) => format!("({e})"),
             _ => e.to_string(),
         };
+        let join = |f: &mut fmt::Formatter<'_>, es: &[Selector], op: &str| {
+            for (i, e) in es.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(op)?;
+                }
+                f.write_str(&sub(e))?;
+            }
+            Ok(())
+        };
         match self {
             Selector::All => write!(f, "all()"),
             Selector::Global => write!(f, "global()"),
@@ -167,8 +243,11 @@ impl fmt::Display for Selector {
             Selector::StartsWith(k, v) => write!(f, "{k} starts with {}", quote(v)),
             Selector::EndsWith(k, v) => write!(f, "{k} ends with {}", quote(v)),
             Selector::Not(e) => write!(f, "!{}", sub(e)),
-            Selector::And(a, b) => write!(f, "{} && {}", sub(a), sub(b)),
-            Selector::Or(a, b) => write!(f, "{} || {}", sub(a), sub(b)),
+            // Empty lists only come from code, never from the parser; print what they mean.
+            Selector::And(es) if es.is_empty() => write!(f, "all()"),
+            Selector::Or(es) if es.is_empty() => write!(f, "!all()"),
+            Selector::And(es) => join(f, es, " && "),
+            Selector::Or(es) => join(f, es, " || "),
         }
     }
 }
@@ -272,6 +351,10 @@ struct Parser<'a> {
     toks: &'a [Token],
     i: usize,
     end: usize,
+    /// Current nesting: open parentheses plus pending `!`s.
+    depth: usize,
+    /// Set when the error returned is [`MAX_SELECTOR_DEPTH`].
+    too_deep: bool,
 }
 
 type PResult<T> = Result<T, (usize, String)>;
@@ -310,32 +393,65 @@ impl Parser<'_> {
         matches!(self.peek_tok(), Some(Tok::Word(x)) if x == w)
     }
 
+    /// Enters `levels` more levels of nesting, or fails naming [`MAX_SELECTOR_DEPTH`].
+    fn descend(&mut self, levels: usize, pos: usize) -> PResult<()> {
+        self.depth += levels;
+        if self.depth > MAX_SELECTOR_DEPTH {
+            self.too_deep = true;
+            return Err((
+                pos,
+                format!(
+                    "selector nests deeper than {MAX_SELECTOR_DEPTH} levels at position {pos} \
+                     (each '(' and '!' is a level), the limit is {MAX_SELECTOR_DEPTH}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn expr(&mut self) -> PResult<Selector> {
-        let mut left = self.and()?;
+        // A chain is collected into one flat list: its length costs no stack.
+        let mut terms = vec![self.and()?];
         while self.peek_tok() == Some(&Tok::OrOr) {
             self.i += 1;
-            let right = self.and()?;
-            left = Selector::Or(Box::new(left), Box::new(right));
+            terms.push(self.and()?);
         }
-        Ok(left)
+        Ok(if terms.len() == 1 {
+            terms.pop().expect("one term")
+        } else {
+            Selector::Or(terms)
+        })
     }
 
     fn and(&mut self) -> PResult<Selector> {
-        let mut left = self.unary()?;
+        let mut terms = vec![self.unary()?];
         while self.peek_tok() == Some(&Tok::AndAnd) {
             self.i += 1;
-            let right = self.unary()?;
-            left = Selector::And(Box::new(left), Box::new(right));
+            terms.push(self.unary()?);
         }
-        Ok(left)
+        Ok(if terms.len() == 1 {
+            terms.pop().expect("one term")
+        } else {
+            Selector::And(terms)
+        })
     }
 
     fn unary(&mut self) -> PResult<Selector> {
-        if self.peek_tok() == Some(&Tok::Bang) {
+        // `!!!x` is read in a loop, not by recursion; each `!` still counts as a level since
+        // the tree it builds is that deep.
+        let mut bangs = 0;
+        while self.peek_tok() == Some(&Tok::Bang) {
+            let pos = self.pos();
             self.i += 1;
-            return Ok(Selector::Not(Box::new(self.unary()?)));
+            bangs += 1;
+            self.descend(1, pos)?;
         }
-        self.primary()
+        let mut e = self.primary()?;
+        self.depth -= bangs;
+        for _ in 0..bangs {
+            e = Selector::Not(Box::new(e));
+        }
+        Ok(e)
     }
 
     fn string(&mut self) -> PResult<String> {
@@ -388,7 +504,9 @@ impl Parser<'_> {
         match tok {
             Tok::LParen => {
                 self.i += 1;
+                self.descend(1, pos)?;
                 let e = self.expr()?;
+                self.depth -= 1;
                 self.expect(Tok::RParen, "')'")?;
                 Ok(e)
             }

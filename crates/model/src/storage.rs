@@ -5,22 +5,38 @@
 
 use tern_store::{Compare, Op, Store, Txn, keys};
 
-use crate::ModelError;
-use crate::resources::{Kind, Resource};
+use crate::error::ModelError;
+use crate::registry::{Kind, Resource};
 
-/// The store key of a resource. The IPAM configuration is a singleton at
-/// [`keys::IPAM_CONFIG`], where the allocator reads it.
+/// The name a singleton kind's resource is read by; its key does not depend on the name.
+const SINGLETON_NAME: &str = "default";
+
+/// The store key of a resource. A singleton kind (the IPAM configuration, at
+/// [`keys::IPAM_CONFIG`], where the allocator reads it) has one key whatever the name.
 pub fn resource_key(kind: Kind, namespace: Option<&str>, name: &str) -> String {
-    match kind {
-        Kind::IpamConfig => keys::IPAM_CONFIG.to_string(),
-        k if k.namespaced() => {
-            keys::namespaced_resource(k.as_str(), namespace.unwrap_or_default(), name)
-        }
-        k => keys::resource(k.as_str(), name),
+    if let Some(key) = kind.singleton_key() {
+        return key.to_string();
+    }
+    if kind.namespaced() {
+        keys::namespaced_resource(kind.as_str(), namespace.unwrap_or_default(), name)
+    } else {
+        keys::resource(kind.as_str(), name)
     }
 }
 
 fn decode(key: &str, kv: &tern_store::KeyValue) -> Result<Resource, ModelError> {
+    // Refused before decoding: an oversized value written past validation must not cost
+    // every reader its size in memory.
+    let limit = crate::limits::MAX_RESOURCE_BYTES;
+    if kv.value.len() > limit {
+        return Err(ModelError::Corrupt {
+            key: key.to_string(),
+            message: format!(
+                "the value is {} bytes, the limit is {limit}",
+                kv.value.len()
+            ),
+        });
+    }
     let mut r = Resource::from_json(&kv.value).map_err(|message| ModelError::Corrupt {
         key: key.to_string(),
         message,
@@ -78,13 +94,67 @@ pub fn get_resource(
 
 /// Lists every resource of a kind (all namespaces), sorted by key.
 pub fn list_resources(store: &dyn Store, kind: Kind) -> Result<Vec<Resource>, ModelError> {
-    if kind == Kind::IpamConfig {
-        return Ok(get_resource(store, kind, None, "default")?
+    if kind.singleton_key().is_some() {
+        return Ok(get_resource(store, kind, None, SINGLETON_NAME)?
             .into_iter()
             .collect());
     }
     let (kvs, _) = store.range(&keys::resource_prefix(kind.as_str()))?;
     kvs.iter().map(|kv| decode(&kv.key, kv)).collect()
+}
+
+/// Lists every resource of a kind that a daemon can use, and separately the error of each
+/// stored value that it cannot (oversized, undecodable or unusable, naming its key): for a
+/// daemon, which must keep serving from the good values rather than stop on one bad value
+/// someone wrote past validation. Each value is judged by [`Resource::from_stored`], the one
+/// read-path decision every daemon reader shares (so IPAM never allocates from a pool the
+/// dataplane or BGP ignore).
+pub fn list_resources_skipping(
+    store: &dyn Store,
+    kind: Kind,
+) -> Result<(Vec<Resource>, Vec<ModelError>), ModelError> {
+    let stored = |kv: &tern_store::KeyValue| -> Result<Resource, ModelError> {
+        let mut r = Resource::from_stored(&kv.value).map_err(|message| ModelError::Corrupt {
+            key: kv.key.clone(),
+            message,
+        })?;
+        r.metadata_mut().resource_version = Some(kv.mod_revision.to_string());
+        Ok(r)
+    };
+    if let Some(key) = kind.singleton_key() {
+        return Ok(match store.get(key)? {
+            None => (Vec::new(), Vec::new()),
+            Some(kv) => match stored(&kv) {
+                Ok(r) => (vec![r], Vec::new()),
+                Err(e) => (Vec::new(), vec![e]),
+            },
+        });
+    }
+    let (kvs, _) = store.range(&keys::resource_prefix(kind.as_str()))?;
+    let (mut good, mut bad) = (Vec::new(), Vec::new());
+    for kv in &kvs {
+        match stored(kv) {
+            Ok(r) => good.push(r),
+            Err(e) => bad.push(e),
+        }
+    }
+    Ok((good, bad))
+}
+
+/// Every readable resource of `kind`, as [`list_resources_skipping`] finds them; each value that
+/// cannot be decoded (corrupt, over a limit, invalid) is logged at warn level with its key and
+/// `reader` (the component reading), so one bad value written past validation never takes a
+/// whole list, and the service reading it, down.
+pub fn list_resources_warn(
+    store: &dyn Store,
+    kind: Kind,
+    reader: &str,
+) -> Result<Vec<Resource>, ModelError> {
+    let (good, bad) = list_resources_skipping(store, kind)?;
+    for e in bad {
+        log::warn!("{reader}: ignoring an unreadable {kind}: {e}");
+    }
+    Ok(good)
 }
 
 /// Deletes a resource; true when it existed. Deleting an absent resource is not an error.

@@ -23,7 +23,6 @@ pub const IGNORED_CALICO_KEYS: &[&str] = &[
     "etcd_cert_file",
     "etcd_ca_cert_file",
     "etcd_scheme",
-    "feature_control",
     "mode",
     "vxlan_mac_prefix",
     "vxlan_vni",
@@ -44,6 +43,15 @@ pub const IGNORED_CALICO_KEYS: &[&str] = &[
 pub struct ContainerSettings {
     #[serde(default)]
     pub allow_ip_forwarding: bool,
+}
+
+/// `feature_control` (Calico's switches of optional features; the others are accepted and
+/// unused).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FeatureControl {
+    /// Allows the `ipAddrsNoIpam` pod annotation (addresses used without IPAM).
+    #[serde(default)]
+    pub ip_addrs_no_ipam: bool,
 }
 
 /// The keys of the `tern` plugin (and the Calico keys it honours).
@@ -73,6 +81,8 @@ pub struct TernConf {
     pub log_file_max_count: Option<u64>,
     #[serde(default)]
     pub container_settings: Option<ContainerSettings>,
+    #[serde(default)]
+    pub feature_control: Option<FeatureControl>,
     /// Every other key, checked against [`IGNORED_CALICO_KEYS`] for the debug log.
     #[serde(flatten)]
     pub other: Map<String, Value>,

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod log;
+pub mod pod_cidr;
 
 use config::{TernConf, TernIpamConf};
 use log::{Level, Logger};
@@ -25,6 +26,9 @@ use tern_cni::{CniError, CniResult, Command, Environment, NetConf, Version};
 
 /// How long a plugin waits for the agent.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest network configuration read from stdin: 1 MiB (a tern configuration is a few KiB;
+/// the agent's frame limit, [`tern_api::MAX_FRAME`], is the same).
+pub const MAX_STDIN: usize = 1 << 20;
 /// The IPAM type that the agent serves itself, without executing a second plugin.
 pub const TERN_IPAM: &str = "tern-ipam";
 
@@ -38,13 +42,11 @@ pub enum Plugin {
 /// Entry point of both binaries: runs the command and exits with the CNI conventions.
 pub fn main(plugin: Plugin) -> ! {
     let mut stdin = Vec::new();
-    let read = std::io::stdin().read_to_end(&mut stdin);
+    let read = read_bounded(std::io::stdin().lock(), &mut stdin);
     let version = peek_version(&stdin);
     let out = match read {
-        Ok(_) => run(plugin, &stdin),
-        Err(e) => Err(CniError::io(format!(
-            "reading the network configuration from stdin: {e}"
-        ))),
+        Ok(()) => run(plugin, &stdin),
+        Err(e) => Err(e),
     };
     match out {
         Ok(Some(s)) => {
@@ -57,6 +59,21 @@ pub fn main(plugin: Plugin) -> ! {
             std::process::exit(1)
         }
     }
+}
+
+/// Reads the network configuration, at most [`MAX_STDIN`] bytes: a larger one is code 7 naming
+/// the limit (and is not read further, so a runaway writer cannot grow the plugin).
+pub fn read_bounded(input: impl Read, out: &mut Vec<u8>) -> Result<(), CniError> {
+    input
+        .take(MAX_STDIN as u64 + 1)
+        .read_to_end(out)
+        .map_err(|e| CniError::io(format!("reading the network configuration from stdin: {e}")))?;
+    if out.len() > MAX_STDIN {
+        return Err(CniError::invalid_config(format!(
+            "the network configuration on stdin is larger than {MAX_STDIN} bytes (tern's limit)"
+        )));
+    }
+    Ok(())
 }
 
 /// The cniVersion to put in an error, before the configuration is known to be valid.
@@ -88,6 +105,11 @@ pub fn run(plugin: Plugin, stdin: &[u8]) -> Result<Option<String>, CniError> {
         return Ok(Some(tern_cni::version_output_for_stdin(stdin)));
     }
     let (conf, tern): (NetConf, TernConf) = NetConf::parse_with(stdin)?;
+    // A prefix ternd would refuse: refused here too, before it names or deletes anything.
+    if let Some(p) = &tern.interface_prefix {
+        tern_linux::validate_interface_prefix(p)
+            .map_err(|e| CniError::invalid_config(format!("interface_prefix: {e}")))?;
+    }
     let v = conf.cni_version;
     match env.command {
         Command::Check if !v.has_check() => {
@@ -149,6 +171,19 @@ fn call_log_error(call: &Call, e: &CniError) {
         .log(Level::Error, &format!("code {}: {}", e.code, e.msg));
 }
 
+/// A failed call as the runtime should see it: only an absent agent is `down`; a refused
+/// caller, an oversized request and a broken connection say what they are.
+fn call_error(e: CallError, down: impl FnOnce(String) -> CniError) -> CniError {
+    match e {
+        CallError::AgentDown(m) => down(m),
+        CallError::Denied(m) => CniError::io(format!(
+            "{m}: ternd's socket admits only root and its --socket-group"
+        )),
+        e @ CallError::TooLarge { .. } => CniError::invalid_config(e.to_string()),
+        CallError::Io(m) => CniError::io(m),
+    }
+}
+
 fn from_reply(e: ErrorReply) -> CniError {
     CniError::new(e.code, e.msg).with_details(e.details)
 }
@@ -173,6 +208,7 @@ impl Call<'_> {
                 namespace: ns.clone(),
                 name: name.clone(),
                 infra_container_id: args.pod_infra_container_id.clone().unwrap_or_default(),
+                uid: args.pod_uid.clone().unwrap_or_default(),
             }),
             _ => None,
         };
@@ -222,7 +258,7 @@ impl Call<'_> {
         match self.call(req, fd) {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => Err(from_reply(e)),
-            Err(e) => Err(down(self.agent_down_hint(&e.to_string()))),
+            Err(e) => Err(call_error(e, |m| down(self.agent_down_hint(&m)))),
         }
     }
 
@@ -270,6 +306,11 @@ impl Call<'_> {
         }
         requested.dedup();
         req.requested = requested;
+        req.ip_addrs_no_ipam = self
+            .tern
+            .feature_control
+            .as_ref()
+            .is_some_and(|f| f.ip_addrs_no_ipam);
         Ok(req)
     }
 
@@ -307,6 +348,10 @@ impl Call<'_> {
     }
 
     fn delegate(&self, command: Command) -> Result<Option<Value>, CniError> {
+        // `ipam.subnet: usePodCidr` (Calico's host-local convention): the node's podCIDR.
+        if let Some(conf) = pod_cidr::resolve(self.stdin, &self.tern.state_dir())? {
+            return tern_cni::delegate(self.ipam_type(), command, &conf, &self.env);
+        }
         tern_cni::delegate(self.ipam_type(), command, self.stdin, &self.env)
     }
 
@@ -324,6 +369,13 @@ impl Call<'_> {
     }
 
     fn add(&self) -> Result<Option<String>, CniError> {
+        // Everything that can be refused is checked before anything is created.
+        let prev = match &self.conf.prev_result {
+            Some(p) => Some(CniResult::from_json(p).map_err(|e| {
+                CniError::new(e.code, format!("prevResult: {}", e.msg)).with_details(e.details)
+            })?),
+            None => None,
+        };
         let netns = self.open_netns()?;
         let mut req = AddRequest {
             attachment: self.attachment(),
@@ -344,13 +396,21 @@ impl Call<'_> {
             ports: self.ports()?,
         };
         if self.delegated() {
-            let out = self.delegate(Command::Add)?.ok_or_else(|| {
-                CniError::decode(format!(
+            // Exit 0 with no output may still have allocated: undone like a bad result.
+            let Some(out) = self.delegate(Command::Add)? else {
+                self.undo_delegated_add();
+                return Err(CniError::decode(format!(
                     "IPAM plugin {:?} returned no result",
                     self.ipam_type()
-                ))
-            })?;
-            let r = CniResult::from_json(&out)?;
+                )));
+            };
+            let r = match CniResult::from_json(&out) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.undo_delegated_add();
+                    return Err(e);
+                }
+            };
             if r.ips.is_empty() {
                 self.undo_delegated_add();
                 return Err(CniError::invalid_config(format!(
@@ -371,25 +431,45 @@ impl Call<'_> {
         } else {
             req.ipam = self.ipam_request()?;
         }
-        let reply = self.call_or(&Request::Add(req), Some(&netns), CniError::try_again_later);
-        let reply = match reply {
-            Ok(r) => r,
-            Err(e) => {
+        let reply = match self.call(&Request::Add(req), Some(&netns)) {
+            Ok(Ok(r)) => r,
+            // The ADD was sent and the answer lost (timeout, the agent died mid-request): the
+            // agent may still complete it, so it is undone like a bad answer (DEL is
+            // idempotent) rather than left for the runtime's DEL.
+            Err(e @ CallError::Io(_)) => {
+                self.rollback_add();
+                return Err(call_error(e, CniError::try_again_later));
+            }
+            other => {
                 if self.delegated() {
                     self.undo_delegated_add();
                 }
+                return Err(match other {
+                    Ok(Err(e)) => from_reply(e),
+                    Err(e) => {
+                        call_error(e, |m| CniError::try_again_later(self.agent_down_hint(&m)))
+                    }
+                    Ok(Ok(_)) => unreachable!("matched above"),
+                });
+            }
+        };
+        let converted = match reply {
+            Reply::Result(nr) => to_cni_result(&nr).map(|r| (nr, r)),
+            _ => Err(CniError::agent("ternd answered ADD without a result")),
+        };
+        let (nr, mut result) = match converted {
+            Ok(x) => x,
+            Err(e) => {
+                // The pod is wired but the runtime will see a failure: undo it all.
+                self.rollback_add();
                 return Err(e);
             }
         };
-        let Reply::Result(nr) = reply else {
-            return Err(CniError::agent("ternd answered ADD without a result"));
-        };
-        let mut result = to_cni_result(&nr)?;
         if let Some(dns) = &self.conf.dns {
             result.dns = dns.clone();
         }
-        if let Some(prev) = &self.conf.prev_result {
-            result = merge_prev(CniResult::from_json(prev)?, result);
+        if let Some(prev) = prev {
+            result = merge_prev(prev, result);
         }
         self.log.log(
             Level::Info,
@@ -403,6 +483,27 @@ impl Call<'_> {
             ),
         );
         Ok(Some(result.to_json(self.conf.cni_version).to_string()))
+    }
+
+    /// Undoes an ADD the agent completed when the plugin cannot report it: DEL through the agent,
+    /// then the delegated IPAM's DEL.
+    fn rollback_add(&self) {
+        let req = Request::Del(DelRequest {
+            attachment: self.attachment(),
+            delegated_ipam: self.delegated(),
+        });
+        match self.call(&req, None) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self
+                .log
+                .log(Level::Warn, &format!("undoing ADD: DEL failed: {}", e.msg)),
+            Err(e) => self
+                .log
+                .log(Level::Warn, &format!("undoing ADD: DEL failed: {e}")),
+        }
+        if self.delegated() {
+            self.undo_delegated_add();
+        }
     }
 
     /// Releases what a delegated IPAM ADD allocated when the rest of ADD fails (spec: the
@@ -423,6 +524,11 @@ impl Call<'_> {
         match self.call(&req, None) {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(from_reply(e)),
+            // A refused caller or an oversized request is not an absent agent: the plugin
+            // must not tear down on its own behalf.
+            Err(e @ (CallError::Denied(_) | CallError::TooLarge { .. })) => {
+                return Err(call_error(e, CniError::io));
+            }
             Err(e) => self.del_without_agent(&attachment, &e.to_string())?,
         }
         if self.delegated() {
@@ -443,14 +549,58 @@ impl Call<'_> {
             &a.container_id,
             &a.ifname,
         );
-        tern_linux::veth::teardown_pod_interface(&host_if).map_err(|e| {
-            CniError::io(format!(
-                "ternd is down ({why}) and removing {host_if} failed: {e}"
-            ))
-        })?;
+        // The derived name is shared by every sandbox of the pod: the veth goes only when it is
+        // this sandbox's, i.e. its peer is CNI_IFNAME inside CNI_NETNS. Otherwise (another
+        // sandbox's veth, no or a gone netns) the release is only journaled, naming the veth,
+        // and ternd decides (it keeps a veth that another endpoint owns).
+        match veth_peers_pod(&host_if, self.env.netns.as_deref(), &a.ifname) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.log.log(
+                    Level::Info,
+                    &format!(
+                        "ternd is down ({why}); interface {host_if} is not the peer of {} in CNI_NETNS: journaling only",
+                        a.ifname
+                    ),
+                );
+                return self.journal_release(a, host_if, why);
+            }
+            Err(e) => {
+                self.log.log(
+                    Level::Warn,
+                    &format!("ternd is down ({why}); not deleting interface {host_if}: {e}"),
+                );
+                return self.journal_release(a, host_if, why);
+            }
+        }
+        // Only tern's own pod veth goes: a device of that name that is not a veth with the
+        // interface prefix (a bridge, a NIC, a prefix configured empty) is left alone.
+        match tern_linux::delete_pod_veth(&host_if, self.tern.interface_prefix()) {
+            Ok(tern_linux::Deleted::Refused(not_ours)) => self.log.log(
+                Level::Warn,
+                &format!("ternd is down ({why}); not deleting interface {host_if}: {not_ours}"),
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(CniError::io(format!(
+                    "ternd is down ({why}) and removing {host_if} failed: {e}"
+                )));
+            }
+        }
+        // Deleted here already: the journal only asks for the release.
+        self.journal_release(a, String::new(), why)
+    }
+
+    /// Journals the release of `a` for ternd to complete.
+    fn journal_release(
+        &self,
+        a: &Attachment,
+        host_ifname: String,
+        why: &str,
+    ) -> Result<(), CniError> {
         let entry = tern_api::journal::JournalEntry {
             attachment: a.clone(),
-            host_ifname: host_if,
+            host_ifname,
             delegated_ipam: self.delegated(),
             source: "plugin".into(),
         };
@@ -545,6 +695,9 @@ impl Call<'_> {
                 match self.call(&Request::IpamDel(a.clone()), None) {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => return Err(from_reply(e)),
+                    Err(e @ (CallError::Denied(_) | CallError::TooLarge { .. })) => {
+                        return Err(call_error(e, CniError::io));
+                    }
                     Err(e) => {
                         let entry = tern_api::journal::JournalEntry {
                             attachment: a,
@@ -580,25 +733,56 @@ impl Call<'_> {
     }
 }
 
-/// Opens a netns path, with errors naming CNI_NETNS.
+/// Opens a netns path, with errors naming CNI_NETNS (code 4). The open never blocks (a FIFO
+/// given as CNI_NETNS would otherwise wait for a writer forever), and the file must be a
+/// network namespace: nsfs, and `NS_GET_NSTYPE` says CLONE_NEWNET.
 pub fn open_netns(path: &Path) -> Result<File, CniError> {
-    let f = File::open(path).map_err(|e| {
-        CniError::invalid_env(format!(
+    use tern_linux::netns::NsFileError;
+    match tern_linux::netns::open_nonblocking(path) {
+        Ok(fd) => Ok(File::from(fd)),
+        Err(NsFileError::Open(e)) => Err(CniError::invalid_env(format!(
             "CNI_NETNS {}: cannot open the network namespace: {e}",
             path.display()
-        ))
-    })?;
-    const NSFS_MAGIC: i64 = 0x6e73_6673;
-    // SAFETY: fstatfs writes into the zeroed struct we own.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) };
-    if rc != 0 || st.f_type as i64 != NSFS_MAGIC {
-        return Err(CniError::invalid_env(format!(
-            "CNI_NETNS {}: not a network namespace",
+        ))),
+        Err(NsFileError::NotNet(_)) => Err(CniError::invalid_env(format!(
+            "CNI_NETNS {}: a namespace of another type, not a network namespace",
             path.display()
-        )));
+        ))),
+        Err(_) => Err(CniError::invalid_env(format!(
+            "CNI_NETNS {}: not a network namespace (not a namespace file)",
+            path.display()
+        ))),
     }
-    Ok(f)
+}
+
+/// Whether the host veth `host_if` (in the current namespace) and the device `ifname` inside
+/// the network namespace at `netns` are the two ends of one veth pair: each one's `IFLA_LINK`
+/// is the other's index. False when the host veth, the namespace or the device is missing.
+pub fn veth_peers_pod(host_if: &str, netns: Option<&Path>, ifname: &str) -> Result<bool, String> {
+    let Some(path) = netns.filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(false);
+    };
+    let mut h = tern_linux::netlink::Handle::new().map_err(|e| e.to_string())?;
+    let Some(host) = h.link_by_name(host_if).map_err(|e| e.to_string())? else {
+        return Ok(false);
+    };
+    let (Some(peer_index), Some(_)) = (host.peer_index, host.link_netnsid) else {
+        // The peer is in this namespace (a half-made pair) or the device is no veth.
+        return Ok(false);
+    };
+    let ns = match tern_linux::netns::open_nonblocking(path) {
+        Ok(fd) => tern_linux::netns::NetNs::from_fd(fd),
+        Err(_) => return Ok(false),
+    };
+    let pod = ns
+        .run(|| tern_linux::netlink::Handle::new().and_then(|mut h| h.link_by_name(ifname)))
+        .and_then(|r| r)
+        .map_err(|e| e.to_string())?;
+    Ok(pod.is_some_and(|p| {
+        p.index == peer_index
+            && p.peer_index == Some(host.index)
+            && p.kind.as_deref() == Some("veth")
+    }))
 }
 
 /// The agent's result in tern-cni's model.
@@ -760,6 +944,60 @@ mod tests {
         let m = merge_prev(prev, ours);
         assert_eq!(m.interfaces.len(), 2);
         assert_eq!(m.ips[0].interface, Some(1));
+    }
+
+    #[test]
+    fn stdin_is_read_up_to_the_limit() {
+        let mut out = Vec::new();
+        read_bounded(&vec![b' '; MAX_STDIN][..], &mut out).unwrap();
+        assert_eq!(out.len(), MAX_STDIN);
+        let mut out = Vec::new();
+        // An endless writer: only limit + 1 bytes are ever read.
+        let e = read_bounded(std::io::repeat(b'x'), &mut out).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert!(e.msg.contains("1048576 bytes"), "{}", e.msg);
+        assert_eq!(out.len(), MAX_STDIN + 1);
+    }
+
+    #[test]
+    fn call_errors_say_what_they_are() {
+        let down = |m: String| CniError::try_again_later(format!("down: {m}"));
+        let e = call_error(
+            CallError::TooLarge {
+                len: 2 << 20,
+                max: tern_api::MAX_FRAME,
+            },
+            down,
+        );
+        assert_eq!(e.code, 7);
+        assert!(
+            e.msg.contains("over the limit of 1048576 bytes"),
+            "{}",
+            e.msg
+        );
+        assert!(!e.msg.contains("not running"), "{}", e.msg);
+        let e = call_error(CallError::Denied("permission denied".into()), down);
+        assert_eq!(e.code, 5);
+        assert!(e.msg.contains("--socket-group"), "{}", e.msg);
+        let e = call_error(CallError::AgentDown("refused".into()), down);
+        assert_eq!((e.code, e.msg.as_str()), (11, "down: refused"));
+    }
+
+    #[test]
+    fn a_fifo_or_a_foreign_namespace_is_not_a_netns() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("f");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo on a NUL-terminated path in our temp dir.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Would block forever without O_NONBLOCK (no writer).
+        let e = open_netns(&fifo).unwrap_err();
+        assert_eq!(e.code, 4);
+        assert!(e.msg.contains("CNI_NETNS"), "{}", e.msg);
+        let e = open_netns(Path::new("/proc/self/ns/uts")).unwrap_err();
+        assert_eq!(e.code, 4);
+        assert!(e.msg.contains("another type"), "{}", e.msg);
+        assert!(open_netns(Path::new("/proc/self/ns/net")).is_ok());
     }
 
     #[test]

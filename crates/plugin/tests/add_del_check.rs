@@ -290,3 +290,90 @@ fn two_interfaces_of_one_container() {
         .expect("eth0 still carries traffic");
     assert_eq!(src, ip0);
 }
+
+/// F15: an ADD whose answer is lost after it was sent (the connection breaks: a timeout, the
+/// agent dying mid-request) is undone with a DEL, since the agent may still complete it. A
+/// stand-in agent takes the ADD, closes without answering, and records what comes next.
+#[test]
+fn an_add_whose_answer_is_lost_is_rolled_back_with_a_del() {
+    assert!(can_run(), "needs root");
+    let node = Node::new();
+    let pod = Pod::new();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("fake.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut ops = Vec::new();
+        listener.set_nonblocking(true).unwrap();
+        for i in 0..2 {
+            // Without a rollback no second connection comes: give up after 10 s.
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let s = loop {
+                match listener.accept() {
+                    Ok((s, _)) => break Some(s),
+                    Err(_) if std::time::Instant::now() < end => {
+                        std::thread::sleep(std::time::Duration::from_millis(20))
+                    }
+                    Err(_) => break None,
+                }
+            };
+            let Some(s) = s else { break };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
+            let (body, _) = tern_api::read_frame(&s).unwrap();
+            let req: Value = serde_json::from_slice(&body).unwrap();
+            ops.push(req["op"].as_str().unwrap_or("").to_string());
+            if i == 1 {
+                let done: tern_api::Response = Ok(tern_api::Reply::Done);
+                tern_api::write_frame(&s, &serde_json::to_vec(&done).unwrap(), None).unwrap();
+            }
+            // i == 0: dropped without an answer.
+        }
+        ops
+    });
+    let mut conf = node.conf("1.0.0");
+    conf["agent_socket"] = Value::from(sock.to_str().unwrap());
+    let out = node.cni("ADD", &pod, "lost1", "eth0", &conf);
+    assert_ne!(out.status, 0, "{}", out.json);
+    let ops = server.join().unwrap();
+    assert_eq!(ops, ["add", "del"], "the lost ADD was not rolled back");
+}
+
+/// F15: a delegated IPAM plugin that exits 0 with no output may still have allocated: its DEL
+/// runs before the ADD fails.
+#[test]
+fn a_delegated_ipam_add_without_output_is_undone() {
+    assert!(can_run(), "needs root");
+    let node = Node::new();
+    let pod = Pod::new();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ipam-del-ran");
+    let script = dir.path().join("silent-ipam");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\nif [ \"$CNI_COMMAND\" = DEL ]; then touch {}; fi\nexit 0\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut conf = node.conf("1.0.0");
+    conf["ipam"] = serde_json::json!({"type": "silent-ipam"});
+    let mut env = node.env("ADD", &pod.path(), "silent1", "eth0", pod.name());
+    for (k, v) in env.iter_mut() {
+        if *k == "CNI_PATH" {
+            *v = format!("{}:{v}", dir.path().display());
+        }
+    }
+    let out = node.run_plugin(&tern_bin(), &env, conf.to_string().as_bytes());
+    assert_ne!(out.status, 0, "{}", out.json);
+    assert!(
+        out.json.to_string().contains("returned no result"),
+        "{}",
+        out.json
+    );
+    assert!(marker.exists(), "the delegated IPAM DEL did not run");
+}

@@ -110,7 +110,7 @@ fn start_up_reconciliation_releases_dead_pods_and_orphans() {
         node.name(),
         "link",
         "add",
-        "ternorphan0",
+        "tern00000000000",
         "type",
         "veth",
         "peer",
@@ -131,7 +131,7 @@ fn start_up_reconciliation_releases_dead_pods_and_orphans() {
     );
     let links = node.links();
     assert!(
-        !links.contains(&"ternorphan0".to_string()),
+        !links.contains(&"tern00000000000".to_string()),
         "orphan veth not removed: {links:?}"
     );
     assert!(
@@ -155,7 +155,7 @@ fn periodic_reconciliation_removes_an_orphan_while_running() {
         node.name(),
         "link",
         "add",
-        "ternorphan1",
+        "tern00000000001",
         "type",
         "veth",
         "peer",
@@ -166,7 +166,7 @@ fn periodic_reconciliation_removes_an_orphan_while_running() {
     assert!(
         wait_until(Duration::from_secs(5), || !node
             .links()
-            .contains(&"ternorphan1".to_string())),
+            .contains(&"tern00000000001".to_string())),
         "orphan not removed by the periodic pass"
     );
     assert!(node.links().contains(&result_host_if(&r)));
@@ -213,4 +213,77 @@ fn gc_releases_attachments_that_are_not_valid() {
         assert_eq!(node.allocated_to(&cid), vec![result_ip(r)]);
         node.cni("CHECK", &pods[i], &cid, "eth0", &conf).ok();
     }
+}
+
+/// F2: with ternd down, a DEL of an old sandbox of a pod (another container ID, another or
+/// no netns) must not delete the veth of the pod's current sandbox, which has the same
+/// derived name: the plugin deletes it only when its peer is CNI_IFNAME inside CNI_NETNS.
+#[test]
+fn del_while_down_deletes_only_its_own_sandboxs_veth() {
+    if !can_run() {
+        return;
+    }
+    let mut node = Node::new();
+    let pod = Pod::new();
+    let old_sandbox = Pod::new();
+    let conf = node.conf("1.0.0");
+    let r = node.add(&pod, "sandbox-b", &conf);
+    let host_if = result_host_if(&r);
+    node.stop();
+    let tern = tern_bin();
+    let stdin = conf.to_string();
+    // The old sandbox A's netns (no eth0 of that veth in it), then an empty CNI_NETNS.
+    for netns in [old_sandbox.path(), String::new()] {
+        let env = node.env("DEL", &netns, "sandbox-a", "eth0", pod.name());
+        let out = node.run_plugin(&tern, &env, stdin.as_bytes());
+        assert_eq!(out.status, 0, "{}", out.stderr);
+        assert!(
+            node.links().contains(&host_if),
+            "a stale sandbox's DEL (netns {netns:?}) deleted {host_if}"
+        );
+    }
+    // One entry per attachment (the second DEL rewrote it).
+    assert_eq!(node.journal_files().len(), 1, "{:?}", node.journal_files());
+    // ternd replays A's entry at start (it names the veth): B's endpoint owns it, so it stays.
+    node.start();
+    assert!(
+        wait_until(Duration::from_secs(10), || node.journal_files().is_empty()),
+        "journal not replayed: {}",
+        node.agent_log()
+    );
+    assert!(
+        node.links().contains(&host_if),
+        "the replay of the stale DEL deleted {host_if}"
+    );
+    // B's own DEL (ternd down again; its netns holds the peer) deletes it.
+    node.stop();
+    node.cni("DEL", &pod, "sandbox-b", "eth0", &conf).ok();
+    assert!(
+        !node.links().contains(&host_if),
+        "the plugin did not remove {host_if} for its own sandbox"
+    );
+}
+
+/// F10: an `interface_prefix` that would cut the name digest short or match other software's
+/// devices is refused with code 7 naming the field, before anything is named or deleted.
+#[test]
+fn a_bad_interface_prefix_is_code_7_naming_the_field() {
+    if !can_run() {
+        return;
+    }
+    let node = Node::new();
+    let pod = Pod::new();
+    for bad in ["veth", "mycluster-pod-", "Tern", ""] {
+        let mut conf = node.conf("1.0.0");
+        conf["interface_prefix"] = json!(bad);
+        for cmd in ["ADD", "DEL"] {
+            let msg = node.cni(cmd, &pod, "prefix1", "eth0", &conf).fails_with(7);
+            assert!(msg.contains("interface_prefix"), "{bad:?} {cmd}: {msg}");
+        }
+    }
+    assert!(
+        node.tern_links().is_empty(),
+        "something was created: {:?}",
+        node.tern_links()
+    );
 }

@@ -149,16 +149,25 @@ impl Drop for NsEtcd {
     }
 }
 
-/// Root, and an etcd binary to run; prints why not otherwise.
+/// Root, and an etcd binary to run, as tern-testkit's `require` (fails under strict mode).
 fn can_run_etcd() -> bool {
-    if !can_run() {
-        return false;
-    }
-    if !etcd_available() {
-        eprintln!("skipping: no etcd binary (set TERN_ETCD_BIN or put etcd on PATH)");
-        return false;
-    }
-    true
+    can_run()
+        && tern_testkit::require(
+            "an etcd binary",
+            etcd_available(),
+            tern_testkit::install_hint("etcd"),
+        )
+}
+
+/// A node whose ternd runs on an etcd in the node's underlay, both started. The node comes
+/// first in the pair so that, bound as `let (node, etcd)`, etcd is dropped (killed) before the
+/// node's namespace goes.
+fn started_on_etcd() -> (Node, NsEtcd) {
+    let mut node = Node::unstarted_with_store(&etcd_url());
+    let mut etcd = NsEtcd::new(&node);
+    etcd.start();
+    node.start();
+    (node, etcd)
 }
 
 #[test]
@@ -166,11 +175,7 @@ fn etcd_outage_del_is_journaled_add_is_code_11_and_the_journal_is_replayed() {
     if !can_run_etcd() {
         return;
     }
-    // Declared first, dropped last: etcd is killed before the node's namespace goes.
-    let mut node = Node::unstarted_with_store(&etcd_url());
-    let mut etcd = NsEtcd::new(&node);
-    etcd.start();
-    node.start();
+    let (node, mut etcd) = started_on_etcd();
     let conf = node.conf("1.0.0");
 
     let pod_a = Pod::new();
@@ -338,10 +343,7 @@ fn etcd_that_hangs_add_is_code_11_in_bounded_time_and_works_after() {
     if !can_run_etcd() {
         return;
     }
-    let mut node = Node::unstarted_with_store(&etcd_url());
-    let mut etcd = NsEtcd::new(&node);
-    etcd.start();
-    node.start();
+    let (node, mut etcd) = started_on_etcd();
     let conf = node.conf("1.0.0");
     let pod = Pod::new();
 

@@ -267,6 +267,13 @@ impl PolicySet {
     }
 
     /// Removes a policy; true when it existed.
+    /// Puts back a policy's compiled form as it was: a daemon keeps the last good version of
+    /// a policy whose stored update it cannot use, since dropping it would switch its
+    /// protection off.
+    pub fn keep_policy(&mut self, ir: IrPolicy) {
+        self.policies.insert(ir.key.clone(), ir);
+    }
+
     pub fn remove_policy(&mut self, key: &PolicyKey) -> bool {
         self.policies.remove(key).is_some()
     }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use serde_yaml::Value;
+use serde_norway::Value;
 use tern_model::{EndpointPort, Protocol, Resource};
 use tern_policy::{Endpoint, Flow, PolicyKey, PolicySet};
 
@@ -79,7 +79,7 @@ impl Cluster {
         let (kind, arg) = action.as_mapping().unwrap().iter().next().unwrap();
         match kind.as_str().unwrap() {
             "create_policy" | "update_policy" => {
-                let mut text = serde_yaml::to_string(arg).unwrap();
+                let mut text = serde_norway::to_string(arg).unwrap();
                 for (pod, ip) in &self.ips {
                     text = text.replace(&format!("{{{{ip:{pod}}}}}"), &ip.to_string());
                 }
@@ -127,7 +127,7 @@ impl Cluster {
 
 #[test]
 fn evaluator_matches_upstream_truth_tables() {
-    let doc: Value = serde_yaml::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
+    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
     let cols: Vec<String> = doc["model"]["matrix_columns"]
         .as_sequence()
         .unwrap()

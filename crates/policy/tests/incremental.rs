@@ -174,10 +174,9 @@ fn extra_chains_are_rendered_with_policy_and_a_failed_apply_forces_a_full_resync
 }
 
 /// A fresh, uniquely named network namespace for applying scripts, or `None` (skipped)
-/// without root.
+/// without root; under `TERN_TEST_STRICT=1` a missing root fails the test (tern-testkit).
 fn kernel_netns(tag: &str) -> Option<Netns> {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root");
+    if !tern_testkit::require_root() {
         return None;
     }
     let ns = Netns(vec![format!("tpol-{tag}-{}", std::process::id())]);

@@ -89,8 +89,7 @@ fn load(set: &mut PolicySet, yaml: &str) {
 
 #[test]
 fn rulesets_enforce_policy_in_a_private_namespace() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root");
+    if !tern_testkit::require_root() {
         return;
     }
     let tag = std::process::id();

@@ -51,6 +51,7 @@ pub fn run_all_with(make: &dyn Fn() -> Arc<dyn Store>, opts: &Options) {
     txn_multiple_compares_and_ops(&*make());
     delete_prefix(&*make());
     revision_monotonic(&*make());
+    value_size_limit(&*make());
     concurrent_cas(make(), opts.cas_threads, opts.cas_increments);
     watch_sees_later_events(&*make());
     watch_live_from_other_thread(make());
@@ -755,4 +756,47 @@ pub fn lease_unknown(s: &dyn Store) {
     );
     assert_eq!(s.revision().unwrap(), before);
     assert_eq!(s.get("/conformance/lease-unknown/plain").unwrap(), None);
+}
+
+/// A value up to 1 MiB is stored and read back; one over [`crate::MAX_VALUE_BYTES`] (etcd's
+/// default `--max-request-bytes`), or a transaction whose values add up to more, is refused
+/// with [`StoreError::TooLarge`] naming the limit, and nothing of it is written.
+pub fn value_size_limit(s: &dyn Store) {
+    let ok = vec![b'v'; 1024 * 1024];
+    s.put("/conformance/size/ok", &ok).unwrap();
+    assert_eq!(s.get("/conformance/size/ok").unwrap().unwrap().value, ok);
+    let rev = s.revision().unwrap();
+    let big = vec![b'x'; crate::MAX_VALUE_BYTES + 1];
+    match s.put("/conformance/size/big", &big) {
+        Err(StoreError::TooLarge(m)) => assert!(
+            m.contains("/conformance/size/big") && m.contains(&crate::MAX_VALUE_BYTES.to_string()),
+            "{m}"
+        ),
+        other => panic!("a value over the limit gave {other:?}"),
+    }
+    // Two values each under the limit, together over it: one request too large for etcd.
+    let half = vec![b'h'; crate::MAX_VALUE_BYTES / 2 + 16];
+    let r = s.txn(Txn {
+        success: vec![
+            Op::put("/conformance/size/h1", half.clone()),
+            Op::put("/conformance/size/h2", half),
+        ],
+        ..Txn::default()
+    });
+    assert!(matches!(r, Err(StoreError::TooLarge(_))), "{r:?}");
+    // ... also when they sit in the failure branch.
+    let r = s.txn(Txn {
+        compare: vec![Compare::Version("/conformance/size/ok".into(), 99)],
+        success: vec![],
+        failure: vec![Op::put("/conformance/size/big", big)],
+    });
+    assert!(matches!(r, Err(StoreError::TooLarge(_))), "{r:?}");
+    assert_eq!(
+        s.revision().unwrap(),
+        rev,
+        "a refused write changed the store"
+    );
+    for k in ["big", "h1", "h2"] {
+        assert!(s.get(&format!("/conformance/size/{k}")).unwrap().is_none());
+    }
 }

@@ -6,11 +6,27 @@
 //! protobuf toolchain, and every etcd since 3.4 serves it. Each [`Store`] call is exactly one
 //! request, so a [`Txn`] is one etcd transaction (compares plus success/failure ops).
 //!
-//! Failure handling: an endpoint that refuses or does not answer within the connect timeout is
-//! skipped for the next one; the request timeout bounds every read and write. A request that was
-//! fully sent on a fresh connection and then lost is not retried unless it is a read, since etcd
-//! may have applied it. When no endpoint answers the error is [`StoreError::Unavailable`] naming
-//! each endpoint and why it failed.
+//! Failure handling ([`RetryPolicy`]): a call rides through the loss of a member or of the
+//! leader the way etcd's own clients do. An attempt that cannot connect, gets no answer within
+//! the per-attempt timeout ([`Timeouts::request`]), loses its connection, or is answered with a
+//! transient error ("no leader", "leader changed", "request timed out", "too many requests", a
+//! stopping member) moves to the next endpoint; the member that failed goes to the back of the
+//! order for a while, and after every round over the endpoints the call pauses (50 ms,
+//! doubling up to 500 ms). The call gives up when its total budget (6 s by default) is used up,
+//! with [`StoreError::Unavailable`] naming each failure.
+//!
+//! Reads, lease keep-alives and watches are retried as they are. A plain put or delete is
+//! idempotent and is resent as it is. A transaction whose outcome is unknown (sent, no answer) is
+//! resent with the same compares and writes and a failure branch that reads every key it writes:
+//! if the resend applies, the first attempt had not (tern's transactions compare the
+//! `mod_revision` of the keys they write, so a transaction cannot apply twice); if its compare
+//! fails and every written key holds exactly what this transaction wrote, at one revision, the
+//! first attempt had applied and the call reports success at that revision; otherwise the
+//! outcome cannot be decided here and the error is [`StoreError::Ambiguous`] (the caller knows
+//! which key is its own: IPAM checks its handle). When a call used up its budget with no member
+//! answering at all, later calls make a single pass over the endpoints (going on with the whole
+//! budget as soon as a member answers, even with "no leader"), so an outage is reported at once
+//! instead of once per call.
 //!
 //! Watches use a dedicated streaming connection read by a background thread; dropping the
 //! [`Watch`] shuts the socket down, which ends the thread.
@@ -25,11 +41,11 @@
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -53,22 +69,84 @@ pub struct TlsFiles {
     pub key: Option<PathBuf>,
 }
 
-/// Time limits of every request.
+/// Time limits of every attempt of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
-    /// Limit for establishing a TCP (and TLS) connection to one endpoint.
+    /// Limit for establishing a TCP (and TLS) connection to one endpoint (default 1 s).
     pub connect: Duration,
-    /// Limit for each read and write of a request and its response.
+    /// Limit for each read and write of one attempt (default 2 s): a member that holds a
+    /// request longer (a follower whose leader died keeps proposals for ~7 s) is left for
+    /// another one. Also bounds a watch's handshake.
     pub request: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            connect: Duration::from_secs(2),
-            request: Duration::from_secs(5),
+            connect: Duration::from_secs(1),
+            request: Duration::from_secs(2),
         }
     }
+}
+
+/// How a call rides through member failures (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Total time one call may spend on attempts and pauses before it fails with
+    /// [`StoreError::Unavailable`] (default 6 s: an etcd election takes 1 to 3 s with the
+    /// default election timeout, and the CNI runtime should hear "try again" well within 10 s).
+    pub budget: Duration,
+    /// Pause after a round in which every endpoint failed; doubles every round (default 50 ms).
+    pub backoff: Duration,
+    /// Longest pause between rounds (default 500 ms).
+    pub max_backoff: Duration,
+    /// How long an endpoint that failed is tried only after the others (default 5 s).
+    pub penalty: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            budget: Duration::from_secs(6),
+            backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(500),
+            penalty: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Environment variable overriding [`RetryPolicy::budget`] (milliseconds) for stores opened by
+/// URL ([`crate::open`], [`open_with_tls`]): ternd, ternctl and the plugins.
+pub const RETRY_BUDGET_ENV: &str = "TERN_ETCD_RETRY_BUDGET_MS";
+/// Environment variable overriding [`Timeouts::request`] (milliseconds), likewise.
+pub const ATTEMPT_TIMEOUT_ENV: &str = "TERN_ETCD_ATTEMPT_TIMEOUT_MS";
+
+/// Reads a duration in milliseconds from `var`: `None` when unset, a `Config` error naming the
+/// variable when it is not a number of milliseconds between 1 and 600000.
+fn env_millis(var: &str) -> Result<Option<Duration>> {
+    let Ok(text) = std::env::var(var) else {
+        return Ok(None);
+    };
+    match text.trim().parse::<u64>() {
+        Ok(ms @ 1..=600_000) => Ok(Some(Duration::from_millis(ms))),
+        _ => Err(StoreError::Config(format!(
+            "{var}={text:?}: expected a number of milliseconds from 1 to 600000"
+        ))),
+    }
+}
+
+/// The timeouts and retry policy of stores opened by URL: the defaults, overridden by
+/// [`RETRY_BUDGET_ENV`] and [`ATTEMPT_TIMEOUT_ENV`].
+pub fn settings_from_env() -> Result<(Timeouts, RetryPolicy)> {
+    let mut t = Timeouts::default();
+    let mut r = RetryPolicy::default();
+    if let Some(b) = env_millis(RETRY_BUDGET_ENV)? {
+        r.budget = b;
+    }
+    if let Some(a) = env_millis(ATTEMPT_TIMEOUT_ENV)? {
+        t.request = a;
+    }
+    Ok((t, r))
 }
 
 /// A [`Store`] backed by an etcd v3 cluster. Cheap to clone; clones share connections.
@@ -142,21 +220,32 @@ pub fn open_with_tls(
         return crate::open(url);
     }
     let endpoints = parse_url(url)?;
-    Ok(Arc::new(EtcdStore::connect(
-        &endpoints,
-        tls,
-        Timeouts::default(),
+    let (timeouts, retry) = settings_from_env()?;
+    Ok(Arc::new(EtcdStore::connect_with(
+        &endpoints, tls, timeouts, retry,
     )?))
 }
 
 impl EtcdStore {
-    /// Connects to the cluster: `endpoints` are `host:port` (an `http://` or `https://` prefix is
-    /// accepted when it matches whether `tls` is given). Reads the TLS files, then checks that an
-    /// endpoint answers, so a dead cluster is reported here as [`StoreError::Unavailable`].
+    /// Connects to the cluster with the default [`RetryPolicy`]: see [`EtcdStore::connect_with`].
     pub fn connect(
         endpoints: &[impl AsRef<str>],
         tls: Option<TlsFiles>,
         timeouts: Timeouts,
+    ) -> Result<EtcdStore> {
+        Self::connect_with(endpoints, tls, timeouts, RetryPolicy::default())
+    }
+
+    /// Connects to the cluster: `endpoints` are `host:port` (an `http://` or `https://` prefix is
+    /// accepted when it matches whether `tls` is given). Reads the TLS files, then checks that an
+    /// endpoint answers (one attempt per endpoint, no retry budget: the caller decides how long
+    /// to wait for a cluster that is not up), so a dead cluster is reported here as
+    /// [`StoreError::Unavailable`].
+    pub fn connect_with(
+        endpoints: &[impl AsRef<str>],
+        tls: Option<TlsFiles>,
+        timeouts: Timeouts,
+        retry: RetryPolicy,
     ) -> Result<EtcdStore> {
         if endpoints.is_empty() {
             return Err(StoreError::Config("no etcd endpoint given".to_string()));
@@ -183,17 +272,29 @@ impl EtcdStore {
             });
         }
         let tls = tls.map(|files| load_tls(&files)).transpose()?;
+        let n = parsed.len();
         let store = EtcdStore {
             client: Arc::new(Client {
                 endpoints: parsed,
                 tls,
                 timeouts,
+                retry,
                 preferred: AtomicUsize::new(0),
+                penalized: Mutex::new(vec![None; n]),
+                outage: AtomicBool::new(false),
                 pool: Mutex::new(Vec::new()),
             }),
             namespace: String::new(),
         };
-        store.revision()?;
+        store
+            .client
+            .call(
+                "/v3/kv/range",
+                &json!({"key": B64.encode([0u8]), "count_only": true}),
+                None,
+                true,
+            )
+            .map_err(|e| e.into_store(None))?;
         Ok(store)
     }
 
@@ -213,6 +314,7 @@ impl EtcdStore {
         match self.client.call(
             "/v3/kv/compaction",
             &json!({"revision": revision.to_string(), "physical": true}),
+            None,
             false,
         ) {
             Ok(_) => Ok(()),
@@ -300,9 +402,11 @@ impl Store for EtcdStore {
             .call(
                 "/v3/kv/range",
                 &json!({"key": B64.encode(self.full_key(key))}),
-                true,
+                None,
+                false,
             )
-            .map_err(|e| e.into_store(None))?;
+            .map_err(|e| e.into_store(None))?
+            .value;
         match resp.get("kvs").and_then(Value::as_array) {
             Some(kvs) if !kvs.is_empty() => Ok(Some(self.kv_from_json(&kvs[0])?)),
             _ => Ok(None),
@@ -316,9 +420,11 @@ impl Store for EtcdStore {
             .call(
                 "/v3/kv/range",
                 &json!({"key": B64.encode(key), "range_end": B64.encode(end)}),
-                true,
+                None,
+                false,
             )
-            .map_err(|e| e.into_store(None))?;
+            .map_err(|e| e.into_store(None))?
+            .value;
         let kvs = match resp.get("kvs").and_then(Value::as_array) {
             Some(kvs) => kvs
                 .iter()
@@ -329,11 +435,61 @@ impl Store for EtcdStore {
         Ok((kvs, header_revision(&resp)?))
     }
 
+    fn has_prefix(&self, prefix: &str) -> Result<bool> {
+        let (key, end) = self.prefix_range(prefix);
+        let resp = self
+            .client
+            .call(
+                "/v3/kv/range",
+                &json!({
+                    "key": B64.encode(key),
+                    "range_end": B64.encode(end),
+                    "limit": 1,
+                    "keys_only": true,
+                }),
+                None,
+                false,
+            )
+            .map_err(|e| e.into_store(None))?
+            .value;
+        Ok(resp
+            .get("kvs")
+            .and_then(Value::as_array)
+            .is_some_and(|kvs| !kvs.is_empty()))
+    }
+
     fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        crate::check_txn_size(&txn)?;
+        let compare: Vec<Value> = txn.compare.iter().map(|c| self.compare_json(c)).collect();
+        let success: Vec<Value> = txn.success.iter().map(|o| self.op_json(o)).collect();
         let body = json!({
-            "compare": txn.compare.iter().map(|c| self.compare_json(c)).collect::<Vec<_>>(),
-            "success": txn.success.iter().map(|o| self.op_json(o)).collect::<Vec<_>>(),
+            "compare": compare,
+            "success": success,
             "failure": txn.failure.iter().map(|o| self.op_json(o)).collect::<Vec<_>>(),
+        });
+        // The resend after an attempt whose outcome is unknown: the same transaction, with a
+        // failure branch that reads back every key it writes, so that a failed compare tells
+        // whether the first attempt applied. Only without a failure branch of the caller's own
+        // (which would have run instead) and without prefix deletes (not checkable key by key).
+        let written: Option<Vec<&Op>> = (txn.failure.is_empty()
+            && !txn.success.is_empty()
+            && !txn
+                .success
+                .iter()
+                .any(|o| matches!(o, Op::DeletePrefix { .. })))
+        .then(|| txn.success.iter().collect());
+        let resend = written.as_ref().map(|ops| {
+            let reads: Vec<Value> = ops
+                .iter()
+                .map(|op| {
+                    let key = match op {
+                        Op::Put { key, .. } | Op::Delete { key } => key,
+                        Op::DeletePrefix { prefix } => prefix,
+                    };
+                    json!({"request_range": {"key": B64.encode(self.full_key(key))}})
+                })
+                .collect();
+            json!({"compare": compare, "success": success, "failure": reads})
         });
         // etcd names no lease in "lease not found"; report the first one the txn attaches.
         let lease = txn
@@ -344,17 +500,54 @@ impl Store for EtcdStore {
                 Op::Put { lease, .. } if *lease != 0 => Some(*lease),
                 _ => None,
             });
-        let resp = self
+        let answer = match self
             .client
-            .call("/v3/kv/txn", &body, false)
-            .map_err(|e| e.into_store(lease))?;
-        Ok(TxnResponse {
-            succeeded: resp
-                .get("succeeded")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            revision: header_revision(&resp)?,
-        })
+            .call("/v3/kv/txn", &body, resend.as_ref(), false)
+        {
+            Ok(a) => a,
+            Err(CallError::Unavailable { msg, unknown: true }) => {
+                return Err(StoreError::Ambiguous(format!(
+                    "{msg}; an attempt of the transaction was sent without an answer, so it may \
+                     or may not have been applied"
+                )));
+            }
+            Err(e) => return Err(e.into_store(lease)),
+        };
+        let resp = answer.value;
+        let succeeded = resp
+            .get("succeeded")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        if succeeded || !answer.after_unknown {
+            return Ok(TxnResponse {
+                succeeded,
+                revision: header_revision(&resp)?,
+            });
+        }
+        // The compare failed after an attempt that may have applied.
+        let Some(ops) = written else {
+            // Without read-back: a blind or failure-branch transaction, reported as answered.
+            return Ok(TxnResponse {
+                succeeded,
+                revision: header_revision(&resp)?,
+            });
+        };
+        match self.applied_revision(&ops, &resp)? {
+            Some(revision) => Ok(TxnResponse {
+                succeeded: true,
+                revision,
+            }),
+            None => Err(StoreError::Ambiguous(format!(
+                "etcd transaction on {:?}: an attempt was sent without an answer, and the resend's \
+                 compare failed with the keys no longer as that attempt would have left them",
+                ops.iter()
+                    .map(|op| match op {
+                        Op::Put { key, .. } | Op::Delete { key } => key.as_str(),
+                        Op::DeletePrefix { prefix } => prefix.as_str(),
+                    })
+                    .collect::<Vec<_>>()
+            ))),
+        }
     }
 
     fn revision(&self) -> Result<i64> {
@@ -363,9 +556,11 @@ impl Store for EtcdStore {
             .call(
                 "/v3/kv/range",
                 &json!({"key": B64.encode([0u8]), "count_only": true}),
-                true,
+                None,
+                false,
             )
-            .map_err(|e| e.into_store(None))?;
+            .map_err(|e| e.into_store(None))?
+            .value;
         header_revision(&resp)
     }
 
@@ -407,8 +602,16 @@ impl Store for EtcdStore {
         let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
         let resp = self
             .client
-            .call("/v3/lease/grant", &json!({"TTL": secs.to_string()}), false)
-            .map_err(|e| e.into_store(None))?;
+            // A grant resent after a lost answer may create a second lease; the extra one
+            // holds no key and expires after its TTL.
+            .call(
+                "/v3/lease/grant",
+                &json!({"TTL": secs.to_string()}),
+                None,
+                false,
+            )
+            .map_err(|e| e.into_store(None))?
+            .value;
         if let Some(err) = resp.get("error").and_then(Value::as_str)
             && !err.is_empty()
         {
@@ -429,9 +632,11 @@ impl Store for EtcdStore {
             .call(
                 "/v3/lease/keepalive",
                 &json!({"ID": lease.to_string()}),
-                true,
+                None,
+                false,
             )
-            .map_err(|e| e.into_store(Some(lease)))?;
+            .map_err(|e| e.into_store(Some(lease)))?
+            .value;
         // A streaming endpoint: the body is one `{"result": ...}` line per request sent.
         let result = resp.get("result").unwrap_or(&resp);
         if int_field(result, "TTL")? <= 0 {
@@ -441,10 +646,63 @@ impl Store for EtcdStore {
     }
 
     fn lease_revoke(&self, lease: i64) -> Result<()> {
+        // Resent after a lost answer, a revoke may report the lease its first attempt revoked
+        // as not found; callers treat a missing lease as revoked.
         self.client
-            .call("/v3/lease/revoke", &json!({"ID": lease.to_string()}), false)
+            .call(
+                "/v3/lease/revoke",
+                &json!({"ID": lease.to_string()}),
+                None,
+                false,
+            )
             .map_err(|e| e.into_store(Some(lease)))?;
         Ok(())
+    }
+}
+
+impl EtcdStore {
+    /// After a resent transaction's compare failed: the revision at which the first attempt
+    /// applied, when every key it writes holds exactly what it wrote (value and lease, all at one
+    /// `mod_revision`) and every key it deletes is absent; `None` when the keys show otherwise.
+    /// `resp` holds one read per written key in its failure responses.
+    fn applied_revision(&self, ops: &[&Op], resp: &Value) -> Result<Option<i64>> {
+        let empty = Vec::new();
+        let responses = resp
+            .get("responses")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty);
+        if responses.len() != ops.len() {
+            return Err(StoreError::Backend(format!(
+                "etcd answered {} reads for the {} keys of a resent transaction: {resp}",
+                responses.len(),
+                ops.len()
+            )));
+        }
+        let mut revision = None;
+        for (op, r) in ops.iter().zip(responses) {
+            let kvs = r
+                .get("response_range")
+                .and_then(|rr| rr.get("kvs"))
+                .and_then(Value::as_array)
+                .unwrap_or(&empty);
+            let current = kvs.first().map(|kv| self.kv_from_json(kv)).transpose()?;
+            match (op, current) {
+                (Op::Delete { .. }, None) => {}
+                (Op::Put { value, lease, .. }, Some(kv))
+                    if kv.value == *value && kv.lease == *lease =>
+                {
+                    if *revision.get_or_insert(kv.mod_revision) != kv.mod_revision {
+                        return Ok(None);
+                    }
+                }
+                _ => return Ok(None),
+            }
+        }
+        match revision {
+            Some(r) => Ok(Some(r)),
+            // Only deletes, all done: as of the resend's read.
+            None => header_revision(resp).map(Some),
+        }
     }
 }
 
@@ -718,16 +976,26 @@ struct Client {
     endpoints: Vec<Endpoint>,
     tls: Option<Arc<rustls::ClientConfig>>,
     timeouts: Timeouts,
+    retry: RetryPolicy,
     /// Index of the endpoint that answered last; tried first.
     preferred: AtomicUsize,
+    /// Per endpoint: until when it is tried only after the others, because it failed.
+    penalized: Mutex<Vec<Option<Instant>>>,
+    /// Set when a call used up its whole budget without any member answering at all, cleared by
+    /// the next answer: while the cluster is known to be down, calls make one pass over the
+    /// endpoints instead of waiting out the budget again (a failed ADD's rollback, the agent's
+    /// background loops and the runtime's retries then fail fast). A pass in which a member
+    /// answers, even with "no leader", goes on with the whole budget.
+    outage: AtomicBool,
     /// Idle keep-alive connections.
     pool: Mutex<Vec<Conn>>,
 }
 
 /// Why one request failed.
 enum CallError {
-    /// No endpoint could be reached or the exchange broke; the text names each attempt.
-    Unavailable(String),
+    /// No member gave a usable answer within the retry budget; the text names each attempt.
+    /// `unknown`: an attempt was sent and got no answer, so a write may have been applied.
+    Unavailable { msg: String, unknown: bool },
     /// etcd answered with a gRPC error.
     Grpc {
         endpoint: String,
@@ -735,15 +1003,54 @@ enum CallError {
         code: i64,
         message: String,
     },
+    /// A gateway or proxy answered with an HTTP error page (502/503/504): the member is going
+    /// away or cannot reach its own server; worth another endpoint.
+    Transient(String),
     /// etcd answered something this client does not understand.
     Protocol(String),
 }
 
+/// What to do with an answer that is an error.
+#[derive(Debug, PartialEq, Eq)]
+enum Retry {
+    /// A real answer (bad request, lease not found, ...): return it.
+    No,
+    /// The member refused before doing anything (no leader, too many requests): try another.
+    NotApplied,
+    /// The member gave up on the request (timed out, leader changed, stopping): a write may or
+    /// may not have been applied; try another.
+    MaybeApplied,
+}
+
 impl CallError {
+    /// Whether another member should be asked, and whether the request may have taken effect.
+    fn retry(&self) -> Retry {
+        match self {
+            CallError::Grpc { code, message, .. } => grpc_retry(*code, message),
+            CallError::Transient(_) => Retry::MaybeApplied,
+            CallError::Unavailable { .. } | CallError::Protocol(_) => Retry::No,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            CallError::Unavailable { msg, .. }
+            | CallError::Transient(msg)
+            | CallError::Protocol(msg) => msg.clone(),
+            CallError::Grpc {
+                endpoint,
+                path,
+                code,
+                message,
+            } => format!("etcd {endpoint}{path}: {message} (code {code})"),
+        }
+    }
+
     /// The store error, with `lease` for "lease not found" answers.
     fn into_store(self, lease: Option<i64>) -> StoreError {
         match self {
-            CallError::Unavailable(msg) => StoreError::Unavailable(msg),
+            // A lost answer only matters for a transaction, which reports it as `Ambiguous`.
+            CallError::Unavailable { msg, .. } => StoreError::Unavailable(msg),
             CallError::Grpc {
                 code: 5, message, ..
             } if message.contains("lease not found") => {
@@ -762,12 +1069,50 @@ impl CallError {
                 code,
                 message,
             } => StoreError::Backend(format!("etcd {endpoint}{path}: {message} (code {code})")),
+            CallError::Transient(msg) => StoreError::Unavailable(msg),
             CallError::Protocol(msg) => StoreError::Backend(msg),
         }
     }
 }
 
-/// A failed exchange on one connection; `answered` is true once any response byte arrived.
+/// Classifies a gRPC error of etcd (codes as in `google.golang.org/grpc/codes`, messages as in
+/// etcd's `rpctypes`): which ones another member may answer, and which ones leave a write's
+/// outcome open.
+fn grpc_retry(code: i64, message: &str) -> Retry {
+    const NOT_APPLIED: &[&str] = &[
+        "no leader",
+        "not leader",
+        "too many requests",
+        "not capable",
+        "unhealthy cluster",
+    ];
+    const MAYBE_APPLIED: &[&str] = &[
+        "leader changed",
+        "timed out",
+        "server stopped",
+        "connection lost",
+        "transport is closing",
+        "client connection is closing",
+        "connection refused",
+        "connection reset",
+        "error reading from server",
+    ];
+    let m = message.to_ascii_lowercase();
+    if NOT_APPLIED.iter().any(|s| m.contains(s)) {
+        Retry::NotApplied
+    } else if MAYBE_APPLIED.iter().any(|s| m.contains(s)) {
+        Retry::MaybeApplied
+    } else {
+        match code {
+            // RESOURCE_EXHAUSTED: rate limited before anything was done.
+            8 => Retry::NotApplied,
+            // CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE.
+            1 | 4 | 14 => Retry::MaybeApplied,
+            _ => Retry::No,
+        }
+    }
+}
+
 /// True for the errors a socket timeout produces.
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
@@ -776,30 +1121,80 @@ fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
+/// A failed exchange on one connection. `sent`: the whole request was written; `answered`: a
+/// response byte arrived.
 struct ExchangeError {
+    sent: bool,
     answered: bool,
     error: io::Error,
 }
+
+/// A successful call: the answer, and whether an earlier attempt of the same call was sent and
+/// lost (so a write may already have been applied once before this answer).
+struct Answer {
+    value: Value,
+    after_unknown: bool,
+}
+
+/// Why one attempt failed: the text for the error, whether the request was sent (so its
+/// outcome is unknown), and whether the connection was a pooled one found dead.
+struct AttemptError {
+    msg: String,
+    sent: bool,
+    stale: bool,
+}
+
+/// The shortest time given to one attempt, even when the budget is nearly used up.
+const MIN_ATTEMPT: Duration = Duration::from_millis(200);
 
 impl Client {
     fn endpoint_names(&self) -> Vec<&str> {
         self.endpoints.iter().map(|e| e.name.as_str()).collect()
     }
 
-    /// Endpoint indexes, the preferred one first.
-    fn order(&self) -> impl Iterator<Item = usize> + '_ {
+    /// Endpoint indexes in the order to try them: the preferred one and those after it, then
+    /// (like clientv3's balancer) the ones that failed recently, the longest-penalized last.
+    fn order(&self) -> Vec<usize> {
         let n = self.endpoints.len();
         let first = self.preferred.load(Ordering::Relaxed) % n;
-        (0..n).map(move |i| (first + i) % n)
+        let now = Instant::now();
+        let pen = self.penalized.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<usize> = (0..n).map(|i| (first + i) % n).collect();
+        v.sort_by_key(|&i| pen[i].filter(|t| *t > now));
+        v
     }
 
-    fn connect(&self, idx: usize) -> io::Result<Conn> {
+    /// Records that `idx` failed: it goes to the back of the order for the penalty period and
+    /// its idle connections are closed (they most likely lead to the same dead process).
+    fn penalize(&self, idx: usize) {
+        self.penalized.lock().unwrap_or_else(|e| e.into_inner())[idx] =
+            Some(Instant::now() + self.retry.penalty);
+        self.pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| c.endpoint != idx);
+        if self.preferred.load(Ordering::Relaxed) % self.endpoints.len() == idx {
+            self.preferred
+                .store((idx + 1) % self.endpoints.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Records that `idx` answered: the cluster is up and `idx` is preferred again.
+    fn answered(&self, idx: usize) {
+        self.outage.store(false, Ordering::Relaxed);
+        self.penalized.lock().unwrap_or_else(|e| e.into_inner())[idx] = None;
+        self.preferred.store(idx, Ordering::Relaxed);
+    }
+
+    /// A new connection to endpoint `idx`, within the connect timeout or `limit` if shorter.
+    fn connect(&self, idx: usize, limit: Duration) -> io::Result<Conn> {
+        let connect = self.timeouts.connect.min(limit);
         let ep = &self.endpoints[idx];
         let addrs = (ep.host.as_str(), ep.port).to_socket_addrs()?;
         let mut last = io::Error::new(io::ErrorKind::NotFound, "host resolves to no address");
         let mut tcp = None;
         for addr in addrs {
-            match TcpStream::connect_timeout(&addr, self.timeouts.connect) {
+            match TcpStream::connect_timeout(&addr, connect) {
                 Ok(s) => {
                     tcp = Some(s);
                     break;
@@ -810,8 +1205,8 @@ impl Client {
         let tcp = tcp.ok_or(last)?;
         tcp.set_nodelay(true)?;
         // The TLS handshake happens on first use; bound it by the connect timeout.
-        tcp.set_read_timeout(Some(self.timeouts.connect))?;
-        tcp.set_write_timeout(Some(self.timeouts.connect))?;
+        tcp.set_read_timeout(Some(connect))?;
+        tcp.set_write_timeout(Some(connect))?;
         let stream = match &self.tls {
             None => Stream::Plain(tcp),
             Some(cfg) => {
@@ -839,8 +1234,10 @@ impl Client {
         })
     }
 
-    fn take_pooled(&self) -> Option<Conn> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    fn take_pooled(&self, idx: usize) -> Option<Conn> {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let pos = pool.iter().rposition(|c| c.endpoint == idx)?;
+        Some(pool.swap_remove(pos))
     }
 
     fn give_back(&self, conn: Conn) {
@@ -851,132 +1248,178 @@ impl Client {
         }
     }
 
-    /// POSTs `body` to `path` and returns the parsed JSON answer. `idempotent` requests are
-    /// retried on the next endpoint even after they were sent.
+    /// One attempt on endpoint `idx` with at most `limit` per read and write, on an idle pooled
+    /// connection when `pooled` and there is one, else on a new connection. Returns the parsed
+    /// answer, or why the exchange failed.
+    fn attempt(
+        &self,
+        idx: usize,
+        path: &str,
+        request: &[u8],
+        limit: Duration,
+        pooled: bool,
+    ) -> std::result::Result<std::result::Result<Value, CallError>, AttemptError> {
+        let name = &self.endpoints[idx].name;
+        let (mut conn, reused) = match pooled.then(|| self.take_pooled(idx)).flatten() {
+            Some(c) => (c, true),
+            None => (
+                self.connect(idx, limit).map_err(|e| AttemptError {
+                    msg: format!("{name}: {e}"),
+                    sent: false,
+                    stale: false,
+                })?,
+                false,
+            ),
+        };
+        let tcp = conn.reader.get_ref().tcp();
+        let _ = tcp.set_read_timeout(Some(limit));
+        let _ = tcp.set_write_timeout(Some(limit));
+        match exchange(&mut conn, request) {
+            Ok(resp) => {
+                if resp.keep_alive {
+                    self.give_back(conn);
+                }
+                Ok(parse_answer(name, path, resp))
+            }
+            Err(e) => {
+                let what = if is_timeout(&e.error) {
+                    format!("no answer within {limit:?}")
+                } else if e.answered {
+                    format!("connection lost mid-answer: {}", e.error)
+                } else {
+                    e.error.to_string()
+                };
+                Err(AttemptError {
+                    msg: format!("{name}: {what}"),
+                    sent: e.sent,
+                    // An idle connection the server had closed (keep-alive race), or one to a
+                    // member that died since: worth one fresh connection before moving on.
+                    stale: reused && !e.answered && !is_timeout(&e.error),
+                })
+            }
+        }
+    }
+
+    /// POSTs `body` to `path` and returns the parsed JSON answer, riding through member
+    /// failures: a member that is down, does not answer within the per-attempt timeout, or
+    /// answers with a transient error (no leader, leader changed, timed out, too many
+    /// requests, stopping) is penalized and the next endpoint is asked, with a growing pause
+    /// after every round, until the retry budget is used up. After an attempt whose outcome is
+    /// unknown (sent, no answer) the call sends `resend` instead when given (a transaction that
+    /// can tell whether the first one applied), else `body` again (for reads and for writes
+    /// that are idempotent). `quick`: one pass over the endpoints, no pauses (the liveness
+    /// check of [`EtcdStore::connect`]).
     fn call(
         &self,
         path: &str,
         body: &Value,
-        idempotent: bool,
-    ) -> std::result::Result<Value, CallError> {
-        let request = self.request_bytes(path, body);
-        let mut failures = Vec::new();
-        // An endpoint that timed out is not asked again in this call: a hung member accepts
-        // new connections too, and each attempt would cost another full request timeout.
-        let mut hung: Option<usize> = None;
-        if let Some(mut conn) = self.take_pooled() {
-            match exchange(&mut conn, &request) {
-                Ok(resp) => return self.finish(conn, path, resp),
-                Err(e) if is_timeout(&e.error) && !e.answered && idempotent => {
-                    hung = Some(conn.endpoint);
-                    failures.push(format!(
-                        "{}: no answer within {:?}",
-                        self.endpoints[conn.endpoint].name, self.timeouts.request
-                    ));
+        resend: Option<&Value>,
+        quick: bool,
+    ) -> std::result::Result<Answer, CallError> {
+        let first = self.request_bytes(path, body);
+        let again = resend.map(|b| self.request_bytes(path, b));
+        let start = Instant::now();
+        let mut one_pass = quick || self.outage.load(Ordering::Relaxed);
+        let deadline = start + self.retry.budget;
+        let mut failures: Vec<String> = Vec::new();
+        let mut unknown = false;
+        // Whether some member answered (if only with "no leader"): the cluster is reachable.
+        let mut reachable = false;
+        let mut pause = self.retry.backoff;
+        let mut attempts = 0usize;
+        'rounds: loop {
+            for idx in self.order() {
+                let now = Instant::now();
+                if attempts > 0 && !one_pass && now >= deadline {
+                    break 'rounds;
                 }
-                // A pooled connection the server closed while idle: nothing was processed.
-                Err(e) if !is_timeout(&e.error) && (!e.answered || idempotent) => {
-                    failures.push(format!(
-                        "{} (reused connection): {}",
-                        self.endpoints[conn.endpoint].name, e.error
-                    ))
-                }
-                Err(e) if is_timeout(&e.error) => {
-                    return Err(CallError::Unavailable(format!(
-                        "etcd {}{path}: no answer within {:?} (the request may or may not have \
-                         been applied)",
-                        self.endpoints[conn.endpoint].name, self.timeouts.request
-                    )));
-                }
-                Err(e) => {
-                    return Err(CallError::Unavailable(format!(
-                        "etcd {}{path}: connection lost mid-response: {}",
-                        self.endpoints[conn.endpoint].name, e.error
-                    )));
-                }
-            }
-        }
-        for idx in self.order() {
-            if hung == Some(idx) {
-                continue;
-            }
-            let name = &self.endpoints[idx].name;
-            let mut conn = match self.connect(idx) {
-                Ok(c) => c,
-                Err(e) => {
-                    failures.push(format!("{name}: {e}"));
-                    continue;
-                }
-            };
-            match exchange(&mut conn, &request) {
-                Ok(resp) => {
-                    self.preferred.store(idx, Ordering::Relaxed);
-                    return self.finish(conn, path, resp);
-                }
-                Err(e) if idempotent && is_timeout(&e.error) => failures.push(format!(
-                    "{name}: no answer within {:?}",
+                let limit = if one_pass {
                     self.timeouts.request
-                )),
-                Err(e) if idempotent => failures.push(format!("{name}: {}", e.error)),
-                Err(e) => {
-                    // The write may have been applied: do not repeat it elsewhere.
-                    return Err(CallError::Unavailable(format!(
-                        "etcd {name}{path}: request sent but no complete answer (it may or may \
-                         not have been applied): {}",
-                        e.error
-                    )));
+                } else {
+                    self.timeouts
+                        .request
+                        .min(deadline.saturating_duration_since(now))
+                        .max(MIN_ATTEMPT)
+                };
+                let request = match (&again, unknown) {
+                    (Some(a), true) => a.as_slice(),
+                    _ => first.as_slice(),
+                };
+                attempts += 1;
+                let mut result = self.attempt(idx, path, request, limit, true);
+                if let Err(AttemptError {
+                    stale: true, sent, ..
+                }) = &result
+                {
+                    // Once more on a fresh connection to the same member; if the dead one had
+                    // carried the request, the outcome is unknown and the resend is used.
+                    unknown |= *sent;
+                    let request = match (&again, unknown) {
+                        (Some(a), true) => a.as_slice(),
+                        _ => first.as_slice(),
+                    };
+                    result = self.attempt(idx, path, request, limit, false);
+                }
+                match result {
+                    Ok(Ok(value)) => {
+                        self.answered(idx);
+                        return Ok(Answer {
+                            value,
+                            after_unknown: unknown,
+                        });
+                    }
+                    Ok(Err(e)) => match e.retry() {
+                        Retry::No => {
+                            self.answered(idx);
+                            return Err(e);
+                        }
+                        r => {
+                            unknown |= r == Retry::MaybeApplied;
+                            reachable = true;
+                            self.penalize(idx);
+                            failures.push(e.describe());
+                        }
+                    },
+                    Err(AttemptError { msg, sent, .. }) => {
+                        unknown |= sent;
+                        self.penalize(idx);
+                        failures.push(msg);
+                    }
                 }
             }
+            // A cluster believed down that answers again (electing a leader, say) gets the
+            // whole budget to finish.
+            if one_pass && !quick && reachable {
+                one_pass = false;
+            }
+            let now = Instant::now();
+            if one_pass || now >= deadline {
+                break;
+            }
+            thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(self.retry.max_backoff);
         }
-        Err(CallError::Unavailable(format!(
-            "no etcd endpoint answered {path}: {}",
-            failures.join("; ")
-        )))
-    }
-
-    /// Parses an answer and returns the connection to the pool when it can be reused.
-    fn finish(
-        &self,
-        conn: Conn,
-        path: &str,
-        resp: Response,
-    ) -> std::result::Result<Value, CallError> {
-        let endpoint = self.endpoints[conn.endpoint].name.clone();
-        if resp.keep_alive {
-            self.give_back(conn);
+        if !quick && !reachable {
+            self.outage.store(true, Ordering::Relaxed);
         }
-        let text = String::from_utf8_lossy(&resp.body);
-        // Streaming endpoints answer one JSON object per line; unary calls use the first.
-        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-        let v: Value = serde_json::from_str(first).map_err(|e| {
-            CallError::Protocol(format!(
-                "etcd {endpoint}{path}: HTTP {} with a body that is not JSON ({e}): {:.200}",
-                resp.status, text
-            ))
-        })?;
-        if let Some(code) = v.get("code").and_then(Value::as_i64)
-            && (v.get("error").is_some() || resp.status != 200)
-        {
-            let message = v
-                .get("message")
-                .or_else(|| v.get("error"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            return Err(CallError::Grpc {
-                endpoint,
-                path: path.to_string(),
-                code,
-                message,
-            });
-        }
-        if resp.status != 200 {
-            return Err(CallError::Protocol(format!(
-                "etcd {endpoint}{path}: HTTP {}: {:.200}",
-                resp.status, text
-            )));
-        }
-        Ok(v)
+        Err(CallError::Unavailable {
+            msg: format!(
+                "no etcd endpoint answered {path} {}: {}",
+                if quick {
+                    "(one attempt per endpoint)".to_string()
+                } else if one_pass {
+                    "(one attempt per endpoint: the cluster was unreachable before this call)"
+                        .to_string()
+                } else {
+                    format!(
+                        "within the retry budget of {:?} ({attempts} attempts)",
+                        self.retry.budget
+                    )
+                },
+                summarize(&failures)
+            ),
+            unknown,
+        })
     }
 
     fn request_bytes(&self, path: &str, body: &Value) -> Vec<u8> {
@@ -990,56 +1433,169 @@ impl Client {
     }
 
     /// Opens a streaming request on a dedicated connection: returns the body reader and a
-    /// handle on the socket for shutting it down.
+    /// handle on the socket for shutting it down. Retried over the endpoints within the budget
+    /// like a read.
     fn open_stream(&self, path: &str, body: &Value) -> Result<(BufReader<Body>, TcpStream)> {
         let request = self.request_bytes(path, body);
         let mut failures = Vec::new();
-        for idx in self.order() {
-            let name = &self.endpoints[idx].name;
-            let attempt = self.connect(idx).and_then(|mut conn| {
-                conn.reader.get_mut().write_all(&request)?;
-                conn.reader.get_mut().flush()?;
-                let head = read_head(&mut conn.reader)?;
-                if head.status != 200 {
-                    let mut body = Vec::new();
-                    let _ = head.body_reader(conn.reader).read_to_end(&mut body);
-                    return Err(io::Error::other(format!(
-                        "HTTP {}: {}",
-                        head.status,
-                        String::from_utf8_lossy(&body)
-                    )));
+        let one_pass = self.outage.load(Ordering::Relaxed);
+        let deadline = Instant::now() + self.retry.budget;
+        let mut pause = self.retry.backoff;
+        'rounds: loop {
+            for idx in self.order() {
+                if !failures.is_empty() && !one_pass && Instant::now() >= deadline {
+                    break 'rounds;
                 }
-                let handle = conn.reader.get_ref().tcp().try_clone()?;
-                Ok((BufReader::new(head.body_reader(conn.reader)), handle))
-            });
-            match attempt {
-                Ok(s) => {
-                    self.preferred.store(idx, Ordering::Relaxed);
-                    return Ok(s);
+                let name = &self.endpoints[idx].name;
+                let attempt = self
+                    .connect(idx, self.timeouts.connect)
+                    .and_then(|mut conn| {
+                        conn.reader.get_mut().write_all(&request)?;
+                        conn.reader.get_mut().flush()?;
+                        let head = read_head(&mut conn.reader)?;
+                        if head.status != 200 {
+                            let mut body = Vec::new();
+                            let _ = head.body_reader(conn.reader).read_to_end(&mut body);
+                            return Err(io::Error::other(format!(
+                                "HTTP {}: {}",
+                                head.status,
+                                String::from_utf8_lossy(&body)
+                            )));
+                        }
+                        let handle = conn.reader.get_ref().tcp().try_clone()?;
+                        Ok((BufReader::new(head.body_reader(conn.reader)), handle))
+                    });
+                match attempt {
+                    Ok(s) => {
+                        self.answered(idx);
+                        return Ok(s);
+                    }
+                    Err(e) => {
+                        self.penalize(idx);
+                        failures.push(format!("{name}: {e}"));
+                    }
                 }
-                Err(e) => failures.push(format!("{name}: {e}")),
             }
+            let now = Instant::now();
+            if one_pass || now >= deadline {
+                break;
+            }
+            thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(self.retry.max_backoff);
         }
         Err(StoreError::Unavailable(format!(
             "no etcd endpoint answered {path}: {}",
-            failures.join("; ")
+            summarize(&failures)
         )))
     }
 }
 
+/// The attempts of a failed call for its error message: each distinct failure once, with a
+/// count, so a long retry does not make a huge message.
+fn summarize(failures: &[String]) -> String {
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    for f in failures {
+        match seen.iter_mut().find(|(s, _)| *s == f.as_str()) {
+            Some((_, n)) => *n += 1,
+            None => seen.push((f, 1)),
+        }
+    }
+    seen.iter()
+        .map(|(s, n)| {
+            if *n > 1 {
+                format!("{s} (x{n})")
+            } else {
+                s.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Parses an answer of endpoint `endpoint` into JSON, or the error it reports.
+fn parse_answer(
+    endpoint: &str,
+    path: &str,
+    resp: Response,
+) -> std::result::Result<Value, CallError> {
+    let text = String::from_utf8_lossy(&resp.body);
+    // Streaming endpoints answer one JSON object per line; unary calls use the first.
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let v: Value = match serde_json::from_str(first) {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = format!(
+                "etcd {endpoint}{path}: HTTP {} with a body that is not JSON ({e}): {:.200}",
+                resp.status, text
+            );
+            return Err(if matches!(resp.status, 502..=504) {
+                CallError::Transient(msg)
+            } else {
+                CallError::Protocol(msg)
+            });
+        }
+    };
+    if let Some(code) = v.get("code").and_then(Value::as_i64)
+        && (v.get("error").is_some() || resp.status != 200)
+    {
+        let message = v
+            .get("message")
+            .or_else(|| v.get("error"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        return Err(CallError::Grpc {
+            endpoint: endpoint.to_string(),
+            path: path.to_string(),
+            code,
+            message,
+        });
+    }
+    // A streaming answer carries its error inside the message (`{"error": {...}}`).
+    if let Some(err) = v.get("error").filter(|e| e.is_object()) {
+        let code = err.get("grpc_code").or_else(|| err.get("code"));
+        return Err(CallError::Grpc {
+            endpoint: endpoint.to_string(),
+            path: path.to_string(),
+            code: code.and_then(Value::as_i64).unwrap_or(2),
+            message: err
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        });
+    }
+    if resp.status != 200 {
+        let msg = format!("etcd {endpoint}{path}: HTTP {}: {:.200}", resp.status, text);
+        return Err(if matches!(resp.status, 502..=504) {
+            CallError::Transient(msg)
+        } else {
+            CallError::Protocol(msg)
+        });
+    }
+    Ok(v)
+}
+
 /// Sends one request and reads the whole answer.
 fn exchange(conn: &mut Conn, request: &[u8]) -> std::result::Result<Response, ExchangeError> {
+    let not_sent = |error| ExchangeError {
+        sent: false,
+        answered: false,
+        error,
+    };
     let not_answered = |error| ExchangeError {
+        sent: true,
         answered: false,
         error,
     };
     let answered = |error| ExchangeError {
+        sent: true,
         answered: true,
         error,
     };
     let stream = conn.reader.get_mut();
-    stream.write_all(request).map_err(not_answered)?;
-    stream.flush().map_err(not_answered)?;
+    stream.write_all(request).map_err(not_sent)?;
+    stream.flush().map_err(not_sent)?;
     if conn.reader.fill_buf().map_err(not_answered)?.is_empty() {
         return Err(not_answered(io::Error::new(
             io::ErrorKind::UnexpectedEof,
@@ -1317,7 +1873,7 @@ struct Conn {
 pub mod harness {
     use std::fs;
     use std::io;
-    use std::net::TcpListener;
+    use std::net::{TcpListener, ToSocketAddrs};
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Stdio};
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1635,11 +2191,440 @@ pub mod harness {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+
+    /// One member of an [`EtcdCluster`].
+    pub struct Member {
+        /// etcd's `--name`.
+        pub name: String,
+        /// `127.0.0.1:PORT` of the client listener.
+        pub endpoint: String,
+        peer_url: String,
+        data: PathBuf,
+        child: Option<Child>,
+        starts: usize,
+    }
+
+    /// A throw-away etcd cluster of several members on loopback: unique ports and data
+    /// directories, every process killed by PID on drop (also when a test panics). With a
+    /// `launcher` prefix (e.g. `ip netns exec NAME`) the members run inside a network namespace
+    /// the caller created; `ready` then checks an endpoint from where it is reachable.
+    pub struct EtcdCluster {
+        dir: PathBuf,
+        launcher: Vec<String>,
+        initial_cluster: String,
+        token: String,
+        /// The members, in the order of their endpoints.
+        pub members: Vec<Member>,
+    }
+
+    impl EtcdCluster {
+        /// Starts `n` members in this network namespace and waits until all serve requests.
+        pub fn start(n: usize) -> io::Result<EtcdCluster> {
+            let ready = |ep: &str| {
+                let quick = Timeouts {
+                    connect: Duration::from_millis(300),
+                    request: Duration::from_secs(1),
+                };
+                EtcdStore::connect(&[ep], None, quick).is_ok()
+            };
+            Self::start_with(n, &[], &ready)
+        }
+
+        /// Starts `n` members on free ports through `launcher` (the program and arguments put
+        /// before `etcd`) and waits up to 30 s until `ready` holds for every endpoint.
+        pub fn start_with(
+            n: usize,
+            launcher: &[&str],
+            ready: &dyn Fn(&str) -> bool,
+        ) -> io::Result<EtcdCluster> {
+            let ports = (0..n)
+                .map(|_| Ok((free_port()?, free_port()?)))
+                .collect::<io::Result<Vec<_>>>()?;
+            Self::start_on(&ports, launcher, ready)
+        }
+
+        /// Like [`EtcdCluster::start_with`] with one member per `(client, peer)` port pair on
+        /// 127.0.0.1: for members in a fresh network namespace, whose ports cannot collide and
+        /// whose URL the caller must know before the cluster starts.
+        pub fn start_on(
+            ports: &[(u16, u16)],
+            launcher: &[&str],
+            ready: &dyn Fn(&str) -> bool,
+        ) -> io::Result<EtcdCluster> {
+            let n = ports.len();
+            let dir = scratch_dir("etcd-cluster")?;
+            let mut members = Vec::new();
+            let mut initial = Vec::new();
+            for (i, &(client_port, peer_port)) in ports.iter().enumerate() {
+                let name = format!("m{i}");
+                let peer_url = format!("http://127.0.0.1:{peer_port}");
+                initial.push(format!("{name}={peer_url}"));
+                members.push(Member {
+                    data: dir.join(format!("{name}.data")),
+                    name,
+                    endpoint: format!("127.0.0.1:{client_port}"),
+                    peer_url,
+                    child: None,
+                    starts: 0,
+                });
+            }
+            let mut cluster = EtcdCluster {
+                token: dir
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                dir,
+                launcher: launcher.iter().map(|s| s.to_string()).collect(),
+                initial_cluster: initial.join(","),
+                members,
+            };
+            for i in 0..n {
+                cluster.spawn(i)?;
+            }
+            cluster.wait_ready(ready, Duration::from_secs(30))?;
+            Ok(cluster)
+        }
+
+        fn spawn(&mut self, i: usize) -> io::Result<()> {
+            let m = &mut self.members[i];
+            m.starts += 1;
+            let log = fs::File::create(self.dir.join(format!("{}.{}.log", m.name, m.starts)))?;
+            let client_url = format!("http://{}", m.endpoint);
+            let mut cmd = match self.launcher.split_first() {
+                Some((prog, args)) => {
+                    let mut c = Command::new(prog);
+                    c.args(args).arg(etcd_binary());
+                    c
+                }
+                None => Command::new(etcd_binary()),
+            };
+            cmd.args(["--name", &m.name])
+                .arg("--data-dir")
+                .arg(&m.data)
+                .args(["--listen-client-urls", &client_url])
+                .args(["--advertise-client-urls", &client_url])
+                .args(["--listen-peer-urls", &m.peer_url])
+                .args(["--initial-advertise-peer-urls", &m.peer_url])
+                .args(["--initial-cluster", &self.initial_cluster])
+                .args(["--initial-cluster-token", &self.token])
+                .args(["--initial-cluster-state", "new"])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            let child = cmd.spawn().map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot run {}: {e}", etcd_binary().display()),
+                )
+            })?;
+            m.child = Some(child);
+            Ok(())
+        }
+
+        fn wait_ready(&mut self, ready: &dyn Fn(&str) -> bool, limit: Duration) -> io::Result<()> {
+            let deadline = Instant::now() + limit;
+            for i in 0..self.members.len() {
+                if self.members[i].child.is_none() {
+                    continue;
+                }
+                loop {
+                    if let Some(c) = self.members[i].child.as_mut()
+                        && let Some(status) = c.try_wait()?
+                    {
+                        return Err(io::Error::other(format!(
+                            "etcd member {i} exited early ({status}): {}",
+                            self.log_tail()
+                        )));
+                    }
+                    if ready(&self.members[i].endpoint) {
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(io::Error::other(format!(
+                            "etcd member {i} on {} not ready after {limit:?}: {}",
+                            self.members[i].endpoint,
+                            self.log_tail()
+                        )));
+                    }
+                    thread::sleep(Duration::from_millis(100));
+                }
+            }
+            Ok(())
+        }
+
+        /// The end of every member's logs, for failure messages.
+        pub fn log_tail(&self) -> String {
+            let mut s = String::new();
+            for m in &self.members {
+                for run in 1..=m.starts {
+                    let log = fs::read_to_string(self.dir.join(format!("{}.{run}.log", m.name)))
+                        .unwrap_or_default();
+                    let start = log.len().saturating_sub(1500);
+                    s.push_str(&format!("--- {} run {run}\n", m.name));
+                    s.push_str(&log[log.ceil_char_boundary(start)..]);
+                }
+            }
+            s
+        }
+
+        /// `host:port` of every member.
+        pub fn endpoints(&self) -> Vec<String> {
+            self.members.iter().map(|m| m.endpoint.clone()).collect()
+        }
+
+        /// `etcd://` URL naming every member.
+        pub fn url(&self) -> String {
+            format!("etcd://{}", self.endpoints().join(","))
+        }
+
+        /// The PID of member `i`, while it runs.
+        pub fn pid(&self, i: usize) -> Option<u32> {
+            self.members[i].child.as_ref().map(Child::id)
+        }
+
+        /// Kills member `i` with SIGKILL (a crash) by PID and reaps it; its data stays.
+        pub fn kill(&mut self, i: usize) {
+            if let Some(mut c) = self.members[i].child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+
+        /// Stops member `i` gracefully (SIGTERM by PID: a leader hands over leadership first)
+        /// and waits up to 10 s for it to exit, then kills it.
+        pub fn stop(&mut self, i: usize) {
+            let Some(mut c) = self.members[i].child.take() else {
+                return;
+            };
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+
+        /// Starts a stopped member again on its data directory and ports, and waits until
+        /// `ready` holds for it.
+        pub fn restart(&mut self, i: usize, ready: &dyn Fn(&str) -> bool) -> io::Result<()> {
+            if self.members[i].child.is_none() {
+                self.spawn(i)?;
+            }
+            self.wait_ready(ready, Duration::from_secs(30))
+        }
+
+        /// Kills every member.
+        pub fn kill_all(&mut self) {
+            for i in 0..self.members.len() {
+                self.kill(i);
+            }
+        }
+    }
+
+    impl Drop for EtcdCluster {
+        fn drop(&mut self) {
+            self.kill_all();
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// What `/v3/maintenance/status` of one member says: its own ID and its leader's (0 while
+    /// it knows none).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct MemberStatus {
+        pub member_id: u64,
+        pub leader: u64,
+    }
+
+    /// Asks the member at `endpoint` (`host:port`, plain HTTP) for its status, with a 1 s limit.
+    pub fn member_status(endpoint: &str) -> io::Result<MemberStatus> {
+        use std::io::{Read, Write};
+        let addr = endpoint
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| io::Error::other(format!("{endpoint} resolves to nothing")))?;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        s.set_write_timeout(Some(Duration::from_secs(1)))?;
+        s.write_all(
+            b"POST /v3/maintenance/status HTTP/1.1\r\nHost: etcd\r\nContent-Type: \
+              application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
+        // The body may be chunked: the JSON object is the line that starts with '{'.
+        let json = body
+            .lines()
+            .find(|l| l.trim_start().starts_with('{'))
+            .ok_or_else(|| io::Error::other(format!("status of {endpoint}: {out:.300}")))?;
+        let v: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| io::Error::other(format!("status of {endpoint}: {e}: {json:.300}")))?;
+        let id = |x: Option<&serde_json::Value>| -> u64 {
+            match x {
+                Some(serde_json::Value::String(s)) => s.parse().unwrap_or(0),
+                Some(serde_json::Value::Number(n)) => n.as_u64().unwrap_or(0),
+                _ => 0,
+            }
+        };
+        Ok(MemberStatus {
+            member_id: id(v.get("header").and_then(|h| h.get("member_id"))),
+            leader: id(v.get("leader")),
+        })
+    }
+
+    /// Asks the leader at `leader_endpoint` to hand leadership to the member `target_id`
+    /// (`/v3/maintenance/transfer-leadership`), waiting up to 5 s for the answer.
+    pub fn transfer_leadership(leader_endpoint: &str, target_id: u64) -> io::Result<()> {
+        let store = EtcdStore::connect(
+            &[leader_endpoint],
+            None,
+            Timeouts {
+                connect: Duration::from_secs(1),
+                request: Duration::from_secs(5),
+            },
+        )
+        .map_err(|e| io::Error::other(e.to_string()))?;
+        store
+            .client
+            .call(
+                "/v3/maintenance/transfer-leadership",
+                &serde_json::json!({"targetID": target_id.to_string()}),
+                None,
+                true,
+            )
+            .map(|_| ())
+            .map_err(|e| io::Error::other(e.describe()))
+    }
+
+    /// The index in `endpoints` of the member that the reachable members agree is the leader.
+    pub fn leader_of(endpoints: &[String]) -> Option<usize> {
+        let statuses: Vec<Option<MemberStatus>> =
+            endpoints.iter().map(|e| member_status(e).ok()).collect();
+        let leader = statuses
+            .iter()
+            .flatten()
+            .map(|s| s.leader)
+            .find(|l| *l != 0)?;
+        statuses
+            .iter()
+            .position(|s| s.is_some_and(|s| s.member_id == leader))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transient_etcd_errors_are_retried_and_classified() {
+        for (code, msg, want) in [
+            (14, "etcdserver: no leader", Retry::NotApplied),
+            (14, "etcdserver: not leader", Retry::NotApplied),
+            (8, "etcdserver: too many requests", Retry::NotApplied),
+            (14, "etcdserver: leader changed", Retry::MaybeApplied),
+            (14, "etcdserver: request timed out", Retry::MaybeApplied),
+            (
+                14,
+                "etcdserver: request timed out, possibly due to previous leader failure",
+                Retry::MaybeApplied,
+            ),
+            (14, "etcdserver: server stopped", Retry::MaybeApplied),
+            (14, "transport is closing", Retry::MaybeApplied),
+            (1, "context canceled", Retry::MaybeApplied),
+            (4, "context deadline exceeded", Retry::MaybeApplied),
+            (3, "etcdserver: request is too large", Retry::No),
+            (5, "etcdserver: requested lease not found", Retry::No),
+            (
+                11,
+                "etcdserver: mvcc: required revision has been compacted",
+                Retry::No,
+            ),
+        ] {
+            assert_eq!(grpc_retry(code, msg), want, "{code} {msg}");
+        }
+        // A proxy's error page is worth another endpoint; another HTTP error is not.
+        let page = |status| Response {
+            status,
+            keep_alive: false,
+            body: b"Service Unavailable".to_vec(),
+        };
+        assert_eq!(
+            parse_answer("e", "/p", page(503)).unwrap_err().retry(),
+            Retry::MaybeApplied
+        );
+        assert_eq!(
+            parse_answer("e", "/p", page(400)).unwrap_err().retry(),
+            Retry::No
+        );
+        let grpc = Response {
+            status: 503,
+            keep_alive: true,
+            body:
+                br#"{"error":"etcdserver: no leader","code":14,"message":"etcdserver: no leader"}"#
+                    .to_vec(),
+        };
+        assert_eq!(
+            parse_answer("e", "/p", grpc).unwrap_err().retry(),
+            Retry::NotApplied
+        );
+    }
+
+    #[test]
+    fn failed_endpoints_go_last_and_messages_stay_short() {
+        let client = Client {
+            endpoints: (0..3)
+                .map(|i| Endpoint {
+                    host: "127.0.0.1".into(),
+                    port: 1 + i,
+                    name: format!("e{i}"),
+                })
+                .collect(),
+            tls: None,
+            timeouts: Timeouts::default(),
+            retry: RetryPolicy::default(),
+            preferred: AtomicUsize::new(0),
+            penalized: Mutex::new(vec![None; 3]),
+            outage: AtomicBool::new(false),
+            pool: Mutex::new(Vec::new()),
+        };
+        assert_eq!(client.order(), [0, 1, 2]);
+        client.penalize(0);
+        assert_eq!(client.order(), [1, 2, 0], "a failed endpoint is tried last");
+        client.penalize(2);
+        assert_eq!(client.order(), [1, 0, 2], "the longest-penalized last");
+        client.answered(2);
+        assert_eq!(
+            client.order(),
+            [2, 1, 0],
+            "an answering endpoint is preferred again"
+        );
+        let many: Vec<String> = (0..50).map(|i| format!("e{}: refused", i % 2)).collect();
+        assert_eq!(summarize(&many), "e0: refused (x25); e1: refused (x25)");
+    }
+
+    #[test]
+    fn retry_settings_from_the_environment_are_checked() {
+        // Only this test sets the variables of this process.
+        unsafe { std::env::set_var(RETRY_BUDGET_ENV, "abc") };
+        match settings_from_env() {
+            Err(StoreError::Config(m)) => assert!(m.contains(RETRY_BUDGET_ENV), "{m}"),
+            other => panic!("expected a Config error, got {other:?}"),
+        }
+        unsafe { std::env::set_var(RETRY_BUDGET_ENV, "1500") };
+        unsafe { std::env::set_var(ATTEMPT_TIMEOUT_ENV, "700") };
+        let (t, r) = settings_from_env().unwrap();
+        unsafe { std::env::remove_var(RETRY_BUDGET_ENV) };
+        unsafe { std::env::remove_var(ATTEMPT_TIMEOUT_ENV) };
+        assert_eq!(r.budget, Duration::from_millis(1500));
+        assert_eq!(t.request, Duration::from_millis(700));
+    }
 
     #[test]
     fn prefix_end_increments_last_byte() {

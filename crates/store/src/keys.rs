@@ -65,6 +65,20 @@ pub fn handle(handle_id: &str) -> String {
 /// Key of the cluster IPAM configuration.
 pub const IPAM_CONFIG: &str = "/tern/v1/ipam/config";
 
+/// Key of the cluster's identity: a random ID written once, with a create-only transaction, by
+/// the first agent that finds the store empty (see `tern_store::cluster_id`). Nodes remember it
+/// in their state directory; a store without it, or with another one, is not the store their
+/// pods were recorded in.
+pub const CLUSTER_ID: &str = "/tern/v1/cluster/id";
+
+/// Prefix of the owner records of standalone `tern-ipam` allocations (`<node>/<handle>`).
+pub const OWNERS: &str = "/tern/v1/ipam/owners/";
+
+/// Key of the owner record of `handle` on `node`.
+pub fn owner(node: &str, handle: &str) -> String {
+    format!("{OWNERS}{node}/{handle}")
+}
+
 /// Prefix of node liveness keys (attached to a lease).
 pub const NODE_LIVENESS: &str = "/tern/v1/liveness/";
 

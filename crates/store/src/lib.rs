@@ -112,6 +112,12 @@ pub enum StoreError {
     /// The store cannot be reached (etcd down, file unreadable); the caller may retry later.
     #[error("datastore unavailable: {0}")]
     Unavailable(String),
+    /// A write was sent and its answer lost (a member died or the leader changed), and the
+    /// store could not tell whether it was applied. Unlike a failed compare, the caller must
+    /// read its own keys back before it retries (IPAM looks for its handle); like
+    /// [`StoreError::Unavailable`] it means "try again later" to a CNI runtime.
+    #[error("datastore write outcome unknown: {0}")]
+    Ambiguous(String),
     /// The watch start revision has been compacted away; resync with a fresh range.
     #[error("revision {requested} has been compacted (oldest kept: {oldest})")]
     Compacted { requested: i64, oldest: i64 },
@@ -124,6 +130,63 @@ pub enum StoreError {
     /// Anything else the backend reports.
     #[error("datastore error: {0}")]
     Backend(String),
+    /// A value (or a whole transaction) exceeds [`MAX_VALUE_BYTES`]; nothing was written.
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+/// The largest value one put may carry, and the largest sum of keys and values one transaction
+/// may carry: etcd's default `--max-request-bytes` (1.5 MiB). Every backend refuses more with
+/// [`StoreError::TooLarge`], so a resource that fits in SQLite or memory also fits in etcd.
+pub const MAX_VALUE_BYTES: usize = 1536 * 1024;
+
+/// Refuses a transaction with a value, or keys and values in total, over [`MAX_VALUE_BYTES`].
+/// Every backend calls it before touching anything.
+pub fn check_txn_size(txn: &Txn) -> Result<()> {
+    let mut total = 0usize;
+    for c in &txn.compare {
+        let (k, v) = match c {
+            Compare::ModRevision(k, _) | Compare::CreateRevision(k, _) | Compare::Version(k, _) => {
+                (k, 0)
+            }
+            Compare::Value(k, v) => (k, v.len()),
+        };
+        total = total.saturating_add(k.len()).saturating_add(v);
+    }
+    for op in txn.success.iter().chain(&txn.failure) {
+        let (key, len) = match op {
+            Op::Put { key, value, .. } => (key, value.len()),
+            Op::Delete { key } => (key, 0),
+            Op::DeletePrefix { prefix } => (prefix, 0),
+        };
+        if len > MAX_VALUE_BYTES {
+            return Err(StoreError::TooLarge(format!(
+                "value of key {:?} is {len} bytes; the store's limit is {MAX_VALUE_BYTES} bytes \
+                 (1.5 MiB, etcd's default --max-request-bytes)",
+                truncate_key(key)
+            )));
+        }
+        total = total.saturating_add(key.len()).saturating_add(len);
+    }
+    if total > MAX_VALUE_BYTES {
+        return Err(StoreError::TooLarge(format!(
+            "transaction carries {total} bytes of keys and values; the store's limit is \
+             {MAX_VALUE_BYTES} bytes (1.5 MiB, etcd's default --max-request-bytes)"
+        )));
+    }
+    Ok(())
+}
+
+/// A key shortened for an error message (a hostile key may itself be huge).
+fn truncate_key(key: &str) -> String {
+    if key.len() <= 200 {
+        return key.to_string();
+    }
+    let mut end = 200;
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &key[..end], key.len())
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -154,6 +217,20 @@ pub trait Store: Send + Sync {
     fn lease_keepalive(&self, lease: i64) -> Result<()>;
     /// Revokes a lease and deletes its keys.
     fn lease_revoke(&self, lease: i64) -> Result<()>;
+
+    /// Why this handle no longer reaches the data it opened, if it does not: for SQLite, the
+    /// file at the store's path was deleted or replaced since it was opened (the handle still
+    /// works on the old, unlinked file, so nothing else would notice). `None` when all is well
+    /// or the backend cannot tell.
+    fn integrity_problem(&self) -> Option<String> {
+        None
+    }
+
+    /// True when at least one key has the prefix. Backends read at most one key (etcd
+    /// `limit: 1`, SQLite `LIMIT 1`): testing a whole store for emptiness must not read it all.
+    fn has_prefix(&self, prefix: &str) -> Result<bool> {
+        Ok(!self.range(prefix)?.0.is_empty())
+    }
 
     /// Unconditional put; returns the new revision.
     fn put(&self, key: &str, value: &[u8]) -> Result<i64> {
@@ -217,4 +294,149 @@ pub fn open(url: &str) -> Result<Arc<dyn Store>> {
     Err(StoreError::Config(format!(
         "unsupported store URL {url:?} (expected sqlite:///abs/path.db, mem:// or etcd://host:port)"
     )))
+}
+
+/// Longest cluster ID accepted when read back (IDs tern writes are 32 hex digits).
+const MAX_CLUSTER_ID_LEN: usize = 128;
+
+/// The cluster ID recorded in the store ([`keys::CLUSTER_ID`]), if any. A recorded value that is
+/// not a short printable token is an error: the key is not one tern wrote.
+pub fn read_cluster_id(store: &dyn Store) -> Result<Option<String>> {
+    let Some(kv) = store.get(keys::CLUSTER_ID)? else {
+        return Ok(None);
+    };
+    parse_cluster_id(&kv.value).map(Some).ok_or_else(|| {
+        StoreError::Backend(format!(
+            "the cluster ID at {} is malformed ({} bytes, expected up to {MAX_CLUSTER_ID_LEN} \
+                 letters, digits or '-')",
+            keys::CLUSTER_ID,
+            kv.value.len()
+        ))
+    })
+}
+
+/// The ID in `raw` when it is a well-formed cluster ID (surrounding whitespace ignored).
+pub fn parse_cluster_id(raw: &[u8]) -> Option<String> {
+    let s = std::str::from_utf8(raw).ok()?.trim();
+    let ok = !s.is_empty()
+        && s.len() <= MAX_CLUSTER_ID_LEN
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    ok.then(|| s.to_string())
+}
+
+/// True when the store holds no tern key at all (a fresh, truncated or wiped store).
+pub fn is_empty(store: &dyn Store) -> Result<bool> {
+    Ok(!store.has_prefix(keys::ROOT)?)
+}
+
+/// Records a new random cluster ID with a create-only transaction and returns the ID the store
+/// holds afterwards: ours, or the one another agent created first.
+pub fn create_cluster_id(store: &dyn Store) -> Result<String> {
+    let id = random_id()?;
+    if store.create(keys::CLUSTER_ID, id.as_bytes())? {
+        return Ok(id);
+    }
+    read_cluster_id(store)?.ok_or_else(|| {
+        StoreError::Backend(format!(
+            "{} was neither created nor readable (deleted concurrently?)",
+            keys::CLUSTER_ID
+        ))
+    })
+}
+
+/// 128 random bits from the kernel, as 32 hex digits.
+fn random_id() -> Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| {
+            StoreError::Backend(format!("cannot read /dev/urandom for a cluster ID: {e}"))
+        })?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `is_empty` probes one key (`has_prefix`), with the same answer as a full range, on
+    /// every local backend.
+    #[test]
+    fn is_empty_probes_with_has_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores: Vec<Box<dyn Store>> = vec![
+            Box::new(mem::MemStore::new()),
+            Box::new(sqlite::SqliteStore::open(dir.path().join("s.db")).unwrap()),
+        ];
+        for s in stores {
+            assert!(is_empty(&*s).unwrap());
+            s.put("/other/key", b"x").unwrap();
+            assert!(is_empty(&*s).unwrap(), "a key outside the tern root counts");
+            s.put(&format!("{}a/b", keys::ROOT), b"x").unwrap();
+            s.put(&format!("{}c", keys::ROOT), b"y").unwrap();
+            assert!(!is_empty(&*s).unwrap());
+            assert!(s.has_prefix(&format!("{}a/", keys::ROOT)).unwrap());
+            assert!(!s.has_prefix(&format!("{}z", keys::ROOT)).unwrap());
+            s.delete(&format!("{}a/b", keys::ROOT)).unwrap();
+            s.delete(&format!("{}c", keys::ROOT)).unwrap();
+            assert!(is_empty(&*s).unwrap());
+        }
+    }
+
+    #[test]
+    fn cluster_id_is_created_once() {
+        let s = mem::MemStore::new();
+        assert!(is_empty(&s).unwrap());
+        assert_eq!(read_cluster_id(&s).unwrap(), None);
+        let a = create_cluster_id(&s).unwrap();
+        assert_eq!(a.len(), 32);
+        // A second creator (another agent racing) gets the first one's ID, not its own.
+        let b = create_cluster_id(&s).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(read_cluster_id(&s).unwrap().as_deref(), Some(a.as_str()));
+        assert!(!is_empty(&s).unwrap());
+    }
+
+    #[test]
+    fn malformed_cluster_id_is_an_error() {
+        let s = mem::MemStore::new();
+        s.put(keys::CLUSTER_ID, b"not an id\n\x00").unwrap();
+        let e = read_cluster_id(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("malformed") && e.contains(keys::CLUSTER_ID),
+            "{e}"
+        );
+        assert_eq!(parse_cluster_id(b" abc-1\n").as_deref(), Some("abc-1"));
+        assert_eq!(parse_cluster_id(&[b'a'; 129]), None);
+    }
+
+    #[test]
+    fn size_check_names_the_key_and_the_limit() {
+        let big = vec![0u8; MAX_VALUE_BYTES + 1];
+        let e = check_txn_size(&Txn {
+            success: vec![Op::put("/k", big)],
+            ..Txn::default()
+        })
+        .unwrap_err();
+        assert!(matches!(e, StoreError::TooLarge(_)));
+        let m = e.to_string();
+        assert!(m.contains("\"/k\"") && m.contains("1572864"), "{m}");
+        // A huge key is shortened in the message.
+        let key = "k".repeat(10_000);
+        let m = check_txn_size(&Txn {
+            failure: vec![Op::put(key.clone(), vec![0u8; MAX_VALUE_BYTES + 1])],
+            ..Txn::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(m.len() < 600 && m.contains("10000 bytes"), "{m}");
+        assert!(
+            check_txn_size(&Txn {
+                success: vec![Op::put("/k", vec![0u8; MAX_VALUE_BYTES - 2])],
+                ..Txn::default()
+            })
+            .is_ok()
+        );
+    }
 }

@@ -257,6 +257,7 @@ impl Store for MemStore {
     }
 
     fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        crate::check_txn_size(&txn)?;
         let mut inner = self.lock();
         let succeeded = txn.compare.iter().all(|c| inner.compare_holds(c));
         let ops = if succeeded { txn.success } else { txn.failure };

@@ -60,6 +60,9 @@ struct Inner {
     conn: Mutex<Connection>,
     path: PathBuf,
     opts: SqliteOptions,
+    /// Device and inode of the file at `path` when it was opened: if the path later names
+    /// another file (or none), this handle is writing to a file nobody else will ever read.
+    file_id: Option<(u64, u64)>,
 }
 
 const SCHEMA: &str = "
@@ -451,6 +454,7 @@ impl SqliteStore {
     /// Opens (creating if needed) the store file. Several processes may open the same file.
     pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<SqliteStore> {
         let path = path.as_ref().to_path_buf();
+        restrict_file_modes(&path)?;
         let mut conn = Connection::open(&path).ctx("open store", &path)?;
         conn.busy_timeout(opts.busy_timeout)
             .ctx("set busy timeout", &path)?;
@@ -486,11 +490,14 @@ impl SqliteStore {
             tx.execute_batch(SCHEMA).ctx("create schema", &path)?;
             tx.commit().ctx("commit schema", &path)?;
         }
+        // The schema transaction has created the file: this is the one the connection holds.
+        let file_id = file_id(&path).ok();
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
                 path,
                 opts,
+                file_id,
             }),
         })
     }
@@ -499,6 +506,76 @@ impl SqliteStore {
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
+}
+
+/// Device and inode of the file at `path` (following symlinks, as SQLite's open does).
+fn file_id(path: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Mode of the store file and its `-wal` / `-shm`: the store holds secrets (BGP MD5
+/// passwords), so only its owner reads it, whatever the umask.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Creates the store file 0600 before SQLite opens it (SQLite gives `-wal` and `-shm` the main
+/// file's mode), creates a missing parent directory 0700, and tightens the mode of existing
+/// files (a store made world-readable by an older tern). Existing parent directories are left
+/// as they are: they may be shared (`/var/lib`, a temp dir).
+fn restrict_file_modes(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let fail = |what: &str, p: &Path, e: std::io::Error| {
+        StoreError::Unavailable(format!("{what} {}: {e}", p.display()))
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| fail("creating store directory", dir, e))?;
+    }
+    // No O_TRUNC: an existing store is opened, never emptied.
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .open(path)
+    {
+        Ok(f) => f,
+        // Someone else's store this process may only read (`ternctl` as a group member):
+        // not ours to re-mode; SQLite opens it as far as it is allowed to.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && path.exists() => {
+            return Ok(());
+        }
+        Err(e) => return Err(fail("opening store file", path, e)),
+    };
+    let tighten = |f: &std::fs::File, p: &Path| -> Result<()> {
+        let m = f.metadata().map_err(|e| fail("stat", p, e))?;
+        if m.is_file() && m.permissions().mode() & 0o7777 != FILE_MODE {
+            match f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE)) {
+                Ok(()) => {}
+                // Not the owner (writable through its group): only the owner can tighten it.
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+                Err(e) => return Err(fail("restricting the mode of", p, e)),
+            }
+        }
+        Ok(())
+    };
+    tighten(&f, path)?;
+    for suffix in ["-wal", "-shm"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        let side = PathBuf::from(side);
+        if let Ok(f) = std::fs::File::open(&side) {
+            tighten(&f, &side)?;
+        }
+    }
+    Ok(())
 }
 
 impl Inner {
@@ -562,6 +639,21 @@ impl Store for SqliteStore {
         .ctx("read key", &self.inner.path)
     }
 
+    fn has_prefix(&self, prefix: &str) -> Result<bool> {
+        self.inner.reap_if_due()?;
+        let path = &self.inner.path;
+        let conn = self.inner.lock();
+        let upper = prefix_upper(prefix);
+        let found: Option<i64> = conn
+            .prepare_cached("SELECT 1 FROM kv WHERE key >= ?1 AND (?2 IS NULL OR key < ?2) LIMIT 1")
+            .and_then(|mut st| {
+                let mut rows = st.query(params![prefix, upper])?;
+                rows.next()?.map(|r| r.get(0)).transpose()
+            })
+            .ctx("probe keys", path)?;
+        Ok(found.is_some())
+    }
+
     fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
         self.inner.reap_if_due()?;
         let path = &self.inner.path;
@@ -587,6 +679,7 @@ impl Store for SqliteStore {
     }
 
     fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        crate::check_txn_size(&txn)?;
         let (succeeded, revision) = self.inner.write(|w| {
             let mut succeeded = true;
             for c in &txn.compare {
@@ -671,6 +764,25 @@ impl Store for SqliteStore {
             Ok(())
         })?;
         Ok(())
+    }
+
+    fn integrity_problem(&self) -> Option<String> {
+        let path = &self.inner.path;
+        let opened = self.inner.file_id?;
+        match file_id(path) {
+            Ok(now) if now == opened => None,
+            Ok(_) => Some(format!(
+                "store file {} was replaced by another file since it was opened; this process \
+                 still writes to the old one",
+                path.display()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
+                "store file {} was deleted since it was opened; this process still writes to the \
+                 unlinked file",
+                path.display()
+            )),
+            Err(e) => Some(format!("cannot stat store file {}: {e}", path.display())),
+        }
     }
 }
 
@@ -787,6 +899,24 @@ impl Watch for SqliteWatch {
 #[cfg(test)]
 mod tests {
     use super::prefix_upper;
+    use crate::Store;
+
+    #[test]
+    fn integrity_notices_a_deleted_or_replaced_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let s = super::SqliteStore::open(&path).unwrap();
+        s.put("/a", b"1").unwrap();
+        assert_eq!(s.integrity_problem(), None);
+        std::fs::remove_file(&path).unwrap();
+        let p = s.integrity_problem().expect("deletion noticed");
+        assert!(p.contains("deleted") && p.contains("s.db"), "{p}");
+        // A new, empty file at the same path is another file, not ours.
+        let other = super::SqliteStore::open(&path).unwrap();
+        assert_eq!(other.integrity_problem(), None);
+        let p = s.integrity_problem().expect("replacement noticed");
+        assert!(p.contains("replaced"), "{p}");
+    }
 
     #[test]
     fn prefix_upper_bounds() {

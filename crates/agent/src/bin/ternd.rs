@@ -62,6 +62,33 @@ struct Args {
     /// blocks and route other nodes' blocks of unencapsulated pools over BGP.
     #[arg(long, env = "TERN_BGP")]
     bgp: bool,
+    /// Read pods, namespaces and NetworkPolicies from the Kubernetes API server (kubeconfig
+    /// from --kubeconfig, KUBECONFIG or the in-cluster service account).
+    #[arg(long, env = "TERN_KUBERNETES")]
+    kubernetes: bool,
+    /// Kubeconfig of the Kubernetes API server; implies --kubernetes. (With --kubernetes
+    /// alone, KUBECONFIG, ~/.kube/config or the in-cluster service account are used.)
+    #[arg(long, env = "TERN_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Seconds a Kubernetes Node must stay deleted before one elected agent (Lease
+    /// kube-system/tern-node-gc) releases its blocks, addresses, endpoints and tern Node.
+    #[arg(long, env = "TERN_NODE_GC_GRACE", default_value_t = 60)]
+    node_gc_grace: u64,
+    /// Group allowed to use the agent socket besides root (name or gid). The socket is created
+    /// mode 0660 owned by root and this group, whatever the umask.
+    #[arg(long, env = "TERN_SOCKET_GROUP", default_value = "0")]
+    socket_group: String,
+    /// Requests served at once on the agent socket; more are answered "busy" (code 11).
+    #[arg(long, env = "TERN_MAX_CONNECTIONS", default_value_t = tern_agent::server::MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Start even though the store is empty, lacks the cluster ID or holds another cluster's
+    /// while this node has pods: the pod interfaces the store does not know are then deleted.
+    #[arg(long, env = "TERN_ACCEPT_NEW_STORE")]
+    accept_new_store: bool,
+    /// Only check the sysctls tern needs (net.ipv4.ip_forward, ...) and report them in
+    /// /readiness; do not set them.
+    #[arg(long, env = "TERN_NO_SET_SYSCTLS")]
+    no_set_sysctls: bool,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, env = "TERN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -73,6 +100,10 @@ fn main() {
     let mut cfg = AgentConfig::new(&args.node_name, &args.store, args.socket);
     cfg.state_dir = args.state_dir;
     cfg.default_ipv4_pool = args.default_ipv4_pool;
+    if let Err(e) = tern_linux::validate_interface_prefix(&args.interface_prefix) {
+        eprintln!("ternd: --interface-prefix (TERN_INTERFACE_PREFIX): {e}");
+        std::process::exit(2);
+    }
     cfg.interface_prefix = args.interface_prefix;
     cfg.mtu = args.mtu;
     cfg.resync_seconds = args.resync_seconds;
@@ -85,6 +116,19 @@ fn main() {
     cfg.node_ip = args.node_ip;
     cfg.dataplane = !args.no_dataplane;
     cfg.bgp = args.bgp;
+    cfg.accept_new_store = args.accept_new_store;
+    cfg.set_sysctls = !args.no_set_sysctls;
+    cfg.socket_group = match tern_agent::config::resolve_group(&args.socket_group) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("ternd: {e}");
+            std::process::exit(2);
+        }
+    };
+    cfg.max_connections = args.max_connections.max(1);
+    cfg.kubernetes = args.kubernetes || args.kubeconfig.is_some();
+    cfg.kubeconfig = args.kubeconfig;
+    cfg.node_gc_grace_seconds = args.node_gc_grace;
     // SIGTERM / SIGINT: blocked here, before any thread exists, so every thread inherits the
     // mask and only the dedicated thread below receives them (through sigwait).
     let agent_cell: Arc<OnceLock<Arc<Agent>>> = Arc::new(OnceLock::new());
@@ -117,7 +161,7 @@ fn store_unavailable(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         matches!(
             c.downcast_ref::<tern_store::StoreError>(),
-            Some(tern_store::StoreError::Unavailable(_))
+            Some(tern_store::StoreError::Unavailable(_) | tern_store::StoreError::Ambiguous(_))
         )
     })
 }

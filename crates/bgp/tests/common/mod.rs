@@ -20,7 +20,12 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    let h = std::thread::spawn(move || {
+    // A private network namespace needs root: fails under TERN_TEST_STRICT=1 (tern-testkit).
+    if !tern_testkit::require_root() {
+        return;
+    }
+    // Named after the test, so tern-testkit's messages from inside name it.
+    let h = tern_testkit::thread_for_test().spawn(move || {
         // SAFETY: plain syscall; affects only this thread's network namespace.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
         assert_eq!(
@@ -36,6 +41,7 @@ where
             .unwrap()
             .block_on(f());
     });
+    let h = h.expect("spawning the test's namespace thread");
     if let Err(e) = h.join() {
         std::panic::resume_unwind(e);
     }

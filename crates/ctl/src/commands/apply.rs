@@ -4,43 +4,62 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
+use tern_model::limits::MAX_STREAM_BYTES;
+use tern_model::parse::{Format, ParsedResource};
 use tern_model::{IpPool, Kind, ModelError, Resource};
 use tern_store::Store;
 
-/// Reads `file` (`-` = stdin).
+/// Reads `file` (`-` = stdin), refusing more than [`MAX_STREAM_BYTES`] before reading it all.
 pub fn read_input(file: &str) -> anyhow::Result<(String, String)> {
-    if file == "-" {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-            .context("cannot read resources from stdin")?;
-        Ok((s, "<stdin>".to_string()))
+    use std::io::Read;
+    let (reader, name): (Box<dyn Read>, String) = if file == "-" {
+        (Box::new(std::io::stdin()), "<stdin>".to_string())
     } else {
-        let s = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
-        Ok((s, file.to_string()))
+        let f = std::fs::File::open(file).with_context(|| format!("cannot read {file}"))?;
+        (Box::new(f), file.to_string())
+    };
+    // One byte more than the limit tells "at the limit" from "over it" without reading on.
+    let mut buf = Vec::new();
+    reader
+        .take(MAX_STREAM_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+        .with_context(|| format!("cannot read resources from {name}"))?;
+    if buf.len() > MAX_STREAM_BYTES {
+        bail!(
+            "{name}: more than {MAX_STREAM_BYTES} bytes ({} MiB), the limit per file",
+            MAX_STREAM_BYTES >> 20
+        );
     }
+    let text = String::from_utf8(buf).with_context(|| format!("{name} is not UTF-8 text"))?;
+    Ok((text, name))
 }
 
-/// Start lines (0-based) and lines of each non-empty YAML document, split as the model splits.
+/// Start line offset and lines of each non-empty document, as the model's reader
+/// ([`tern_model::parse::split_stream`]) splits them.
+#[cfg(test)]
 fn yaml_documents(text: &str) -> Vec<(usize, Vec<&str>)> {
-    let mut docs = Vec::new();
-    let mut start = 0;
-    let mut cur = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim_end();
-        if t == "---" || t.starts_with("--- ") || t == "..." {
-            docs.push((start, std::mem::take(&mut cur)));
-            start = i + 1;
-            continue;
-        }
-        cur.push(line);
-    }
-    docs.push((start, cur));
-    docs.into_iter()
-        .filter(|(_, d)| {
-            d.iter().any(|l| {
-                let t = l.trim();
-                !t.is_empty() && !t.starts_with('#')
-            })
+    tern_model::parse::split_stream(text, "")
+        .map(|docs| {
+            docs.into_iter()
+                .map(|d| (d.line_offset, d.text.lines().collect()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Where each resource's document is, for pointing at lines: the document's line offset and
+/// lines for a YAML document that is the resource; the offset alone (the error points at the
+/// list's first line) for an item of a `kind: List`; nothing for JSON (the error names the
+/// document's number instead, as before).
+type Located<'a> = Vec<Option<(usize, Vec<&'a str>)>>;
+
+fn locations<'a>(parsed: &[ParsedResource<'a>]) -> Located<'a> {
+    parsed
+        .iter()
+        .map(|p| match (p.source.format, p.item) {
+            (Format::Yaml, None) => Some((p.source.line_offset, p.source.text.lines().collect())),
+            (Format::Yaml, Some(_)) => Some((p.source.line_offset, Vec::new())),
+            (Format::Json, _) => None,
         })
         .collect()
 }
@@ -67,12 +86,13 @@ fn field_line(doc: &(usize, Vec<&str>), field: &str) -> Option<usize> {
 }
 
 /// Describes a validation error of document `index`, with its line for YAML input.
-fn locate(err: &ModelError, file: &str, docs: &[(usize, Vec<&str>)], index: usize) -> String {
+fn locate(err: &ModelError, file: &str, docs: &Located<'_>, index: usize) -> String {
+    let doc = docs.get(index).and_then(Option::as_ref);
     let line = match err {
-        ModelError::Invalid { field, .. } => docs.get(index).and_then(|d| field_line(d, field)),
+        ModelError::Invalid { field, .. } => doc.and_then(|d| field_line(d, field)),
         _ => None,
     }
-    .or_else(|| docs.get(index).map(|d| d.0 + 1));
+    .or_else(|| doc.map(|d| d.0 + 1));
     match line {
         Some(l) => format!("{file}:{l}: {err}"),
         None => format!("{file}: document {}: {err}", index + 1),
@@ -86,19 +106,25 @@ pub fn validate_all(
     text: &str,
     file: &str,
 ) -> anyhow::Result<Vec<String>> {
-    let is_yaml = {
-        let t = text.trim_start();
-        !(file.ends_with(".json") || t.starts_with('{') || t.starts_with('['))
-    };
-    let docs = if is_yaml {
-        yaml_documents(text)
+    let parsed = tern_model::parse_stream(text, file).unwrap_or_default();
+    let docs = if parsed.len() == resources.len() {
+        locations(&parsed)
     } else {
         Vec::new()
     };
+    validate_located(store, resources, &docs, file)
+}
+
+fn validate_located(
+    store: &dyn Store,
+    resources: &[Resource],
+    docs: &Located<'_>,
+    file: &str,
+) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     for (i, r) in resources.iter().enumerate() {
         if let Err(e) = r.validate() {
-            problems.push(locate(&e, file, &docs, i));
+            problems.push(locate(&e, file, docs, i));
         }
     }
     // Overlaps: against stored pools (except those this file replaces) and within the file.
@@ -127,6 +153,7 @@ pub fn validate_all(
             if let Some(msg) = tern_model::ip_pool_overlaps(p, &all) {
                 let line = docs
                     .get(*i)
+                    .and_then(Option::as_ref)
                     .and_then(|d| field_line(d, "spec.cidr"))
                     .map(|l| format!(":{l}"))
                     .unwrap_or_default();
@@ -140,11 +167,13 @@ pub fn validate_all(
 /// Applies the resources in `text`: nothing is written unless every document is valid.
 /// Returns the number of resources written per kind.
 pub fn apply(store: &dyn Store, text: &str, file: &str) -> anyhow::Result<BTreeMap<Kind, usize>> {
-    let resources = tern_model::parse_documents(text, file)?;
-    if resources.is_empty() {
+    let parsed = tern_model::parse_stream(text, file)?;
+    if parsed.is_empty() {
         bail!("{file}: no resources found");
     }
-    let problems = validate_all(store, &resources, text, file)?;
+    let docs = locations(&parsed);
+    let resources: Vec<Resource> = parsed.into_iter().map(|p| p.resource).collect();
+    let problems = validate_located(store, &resources, &docs, file)?;
     if !problems.is_empty() {
         bail!(
             "{file} is invalid ({} problem{}); nothing was applied:\n  {}",
@@ -282,6 +311,99 @@ spec:
             Resource::IpPool(p) => assert_eq!(p.spec.block_size, 26),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// Issue 10: a selector of a few KB aborted ternctl with a stack overflow; now it is
+    /// refused naming the field and the limit, and nothing is written.
+    #[test]
+    fn hostile_selectors_are_refused_naming_field_and_limit() {
+        let store = MemStore::new();
+        let gnp = |sel: &str| {
+            format!(
+                "apiVersion: tern.dev/v1\nkind: GlobalNetworkPolicy\nmetadata:\n  name: g\nspec:\n  selector: \"{sel}\"\n"
+            )
+        };
+        let e = format!(
+            "{:#}",
+            apply(&store, &gnp(&"a".repeat(9000)), "g.yaml").unwrap_err()
+        );
+        assert!(
+            e.contains("g.yaml:6: GlobalNetworkPolicy \"g\": spec.selector: selector is 9000 bytes, the limit is 4096"),
+            "{e}"
+        );
+        let deep = format!("{}all(){}", "(".repeat(50_000), ")".repeat(50_000));
+        let e = format!("{:#}", apply(&store, &gnp(&deep), "g.yaml").unwrap_err());
+        assert!(e.contains("the limit is 4096"), "{e}");
+        let deep = format!("{}all(){}", "(".repeat(40), ")".repeat(40));
+        let e = format!("{:#}", apply(&store, &gnp(&deep), "g.yaml").unwrap_err());
+        assert!(
+            e.contains("spec.selector: selector nests deeper than 32"),
+            "{e}"
+        );
+        let pool = "apiVersion: tern.dev/v1\nkind: IPPool\nmetadata:\n  name: p\nspec:\n  cidr: 10.0.0.0/16\n  nodeSelector: \"!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!all()\"\n";
+        let e = format!("{:#}", apply(&store, pool, "p.yaml").unwrap_err());
+        assert!(
+            e.contains("p.yaml:7: IPPool \"p\": spec.nodeSelector: selector nests deeper"),
+            "{e}"
+        );
+        assert!(
+            tern_model::list_resources(&store, Kind::GlobalNetworkPolicy)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            tern_model::list_resources(&store, Kind::IpPool)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    /// Issue 11: a stream of JSON documents separated by `---` (what many tools emit) was
+    /// refused with "trailing characters".
+    #[test]
+    fn json_document_stream_is_applied() {
+        let store = MemStore::new();
+        let doc = |n: &str, c: &str| {
+            format!(
+                r#"{{"apiVersion":"tern.dev/v1","kind":"IPPool","metadata":{{"name":"{n}"}},"spec":{{"cidr":"{c}"}}}}"#
+            )
+        };
+        let text = format!(
+            "{}\n---\n{}\n",
+            doc("a", "10.1.0.0/16"),
+            doc("b", "10.2.0.0/16")
+        );
+        let counts = apply(&store, &text, "-").unwrap();
+        assert_eq!(counts[&Kind::IpPool], 2);
+        // A validation error in the second document names its line.
+        let text = format!(
+            "{}\n---\n{}\n",
+            doc("c", "10.3.0.0/16"),
+            doc("d", "10.4.0.0/33")
+        );
+        let e = format!("{:#}", apply(&store, &text, "s.json").unwrap_err());
+        assert!(e.contains("s.json: document 2:"), "{e}");
+        assert!(e.contains("spec.cidr"), "{e}");
+    }
+
+    #[test]
+    fn oversized_input_is_refused_before_it_is_read_whole() {
+        let path = std::env::temp_dir().join(format!("tern-apply-big-{}.yaml", std::process::id()));
+        struct Rm(std::path::PathBuf);
+        impl Drop for Rm {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let _rm = Rm(path.clone());
+        std::fs::write(&path, vec![b'#'; MAX_STREAM_BYTES + 1]).unwrap();
+        let e = format!("{:#}", read_input(path.to_str().unwrap()).unwrap_err());
+        assert!(
+            e.contains("more than 8388608 bytes (8 MiB), the limit per file"),
+            "{e}"
+        );
+        std::fs::write(&path, b"# empty\n").unwrap();
+        assert_eq!(read_input(path.to_str().unwrap()).unwrap().0, "# empty\n");
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub fn render(kind: Kind, resources: &[Resource], output: Output, single: bool) 
     match output {
         Output::Table => render_table(kind, resources),
         Output::Wide if kind == Kind::Node => render_nodes_wide(resources),
-        Output::Wide => render_table(kind, resources),
+        Output::Wide => {
+            render_wide(kind, resources).unwrap_or_else(|| render_table(kind, resources))
+        }
         Output::Yaml => resources
             .iter()
             .map(|r| r.to_yaml())
@@ -154,8 +156,7 @@ fn render_table(kind: Kind, resources: &[Resource]) -> String {
                 })
                 .collect(),
         ),
-        // Kinds without a table of their own: name and namespace.
-        _ => (
+        Kind::NetworkPolicy => (
             &["NAMESPACE", "NAME"],
             resources
                 .iter()
@@ -167,8 +168,191 @@ fn render_table(kind: Kind, resources: &[Resource]) -> String {
                 })
                 .collect(),
         ),
+        Kind::GlobalNetworkPolicy => (
+            &["NAME"],
+            resources
+                .iter()
+                .map(|r| vec![r.name().to_string()])
+                .collect(),
+        ),
+        Kind::K8sNetworkPolicy => (
+            &["NAMESPACE", "NAME", "POD-SELECTOR"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::K8sNetworkPolicy(p) => Some(vec![
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone(),
+                        label_selector(&p.spec.pod_selector),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::Namespace => (
+            &["NAME", "LABELS"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::Namespace(n) => {
+                        Some(vec![n.metadata.name.clone(), labels(&n.metadata.labels)])
+                    }
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::BgpConfiguration => (
+            &["NAME", "LOGSEVERITY", "MESHENABLED", "ASNUMBER"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::BgpConfiguration(c) => Some(vec![
+                        c.metadata.name.clone(),
+                        c.spec
+                            .log_severity_screen
+                            .clone()
+                            .unwrap_or_else(|| "Info".to_string()),
+                        c.spec.node_to_node_mesh_enabled.to_string(),
+                        c.spec.as_number().to_string(),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::BgpPeer => (
+            &["NAME", "PEERIP", "NODE", "ASN"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::BgpPeer(p) => Some(vec![
+                        p.metadata.name.clone(),
+                        p.spec
+                            .peer_ip
+                            .clone()
+                            .or_else(|| p.spec.peer_selector.clone())
+                            .unwrap_or_default(),
+                        p.spec
+                            .node
+                            .clone()
+                            .or_else(|| p.spec.node_selector.clone())
+                            .unwrap_or_else(|| "(global)".to_string()),
+                        p.spec.as_number.map(|a| a.to_string()).unwrap_or_default(),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
     };
     table::plain(headers, &rows)
+}
+
+/// `-o wide` for the kinds with extra columns (calicoctl's): pools show their encapsulation
+/// and NAT, policies their order and selector. `None` for kinds whose wide table is the plain
+/// one.
+fn render_wide(kind: Kind, resources: &[Resource]) -> Option<String> {
+    let order = |o: Option<f64>| o.map(|o| o.to_string()).unwrap_or_default();
+    let (headers, rows): (&[&str], Vec<Vec<String>>) = match kind {
+        Kind::IpPool => (
+            &[
+                "NAME",
+                "CIDR",
+                "NAT",
+                "IPIPMODE",
+                "VXLANMODE",
+                "DISABLED",
+                "SELECTOR",
+            ],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::IpPool(p) => {
+                        let spec = serde_json::to_value(&p.spec).unwrap_or_default();
+                        let text = |k: &str, default: &str| match &spec[k] {
+                            serde_json::Value::String(s) => s.clone(),
+                            serde_json::Value::Bool(b) => b.to_string(),
+                            _ => default.to_string(),
+                        };
+                        Some(vec![
+                            p.metadata.name.clone(),
+                            p.spec.cidr.clone(),
+                            text("natOutgoing", "false"),
+                            text("ipipMode", "Never"),
+                            text("vxlanMode", "Never"),
+                            text("disabled", "false"),
+                            p.spec.node_selector.clone(),
+                        ])
+                    }
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::NetworkPolicy => (
+            &["NAMESPACE", "NAME", "ORDER", "SELECTOR"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::NetworkPolicy(p) => Some(vec![
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone(),
+                        order(p.spec.order),
+                        p.spec.selector.clone(),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        Kind::GlobalNetworkPolicy => (
+            &["NAME", "ORDER", "SELECTOR"],
+            resources
+                .iter()
+                .filter_map(|r| match r {
+                    Resource::GlobalNetworkPolicy(p) => Some(vec![
+                        p.metadata.name.clone(),
+                        order(p.spec.0.order),
+                        p.spec.0.selector.clone(),
+                    ]),
+                    _ => None,
+                })
+                .collect(),
+        ),
+        _ => return None,
+    };
+    Some(table::plain(headers, &rows))
+}
+
+/// A Kubernetes label selector as kubectl prints it (`app=web,tier in (a,b),!debug`);
+/// `<none>` for the empty selector.
+fn label_selector(s: &tern_model::LabelSelector) -> String {
+    use tern_model::LabelSelectorOperator as Op;
+    let mut parts: Vec<String> = s
+        .match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in &s.match_expressions {
+        parts.push(match e.operator {
+            Op::In => format!("{} in ({})", e.key, e.values.join(",")),
+            Op::NotIn => format!("{} notin ({})", e.key, e.values.join(",")),
+            Op::Exists => e.key.clone(),
+            Op::DoesNotExist => format!("!{}", e.key),
+        });
+    }
+    if parts.is_empty() {
+        "<none>".to_string()
+    } else {
+        parts.join(",")
+    }
+}
+
+/// Labels as `k=v,k2=v2` (kubectl's `--show-labels`); `<none>` when there are none.
+fn labels(l: &std::collections::BTreeMap<String, String>) -> String {
+    if l.is_empty() {
+        return "<none>".to_string();
+    }
+    l.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `get nodes -o wide`: the node's addresses and its tunnel endpoints. Fields are read from the
@@ -394,11 +578,11 @@ mod tests {
             ]
         );
         assert_eq!(lines[2], ["node2", "-", "-", "-", "-", "-"]);
-        // Other kinds fall back to the plain table.
-        let pools = fetch(&s, Kind::IpPool, None, None).unwrap();
+        // Kinds without wide columns fall back to the plain table.
+        let cfgs = fetch(&s, Kind::IpamConfig, None, None).unwrap();
         assert_eq!(
-            render(Kind::IpPool, &pools, Output::Wide, false),
-            render(Kind::IpPool, &pools, Output::Table, false)
+            render(Kind::IpamConfig, &cfgs, Output::Wide, false),
+            render(Kind::IpamConfig, &cfgs, Output::Table, false)
         );
     }
 
@@ -415,5 +599,172 @@ mod tests {
         let json = render(Kind::IpPool, &one, Output::Json, true);
         assert!(json.trim_start().starts_with('{'));
         assert_eq!(tern_model::parse_documents(&json, "p.json").unwrap(), one);
+    }
+
+    fn columns(out: &str) -> Vec<Vec<String>> {
+        out.lines()
+            .map(|l| {
+                l.split("   ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_kind_has_a_calicoctl_shaped_table() {
+        let s = MemStore::new();
+        let text = "\
+apiVersion: tern.dev/v1
+kind: BGPPeer
+metadata:
+  name: rack1-tor
+spec:
+  peerIP: 198.18.0.1
+  asNumber: 64512
+  node: node1
+---
+apiVersion: tern.dev/v1
+kind: BGPPeer
+metadata:
+  name: everyone
+spec:
+  peerIP: 198.18.0.2
+  asNumber: 64513
+---
+apiVersion: tern.dev/v1
+kind: BGPConfiguration
+metadata:
+  name: default
+spec:
+  nodeToNodeMeshEnabled: false
+  asNumber: 64512
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: allow-web
+  namespace: prod
+spec:
+  podSelector:
+    matchLabels: {app: web}
+    matchExpressions:
+    - {key: tier, operator: In, values: [a, b]}
+---
+apiVersion: tern.dev/v1
+kind: GlobalNetworkPolicy
+metadata:
+  name: deny-all
+spec:
+  order: 10
+  selector: all()
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: prod
+  labels: {team: blue}
+";
+        crate::commands::apply::apply(&s, text, "all.yaml").unwrap();
+        let table = |kind, output| {
+            let r = fetch(&s, kind, None, None).unwrap();
+            columns(&render(kind, &r, output, false))
+        };
+        assert_eq!(
+            table(Kind::BgpPeer, Output::Table),
+            [
+                vec!["NAME", "PEERIP", "NODE", "ASN"],
+                vec!["everyone", "198.18.0.2", "(global)", "64513"],
+                vec!["rack1-tor", "198.18.0.1", "node1", "64512"],
+            ]
+        );
+        assert_eq!(
+            table(Kind::BgpConfiguration, Output::Table),
+            [
+                vec!["NAME", "LOGSEVERITY", "MESHENABLED", "ASNUMBER"],
+                vec!["default", "Info", "false", "64512"],
+            ]
+        );
+        assert_eq!(
+            table(Kind::K8sNetworkPolicy, Output::Table),
+            [
+                vec!["NAMESPACE", "NAME", "POD-SELECTOR"],
+                vec!["prod", "allow-web", "app=web,tier in (a,b)"],
+            ]
+        );
+        assert_eq!(
+            table(Kind::GlobalNetworkPolicy, Output::Table),
+            [vec!["NAME"], vec!["deny-all"]]
+        );
+        assert_eq!(
+            table(Kind::GlobalNetworkPolicy, Output::Wide),
+            [
+                vec!["NAME", "ORDER", "SELECTOR"],
+                vec!["deny-all", "10", "all()"]
+            ]
+        );
+        assert_eq!(
+            table(Kind::Namespace, Output::Table),
+            [vec!["NAME", "LABELS"], vec!["prod", "team=blue"]]
+        );
+    }
+
+    #[test]
+    fn pools_wide_show_encapsulation_and_nat() {
+        let s = seeded();
+        let r = fetch(&s, Kind::IpPool, None, None).unwrap();
+        assert_eq!(
+            columns(&render(Kind::IpPool, &r, Output::Wide, false)),
+            [
+                vec![
+                    "NAME",
+                    "CIDR",
+                    "NAT",
+                    "IPIPMODE",
+                    "VXLANMODE",
+                    "DISABLED",
+                    "SELECTOR"
+                ],
+                vec![
+                    "default-pool",
+                    "10.244.0.0/16",
+                    "false",
+                    "Never",
+                    "Never",
+                    "false",
+                    "all()"
+                ],
+            ]
+        );
+    }
+
+    #[test]
+    fn all_namespaces_flag_is_accepted() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from(["ternctl", "get", "bgpPeer", "-A"]).unwrap();
+        let crate::cli::Command::Get {
+            all_namespaces,
+            namespace,
+            ..
+        } = cli.command
+        else {
+            panic!("not a get");
+        };
+        assert!(all_namespaces);
+        assert!(namespace.is_none());
+        let e = crate::cli::Cli::try_parse_from(["ternctl", "get", "wep", "-A", "-n", "x"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot be used with"), "{e}");
+        // delete takes KIND NAME or -f FILE, not both.
+        assert!(crate::cli::Cli::try_parse_from(["ternctl", "delete", "-f", "x.yaml"]).is_ok());
+        assert!(crate::cli::Cli::try_parse_from(["ternctl", "delete", "ippool", "p1"]).is_ok());
+        assert!(crate::cli::Cli::try_parse_from(["ternctl", "delete", "ippool"]).is_err());
+        assert!(
+            crate::cli::Cli::try_parse_from(["ternctl", "delete", "ippool", "p", "-f", "x"])
+                .is_err()
+        );
     }
 }

@@ -75,8 +75,8 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> anyhow::Resu
 pub struct Installed {
     /// Paths of the installed binaries.
     pub binaries: Vec<PathBuf>,
-    /// Path of the configuration list.
-    pub conflist: PathBuf,
+    /// Path of the configuration list (None with `--skip-conflist`).
+    pub conflist: Option<PathBuf>,
     /// Plugins chained after tern.
     pub chained: Vec<String>,
 }
@@ -88,6 +88,9 @@ pub fn install(args: &InstallCniArgs, plugin_dir: &Path) -> anyhow::Result<Insta
     }
     let mut binaries = Vec::new();
     for p in PLUGINS {
+        if args.conflist_only {
+            break;
+        }
         let src = plugin_dir.join(p);
         if !src.is_file() {
             bail!(
@@ -101,6 +104,13 @@ pub fn install(args: &InstallCniArgs, plugin_dir: &Path) -> anyhow::Result<Insta
         write_atomic(&args.bin_dir, p, &bytes, 0o755)?;
         binaries.push(args.bin_dir.join(p));
     }
+    if args.skip_conflist {
+        return Ok(Installed {
+            binaries,
+            conflist: None,
+            chained: Vec::new(),
+        });
+    }
     let bandwidth = plugin_available(&args.bin_dir, "bandwidth");
     let portmap = plugin_available(&args.bin_dir, "portmap");
     let conf = conflist(args, bandwidth, portmap);
@@ -113,9 +123,112 @@ pub fn install(args: &InstallCniArgs, plugin_dir: &Path) -> anyhow::Result<Insta
         .collect();
     Ok(Installed {
         binaries,
-        conflist: args.conf_dir.join(CONFLIST_NAME),
+        conflist: Some(args.conf_dir.join(CONFLIST_NAME)),
         chained,
     })
+}
+
+/// One plain-HTTP GET of `url` (`http://host:port/path`); true when it answers 200.
+fn answers_200(url: &str) -> anyhow::Result<bool> {
+    use std::io::Read;
+    use std::net::ToSocketAddrs;
+    let rest = url
+        .strip_prefix("http://")
+        .with_context(|| format!("--wait-ready {url:?}: only http:// URLs are supported"))?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = hostport
+        .to_socket_addrs()
+        .with_context(|| format!("--wait-ready {url:?}: bad host:port {hostport:?}"))?
+        .next()
+        .with_context(|| format!("--wait-ready {url:?}: {hostport:?} resolves to nothing"))?;
+    let timeout = std::time::Duration::from_secs(3);
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return Ok(false);
+    };
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {hostport}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return Ok(false);
+    }
+    // The status line is all that matters; a bounded read keeps a hostile server harmless.
+    let mut head = [0u8; 64];
+    let mut n = 0;
+    while n < head.len() {
+        match s.read(&mut head[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+        if head[..n].contains(&b'\n') {
+            break;
+        }
+    }
+    let line = String::from_utf8_lossy(&head[..n]);
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|code| code == "200"))
+}
+
+/// Waits until `url` answers 200 (`--wait-ready`), polling every second and logging the wait
+/// every 30 s; `timeout` None waits for ever (a container is restarted by kubelet anyway).
+pub fn wait_ready(url: &str, timeout: Option<std::time::Duration>) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
+    let mut next_log = std::time::Duration::ZERO;
+    loop {
+        if answers_200(url)? {
+            return Ok(());
+        }
+        let waited = start.elapsed();
+        if let Some(t) = timeout
+            && waited >= t
+        {
+            bail!("{url} did not answer 200 within {} s", t.as_secs());
+        }
+        if waited >= next_log {
+            eprintln!("waiting for {url} to answer 200");
+            next_log = waited + std::time::Duration::from_secs(30);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Makes SIGTERM and SIGINT end the process with status 0 (`--wait-ready`, `--stay`): they
+/// are blocked in the calling thread (and so in every thread started later) and a thread
+/// waits for them with `sigwait`. Needed because the process may be PID 1 of its container,
+/// for which signals without a handler are ignored: a pod's termination would otherwise wait
+/// for the grace period and SIGKILL. Call it before starting other threads.
+pub fn exit_on_termination() -> anyhow::Result<()> {
+    // SAFETY: the sigset is initialised by sigemptyset before use; pthread_sigmask only reads
+    // it and changes the calling thread's mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            bail!("pthread_sigmask: {}", std::io::Error::from_raw_os_error(rc));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid, initialised sigset; `sig` is a valid out pointer.
+            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            if rc == 0 {
+                eprintln!("signal {sig} received: exiting");
+            }
+            let _ = std::io::stdout().flush();
+            std::process::exit(0);
+        })
+        .context("cannot start the signal thread")?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -132,6 +245,10 @@ mod tests {
             cni_version: "0.3.1".into(),
             mtu: 0,
             plugin_dir: None,
+            skip_conflist: false,
+            conflist_only: false,
+            wait_ready: None,
+            stay: false,
         }
     }
 
@@ -205,6 +322,61 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
             .collect();
         assert!(stray.is_empty(), "{stray:?}");
+    }
+
+    #[test]
+    fn binaries_first_then_the_conflist() {
+        let src = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        for p in PLUGINS {
+            std::fs::write(src.path().join(p), p).unwrap();
+        }
+        let (bin, conf) = (root.path().join("bin"), root.path().join("net.d"));
+        let mut a = args(&bin, &conf);
+        a.skip_conflist = true;
+        let done = install(&a, src.path()).unwrap();
+        assert_eq!(done.binaries.len(), 2);
+        assert_eq!(done.conflist, None);
+        assert!(!conf.join(CONFLIST_NAME).exists());
+        // --conflist-only needs no plugin directory and leaves the binaries alone.
+        std::fs::write(bin.join("tern"), "kept").unwrap();
+        a.skip_conflist = false;
+        a.conflist_only = true;
+        let done = install(&a, root.path().join("nowhere").as_path()).unwrap();
+        assert!(done.binaries.is_empty());
+        assert_eq!(done.conflist, Some(conf.join(CONFLIST_NAME)));
+        assert_eq!(std::fs::read_to_string(bin.join("tern")).unwrap(), "kept");
+    }
+
+    #[test]
+    fn wait_ready_waits_for_200() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/readiness", l.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            // Two "not ready" answers, then ready.
+            for code in [
+                "503 Service Unavailable",
+                "503 Service Unavailable",
+                "200 OK",
+            ] {
+                let (mut c, _) = l.accept().unwrap();
+                let mut buf = [0u8; 512];
+                let n = c.read(&mut buf).unwrap();
+                assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /readiness "));
+                c.write_all(format!("HTTP/1.1 {code}\r\n\r\n").as_bytes())
+                    .unwrap();
+            }
+        });
+        let t = std::time::Instant::now();
+        wait_ready(&url, Some(std::time::Duration::from_secs(20))).unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_secs(2));
+        server.join().unwrap();
+        // Nobody listening: the timeout is an error naming the URL.
+        let e = wait_ready(&url, Some(std::time::Duration::from_secs(1))).unwrap_err();
+        assert!(e.to_string().contains(&url), "{e}");
+        let e = wait_ready("https://x/", None).unwrap_err();
+        assert!(e.to_string().contains("only http://"), "{e}");
     }
 
     #[test]

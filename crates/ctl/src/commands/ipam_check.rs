@@ -1,13 +1,13 @@
 //! `ternctl ipam check [-o report.json]`: addresses allocated but not in use, in use but not
-//! allocated, and used by more than one endpoint (the logic is `tern_agent::audit`, shared
+//! allocated, and used by more than one endpoint (the logic is `tern_ipam::audit`, shared
 //! with the agent's tests).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tern_agent::audit::{self, IpamReport};
 use tern_ipam::Ipam;
+use tern_ipam::audit::{self, IpamReport};
 use tern_store::Store;
 
 /// Runs the check against the store.

@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use tern_agent::audit::{self, ReleaseOutcome};
 use tern_ipam::Ipam;
+use tern_ipam::audit::{self, ReleaseOutcome};
 use tern_store::Store;
 
 /// Releases one address (refused while a WorkloadEndpoint uses it).

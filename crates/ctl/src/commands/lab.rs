@@ -51,22 +51,47 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             encap,
             resync_seconds,
             bgp,
+            kubernetes,
+            k8s_bin_dir,
+            reference_cni,
+            host_ternd,
         } => {
             let mut o = tern_lab::UpOptions::new(&args.name, &bin_dir);
             o.nodes = *nodes;
             o.default_ipv4_pool = default_ipv4_pool.clone();
             o.encap = *encap;
             o.store = lab_store(store)?;
+            if *kubernetes && !*host_ternd && !*reference_cni && store.is_none() {
+                // The DaemonSet's ternd on every node needs one store they all reach.
+                o.store = StoreKind::Etcd;
+            }
             o.resync_seconds = *resync_seconds;
             if *bgp {
                 o.agent_args.push("--bgp".into());
             }
-            let st = tern_lab::up(&o).with_context(|| {
+            let kube = kubernetes.then(|| {
+                let mut k = tern_lab::kube::KubeOptions::from_env();
+                if let Some(d) = k8s_bin_dir {
+                    k.k8s_bin = d.clone();
+                }
+                k.reference_cni = *reference_cni;
+                k.host_ternd = *host_ternd;
+                k
+            });
+            if let Some(k) = &kube {
+                // Before building anything: a missing component is an error at once.
+                tern_lab::kube::check_binaries(&k.k8s_bin)?;
+            }
+            let failed = || {
                 format!(
                     "lab up failed; remove what was built with `ternctl lab down --name {}`",
                     args.name
                 )
-            })?;
+            };
+            let mut st = tern_lab::up(&o).with_context(failed)?;
+            if let Some(k) = &kube {
+                tern_lab::kube::up(&mut st, k).with_context(failed)?;
+            }
             print!("{}", tern_lab::status(&st.name)?);
             Ok(0)
         }
@@ -80,14 +105,34 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        LabCommand::Demo { pods, nodes, encap } => super::demo::run(
+        LabCommand::Demo {
+            pods,
+            nodes,
+            encap,
+            bgp,
+            no_bgp,
+            kubernetes,
+            k8s_bin_dir,
+        } => super::demo::run(
             &args.name,
             &bin_dir,
             &super::demo::DemoOptions {
                 pods: *pods,
                 nodes: *nodes,
                 encap: *encap,
-                store: lab_store(store)?,
+                // As `lab up --kubernetes`: tern's DaemonSet needs a store every node reaches.
+                store: if *kubernetes && store.is_none() {
+                    StoreKind::Etcd
+                } else {
+                    lab_store(store)?
+                },
+                // BGP carries the routes when nothing else does (no encapsulation).
+                bgp: *bgp || (!*no_bgp && *encap == tern_lab::Encap::None && *nodes > 1),
+                kubernetes: kubernetes.then(|| {
+                    k8s_bin_dir
+                        .clone()
+                        .unwrap_or_else(|| tern_lab::kube::KubeOptions::from_env().k8s_bin)
+                }),
             },
         ),
         LabCommand::Node { command } => {
@@ -162,6 +207,14 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             ready_file,
         } => {
             traffic::serve(*tcp, *udp, ready_file.as_deref())?;
+            Ok(0)
+        }
+        LabCommand::Relay {
+            netns,
+            to,
+            ready_file,
+        } => {
+            tern_lab::kube::relay::serve(netns, *to, ready_file)?;
             Ok(0)
         }
         LabCommand::Probe {

@@ -5,6 +5,7 @@ pub mod delete;
 pub mod demo;
 pub mod get;
 pub mod install_cni;
+pub mod install_manifest;
 pub mod ipam_check;
 pub mod ipam_configure;
 pub mod ipam_release;

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
 
-use super::wire::*;
+use super::route::*;
 use super::{Handle, Scope, check_ifname, family_of, ip_bytes, parse_ip, parse_link, parse_route};
 use crate::error::{LinuxError, Result};
 
@@ -129,6 +129,24 @@ impl Handle {
         let mut m = self.full_route_msg(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, r);
         self.sock
             .request_ack(&mut m, &|| format!("replace route {}", describe(r)))
+    }
+
+    /// Installs a route only when the kernel has none with the same destination, table, TOS
+    /// and metric (`NLM_F_EXCL`); otherwise fails with an error that
+    /// [`LinuxError::is_already_exists`] recognises. For callers that must never replace a
+    /// route someone else installed.
+    pub fn add_route_full(&mut self, r: &Route) -> Result<()> {
+        if r.gateway
+            .is_some_and(|g| g.is_ipv4() != r.dst.addr().is_ipv4())
+        {
+            return Err(LinuxError::InvalidArgument(format!(
+                "route {} has a gateway of another address family",
+                r.dst
+            )));
+        }
+        let mut m = self.full_route_msg(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, r);
+        self.sock
+            .request_ack(&mut m, &|| format!("add route {}", describe(r)))
     }
 
     /// Deletes a route; `Ok(false)` when absent.

@@ -5,9 +5,8 @@
 //! (inside [`crate::netns::NetNs::run`]) and keep it.
 
 mod ext;
-mod wire;
-
-pub(crate) use wire::{align4, open_bound, recv_retrying};
+pub(crate) mod framing;
+mod route;
 
 pub use ext::{Route, RouteKind, VxlanInfo};
 
@@ -17,7 +16,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use ipnet::IpNet;
 
 use crate::error::{LinuxError, Result};
-use wire::*;
+use route::*;
 
 /// The kernel's main routing table (`RT_TABLE_MAIN`).
 pub const MAIN_TABLE: u32 = 254;
@@ -248,7 +247,7 @@ impl Handle {
     /// Opens a socket in the calling thread's network namespace.
     pub fn new() -> Result<Handle> {
         Ok(Handle {
-            sock: Socket::new()?,
+            sock: route::socket()?,
         })
     }
 

@@ -17,7 +17,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -28,14 +27,10 @@ pub const NETWORK: &str = "k8s-pod-network";
 /// The tern-assigned host veth MAC.
 pub const HOST_MAC: &str = "ee:ee:ee:ee:ee:ee";
 
-/// True when the tests can run; prints why not otherwise. Call first in every test.
+/// True when the tests can run (root). Otherwise the test fails under `TERN_TEST_STRICT=1`, or
+/// prints a `SKIP` line and gets `false` (see tern-testkit). Call first in every test.
 pub fn can_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: kernel integration tests need root (network namespaces)");
-        return false;
-    }
-    true
+    tern_testkit::require_root()
 }
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -281,49 +276,16 @@ pub fn cni_path() -> String {
     format!("{}:/usr/lib/cni", bin_dir().display())
 }
 
-static TERND_BUILD: Mutex<()> = Mutex::new(());
-
-/// `ternctl`, next to the plugin binaries; built once when absent (like [`ternd_bin`]).
+/// `ternctl`, next to the plugin binaries, rebuilt when stale (tern-testkit's
+/// `fresh_binaries`: one `cargo build --bins` of the workspace's binaries per test process).
 pub fn ternctl_bin() -> PathBuf {
-    let path = bin_dir().join("ternctl");
-    let _g = TERND_BUILD.lock().unwrap_or_else(|p| p.into_inner());
-    if !path.exists() {
-        let cargo = option_env!("CARGO").unwrap_or("cargo");
-        let st = Command::new(cargo)
-            .args(["build", "-p", "tern-ctl", "--bin", "ternctl"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("running cargo build for ternctl");
-        assert!(st.success(), "cargo build -p tern-ctl --bin ternctl failed");
-    }
-    assert!(
-        path.exists(),
-        "{} is missing after building it",
-        path.display()
-    );
-    path
+    tern_testkit::fresh_binaries(&tern_bin()).join("ternctl")
 }
 
-/// `ternd`, next to the plugin binaries; built once when absent. (`scripts/test.sh` runs
-/// `cargo build --workspace --bins` before the tests, so it is normally there and current.)
+/// `ternd`, next to the plugin binaries, rebuilt when stale (as [`ternctl_bin`]): a test never
+/// runs an agent older than the code under test.
 pub fn ternd_bin() -> PathBuf {
-    let path = bin_dir().join("ternd");
-    let _g = TERND_BUILD.lock().unwrap_or_else(|p| p.into_inner());
-    if !path.exists() {
-        let cargo = option_env!("CARGO").unwrap_or("cargo");
-        let st = Command::new(cargo)
-            .args(["build", "-p", "tern-agent", "--bin", "ternd"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("running cargo build for ternd");
-        assert!(st.success(), "cargo build -p tern-agent --bin ternd failed");
-    }
-    assert!(
-        path.exists(),
-        "{} is missing after building it",
-        path.display()
-    );
-    path
+    tern_testkit::fresh_binaries(&tern_bin()).join("ternd")
 }
 
 /// Result of one plugin run: exit status and stdout (JSON, or Null when empty).
@@ -335,6 +297,22 @@ pub struct Out {
 }
 
 impl Out {
+    /// A finished plugin's output: its status, stdout as JSON (Null when empty) and stderr.
+    pub fn from_output(out: std::process::Output) -> Out {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout)
+                .unwrap_or_else(|e| panic!("plugin stdout is not JSON ({e}): {stdout}"))
+        };
+        Out {
+            status: out.status.code().unwrap_or(-1),
+            json,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
     /// The CNI error code, when stdout is an error object.
     pub fn code(&self) -> Option<u64> {
         self.json.get("code").and_then(Value::as_u64)
@@ -591,6 +569,22 @@ impl Node {
     /// on stdin.
     pub fn run_plugin(&self, bin: &Path, env: &[(&str, String)], stdin: &[u8]) -> Out {
         use std::io::Write;
+        let mut child = self
+            .plugin_command(bin, env)
+            .spawn()
+            .expect("spawning the plugin");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin)
+            .expect("writing the plugin's stdin");
+        Out::from_output(child.wait_with_output().expect("waiting for the plugin"))
+    }
+
+    /// The command that runs a plugin binary inside the node namespace with exactly `env`
+    /// (plus PATH), its stdin, stdout and stderr piped.
+    pub fn plugin_command(&self, bin: &Path, env: &[(&str, String)]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.name()])
             .arg(bin)
@@ -601,31 +595,25 @@ impl Node {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning the plugin");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin)
-            .expect("writing the plugin's stdin");
-        let out = child.wait_with_output().expect("waiting for the plugin");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json = if stdout.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&stdout)
-                .unwrap_or_else(|e| panic!("plugin stdout is not JSON ({e}): {stdout}"))
-        };
-        Out {
-            status: out.status.code().unwrap_or(-1),
-            json,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Asserts that nothing of `cid` exists on the node: no address, no endpoint, no host veth.
+    pub fn assert_nothing_left(&self, cid: &str) {
+        assert!(
+            self.allocated_to(cid).is_empty(),
+            "{cid} holds {:?}",
+            self.allocated_to(cid)
+        );
+        assert!(self.endpoints_of(cid).is_empty(), "{cid} has an endpoint");
+        assert!(
+            self.tern_links_settled().is_empty(),
+            "host veths left: {:?}",
+            self.tern_links()
+        );
     }
 
     /// The usual CNI environment for a per-attachment command on `pod`.

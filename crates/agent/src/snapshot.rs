@@ -1,0 +1,186 @@
+//! The store snapshot the dataplane reconciler and the BGP speaker both compute from: its types
+//! (IP pools, nodes and allocation blocks as the dataplane sees them, the input of
+//! `routes::compute`, `mtu` and `nat`), their loading from the store, and which of the pools'
+//! routes belong to the reconciler rather than to BGP.
+
+use crate::host::parse_mac;
+use ipnet::IpNet;
+use std::net::IpAddr;
+use tern_model::{EncapMode, Kind, Resource};
+use tern_store::{Store, keys};
+
+/// One IP pool, as the dataplane sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// Pool name.
+    pub name: String,
+    /// Pool CIDR.
+    pub cidr: IpNet,
+    /// VXLAN mode.
+    pub vxlan: EncapMode,
+    /// IPIP mode.
+    pub ipip: EncapMode,
+    /// Masquerade traffic from the pool to destinations outside every pool.
+    pub nat_outgoing: bool,
+    /// No new allocations (routing of existing blocks continues).
+    pub disabled: bool,
+}
+
+/// One node, as the dataplane sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// Underlay addresses with their prefix length.
+    pub addresses: Vec<IpNet>,
+    /// Address of the node's VXLAN device.
+    pub vxlan_tunnel_addr: Option<IpAddr>,
+    /// MAC of the node's VXLAN device.
+    pub vtep_mac: Option<[u8; 6]>,
+}
+
+impl NodeInfo {
+    /// The node's first underlay address of the family of `like`.
+    pub fn address_like(&self, like: &IpAddr) -> Option<IpNet> {
+        self.addresses
+            .iter()
+            .find(|a| a.addr().is_ipv4() == like.is_ipv4())
+            .copied()
+    }
+}
+
+/// One allocation block: its affinity and who made each allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Block CIDR.
+    pub cidr: IpNet,
+    /// Node the block is affine to.
+    pub affinity: Option<String>,
+    /// Allocated addresses and the node that allocated each (`attrs.node`, may be empty).
+    pub allocations: Vec<(IpAddr, String)>,
+}
+
+/// Everything the route reconciler reads from the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Valid pools.
+    pub pools: Vec<PoolInfo>,
+    /// Nodes.
+    pub nodes: Vec<NodeInfo>,
+    /// Allocation blocks.
+    pub blocks: Vec<BlockInfo>,
+    /// Problems found while reading (bad pools, bad nodes): reported, not fatal.
+    pub errors: Vec<String>,
+}
+
+/// Reads the pools, nodes and blocks; a malformed pool or node is reported and skipped.
+pub fn load_snapshot(store: &dyn Store) -> Result<Snapshot, String> {
+    let mut s = Snapshot::default();
+    let (kvs, _) = store
+        .range(&keys::resource_prefix(Kind::IpPool.as_str()))
+        .map_err(|e| format!("reading IP pools: {e}"))?;
+    for kv in kvs {
+        // Size-checked, defaulted and validated: a pool written past ternctl is skipped.
+        let r = Resource::from_stored(&kv.value);
+        match r {
+            Ok(Resource::IpPool(p)) => match p.spec.net() {
+                Some(cidr) => s.pools.push(PoolInfo {
+                    name: p.metadata.name.clone(),
+                    cidr,
+                    vxlan: p.spec.vxlan_mode,
+                    ipip: p.spec.ipip_mode,
+                    nat_outgoing: p.spec.nat_outgoing,
+                    disabled: p.spec.disabled,
+                }),
+                None => s
+                    .errors
+                    .push(format!("IPPool {}: bad cidr", p.metadata.name)),
+            },
+            Ok(_) => {}
+            Err(e) => s.errors.push(format!("IPPool at {} ignored: {e}", kv.key)),
+        }
+    }
+    let (kvs, _) = store
+        .range(&keys::resource_prefix(Kind::Node.as_str()))
+        .map_err(|e| format!("reading nodes: {e}"))?;
+    for kv in kvs {
+        match Resource::from_stored(&kv.value) {
+            Ok(Resource::Node(n)) => {
+                let addresses = n
+                    .spec
+                    .addresses
+                    .iter()
+                    .filter_map(|a| {
+                        a.address
+                            .parse::<IpNet>()
+                            .ok()
+                            .or_else(|| a.address.parse::<IpAddr>().ok().map(IpNet::from))
+                    })
+                    .collect();
+                s.nodes.push(NodeInfo {
+                    name: n.metadata.name.clone(),
+                    addresses,
+                    vxlan_tunnel_addr: n
+                        .spec
+                        .ipv4_vxlan_tunnel_addr
+                        .as_deref()
+                        .and_then(|a| a.split('/').next()?.parse().ok()),
+                    vtep_mac: n.spec.vxlan_tunnel_mac_addr.as_deref().and_then(parse_mac),
+                });
+            }
+            Ok(_) => {}
+            Err(e) => s.errors.push(format!("Node at {} ignored: {e}", kv.key)),
+        }
+    }
+    s.blocks = load_blocks(store)?;
+    Ok(s)
+}
+
+/// The allocation blocks with their affinity and the node behind each allocation.
+fn load_blocks(store: &dyn Store) -> Result<Vec<BlockInfo>, String> {
+    {
+        let (kvs, _) = store
+            .range(keys::BLOCKS)
+            .map_err(|e| format!("reading blocks: {e}"))?;
+        let mut out = Vec::new();
+        for kv in kvs {
+            let b: tern_ipam::Block = match serde_json::from_slice(&kv.value) {
+                Ok(b) => b,
+                Err(e) => return Err(format!("block {}: {e}", kv.key)),
+            };
+            if b.deleted {
+                continue;
+            }
+            let allocations = b
+                .allocations
+                .iter()
+                .enumerate()
+                .filter_map(|(ord, a)| {
+                    let idx = (*a)? as usize;
+                    let by = b
+                        .attributes
+                        .get(idx)
+                        .map(|at| at.secondary.node.clone())
+                        .unwrap_or_default();
+                    Some((b.ip(ord as u32), by))
+                })
+                .collect();
+            out.push(BlockInfo {
+                cidr: b.cidr,
+                affinity: b.affine_node().map(str::to_string),
+                allocations,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// True when routes to `dst` belong to the route reconciler even with BGP on: `dst` lies in a
+/// pool that encapsulates (VXLAN / IPIP), whose routes go through the tunnel devices.
+pub fn reconciler_owns(pools: &[PoolInfo], dst: &IpNet) -> bool {
+    pools
+        .iter()
+        .filter(|p| p.cidr.contains(dst))
+        .max_by_key(|p| p.cidr.prefix_len())
+        .is_some_and(|p| p.vxlan != EncapMode::Never || p.ipip != EncapMode::Never)
+}

@@ -1,0 +1,162 @@
+//! The health and metrics listener under misbehaving local clients: `/liveness` answers within a
+//! second while 50 slow-loris and oversized clients are connected, slow clients are dropped at
+//! the 2 s request deadline (408), oversized heads at 8 KiB (431), and the agent's memory does
+//! not grow with what they send. The agent runs in a fresh network namespace (its listener on
+//! that namespace's loopback); the root namespace is never touched.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tern_agent::{Agent, AgentConfig};
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    let status = out
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("bad response {out:?}"))?;
+    Ok((status, out))
+}
+
+#[test]
+fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "needs root (a private network namespace): run as root"
+    );
+    tern_linux::netns::run_in_new(|| {
+        let mut h = tern_linux::netlink::Handle::new().unwrap();
+        let lo = h.link_by_name("lo").unwrap().unwrap();
+        h.set_link_up(lo.index).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn tern_store::Store> = Arc::new(tern_store::mem::MemStore::new());
+        let mut cfg = AgentConfig::new("n1", "mem://", dir.path().join("ternd.sock"));
+        cfg.state_dir = dir.path().join("state");
+        cfg.default_ipv4_pool = "10.78.0.0/24".into();
+        cfg.mtu = 1500;
+        cfg.dataplane = false;
+        cfg.metrics_addr = "127.0.0.1:0".into();
+        cfg.health_addr = "127.0.0.1:0".into();
+        let agent = Agent::start_with_store(cfg, store).unwrap();
+        agent.start_maintenance().unwrap();
+        let addr = tern_agent::http::start_http(&agent)[0];
+        assert_eq!(
+            get(addr, "/liveness", Duration::from_secs(2)).unwrap().0,
+            200
+        );
+        let rss_before = rss_kib();
+
+        let start = Instant::now();
+        // 25 slow-loris clients: a header line every 300 ms, never the blank line.
+        let slow: Vec<_> = (0..25)
+            .map(|_| {
+                std::thread::spawn(move || -> (Duration, String) {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.write_all(b"GET /liveness HTTP/1.1\r\n").unwrap();
+                    s.set_read_timeout(Some(Duration::from_millis(300)))
+                        .unwrap();
+                    let t0 = Instant::now();
+                    let mut out = Vec::new();
+                    while t0.elapsed() < Duration::from_secs(10) {
+                        let mut b = [0u8; 512];
+                        match s.read(&mut b) {
+                            Ok(0) => break,
+                            Ok(n) => out.extend_from_slice(&b[..n]),
+                            Err(_) => {}
+                        }
+                        if s.write_all(b"X-Slow: 1\r\n").is_err() {
+                            break;
+                        }
+                    }
+                    (t0.elapsed(), String::from_utf8_lossy(&out).into_owned())
+                })
+            })
+            .collect();
+        // 25 oversized clients: an endless header (up to 64 MiB each).
+        let big: Vec<_> = (0..25)
+            .map(|_| {
+                std::thread::spawn(move || -> usize {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let chunk = vec![b'a'; 64 << 10];
+                    let mut sent = 0;
+                    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nX-Big: ");
+                    while sent < 64 << 20 {
+                        match s.write(&chunk) {
+                            Ok(n) => sent += n,
+                            Err(_) => break,
+                        }
+                    }
+                    sent
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+
+        // While they are connected, /liveness answers within a second, every time.
+        let mut worst = Duration::ZERO;
+        let mut probes = 0;
+        while start.elapsed() < Duration::from_secs(4) {
+            let t0 = Instant::now();
+            let r = get(addr, "/liveness", Duration::from_secs(1));
+            let took = t0.elapsed();
+            assert!(
+                matches!(r, Ok((200, _))),
+                "/liveness under load: {r:?} after {took:?}"
+            );
+            worst = worst.max(took);
+            probes += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(worst < Duration::from_secs(1), "worst /liveness {worst:?}");
+        let (m, body) = get(addr, "/metrics", Duration::from_secs(2)).unwrap();
+        assert_eq!(m, 200);
+        assert!(body.contains("tern_endpoints"), "{body}");
+
+        for t in slow {
+            let (held, out) = t.join().unwrap();
+            assert!(held < Duration::from_secs(4), "slow client held {held:?}");
+            assert!(out.starts_with("HTTP/1.1 408"), "{out:?}");
+        }
+        for t in big {
+            let sent = t.join().unwrap();
+            assert!(
+                sent < 32 << 20,
+                "an oversized client could send {sent} bytes"
+            );
+        }
+        let grown = rss_kib().saturating_sub(rss_before);
+        eprintln!("{probes} /liveness probes, worst {worst:?}; RSS grew by {grown} KiB");
+        assert!(grown < 64 << 10, "RSS grew by {grown} KiB");
+        // And a head over 8 KiB gets its answer.
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut req = b"GET /liveness HTTP/1.1\r\nX-Big: ".to_vec();
+        req.extend(std::iter::repeat_n(b'b', 9000));
+        let _ = s.write_all(&req);
+        let mut out = [0u8; 64];
+        let n = s.read(&mut out).unwrap_or(0);
+        assert!(
+            out[..n].starts_with(b"HTTP/1.1 431"),
+            "{:?}",
+            String::from_utf8_lossy(&out[..n])
+        );
+        agent.shutdown();
+    })
+    .unwrap();
+}

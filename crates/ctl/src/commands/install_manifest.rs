@@ -1,0 +1,721 @@
+//! `ternctl install manifest`: renders the Kubernetes manifest that installs tern the way
+//! Calico's `calico-node` installs (`kubectl apply -f`): a ServiceAccount, the least
+//! ClusterRole ternd needs and its binding, the `tern-config` ConfigMap and the `tern-node`
+//! DaemonSet in `kube-system`. `manifests/tern.yaml` in the repository is this command's
+//! output with every option at its default (a test pins it byte for byte).
+//!
+//! ```text
+//!   tern-node pod (hostNetwork, one per node, tolerates every taint)
+//!     init install-cni   ternctl install-cni --skip-conflist   → /opt/cni/bin/{tern,tern-ipam}
+//!     init apply-ippool  ternctl apply -f /etc/tern/ippool.yaml → the default IPPool (pool,
+//!                                                                encapsulation) in the store
+//!     ternd              --kubernetes, env from tern-config, probes on 127.0.0.1:9099
+//!     cni-conf           ternctl install-cni --conflist-only --wait-ready …/readiness --stay
+//!                        → /etc/cni/net.d/10-tern.conflist once ternd is ready, then waits
+//! ```
+//!
+//! Why the conflist is written by a container beside ternd and not by the init container:
+//! the container runtime reports the node's network ready (and kubelet the node Ready, so pods
+//! get scheduled there) as soon as a conflist exists. Written by the init container it would
+//! appear before ternd runs; written after ternd's `/readiness` answers 200 it appears only
+//! once ternd can serve ADDs (as Cilium's agent writes its conflist once it is up). It is kept
+//! on a restart of the pod (a rollout restart): ADDs meanwhile get "try again" (11) from the
+//! plugin, and the node stays Ready.
+//!
+//! Why the probes use `host: 127.0.0.1`: with hostNetwork, kubelet probes the pod IP (the
+//! node's address) by default, which would need ternd's health listener on the node address
+//! or 0.0.0.0, reachable from the network. Kubelet runs in the node's network namespace, which
+//! a hostNetwork pod shares, so it reaches 127.0.0.1:9099 there (Cilium's agent is probed the
+//! same way); the health port stays off the network.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, bail};
+
+use crate::cli::Encap;
+
+/// Image of the DaemonSet when `--image` is not given.
+pub const DEFAULT_IMAGE: &str = concat!("localhost/tern/tern-node:", env!("CARGO_PKG_VERSION"));
+/// Store when `--store` is not given: SQLite on the node (single-node clusters only).
+pub const DEFAULT_STORE: &str = "sqlite:///var/lib/tern/tern.db";
+/// Default IPv4 pool (ternd's own default).
+pub const DEFAULT_POOL: &str = "10.244.0.0/16";
+/// The node's CNI directories when not given (the container runtimes' defaults).
+pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
+pub const DEFAULT_CNI_CONF_DIR: &str = "/etc/cni/net.d";
+/// Directory the DaemonSet mounts from the host for ternd's state (and a SQLite store).
+pub const STATE_DIR: &str = "/var/lib/tern";
+/// ternd's health listener in the pod (the node's loopback: the pod is hostNetwork).
+pub const HEALTH_ADDR: &str = "127.0.0.1:9099";
+
+/// What the manifest is rendered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestOptions {
+    /// Store URL: `etcd://host:port[,host:port]` or `sqlite:///var/lib/tern/<file>`.
+    pub store: String,
+    /// Image of every container.
+    pub image: String,
+    /// CIDR of the default IPv4 pool.
+    pub pool: String,
+    /// Encapsulation of the default pool.
+    pub encap: Encap,
+    /// Run ternd's BGP speaker.
+    pub bgp: bool,
+    /// ternd's log level.
+    pub log_level: String,
+    /// The node's CNI bin directory (hostPath).
+    pub cni_bin_dir: String,
+    /// The node's CNI configuration directory (hostPath).
+    pub cni_conf_dir: String,
+}
+
+impl Default for ManifestOptions {
+    fn default() -> ManifestOptions {
+        ManifestOptions {
+            store: DEFAULT_STORE.into(),
+            image: DEFAULT_IMAGE.into(),
+            pool: DEFAULT_POOL.into(),
+            encap: Encap::None,
+            bgp: false,
+            log_level: "info".into(),
+            cni_bin_dir: DEFAULT_CNI_BIN_DIR.into(),
+            cni_conf_dir: DEFAULT_CNI_CONF_DIR.into(),
+        }
+    }
+}
+
+/// Characters a value may not hold: it is written inside double quotes or as a plain YAML
+/// scalar, so quotes, backslashes, whitespace and `#` would change the document.
+fn check_plain(field: &str, v: &str) -> anyhow::Result<()> {
+    if v.is_empty() {
+        bail!("{field}: must not be empty");
+    }
+    if let Some(c) = v
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '"' | '\\' | '\'' | '#'))
+    {
+        bail!("{field} {v:?}: must not contain {c:?}");
+    }
+    Ok(())
+}
+
+/// Checks every option, naming the one that is wrong.
+pub fn validate(o: &ManifestOptions) -> anyhow::Result<()> {
+    check_plain("--store", &o.store)?;
+    if let Some(hosts) = o.store.strip_prefix("etcd://") {
+        if hosts.is_empty() || hosts.split(',').any(|h| h.rsplit_once(':').is_none()) {
+            bail!(
+                "--store {:?}: expected etcd://host:port[,host:port]",
+                o.store
+            );
+        }
+    } else if let Some(path) = o.store.strip_prefix("sqlite://") {
+        // The DaemonSet mounts only STATE_DIR from the host; a file elsewhere would live in
+        // the container's filesystem and vanish with it.
+        let ok = path
+            .strip_prefix(STATE_DIR)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|f| !f.is_empty() && !f.contains('/'));
+        if !ok {
+            bail!(
+                "--store {:?}: a SQLite store must be a file directly in {STATE_DIR} (the \
+                 host directory the DaemonSet mounts), e.g. {DEFAULT_STORE}",
+                o.store
+            );
+        }
+    } else {
+        bail!(
+            "--store {:?}: expected etcd://host:port[,host:port] or sqlite://{STATE_DIR}/FILE",
+            o.store
+        );
+    }
+    check_plain("--image", &o.image)?;
+    for (field, dir) in [
+        ("--cni-bin-dir", &o.cni_bin_dir),
+        ("--cni-conf-dir", &o.cni_conf_dir),
+    ] {
+        check_plain(field, dir)?;
+        if !dir.starts_with('/') || dir.split('/').any(|c| c == "..") {
+            bail!("{field} {dir:?}: must be an absolute path without ..");
+        }
+    }
+    o.pool
+        .parse::<ipnet::Ipv4Net>()
+        .with_context(|| format!("--pool {:?}: not an IPv4 CIDR", o.pool))?;
+    check_plain("--log-level", &o.log_level)?;
+    // A level, or a filter as ternd takes it (`info,tern_agent::bgp=debug`).
+    let level = ["error", "warn", "info", "debug", "trace"].contains(&o.log_level.as_str());
+    let filter = o.log_level.contains(['=', ','])
+        && o.log_level
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '=' | ','));
+    if !level && !filter {
+        bail!(
+            "--log-level {:?}: expected error, warn, info, debug, trace or a filter such as \
+             info,tern_agent::bgp=debug",
+            o.log_level
+        );
+    }
+    Ok(())
+}
+
+/// `vxlanMode` and `ipipMode` of the default pool, as the model spells them.
+fn modes(e: Encap) -> (&'static str, &'static str) {
+    let name = |m: tern_model::EncapMode| match m {
+        tern_model::EncapMode::Always => "Always",
+        tern_model::EncapMode::CrossSubnet => "CrossSubnet",
+        tern_model::EncapMode::Never => "Never",
+    };
+    let (v, i) = e.pool_modes();
+    (name(v), name(i))
+}
+
+/// The manifest. Placeholders `@NAME@` are replaced by [`render`].
+const TEMPLATE: &str = r#"# tern: a Kubernetes pod network. Install with
+#   ctr -n k8s.io images import tern-node.tar   # on every node (scripts/k8s/tern-image.sh)
+#   kubectl apply -f tern.yaml
+# Rendered by `ternctl install manifest@ARGS@`.
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: tern-node
+  namespace: kube-system
+  labels:
+    app.kubernetes.io/name: tern
+---
+# The least ternd needs: its own node's pods, namespaces and NetworkPolicies (watched), nodes
+# (addresses, podCIDRs), its Node's NetworkUnavailable condition, and a Lease for the one agent
+# that cleans up after deleted nodes.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: tern-node
+  labels:
+    app.kubernetes.io/name: tern
+rules:
+- apiGroups: [""]
+  resources: [pods, namespaces, nodes]
+  verbs: [get, list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [nodes/status]
+  verbs: [patch, update]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: tern-node
+  labels:
+    app.kubernetes.io/name: tern
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: tern-node
+subjects:
+- kind: ServiceAccount
+  name: tern-node
+  namespace: kube-system
+---
+# tern's configuration. After an edit: kubectl rollout restart daemonset tern-node -n kube-system
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: tern-config
+  namespace: kube-system
+  labels:
+    app.kubernetes.io/name: tern
+data:
+  # The datastore: etcd://host:port[,host:port] (reachable from every node), or
+  # sqlite:///var/lib/tern/FILE on a single-node cluster (the file lives on the node).
+  store: "@STORE@"
+  # "true": ternd runs its BGP speaker (routes of unencapsulated pools learned over BGP).
+  bgp: "@BGP@"
+  # error, warn, info, debug or trace.
+  log_level: "@LOG_LEVEL@"
+  # The default IPv4 pool: its CIDR and encapsulation (vxlanMode / ipipMode: Never, Always
+  # or CrossSubnet). Applied to the store by every tern-node pod as it starts, so this is the
+  # source of truth for the pool; a pool's CIDR cannot change once addresses are allocated.
+  ippool.yaml: |
+    apiVersion: tern.dev/v1
+    kind: IPPool
+    metadata:
+      name: default-ipv4-ippool
+    spec:
+      cidr: @POOL@
+      vxlanMode: @VXLAN@
+      ipipMode: @IPIP@
+      natOutgoing: true
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: tern-node
+  namespace: kube-system
+  labels:
+    app.kubernetes.io/name: tern
+    k8s-app: tern-node
+spec:
+  selector:
+    matchLabels:
+      k8s-app: tern-node
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 1
+  template:
+    metadata:
+      labels:
+        app.kubernetes.io/name: tern
+        k8s-app: tern-node
+    spec:
+      serviceAccountName: tern-node
+      hostNetwork: true
+      # hostPID stays false (the default; written out, it would make every re-apply
+      # report "configured"): ternd needs the node's network, not its processes.
+      dnsPolicy: ClusterFirstWithHostNet
+      priorityClassName: system-node-critical
+      # Every taint, NotReady and network-unavailable included: tern is what makes nodes ready.
+      tolerations:
+      - operator: Exists
+      nodeSelector:
+        kubernetes.io/os: linux
+      # ternd closes its BGP sessions gracefully on SIGTERM; pods keep their network meanwhile.
+      terminationGracePeriodSeconds: 30
+      initContainers:
+      # The plugins, each copied to a temporary name and renamed. No conflist yet.
+      - name: install-cni
+        image: @IMAGE@
+        imagePullPolicy: IfNotPresent
+        command: [/usr/local/bin/ternctl]
+        args:
+        - install-cni
+        - --bin-dir=/host/opt/cni/bin
+        - --conf-dir=/host/etc/cni/net.d
+        - --skip-conflist
+        volumeMounts:
+        - {name: cni-bin-dir, mountPath: /host/opt/cni/bin}
+        - {name: cni-net-dir, mountPath: /host/etc/cni/net.d}
+      # The default pool (CIDR, encapsulation) from tern-config into the store.
+      - name: apply-ippool
+        image: @IMAGE@
+        imagePullPolicy: IfNotPresent
+        command: [/usr/local/bin/ternctl]
+        args: [apply, -f, /etc/tern/ippool.yaml]
+        env:
+        - name: TERN_STORE
+          valueFrom: {configMapKeyRef: {name: tern-config, key: store}}
+        volumeMounts:
+        - {name: tern-config, mountPath: /etc/tern, readOnly: true}
+        - {name: var-lib-tern, mountPath: /var/lib/tern}
+      containers:
+      - name: ternd
+        image: @IMAGE@
+        imagePullPolicy: IfNotPresent
+        command: [/usr/local/bin/ternd]
+        args: [--kubernetes]
+        env:
+        - name: TERN_NODE_NAME
+          valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+        # The address kubelet registered for the node (its InternalIP) is tern's underlay
+        # address too, rather than whatever interface carries the default route.
+        - name: TERN_NODE_IP
+          valueFrom: {fieldRef: {fieldPath: status.hostIP}}
+        - name: TERN_STORE
+          valueFrom: {configMapKeyRef: {name: tern-config, key: store}}
+        - name: TERN_BGP
+          valueFrom: {configMapKeyRef: {name: tern-config, key: bgp}}
+        - name: TERN_LOG_LEVEL
+          valueFrom: {configMapKeyRef: {name: tern-config, key: log_level}}
+        - name: TERN_HEALTH_ADDR
+          value: "@HEALTH_ADDR@"
+        securityContext:
+          privileged: true
+        resources:
+          requests: {cpu: 100m, memory: 64Mi}
+        # host 127.0.0.1: the node's loopback (hostNetwork), where ternd's health listener is.
+        livenessProbe:
+          httpGet: {host: 127.0.0.1, path: /liveness, port: @HEALTH_PORT@}
+          initialDelaySeconds: 10
+          periodSeconds: 10
+          timeoutSeconds: 5
+          failureThreshold: 6
+        readinessProbe:
+          httpGet: {host: 127.0.0.1, path: /readiness, port: @HEALTH_PORT@}
+          periodSeconds: 5
+          timeoutSeconds: 5
+        volumeMounts:
+        - {name: run-tern, mountPath: /run/tern}
+        - {name: var-lib-tern, mountPath: /var/lib/tern}
+        # Pods' network namespaces, also those made after ternd started (its leak check
+        # tests their paths): HostToContainer, so the node's /run must be a shared mount
+        # (systemd's default).
+        - {name: run-netns, mountPath: /run/netns, mountPropagation: HostToContainer}
+        - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
+      # The conflist, once ternd answers /readiness; then waits for SIGTERM. Kept on restart.
+      - name: cni-conf
+        image: @IMAGE@
+        imagePullPolicy: IfNotPresent
+        command: [/usr/local/bin/ternctl]
+        args:
+        - install-cni
+        - --bin-dir=/host/opt/cni/bin
+        - --conf-dir=/host/etc/cni/net.d
+        - --conflist-only
+        - --wait-ready=http://@HEALTH_ADDR@/readiness
+        - --stay
+        resources:
+          requests: {cpu: 5m, memory: 8Mi}
+        volumeMounts:
+        - {name: cni-bin-dir, mountPath: /host/opt/cni/bin, readOnly: true}
+        - {name: cni-net-dir, mountPath: /host/etc/cni/net.d}
+      volumes:
+      - name: tern-config
+        configMap:
+          name: tern-config
+          items: [{key: ippool.yaml, path: ippool.yaml}]
+      - name: run-tern
+        hostPath: {path: /run/tern, type: DirectoryOrCreate}
+      - name: var-lib-tern
+        hostPath: {path: /var/lib/tern, type: DirectoryOrCreate}
+      - name: run-netns
+        hostPath: {path: /run/netns, type: DirectoryOrCreate}
+      - name: lib-modules
+        hostPath: {path: /lib/modules}
+      - name: cni-bin-dir
+        hostPath: {path: @CNI_BIN_DIR@, type: DirectoryOrCreate}
+      - name: cni-net-dir
+        hostPath: {path: @CNI_CONF_DIR@, type: DirectoryOrCreate}
+"#;
+
+/// The options that differ from the defaults, as command-line flags (for the header).
+fn args_line(o: &ManifestOptions) -> String {
+    let d = ManifestOptions::default();
+    let mut s = String::new();
+    if o.store != d.store {
+        let _ = write!(s, " --store {}", o.store);
+    }
+    if o.image != d.image {
+        let _ = write!(s, " --image {}", o.image);
+    }
+    if o.pool != d.pool {
+        let _ = write!(s, " --pool {}", o.pool);
+    }
+    if o.encap != d.encap {
+        let _ = write!(s, " --encap {}", o.encap.as_str());
+    }
+    if o.bgp {
+        s.push_str(" --bgp");
+    }
+    if o.log_level != d.log_level {
+        let _ = write!(s, " --log-level {}", o.log_level);
+    }
+    if o.cni_bin_dir != d.cni_bin_dir {
+        let _ = write!(s, " --cni-bin-dir {}", o.cni_bin_dir);
+    }
+    if o.cni_conf_dir != d.cni_conf_dir {
+        let _ = write!(s, " --cni-conf-dir {}", o.cni_conf_dir);
+    }
+    s
+}
+
+/// Renders the manifest (validated options only).
+pub fn render(o: &ManifestOptions) -> anyhow::Result<String> {
+    validate(o)?;
+    let (vxlan, ipip) = modes(o.encap);
+    let port = HEALTH_ADDR
+        .rsplit_once(':')
+        .map(|(_, p)| p)
+        .unwrap_or("9099");
+    Ok(TEMPLATE
+        .replace("@ARGS@", &args_line(o))
+        .replace("@STORE@", &o.store)
+        .replace("@BGP@", if o.bgp { "true" } else { "false" })
+        .replace("@LOG_LEVEL@", &o.log_level)
+        .replace("@POOL@", &o.pool)
+        .replace("@VXLAN@", vxlan)
+        .replace("@IPIP@", ipip)
+        .replace("@IMAGE@", &o.image)
+        .replace("@HEALTH_ADDR@", HEALTH_ADDR)
+        .replace("@HEALTH_PORT@", port)
+        .replace("@CNI_BIN_DIR@", &o.cni_bin_dir)
+        .replace("@CNI_CONF_DIR@", &o.cni_conf_dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use std::collections::BTreeSet;
+
+    /// The checked-in manifest, relative to this crate.
+    const CHECKED_IN: &str = include_str!("../../../../manifests/tern.yaml");
+
+    /// Every document of a YAML stream as JSON.
+    fn docs(text: &str) -> Vec<Value> {
+        use serde::Deserialize;
+        serde_norway::Deserializer::from_str(text)
+            .map(|d| Value::deserialize(d).expect("valid YAML"))
+            .filter(|v| !v.is_null())
+            .collect()
+    }
+
+    /// Paths (`doc/key/key/0/...`) whose values differ between `a` and `b`.
+    fn diff(path: &str, a: &Value, b: &Value, out: &mut BTreeSet<String>) {
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                for k in keys {
+                    let n = Value::Null;
+                    diff(
+                        &format!("{path}/{k}"),
+                        x.get(k).unwrap_or(&n),
+                        y.get(k).unwrap_or(&n),
+                        out,
+                    );
+                }
+            }
+            (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+                for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                    diff(&format!("{path}/{i}"), p, q, out);
+                }
+            }
+            _ if a != b => {
+                out.insert(path.to_string());
+            }
+            _ => {}
+        }
+    }
+
+    fn changed(o: &ManifestOptions) -> BTreeSet<String> {
+        let a = docs(&render(&ManifestOptions::default()).unwrap());
+        let b = docs(&render(o).unwrap());
+        assert_eq!(a.len(), b.len());
+        let mut out = BTreeSet::new();
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            diff(&i.to_string(), x, y, &mut out);
+        }
+        out
+    }
+
+    fn set(paths: &[&str]) -> BTreeSet<String> {
+        paths.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn checked_in_manifest_is_the_default_rendering() {
+        let now = render(&ManifestOptions::default()).unwrap();
+        assert!(
+            now == CHECKED_IN,
+            "manifests/tern.yaml differs from `ternctl install manifest`; regenerate it with\n    \
+             cargo run -p tern-ctl --bin ternctl -- install manifest > manifests/tern.yaml"
+        );
+    }
+
+    #[test]
+    fn default_manifest_has_the_objects_and_fields() {
+        let d = docs(CHECKED_IN);
+        let kinds: Vec<&str> = d.iter().map(|v| v["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ConfigMap",
+                "DaemonSet"
+            ]
+        );
+        let ds = &d[4]["spec"]["template"]["spec"];
+        assert_eq!(ds["hostNetwork"], true);
+        assert_eq!(
+            ds["tolerations"],
+            serde_json::json!([{"operator": "Exists"}])
+        );
+        let ternd = &ds["containers"][0];
+        assert_eq!(ternd["args"], serde_json::json!(["--kubernetes"]));
+        assert_eq!(ternd["livenessProbe"]["httpGet"]["port"], 9099);
+        assert_eq!(ternd["livenessProbe"]["httpGet"]["host"], "127.0.0.1");
+        // The ConfigMap's pool document is a valid tern IPPool.
+        let pool = d[3]["data"]["ippool.yaml"].as_str().unwrap();
+        let parsed = tern_model::parse::parse_stream(pool, "ippool.yaml").unwrap();
+        assert_eq!(parsed.len(), 1);
+    }
+
+    #[test]
+    fn each_option_changes_exactly_its_fields() {
+        let dflt = ManifestOptions::default();
+        let store = ManifestOptions {
+            store: "etcd://198.18.0.3:2379,198.18.0.4:2379".into(),
+            ..dflt.clone()
+        };
+        assert_eq!(changed(&store), set(&["3/data/store"]));
+        let image = ManifestOptions {
+            image: "registry.example/tern-node:9".into(),
+            ..dflt.clone()
+        };
+        let ds = "4/spec/template/spec";
+        assert_eq!(
+            changed(&image),
+            set(&[
+                &format!("{ds}/initContainers/0/image"),
+                &format!("{ds}/initContainers/1/image"),
+                &format!("{ds}/containers/0/image"),
+                &format!("{ds}/containers/1/image"),
+            ])
+        );
+        // The pool and the encapsulation live in the ConfigMap's IPPool document (a string).
+        for (o, needle) in [
+            (
+                ManifestOptions {
+                    pool: "10.50.0.0/16".into(),
+                    ..dflt.clone()
+                },
+                "cidr: 10.50.0.0/16",
+            ),
+            (
+                ManifestOptions {
+                    encap: Encap::Vxlan,
+                    ..dflt.clone()
+                },
+                "vxlanMode: Always",
+            ),
+            (
+                ManifestOptions {
+                    encap: Encap::Crosssubnet,
+                    ..dflt.clone()
+                },
+                "vxlanMode: CrossSubnet",
+            ),
+            (
+                ManifestOptions {
+                    encap: Encap::Ipip,
+                    ..dflt.clone()
+                },
+                "ipipMode: Always",
+            ),
+        ] {
+            assert_eq!(changed(&o), set(&["3/data/ippool.yaml"]), "{o:?}");
+            let text = render(&o).unwrap();
+            assert!(text.contains(needle), "{needle}");
+        }
+        let bgp = ManifestOptions {
+            bgp: true,
+            ..dflt.clone()
+        };
+        assert_eq!(changed(&bgp), set(&["3/data/bgp"]));
+        assert!(render(&bgp).unwrap().contains("  bgp: \"true\"\n"));
+        let log = ManifestOptions {
+            log_level: "debug".into(),
+            ..dflt.clone()
+        };
+        assert_eq!(changed(&log), set(&["3/data/log_level"]));
+        let filter = ManifestOptions {
+            log_level: "info,tern_agent::kube=debug".into(),
+            ..dflt.clone()
+        };
+        assert_eq!(changed(&filter), set(&["3/data/log_level"]));
+        let dirs = ManifestOptions {
+            cni_bin_dir: "/run/lab/node1/cni/bin".into(),
+            cni_conf_dir: "/run/lab/node1/cni/net.d".into(),
+            ..dflt.clone()
+        };
+        assert_eq!(
+            changed(&dirs),
+            set(&[
+                "4/spec/template/spec/volumes/5/hostPath/path",
+                "4/spec/template/spec/volumes/6/hostPath/path",
+            ])
+        );
+        // The header names the flags used.
+        let text = render(&ManifestOptions {
+            bgp: true,
+            encap: Encap::Vxlan,
+            ..dflt
+        })
+        .unwrap();
+        assert!(
+            text.contains("# Rendered by `ternctl install manifest --encap vxlan --bgp`."),
+            "{}",
+            text.lines().nth(3).unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        let d = ManifestOptions::default();
+        for (o, want) in [
+            (
+                ManifestOptions {
+                    store: "mysql://x".into(),
+                    ..d.clone()
+                },
+                "--store",
+            ),
+            (
+                ManifestOptions {
+                    store: "sqlite:///tmp/x.db".into(),
+                    ..d.clone()
+                },
+                "directly in /var/lib/tern",
+            ),
+            (
+                ManifestOptions {
+                    store: "etcd://".into(),
+                    ..d.clone()
+                },
+                "etcd://host:port",
+            ),
+            (
+                ManifestOptions {
+                    image: "a b".into(),
+                    ..d.clone()
+                },
+                "--image",
+            ),
+            (
+                ManifestOptions {
+                    image: "x\"\nkind: Secret".into(),
+                    ..d.clone()
+                },
+                "--image",
+            ),
+            (
+                ManifestOptions {
+                    pool: "10.0.0.0/33".into(),
+                    ..d.clone()
+                },
+                "--pool",
+            ),
+            (
+                ManifestOptions {
+                    pool: "fd00::/64".into(),
+                    ..d.clone()
+                },
+                "not an IPv4 CIDR",
+            ),
+            (
+                ManifestOptions {
+                    cni_conf_dir: "etc/cni".into(),
+                    ..d.clone()
+                },
+                "--cni-conf-dir",
+            ),
+            (
+                ManifestOptions {
+                    log_level: "loud".into(),
+                    ..d.clone()
+                },
+                "--log-level",
+            ),
+        ] {
+            let e = format!("{:#}", render(&o).unwrap_err());
+            assert!(e.contains(want), "{o:?}: {e}");
+        }
+    }
+}

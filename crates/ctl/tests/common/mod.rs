@@ -1,0 +1,215 @@
+//! The one harness of tern-ctl's lab tests (issue 11): the root/strict guard, binaries that
+//! are never stale, `ternctl lab` runs, unique lab names and a teardown guard.
+//!
+//! Each test file includes it with `mod common;`. A file uses only part of it, hence the
+//! `dead_code` allowance below.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use tern_lab::{LabState, mesh};
+
+/// The ternctl under test (built by cargo for this test binary).
+pub fn ternctl() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ternctl"))
+}
+
+/// Root (network namespaces), as tern-testkit's `require_root`: a visible skip on a developer's
+/// machine, a failure under strict mode (`TERN_TEST_STRICT=1`).
+#[track_caller]
+pub fn require_root() -> bool {
+    tern_testkit::require_root()
+}
+
+/// The directory of the workspace's binaries, rebuilt if anything changed: tern-testkit's
+/// `fresh_binaries` (`cargo build --bins` of the plugin, the agent and ternctl, once per test
+/// process; a no-op when they are fresh), so a lab never runs a stale `ternd`.
+pub fn fresh_binaries() -> &'static Path {
+    tern_testkit::fresh_binaries(Path::new(env!("CARGO_BIN_EXE_ternctl")))
+}
+
+/// The guard of a lab test: root (see [`require_root`]), then [`fresh_binaries`]. `None`
+/// means the test is skipped (visibly; never under strict mode) and returns.
+#[track_caller]
+pub fn lab_ready() -> Option<&'static Path> {
+    require_root().then(fresh_binaries)
+}
+
+/// A lab name of our own, so that a user's `ternctl lab` or a concurrent test is never
+/// touched: `tag` (at most 6 lowercase letters or digits) and 6 random hex digits, within
+/// tern-lab's 12-character limit.
+pub fn lab_name(tag: &str) -> String {
+    assert!(
+        tag.len() <= 6,
+        "lab tag {tag:?}: at most 6 characters, names have 12"
+    );
+    format!("{tag}{}", tern_lab::process::random_hex(3))
+}
+
+/// What a `ternctl` run printed.
+pub struct Run {
+    pub out: Output,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// Whether ternctl exited with status 0.
+    pub fn ok(&self) -> bool {
+        self.out.status.success()
+    }
+}
+
+/// Runs `ternctl lab --name NAME --bin-dir DIR ARGS...` and collects its output.
+pub fn ternctl_lab(name: &str, bin_dir: &Path, args: &[&str]) -> Run {
+    let out = Command::new(ternctl())
+        .args(["lab", "--name", name, "--bin-dir"])
+        .arg(bin_dir)
+        .args(args)
+        .output()
+        .expect("ternctl runs");
+    Run {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        out,
+    }
+}
+
+/// A lab that is removed when dropped (test passed, failed or panicked).
+pub struct Lab {
+    pub name: String,
+    pub st: LabState,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Err(e) = tern_lab::down(&self.name) {
+            eprintln!("teardown of lab {}: {e}", self.name);
+        }
+    }
+}
+
+impl Lab {
+    /// The guard of lab `name`, before it is up: whatever `up` leaves behind is removed.
+    pub fn guard(name: &str) -> Lab {
+        Lab {
+            name: name.to_string(),
+            st: LabState::default(),
+        }
+    }
+
+    /// Brings the lab of `o` up, guarded; panics with the error.
+    pub fn up(o: &tern_lab::UpOptions) -> Lab {
+        let mut lab = Lab::guard(&o.name);
+        lab.st = tern_lab::up(o).unwrap_or_else(|e| panic!("lab up {}: {e}", o.name));
+        lab
+    }
+
+    /// The last `lines` lines of every node's ternd log, for a failure message.
+    pub fn logs(&self, lines: usize) -> String {
+        self.st
+            .nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "\n--- {} ternd log ---\n{}",
+                    n.name,
+                    tern_lab::topology::log_tail(n, lines)
+                )
+            })
+            .collect()
+    }
+
+    /// As [`Lab::logs`], with every node's routes.
+    pub fn logs_and_routes(&self, lines: usize) -> String {
+        self.st
+            .nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "\n--- {} ternd log ---\n{}\n--- {} routes ---\n{}",
+                    n.name,
+                    tern_lab::topology::log_tail(n, lines),
+                    n.name,
+                    mesh::routes(&self.st, &n.name).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    /// Adds pod `pod` on `node` with an echo server (TCP on `tcp`, UDP on `udp`); panics with
+    /// the nodes' logs and routes.
+    pub fn add_echo_pod(&mut self, node: &str, pod: &str, tcp: Option<u16>, udp: Option<u16>) {
+        if let Err(e) = tern_lab::add_pod(&mut self.st, node, pod) {
+            panic!("add {pod}: {e}{}", self.logs_and_routes(15));
+        }
+        tern_lab::start_server(&mut self.st, pod, &ternctl(), tcp, udp)
+            .unwrap_or_else(|e| panic!("echo server in {pod}: {e}"));
+    }
+}
+
+/// Polls `f` every 300 ms until it returns `None` (done); after `secs` seconds panics with
+/// `what`, the last reason `f` gave and `context()` (logs, routes).
+pub fn wait_until(
+    what: &str,
+    secs: u64,
+    context: impl Fn() -> String,
+    mut f: impl FnMut() -> Option<String>,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let Some(why) = f() else { return };
+        if Instant::now() > deadline {
+            panic!("{what}: {why}{}", context());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// BIRD 2 for a lab's BIRD node, as tern-testkit's `require` (fails under strict mode).
+#[track_caller]
+pub fn require_bird() -> bool {
+    tern_testkit::require(
+        "BIRD 2",
+        tern_lab::bird::available(),
+        tern_testkit::install_hint("bird"),
+    )
+}
+
+impl Lab {
+    /// One round of TCP and UDP probes from every pod to every other pod's echo server on
+    /// `port` (1.5 s per probe).
+    pub fn probe_mesh(&self, port: u16) -> mesh::MeshReport {
+        mesh::check_mesh(
+            &self.st,
+            port,
+            &[tern_lab::traffic::Proto::Tcp, tern_lab::traffic::Proto::Udp],
+            Duration::from_millis(1500),
+        )
+        .unwrap()
+    }
+}
+
+/// The guard of a lab test that never skips (it FAILS naming what is missing): root, then
+/// [`fresh_binaries`]. `who` and `why` go into the message ("lab_kube needs root (...)").
+#[track_caller]
+pub fn root_and_binaries(who: &str, why: &str) -> &'static Path {
+    // SAFETY: geteuid has no preconditions.
+    assert!(unsafe { libc::geteuid() } == 0, "{who} needs root ({why})");
+    fresh_binaries()
+}
+
+/// As [`root_and_binaries`], and the Kubernetes components of `scripts/k8s-components.sh`;
+/// returns their directory.
+#[track_caller]
+pub fn kube_preconditions(who: &str) -> PathBuf {
+    root_and_binaries(who, "network namespaces, cgroups, mounts");
+    let k8s = tern_lab::kube::KubeOptions::from_env().k8s_bin;
+    if let Err(e) = tern_lab::kube::check_binaries(&k8s) {
+        panic!("{e}");
+    }
+    k8s
+}

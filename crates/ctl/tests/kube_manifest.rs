@@ -1,0 +1,514 @@
+//! The Kubernetes manifest (`ternctl install manifest`, `manifests/tern.yaml`) against a real
+//! kube-apiserver (issue 13, "Installed the Kubernetes way"): the harness of the agent's API
+//! server tests (etcd + kube-apiserver with RBAC, in a network namespace of the test's own).
+//!
+//! Shown: every object passes server-side dry-run and a real apply with no warning; the stored
+//! DaemonSet has the fields the design needs (hostNetwork, privileged, system-node-critical,
+//! every taint tolerated, RollingUpdate maxUnavailable 1, the node name from the downward API,
+//! probes on 127.0.0.1:9099, the conflist written by the container beside ternd); a Pod made
+//! from its template is admitted (service account, priority class, privileged); impersonating
+//! the ServiceAccount, the ClusterRole grants exactly ternd's verbs over a matrix of resources
+//! and verbs (and nothing on secrets, configmaps, deletes). The ConfigMap's IPPool applies to a
+//! store as the init container applies it, and re-applying it with VXLAN switches the pool.
+//!
+//! Needs root and the binaries of `scripts/k8s-components.sh`; without them the test fails and
+//! says how to get them. The namespace and every process are removed by drop guards.
+
+#[path = "../../agent/tests/kube_api/mod.rs"]
+mod kube_api;
+
+use kube_api::KubeApi;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const NODE_IP: &str = "198.18.0.10";
+const SA: &str = "system:serviceaccount:kube-system:tern-node";
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn unique(tag: &str) -> String {
+    format!(
+        "tkm{}-{tag}{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A uniquely named network namespace with an underlay address, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let n = Netns(unique(tag));
+        ip(&["netns", "add", &n.0]);
+        ip(&["-n", &n.0, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n", &n.0, "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
+        ]);
+        ip(&[
+            "-n",
+            &n.0,
+            "addr",
+            "add",
+            &format!("{NODE_IP}/24"),
+            "dev",
+            "ul0",
+        ]);
+        ip(&["-n", &n.0, "link", "set", "ul0", "up"]);
+        ip(&["-n", &n.0, "link", "set", "ul1", "up"]);
+        n
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `ternctl ARGS` (the binary under test); stdout, panicking on failure.
+fn ternctl(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ternctl"))
+        .args(args)
+        .env_remove("TERN_STORE")
+        .output()
+        .expect("running ternctl");
+    assert!(
+        out.status.success(),
+        "ternctl {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Outcome of one kubectl run.
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// kubectl in the namespace with the admin kubeconfig, with stdin; keeps stdout and stderr
+/// (warnings are on stderr, `auth can-i`'s "no" on stdout with exit status 1).
+fn kubectl(api: &KubeApi, args: &[&str], stdin: Option<&str>) -> Out {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &api.netns])
+        .arg(api.bin.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(api.dir.join("admin.kubeconfig"))
+        .arg("--request-timeout=20s")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning kubectl");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().expect("kubectl");
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Applies `yaml` (server dry-run or for real); asserts success, no warning, and that every
+/// object of the manifest is named in the output.
+fn apply(api: &KubeApi, yaml: &str, dry_run: bool) -> String {
+    let mut args = vec!["apply", "-f", "-"];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    let o = kubectl(api, &args, Some(yaml));
+    assert!(o.ok, "kubectl {} failed: {}", args.join(" "), o.stderr);
+    assert!(
+        !o.stderr.to_lowercase().contains("warning"),
+        "kubectl {} warned: {}",
+        args.join(" "),
+        o.stderr
+    );
+    for obj in [
+        "serviceaccount/tern-node",
+        "clusterrole.rbac.authorization.k8s.io/tern-node",
+        "clusterrolebinding.rbac.authorization.k8s.io/tern-node",
+        "configmap/tern-config",
+        "daemonset.apps/tern-node",
+    ] {
+        assert!(o.stdout.contains(obj), "{obj} missing in: {}", o.stdout);
+    }
+    o.stdout
+}
+
+fn get_json(api: &KubeApi, args: &[&str]) -> Value {
+    let o = kubectl(api, &[args, &["-o", "json"]].concat(), None);
+    assert!(o.ok, "kubectl {} failed: {}", args.join(" "), o.stderr);
+    serde_json::from_str(&o.stdout).unwrap()
+}
+
+fn env_of<'a>(c: &'a Value, name: &str) -> &'a Value {
+    c["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == name))
+        .unwrap_or_else(|| panic!("env {name} missing in {}", c["name"]))
+}
+
+fn container<'a>(spec: &'a Value, list: &str, name: &str) -> &'a Value {
+    spec[list]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("{list} {name} missing"))
+}
+
+fn args_of(c: &Value) -> Vec<&str> {
+    c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect()
+}
+
+/// The DaemonSet as the API server stored it has every field of the design.
+fn check_daemonset(ds: &Value) {
+    assert_eq!(ds["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    assert_eq!(
+        ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        1
+    );
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["hostNetwork"], true);
+    assert!(spec["hostPID"].is_null() || spec["hostPID"] == false);
+    assert_eq!(spec["priorityClassName"], "system-node-critical");
+    assert_eq!(spec["serviceAccountName"], "tern-node");
+    assert_eq!(spec["tolerations"], json!([{"operator": "Exists"}]));
+    assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+    // Init containers: the binaries (no conflist), then the pool.
+    let inits: Vec<&str> = spec["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(inits, ["install-cni", "apply-ippool"]);
+    let install = container(spec, "initContainers", "install-cni");
+    let a = args_of(install);
+    assert_eq!(a[0], "install-cni");
+    assert!(a.contains(&"--bin-dir=/host/opt/cni/bin"), "{a:?}");
+    assert!(a.contains(&"--conf-dir=/host/etc/cni/net.d"), "{a:?}");
+    assert!(a.contains(&"--skip-conflist"), "{a:?}");
+    let pool = container(spec, "initContainers", "apply-ippool");
+    assert_eq!(
+        env_of(pool, "TERN_STORE")["valueFrom"]["configMapKeyRef"],
+        json!({"name": "tern-config", "key": "store"})
+    );
+    // ternd.
+    let ternd = container(spec, "containers", "ternd");
+    assert_eq!(args_of(ternd), ["--kubernetes"]);
+    assert_eq!(ternd["securityContext"]["privileged"], true);
+    assert_eq!(
+        env_of(ternd, "TERN_NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(
+        env_of(ternd, "TERN_NODE_IP")["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.hostIP"
+    );
+    for (var, key) in [
+        ("TERN_STORE", "store"),
+        ("TERN_BGP", "bgp"),
+        ("TERN_LOG_LEVEL", "log_level"),
+    ] {
+        assert_eq!(
+            env_of(ternd, var)["valueFrom"]["configMapKeyRef"],
+            json!({"name": "tern-config", "key": key}),
+            "{var}"
+        );
+    }
+    assert_eq!(env_of(ternd, "TERN_HEALTH_ADDR")["value"], "127.0.0.1:9099");
+    for (probe, path) in [
+        ("livenessProbe", "/liveness"),
+        ("readinessProbe", "/readiness"),
+    ] {
+        let g = &ternd[probe]["httpGet"];
+        assert_eq!(g["host"], "127.0.0.1", "{probe}");
+        assert_eq!(g["port"], 9099, "{probe}");
+        assert_eq!(g["path"], path, "{probe}");
+        assert_eq!(g["scheme"], "HTTP", "{probe}");
+    }
+    let mounts: Vec<(&str, &str)> = ternd["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap(),
+                m["mountPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for m in [
+        ("run-tern", "/run/tern"),
+        ("var-lib-tern", "/var/lib/tern"),
+        ("run-netns", "/run/netns"),
+        ("lib-modules", "/lib/modules"),
+    ] {
+        assert!(mounts.contains(&m), "{m:?} not in {mounts:?}");
+    }
+    // The conflist: beside ternd, after its readiness.
+    let conf = container(spec, "containers", "cni-conf");
+    let a = args_of(conf);
+    assert!(a.contains(&"--conflist-only"), "{a:?}");
+    assert!(
+        a.contains(&"--wait-ready=http://127.0.0.1:9099/readiness"),
+        "{a:?}"
+    );
+    assert!(a.contains(&"--stay"), "{a:?}");
+    let host_paths: Vec<&str> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    for p in [
+        "/run/tern",
+        "/var/lib/tern",
+        "/opt/cni/bin",
+        "/etc/cni/net.d",
+        "/run/netns",
+        "/lib/modules",
+    ] {
+        assert!(
+            host_paths.contains(&p),
+            "hostPath {p} not in {host_paths:?}"
+        );
+    }
+}
+
+/// What the ServiceAccount may do: (verb, resource, subresource) → allowed, over a matrix.
+fn check_rbac(api: &KubeApi) {
+    const VERBS: [&str; 8] = [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ];
+    // resource, subresource, allowed verbs
+    let table: [(&str, &str, &[&str]); 11] = [
+        ("pods", "", &["get", "list", "watch"]),
+        ("namespaces", "", &["get", "list", "watch"]),
+        ("nodes", "", &["get", "list", "watch"]),
+        ("nodes", "status", &["patch", "update"]),
+        (
+            "networkpolicies.networking.k8s.io",
+            "",
+            &["get", "list", "watch"],
+        ),
+        (
+            "leases.coordination.k8s.io",
+            "",
+            &["get", "create", "update"],
+        ),
+        ("secrets", "", &[]),
+        ("configmaps", "", &[]),
+        ("services", "", &[]),
+        ("daemonsets.apps", "", &[]),
+        ("pods", "status", &[]),
+    ];
+    let mut wrong = Vec::new();
+    for (res, sub, allowed) in table {
+        for verb in VERBS {
+            let mut args = vec!["auth", "can-i", verb, res, "--as", SA, "--all-namespaces"];
+            let sub_arg = format!("--subresource={sub}");
+            if !sub.is_empty() {
+                args.push(&sub_arg);
+            }
+            let o = kubectl(api, &args, None);
+            let answer = o.stdout.trim();
+            let want = allowed.contains(&verb);
+            let got = match answer {
+                "yes" => true,
+                "no" => false,
+                _ => panic!("kubectl {}: {answer:?} {}", args.join(" "), o.stderr),
+            };
+            if got != want {
+                wrong.push(format!("{verb} {res}{sub}: got {answer}, want {want}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "RBAC differs from ternd's needs:\n{}",
+        wrong.join("\n")
+    );
+    // Nothing beyond: the rules the SA has on resources are exactly the manifest's.
+    let o = kubectl(
+        api,
+        &["auth", "can-i", "--list", "--as", SA, "-n", "kube-system"],
+        None,
+    );
+    assert!(o.ok, "{}", o.stderr);
+    assert!(!o.stdout.contains("*.*"), "wildcard grant: {}", o.stdout);
+}
+
+#[test]
+fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
+    assert!(
+        is_root(),
+        "manifest_is_accepted_by_a_real_apiserver_with_least_rbac needs root (network \
+         namespaces); run it as root"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let ns = Netns::new("api");
+    let api = KubeApi::start(&ns.0, &tmp.path().join("k8s"), NODE_IP);
+
+    let default = ternctl(&["install", "manifest"]);
+    let checked_in = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../manifests/tern.yaml"),
+    )
+    .unwrap();
+    assert_eq!(
+        default, checked_in,
+        "the checked-in manifest is the default rendering"
+    );
+    // Variants validate too (etcd store, VXLAN, BGP, another image).
+    let variant = ternctl(&[
+        "install",
+        "manifest",
+        "--store",
+        "etcd://198.18.0.3:2379,198.18.0.4:2379",
+        "--encap",
+        "vxlan",
+        "--bgp",
+        "--image",
+        "registry.example/tern/tern-node:9",
+        "--pool",
+        "10.50.0.0/16",
+    ]);
+    let out = apply(&api, &variant, true);
+    assert!(out.contains("(server dry run)"), "{out}");
+    assert!(
+        kubectl(&api, &["get", "ds", "-n", "kube-system", "tern-node"], None)
+            .stderr
+            .contains("NotFound"),
+        "a dry run must not create anything"
+    );
+    apply(&api, &default, true);
+    apply(&api, &default, false);
+    // Applying again changes nothing.
+    let again = apply(&api, &default, false);
+    assert!(
+        again.contains("daemonset.apps/tern-node unchanged"),
+        "{again}"
+    );
+
+    let ds = get_json(
+        &api,
+        &["get", "daemonset", "tern-node", "-n", "kube-system"],
+    );
+    check_daemonset(&ds);
+    let cm = get_json(
+        &api,
+        &["get", "configmap", "tern-config", "-n", "kube-system"],
+    );
+    assert_eq!(cm["data"]["store"], "sqlite:///var/lib/tern/tern.db");
+    assert_eq!(cm["data"]["bgp"], "false");
+
+    // A Pod from the template is admitted as the DaemonSet controller would create it: the
+    // service account exists, system-node-critical resolves in kube-system, privileged is
+    // allowed.
+    let mut pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "tern-node-dryrun", "namespace": "kube-system",
+                     "labels": ds["spec"]["template"]["metadata"]["labels"]},
+        "spec": ds["spec"]["template"]["spec"],
+    });
+    pod["spec"]["nodeName"] = json!("itest-node");
+    let o = kubectl(
+        &api,
+        &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+        Some(&pod.to_string()),
+    );
+    assert!(o.ok, "the template's pod is refused: {}", o.stderr);
+    let admitted: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(admitted["spec"]["priority"], 2_000_001_000, "{}", o.stdout);
+
+    check_rbac(&api);
+}
+
+/// The init container's `ternctl apply -f /etc/tern/ippool.yaml`, on a SQLite store: the
+/// ConfigMap's pool is created, and a re-rendered ConfigMap with VXLAN switches it (the
+/// backend switch by ConfigMap + rollout restart).
+#[test]
+fn configmap_pool_applies_and_switches_encapsulation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", tmp.path().join("tern.db").display());
+    let pool_doc = |args: &[&str]| -> String {
+        let text = ternctl(&[&["install", "manifest"], args].concat());
+        let docs: Vec<Value> = text
+            .split("\n---\n")
+            .filter_map(|d| serde_norway::from_str::<Value>(d).ok())
+            .collect();
+        let cm = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap")
+            .expect("a ConfigMap");
+        cm["data"]["ippool.yaml"].as_str().unwrap().to_string()
+    };
+    let file = tmp.path().join("ippool.yaml");
+    std::fs::write(&file, pool_doc(&[])).unwrap();
+    let f = file.to_str().unwrap();
+    ternctl(&["--store", &store, "apply", "-f", f]);
+    let pool = || -> (Value, String) {
+        let got = ternctl(&[
+            "--store",
+            &store,
+            "get",
+            "ippool",
+            "default-ipv4-ippool",
+            "-o",
+            "json",
+        ]);
+        (serde_json::from_str(&got).unwrap(), got)
+    };
+    let (v, got) = pool();
+    assert_eq!(v["spec"]["cidr"], "10.244.0.0/16", "{got}");
+    assert_eq!(v["spec"]["vxlanMode"], "Never", "{got}");
+    // The same document again (every node's pod applies it): no error, no change.
+    ternctl(&["--store", &store, "apply", "-f", f]);
+    std::fs::write(&file, pool_doc(&["--encap", "vxlan"])).unwrap();
+    ternctl(&["--store", &store, "apply", "-f", f]);
+    let (v, got) = pool();
+    assert_eq!(v["spec"]["vxlanMode"], "Always", "{got}");
+    assert_eq!(v["spec"]["natOutgoing"], true, "{got}");
+}

@@ -1,0 +1,550 @@
+//! tern installed the Kubernetes way (issue 13): `ternctl lab up --nodes 2 --kubernetes`
+//! builds the tern-node image, imports it on both nodes and applies `ternctl install
+//! manifest` with kubectl; no host ternd runs. Then, on the real cluster:
+//! - the `tern-node` DaemonSet is rolled out on both nodes and both Nodes are Ready;
+//! - pods on both nodes get addresses from tern's pool (tern's endpoints show them) and reach
+//!   each other over TCP;
+//! - a pod with `cni.projectcalico.org/ipAddrs` gets exactly that address;
+//! - a default-deny NetworkPolicy applied with kubectl stops a prober; across
+//!   `kubectl rollout restart daemonset tern-node -n kube-system` a TCP connection between
+//!   pods on the two nodes carrying a line every 100 ms is never dropped (every line arrives,
+//!   in order, and both ends still run) and the prober, trying the denied pod all along from
+//!   four loops, never gets through;
+//! - an allow by label: `kubectl label pod` opens the denied pod to the prober, removing the
+//!   label closes it again;
+//! - `lab down` removes the manifest's objects and leaves no namespace, cgroup or sysctl
+//!   behind.
+//!
+//! Needs root and the components of `scripts/k8s-components.sh`; without them the test FAILS
+//! naming what is missing. The lab has a unique name and is removed by a guard.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tern_lab::kube;
+
+mod common;
+use common::ternctl;
+
+/// The workspace's binaries, rebuilt when stale (the shared lab harness).
+fn bin_dir() -> PathBuf {
+    common::fresh_binaries().to_path_buf()
+}
+
+/// Preconditions; panics (fails the test) naming what is missing. The image is built from
+/// the binaries beside ternctl, so they are brought up to date first.
+fn preconditions() -> PathBuf {
+    common::kube_preconditions("lab_kube_daemonset")
+}
+
+struct Lab {
+    name: String,
+    k8s: PathBuf,
+    kubeconfig: PathBuf,
+    cache: tempfile::TempDir,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Err(e) = tern_lab::down(&self.name) {
+            eprintln!("teardown of lab {}: {e}", self.name);
+        }
+    }
+}
+
+impl Lab {
+    fn kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(self.k8s.join("kubectl"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args)
+            .output()
+            .map_err(|e| format!("kubectl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    fn must(&self, args: &[&str]) -> String {
+        self.kubectl(args)
+            .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()))
+    }
+
+    fn apply(&self, name: &str, yaml: &str) {
+        let p = self.cache.path().join(format!("{name}.yaml"));
+        std::fs::write(&p, yaml).unwrap();
+        self.must(&["apply", "-f", p.to_str().unwrap()]);
+    }
+
+    /// The tern-node pods and their ternd logs, the nodes' component logs.
+    fn diagnostics(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            &self
+                .kubectl(&["-n", "kube-system", "get", "pods", "-o", "wide"])
+                .unwrap_or_else(|e| e),
+        );
+        out.push_str(
+            &self
+                .kubectl(&[
+                    "-n",
+                    "kube-system",
+                    "logs",
+                    "-l",
+                    "k8s-app=tern-node",
+                    "-c",
+                    "ternd",
+                    "--tail",
+                    "15",
+                ])
+                .unwrap_or_else(|e| e),
+        );
+        if let Ok(Some(st)) = tern_lab::LabState::load(&self.name)
+            && let Some(k) = &st.kube
+        {
+            for n in &k.nodes {
+                for p in &n.procs {
+                    out.push_str(&format!(
+                        "\n--- {} {} ---\n{}",
+                        n.name,
+                        p.name,
+                        p.log_tail(8)
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits until pod `name` is Running and Ready; its address.
+    fn wait_ready(&self, name: &str) -> String {
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{name}"),
+            "--timeout=120s",
+        ])
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}{}",
+                self.kubectl(&["describe", "pod", name]).unwrap_or_default(),
+                self.diagnostics()
+            )
+        });
+        self.must(&["get", "pod", name, "-o", "jsonpath={.status.podIP}"])
+            .trim()
+            .to_string()
+    }
+
+    /// `kubectl exec FROM -- nc -w 2 IP 8080`: the answer (the serving pod's name), if any.
+    fn ask(&self, from: &str, ip: &str) -> Option<String> {
+        self.kubectl(&["exec", from, "--", "nc", "-w", "2", ip, "8080"])
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Polls [`Lab::ask`] until it answers (`open`) or stops answering (`!open`) for 3 tries
+    /// in a row; panics after `timeout`. Returns how long it took.
+    fn wait_reach(&self, from: &str, ip: &str, open: bool, timeout: Duration) -> Duration {
+        let t = Instant::now();
+        let mut streak = 0;
+        loop {
+            let got = self.ask(from, ip);
+            if got.is_some() == open {
+                streak += if open { 3 } else { 1 };
+                if streak >= 3 {
+                    return t.elapsed();
+                }
+            } else {
+                streak = 0;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "{from} -> {ip}: still {} after {timeout:?} ({got:?}){}",
+                if open { "denied" } else { "open" },
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// A pod on `node` answering TCP :8080 with its name; `labels` and `annotations` as YAML
+/// flow maps.
+fn server(name: &str, node: &str, labels: &str, annotations: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {labels}
+  annotations: {annotations}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: web
+    image: tern-busybox:1
+    imagePullPolicy: Never
+    command: ["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]
+"#
+    )
+}
+
+/// A pod running `script` under sh once (restartPolicy Never: an exit is seen, not hidden by
+/// a restart).
+fn shell_pod(name: &str, node: &str, script: &str) -> String {
+    let script = serde_json::to_string(script).unwrap();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  nodeName: {node}
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: sh
+    image: tern-busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", {script}]
+"#
+    )
+}
+
+/// Only pods labelled `access: "yes"` may reach `role: locked` pods; nothing else may (the
+/// default deny is the policy that selects them with no ingress rule).
+const DENY: &str = r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-locked}
+spec:
+  podSelector: {matchLabels: {role: locked}}
+  policyTypes: [Ingress]
+"#;
+
+const ALLOW_BY_LABEL: &str = r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-labelled}
+spec:
+  podSelector: {matchLabels: {role: locked}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {access: "yes"}}
+"#;
+
+/// `ternctl --store <lab store> ARGS`: stdout + stderr.
+fn ternctl_out(st: &tern_lab::LabState, args: &[&str]) -> String {
+    // Inside a node's namespace: an etcd store is reachable only from the lab's namespaces.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &st.nodes[0].netns])
+        .arg(ternctl())
+        .args(["--store", &st.store_url()])
+        .args(args)
+        .output()
+        .expect("ternctl runs");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The lines a pod printed.
+fn logs(lab: &Lab, pod: &str) -> Vec<String> {
+    lab.must(&["logs", pod])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Phase and restart count of a pod.
+fn phase(lab: &Lab, pod: &str) -> String {
+    lab.must(&[
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.status.phase} {.status.containerStatuses[0].restartCount}",
+    ])
+}
+
+#[test]
+fn tern_installed_by_its_daemonset() {
+    let k8s = preconditions();
+    let name = format!("d{}", tern_lab::process::random_hex(3));
+    let sysctls_before = kube::sys::read_current().expect("read sysctls");
+    let mut lab = Lab {
+        name: name.clone(),
+        k8s: k8s.clone(),
+        kubeconfig: PathBuf::new(),
+        cache: tempfile::tempdir().expect("tempdir"),
+    };
+    let t0 = Instant::now();
+    let out = Command::new(ternctl())
+        .env_remove("TERN_STORE")
+        .args(["lab", "--name", &name, "--bin-dir"])
+        .arg(bin_dir())
+        .args(["up", "--nodes", "2", "--kubernetes"])
+        .arg("--k8s-bin-dir")
+        .arg(&k8s)
+        .output()
+        .expect("ternctl runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "lab up --kubernetes failed:\n{stdout}\n{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        lab.diagnostics()
+    );
+    eprintln!(
+        "lab up --nodes 2 --kubernetes (DaemonSet): {:?}",
+        t0.elapsed()
+    );
+    let export = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("export KUBECONFIG="))
+        .unwrap_or_else(|| panic!("no `export KUBECONFIG=` in:\n{stdout}"));
+    lab.kubeconfig = PathBuf::from(export.trim());
+
+    // Installed by the manifest, not by the lab: no host ternd, one tern-node pod per node.
+    let st = tern_lab::LabState::load(&name).unwrap().unwrap();
+    let k = st.kube.as_ref().unwrap();
+    let manifest = k.manifest.clone().expect("the lab records its manifest");
+    assert!(manifest.is_file(), "{}", manifest.display());
+    for n in &st.nodes {
+        assert_eq!(n.ternd_pid, None, "{}: a host ternd runs", n.name);
+    }
+    let ds = lab.must(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "k8s-app=tern-node",
+        "-o",
+        r#"jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
+    ]);
+    let mut on: Vec<&str> = ds
+        .lines()
+        .filter(|l| l.ends_with("Running true true"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    on.sort();
+    assert_eq!(on, ["node1", "node2"], "tern-node pods:\n{ds}");
+    let nodes = lab.must(&[
+        "get",
+        "nodes",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#,
+    ]);
+    assert_eq!(
+        nodes.lines().filter(|l| l.ends_with(" True")).count(),
+        2,
+        "nodes: {nodes}"
+    );
+
+    // Pods on both nodes: tern addresses, reachable from each other.
+    lab.apply("a", &server("a", "node1", "{app: web}", "{}"));
+    lab.apply("b", &server("b", "node2", "{app: web}", "{}"));
+    lab.apply(
+        "fixed",
+        &server(
+            "fixed",
+            "node2",
+            "{app: fixed}",
+            r#"{cni.projectcalico.org/ipAddrs: '["10.244.123.45"]'}"#,
+        ),
+    );
+    let a = lab.wait_ready("a");
+    let b = lab.wait_ready("b");
+    let fixed = lab.wait_ready("fixed");
+    let pool: ipnet::Ipv4Net = k.cluster_cidr.parse().unwrap();
+    let weps = ternctl_out(&st, &["get", "wep", "-o", "wide"]);
+    for (pod, ip) in [("a", &a), ("b", &b), ("fixed", &fixed)] {
+        let addr: std::net::Ipv4Addr = ip.parse().unwrap_or_else(|_| panic!("{pod}: {ip:?}"));
+        assert!(pool.contains(&addr), "{pod} {ip} not in tern's pool {pool}");
+        assert!(
+            weps.lines()
+                .any(|l| l.contains(pod) && l.contains(ip.as_str())),
+            "{pod} {ip} not among tern's endpoints:\n{weps}"
+        );
+    }
+    assert_eq!(fixed, "10.244.123.45", "the ipAddrs annotation's address");
+    assert_eq!(lab.ask("a", &b).as_deref(), Some("b"), "node1 -> node2");
+    assert_eq!(lab.ask("b", &a).as_deref(), Some("a"), "node2 -> node1");
+    assert_eq!(lab.ask("a", &fixed).as_deref(), Some("fixed"), "a -> fixed");
+    eprintln!("pods a {a} (node1), b {b} (node2), fixed {fixed} (node2): reachable");
+
+    // The denied pod, on node2; the prober and client on node1.
+    lab.apply("locked", &server("locked", "node2", "{role: locked}", "{}"));
+    let locked = lab.wait_ready("locked");
+    lab.apply("client", &server("client", "node1", "{app: client}", "{}"));
+    lab.wait_ready("client");
+    assert_eq!(lab.ask("client", &locked).as_deref(), Some("locked"));
+    lab.apply("deny", DENY);
+    let took = lab.wait_reach("client", &locked, false, Duration::from_secs(30));
+    eprintln!("default deny seen (3 denied tries in a row) {took:?} after kubectl apply");
+
+    // A long-lived connection node1 -> node2: a numbered line every 100 ms.
+    lab.apply(
+        "listener",
+        &shell_pod("listener", "node2", "sleep 100000 | nc -l -p 9000"),
+    );
+    let listener = lab.wait_ready("listener");
+    lab.apply(
+        "talker",
+        &shell_pod(
+            "talker",
+            "node1",
+            &format!(
+                "sleep 1; i=0; while :; do echo $i; i=$((i+1)); usleep 100000; done | nc {listener} 9000"
+            ),
+        ),
+    );
+    lab.wait_ready("talker");
+    // The prober: four loops trying the denied pod; a connection that opens prints LEAK.
+    let probe = format!(
+        "for j in 1 2 3 4; do (while :; do if nc -w 1 {locked} 8080 </dev/null >/dev/null 2>&1; \
+         then echo LEAK; else echo denied; fi; usleep 100000; done) & done; wait"
+    );
+    lab.apply("prober", &shell_pod("prober", "node1", &probe));
+    lab.wait_ready("prober");
+    let t = Instant::now();
+    while logs(&lab, "listener").len() < 20 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no lines over the connection: {:?} {}",
+            logs(&lab, "listener"),
+            phase(&lab, "talker")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let before_lines = logs(&lab, "listener").len();
+    let before_probes = logs(&lab, "prober").len();
+
+    // The rollout restart.
+    let t1 = Instant::now();
+    lab.must(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "restart",
+        "daemonset",
+        "tern-node",
+    ]);
+    lab.kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "daemonset/tern-node",
+        "--timeout=240s",
+    ])
+    .unwrap_or_else(|e| panic!("{e}{}", lab.diagnostics()));
+    let rollout = t1.elapsed();
+    // Both new ternd serve: their pods are new and Ready.
+    let restarted = lab.must(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "k8s-app=tern-node",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
+    ]);
+    assert!(
+        !ds.is_empty()
+            && restarted
+                .lines()
+                .filter(|l| l.ends_with("true true"))
+                .count()
+                == 2,
+        "tern-node pods after the restart:\n{restarted}"
+    );
+    // Traffic goes on a while after the new agents took over.
+    std::thread::sleep(Duration::from_secs(3));
+    let lines = logs(&lab, "listener");
+    let probes = logs(&lab, "prober");
+    let expected: Vec<String> = (0..lines.len()).map(|i| i.to_string()).collect();
+    assert_eq!(
+        lines, expected,
+        "the connection's lines, in order, none lost"
+    );
+    assert!(
+        lines.len() >= before_lines + (rollout.as_millis() as usize / 100) / 2,
+        "the connection carried {} lines during a {rollout:?} rollout ({} before)",
+        lines.len() - before_lines,
+        before_lines
+    );
+    for pod in ["listener", "talker", "prober"] {
+        assert_eq!(
+            phase(&lab, pod),
+            "Running 0",
+            "{pod} still runs, never restarted"
+        );
+    }
+    let leaks = probes.iter().filter(|l| l.as_str() == "LEAK").count();
+    let tries = probes.len() - before_probes;
+    assert_eq!(
+        leaks,
+        0,
+        "denied connections let through: {leaks} of {}",
+        probes.len()
+    );
+    assert!(
+        tries >= 8,
+        "the prober tried {tries} times during the rollout"
+    );
+    eprintln!(
+        "rollout restart of tern-node: {rollout:?}; the connection carried {} lines across it \
+         ({} in all, none lost); {tries} denied tries, none let through",
+        lines.len() - before_lines,
+        lines.len()
+    );
+
+    // Allow by label: the client is let in once labelled, and out again without the label.
+    lab.apply("allow", ALLOW_BY_LABEL);
+    lab.wait_reach("client", &locked, false, Duration::from_secs(10));
+    lab.must(&["label", "pod", "client", "access=yes"]);
+    let took = lab.wait_reach("client", &locked, true, Duration::from_secs(30));
+    assert_eq!(lab.ask("client", &locked).as_deref(), Some("locked"));
+    assert!(
+        lab.ask("a", &locked).is_none(),
+        "an unlabelled pod stays denied"
+    );
+    eprintln!("kubectl label pod client access=yes: allowed within {took:?}");
+    lab.must(&["label", "pod", "client", "access-"]);
+    let took = lab.wait_reach("client", &locked, false, Duration::from_secs(30));
+    eprintln!("label removed: denied again within {took:?}");
+
+    // Teardown: the manifest's objects go while ternd runs; nothing is left.
+    drop(st);
+    let done = tern_lab::down(&name).expect("lab down");
+    assert!(
+        done.iter().any(|d| d.contains("-f")),
+        "down deleted the manifest's objects: {done:?}"
+    );
+    let prefix = tern_lab::state::ns_prefix(&name);
+    assert!(kube::sys::with_prefix(&prefix).is_empty(), "cgroups left");
+    assert!(
+        tern_lab::process::netns_with_prefix(&prefix).is_empty(),
+        "namespaces left"
+    );
+    assert_eq!(
+        kube::sys::read_current().unwrap(),
+        sysctls_before,
+        "sysctls restored"
+    );
+}

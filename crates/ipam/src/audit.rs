@@ -1,0 +1,574 @@
+//! Cluster-wide IPAM consistency check (the library behind `ternctl ipam check` and
+//! `ternctl ipam release`), pure over a [`Store`].
+//!
+//! An address is *in use* when a WorkloadEndpoint with the allocation's handle exists (any
+//! node), or when an owner record of standalone `tern-ipam` exists for the handle (the netns
+//! can only be checked on its node, so the check here is conservative: such allocations are
+//! never reported as leaked; the node's agent releases them when the sandbox is gone).
+//!
+//! The audit reads the records the agent writes (WorkloadEndpoints, owner records under
+//! [`keys::OWNERS`]) itself, through [`list_endpoints`] and the owner-record functions below,
+//! so that `ternctl` needs IPAM and the store but not the agent (`tern_agent::audit` re-exports
+//! this module).
+
+use crate::{Allocation, AllocationAttrs, Ipam, IpamError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use tern_api::{Attachment, PodRef};
+use tern_model::WorkloadEndpoint;
+use tern_store::{Store, StoreError, keys};
+
+/// Errors of the check and of releases.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("reading IPAM: {0}")]
+    Ipam(#[from] IpamError),
+    #[error("reading endpoints or owner records: {0}")]
+    Store(#[from] StoreError),
+    #[error("IP {0} is not assigned")]
+    NotAssigned(IpAddr),
+    #[error("IP {ip} is in use by endpoint {endpoint}; delete the workload first")]
+    InUse { ip: IpAddr, endpoint: String },
+}
+
+/// An allocation with no user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeakedAllocation {
+    pub ip: IpAddr,
+    pub handle: String,
+    pub block: ipnet::IpNet,
+    /// Identifies this allocation: a release checks it, so a reused address is never freed.
+    pub sequence_number: u64,
+    pub node: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub pod: String,
+    #[serde(default, rename = "containerID")]
+    pub container_id: String,
+}
+
+/// An endpoint address that IPAM does not hold for the endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnallocatedUse {
+    pub ip: IpAddr,
+    /// `<namespace>/<name>` of the WorkloadEndpoint.
+    pub endpoint: String,
+    pub node: String,
+    /// When the address is allocated, but to another handle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_to: Option<String>,
+}
+
+/// An address used by more than one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DuplicateUse {
+    pub ip: IpAddr,
+    pub endpoints: Vec<String>,
+}
+
+/// Result of a check; written as JSON by `ternctl ipam check -o`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamReport {
+    pub allocations_checked: usize,
+    pub endpoints_checked: usize,
+    pub allocated_not_in_use: Vec<LeakedAllocation>,
+    pub in_use_not_allocated: Vec<UnallocatedUse>,
+    pub duplicates: Vec<DuplicateUse>,
+}
+
+impl IpamReport {
+    /// Total number of problems found.
+    pub fn problems(&self) -> usize {
+        self.allocated_not_in_use.len() + self.in_use_not_allocated.len() + self.duplicates.len()
+    }
+}
+
+/// What the audit needs of one WorkloadEndpoint: who it is, its addresses, and whether they
+/// came from a delegated IPAM plugin. Read from the store exactly as the agent reads its
+/// endpoints (`tern_agent::endpoints::store_io`), less what the audit does not look at (host
+/// interface, MAC, labels, ports, netns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointUse {
+    pub node: String,
+    /// The attachment the endpoint was made for (`pod` set for the `k8s` orchestrator).
+    pub attachment: Attachment,
+    /// Pod addresses as CIDRs ("10.244.0.5/32").
+    pub ip_networks: Vec<String>,
+    /// Addresses came from a delegated IPAM plugin: tern IPAM does not hold them.
+    pub delegated_ipam: bool,
+}
+
+impl EndpointUse {
+    /// The endpoint as the agent reads a stored WorkloadEndpoint document.
+    pub fn from_resource(w: &WorkloadEndpoint) -> EndpointUse {
+        let pod = (w.spec.orchestrator == "k8s").then(|| PodRef {
+            namespace: w.metadata.namespace.clone().unwrap_or_default(),
+            name: w.spec.pod.clone(),
+            ..Default::default()
+        });
+        EndpointUse {
+            node: w.spec.node.clone(),
+            attachment: Attachment {
+                network: w.spec.network.clone(),
+                container_id: w.spec.container_id.clone(),
+                ifname: w.spec.endpoint.clone(),
+                netns_path: String::new(),
+                pod,
+            },
+            ip_networks: w.spec.ip_networks.clone(),
+            delegated_ipam: w
+                .metadata
+                .annotations
+                .get("tern.dev/delegated-ipam")
+                .is_some_and(|v| v == "true"),
+        }
+    }
+
+    /// `<namespace>/<name>` of the endpoint, the name built as the agent builds it (Calico's
+    /// `<node>-k8s-<pod>-<ifname>`, or `<node>-cni-<containerID>-<ifname>` without a pod, each
+    /// part with `-` doubled) and the namespace "default" outside Kubernetes.
+    pub fn label(&self) -> String {
+        let a = &self.attachment;
+        let esc = |s: &str| s.replace('-', "--");
+        match &a.pod {
+            Some(p) => format!(
+                "{}/{}-k8s-{}-{}",
+                p.namespace,
+                esc(&self.node),
+                esc(&p.name),
+                esc(&a.ifname)
+            ),
+            None => format!(
+                "default/{}-cni-{}-{}",
+                esc(&self.node),
+                esc(&a.container_id),
+                esc(&a.ifname)
+            ),
+        }
+    }
+}
+
+/// Every WorkloadEndpoint of every node; documents that do not parse are skipped with a
+/// warning (as the agent skips them).
+pub fn list_endpoints(store: &dyn Store) -> Result<Vec<EndpointUse>, StoreError> {
+    let (kvs, _) = store.range(&keys::resource_prefix("WorkloadEndpoint"))?;
+    let mut out = Vec::new();
+    for kv in kvs {
+        match serde_json::from_slice::<WorkloadEndpoint>(&kv.value) {
+            Ok(w) => out.push(EndpointUse::from_resource(&w)),
+            Err(e) => log::warn!("skipping unreadable endpoint {}: {e}", kv.key),
+        }
+    }
+    Ok(out)
+}
+
+/// The fields of an owner record (`tern_agent::owners::OwnerRecord`, written by the agent for
+/// standalone `tern-ipam` allocations). Parsed in full so that a record the agent skips as
+/// unreadable is skipped here too.
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct OwnerRecordFields {
+    handle: String,
+    #[serde(rename = "node")]
+    _node: String,
+    #[serde(rename = "network")]
+    _network: String,
+    #[serde(rename = "containerID")]
+    _container_id: String,
+    #[serde(rename = "ifname")]
+    _ifname: String,
+    #[serde(rename = "netns")]
+    _netns: String,
+}
+
+/// Handles of every owner record of every node. Unreadable records are skipped with a warning.
+pub fn owner_handles(store: &dyn Store) -> Result<HashSet<String>, StoreError> {
+    let (kvs, _) = store.range(keys::OWNERS)?;
+    let mut out = HashSet::new();
+    for kv in kvs {
+        match serde_json::from_slice::<OwnerRecordFields>(&kv.value) {
+            Ok(o) => {
+                out.insert(o.handle);
+            }
+            Err(e) => log::warn!("skipping unreadable owner record {}: {e}", kv.key),
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes the owner record of `handle` on `node`; Ok when absent.
+pub fn delete_owner(store: &dyn Store, node: &str, handle: &str) -> Result<(), StoreError> {
+    store.delete(&keys::owner(node, handle))?;
+    Ok(())
+}
+
+/// Compares allocations with endpoints and owner records (pure; see [`check`]).
+pub fn compare(
+    allocs: &[Allocation],
+    endpoints: &[EndpointUse],
+    owner_handles: &HashSet<String>,
+) -> IpamReport {
+    let mut r = IpamReport {
+        allocations_checked: allocs.len(),
+        endpoints_checked: endpoints.len(),
+        ..Default::default()
+    };
+    let ep_handles: HashSet<String> = endpoints
+        .iter()
+        .filter(|e| !e.delegated_ipam)
+        .flat_map(|e| [e.attachment.handle(), e.attachment.legacy_handle()])
+        .collect();
+    for a in allocs {
+        let Some(h) = &a.handle else { continue };
+        if ep_handles.contains(h) || owner_handles.contains(h) {
+            continue;
+        }
+        r.allocated_not_in_use.push(LeakedAllocation {
+            ip: a.ip,
+            handle: h.clone(),
+            block: a.block,
+            sequence_number: a.sequence_number,
+            node: a.attrs.node.clone(),
+            namespace: a.attrs.namespace.clone(),
+            pod: a.attrs.pod.clone(),
+            container_id: a.attrs.container_id.clone(),
+        });
+    }
+    let by_ip: HashMap<IpAddr, &Allocation> = allocs.iter().map(|a| (a.ip, a)).collect();
+    let mut users: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
+    for e in endpoints {
+        for n in &e.ip_networks {
+            let Ok(net) = n.parse::<ipnet::IpNet>() else {
+                continue;
+            };
+            let ip = net.addr();
+            users.entry(ip).or_default().push(e.label());
+            if e.delegated_ipam {
+                continue;
+            }
+            let handle = e.attachment.handle();
+            let held_by = by_ip.get(&ip).map(|a| a.handle.clone().unwrap_or_default());
+            // A pod added before handles were unambiguous holds its address under the
+            // legacy form, made for this container and interface.
+            let legacy = by_ip.get(&ip).is_some_and(|a| {
+                a.handle.as_deref() == Some(e.attachment.legacy_handle().as_str())
+                    && a.attrs.container_id == e.attachment.container_id
+                    && tern_api::ident::same_ifname(&a.attrs.ifname, &e.attachment.ifname)
+            });
+            if held_by.as_deref() != Some(handle.as_str()) && !legacy {
+                r.in_use_not_allocated.push(UnallocatedUse {
+                    ip,
+                    endpoint: e.label(),
+                    node: e.node.clone(),
+                    allocated_to: held_by,
+                });
+            }
+        }
+    }
+    r.duplicates = users
+        .into_iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(ip, endpoints)| DuplicateUse { ip, endpoints })
+        .collect();
+    r.allocated_not_in_use.sort_by_key(|l| l.ip);
+    r.in_use_not_allocated.sort_by_key(|u| u.ip);
+    r
+}
+
+/// Reads allocations, endpoints and owner records and compares them.
+pub fn check(store: &dyn Store, ipam: &Ipam) -> Result<IpamReport, AuditError> {
+    let allocs = ipam.allocations(None)?;
+    let eps = list_endpoints(store)?;
+    let owners = owner_handles(store)?;
+    Ok(compare(&allocs, &eps, &owners))
+}
+
+/// Human summary of a report, in the manner of `calicoctl ipam check`.
+pub fn summary(r: &IpamReport) -> String {
+    let mut out = String::from("Checking IPAM for inconsistencies...\n\n");
+    let _ = writeln!(
+        out,
+        "Found {} active IP allocations and {} workload endpoints.",
+        r.allocations_checked, r.endpoints_checked
+    );
+    let _ = writeln!(
+        out,
+        "Found {} IPs allocated but not in use.",
+        r.allocated_not_in_use.len()
+    );
+    for l in &r.allocated_not_in_use {
+        let _ = writeln!(
+            out,
+            "  {} handle {} node {} (block {})",
+            l.ip, l.handle, l.node, l.block
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Found {} IPs in use but not allocated.",
+        r.in_use_not_allocated.len()
+    );
+    for u in &r.in_use_not_allocated {
+        match &u.allocated_to {
+            Some(h) => {
+                let _ = writeln!(
+                    out,
+                    "  {} used by {} on {} but allocated to handle {h}",
+                    u.ip, u.endpoint, u.node
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  {} used by {} on {}", u.ip, u.endpoint, u.node);
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "Found {} IPs used by more than one endpoint.",
+        r.duplicates.len()
+    );
+    for d in &r.duplicates {
+        let _ = writeln!(out, "  {}: {}", d.ip, d.endpoints.join(", "));
+    }
+    let _ = writeln!(out, "Check complete; found {} problems.", r.problems());
+    out
+}
+
+/// What a release did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReleaseOutcome {
+    pub released: Vec<IpAddr>,
+    /// Listed addresses left alone, with why.
+    pub skipped: Vec<(IpAddr, String)>,
+}
+
+fn to_allocation(l: &LeakedAllocation) -> Allocation {
+    Allocation {
+        ip: l.ip,
+        handle: Some(l.handle.clone()),
+        attrs: AllocationAttrs {
+            namespace: l.namespace.clone(),
+            pod: l.pod.clone(),
+            node: l.node.clone(),
+            container_id: l.container_id.clone(),
+            ifname: String::new(),
+        },
+        block: l.block,
+        sequence_number: l.sequence_number,
+    }
+}
+
+/// Releases exactly the leaked allocations listed in `report` that a fresh check still finds
+/// leaked (same address, handle and sequence number); the release itself re-checks the
+/// sequence number in its compare-and-swap.
+pub fn release_from_report(
+    store: &dyn Store,
+    ipam: &Ipam,
+    report: &IpamReport,
+) -> Result<ReleaseOutcome, AuditError> {
+    let fresh = check(store, ipam)?;
+    let still: HashSet<(IpAddr, &str, u64)> = fresh
+        .allocated_not_in_use
+        .iter()
+        .map(|l| (l.ip, l.handle.as_str(), l.sequence_number))
+        .collect();
+    let mut out = ReleaseOutcome::default();
+    let mut todo = Vec::new();
+    for l in &report.allocated_not_in_use {
+        if still.contains(&(l.ip, l.handle.as_str(), l.sequence_number)) {
+            todo.push(to_allocation(l));
+        } else {
+            out.skipped.push((
+                l.ip,
+                "no longer leaked (in use, released or reallocated since the report)".into(),
+            ));
+        }
+    }
+    let released = ipam.release_allocations(&todo)?;
+    for a in &todo {
+        if !released.contains(&a.ip) {
+            out.skipped
+                .push((a.ip, "changed while releasing; left alone".into()));
+        }
+    }
+    out.released = released;
+    Ok(out)
+}
+
+/// Releases one address, refusing when an endpoint uses it. Returns the handle it was
+/// allocated to.
+pub fn release_ip(
+    store: &dyn Store,
+    ipam: &Ipam,
+    ip: IpAddr,
+) -> Result<Option<String>, AuditError> {
+    let alloc = ipam
+        .allocations(None)?
+        .into_iter()
+        .find(|a| a.ip == ip)
+        .ok_or(AuditError::NotAssigned(ip))?;
+    for e in list_endpoints(store)? {
+        let uses = e
+            .ip_networks
+            .iter()
+            .filter_map(|n| n.parse::<ipnet::IpNet>().ok())
+            .any(|n| n.addr() == ip);
+        if uses && !e.delegated_ipam {
+            return Err(AuditError::InUse {
+                ip,
+                endpoint: e.label(),
+            });
+        }
+    }
+    let released = ipam.release_allocations(std::slice::from_ref(&alloc))?;
+    if released.is_empty() {
+        // Reallocated between the read and the release: not ours to free.
+        return Err(AuditError::NotAssigned(ip));
+    }
+    if let Some(h) = &alloc.handle
+        && ipam.ips_by_handle(h)?.is_empty()
+    {
+        delete_owner(store, &alloc.attrs.node, h)?;
+    }
+    Ok(alloc.handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(ip: &str, handle: &str, seq: u64) -> Allocation {
+        Allocation {
+            ip: ip.parse().unwrap(),
+            handle: Some(handle.into()),
+            attrs: AllocationAttrs {
+                node: "n1".into(),
+                ..Default::default()
+            },
+            block: "10.0.0.0/26".parse().unwrap(),
+            sequence_number: seq,
+        }
+    }
+
+    fn ep(cid: &str, ip: &str) -> EndpointUse {
+        EndpointUse {
+            node: "n1".into(),
+            attachment: Attachment {
+                network: "net".into(),
+                container_id: cid.into(),
+                ifname: "eth0".into(),
+                ..Default::default()
+            },
+            ip_networks: vec![format!("{ip}/32")],
+            delegated_ipam: false,
+        }
+    }
+
+    #[test]
+    fn finds_each_kind_of_problem() {
+        let allocs = vec![
+            alloc("10.0.0.1", "net:eth0.a", 1),
+            alloc("10.0.0.2", "net:eth0.leaked", 2),
+            alloc("10.0.0.3", "net:eth0.ipamonly", 3),
+            alloc("10.0.0.4", "net:eth0.other", 4),
+        ];
+        let eps = vec![
+            ep("a", "10.0.0.1"),
+            ep("b", "10.0.0.9"),
+            ep("c", "10.0.0.4"),
+            ep("d", "10.0.0.1"),
+        ];
+        let owners: HashSet<String> = ["net:eth0.ipamonly".to_string()].into();
+        let r = compare(&allocs, &eps, &owners);
+        assert_eq!(r.allocations_checked, 4);
+        assert_eq!(r.endpoints_checked, 4);
+        let leaked: Vec<String> = r
+            .allocated_not_in_use
+            .iter()
+            .map(|l| l.handle.clone())
+            .collect();
+        assert_eq!(leaked, vec!["net:eth0.leaked", "net:eth0.other"]);
+        let unalloc: Vec<(String, Option<String>)> = r
+            .in_use_not_allocated
+            .iter()
+            .map(|u| (u.ip.to_string(), u.allocated_to.clone()))
+            .collect();
+        assert_eq!(
+            unalloc,
+            vec![
+                ("10.0.0.1".to_string(), Some("net:eth0.a".to_string())),
+                ("10.0.0.4".to_string(), Some("net:eth0.other".to_string())),
+                ("10.0.0.9".to_string(), None),
+            ]
+        );
+        assert_eq!(r.duplicates.len(), 1);
+        assert_eq!(r.duplicates[0].endpoints.len(), 2);
+        assert_eq!(r.problems(), 6);
+        let s = summary(&r);
+        assert!(s.contains("Found 2 IPs allocated but not in use.\n"), "{s}");
+        assert!(s.contains("Found 3 IPs in use but not allocated.\n"), "{s}");
+        assert!(
+            s.contains("Found 1 IPs used by more than one endpoint.\n"),
+            "{s}"
+        );
+        assert!(s.contains("Check complete; found 6 problems.\n"), "{s}");
+        assert!(
+            s.contains("  10.0.0.2 handle net:eth0.leaked node n1 (block 10.0.0.0/26)\n"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn clean_report_and_json_round_trip() {
+        let r = compare(
+            &[alloc("10.0.0.1", "net:eth0.a", 1)],
+            &[ep("a", "10.0.0.1")],
+            &HashSet::new(),
+        );
+        assert_eq!(r.problems(), 0);
+        assert!(summary(&r).contains("found 0 problems"));
+        let leaky = compare(&[alloc("10.0.0.2", "net:eth0.x", 7)], &[], &HashSet::new());
+        let json = serde_json::to_string(&leaky).unwrap();
+        assert!(json.contains("\"allocatedNotInUse\""), "{json}");
+        assert!(json.contains("\"sequenceNumber\":7"), "{json}");
+        let back: IpamReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, leaky);
+    }
+
+    /// A pod added before handles were unambiguous holds its address under the legacy
+    /// handle: accepted when the allocation was made for that container and interface, and
+    /// reported when the legacy handle belongs to another attachment.
+    #[test]
+    fn legacy_handles_of_the_same_attachment_are_in_use() {
+        let legacy = |ip: &str, cid: &str, ifname: &str| {
+            let mut a = alloc(ip, "net.x.net1", 1);
+            a.attrs.container_id = cid.into();
+            a.attrs.ifname = ifname.into();
+            a
+        };
+        let mut x_net1 = ep("x", "10.0.0.1");
+        x_net1.attachment.ifname = "net1".into();
+        let r = compare(
+            &[legacy("10.0.0.1", "x", "net1")],
+            &[x_net1],
+            &HashSet::new(),
+        );
+        assert_eq!(r.problems(), 0, "{r:?}");
+        // Same legacy string, but allocated for container x.net1's eth0: not this pod's.
+        let mut x_net1 = ep("x", "10.0.0.1");
+        x_net1.attachment.ifname = "net1".into();
+        let r = compare(
+            &[legacy("10.0.0.1", "x.net1", "eth0")],
+            &[x_net1],
+            &HashSet::new(),
+        );
+        assert_eq!(r.in_use_not_allocated.len(), 1, "{r:?}");
+    }
+}

@@ -1,0 +1,559 @@
+//! A real Kubernetes cluster on a lab (`ternctl lab up --kubernetes`): the components built by
+//! `scripts/k8s-components.sh`, networked by tern.
+//!
+//! ```text
+//!   tl-<lab>-cp      eth0 198.18.0.3: etcd (loopback), kube-apiserver :6443 (TLS, Node+RBAC),
+//!                    kube-controller-manager (node CIDRs from tern's pool), kube-scheduler
+//!   tl-<lab>-nodeN   ternd (started by the lab), and in one private mount namespace held by a
+//!                    `pause` process: containerd (CRI), kubelet (cgroupfs, cgroup root
+//!                    /tl-<lab>-nodeN), kube-proxy (iptables). The mount namespace has tmpfs over
+//!                    /run, /var/lib, /var/log, /opt and /tmp, so nothing the components write
+//!                    by default reaches the machine; every configured path is under
+//!                    /run/tern-lab/<lab>/nodeN/k8s, the CNI directories included.
+//!   root namespace   only a TCP relay on 127.0.0.1:<port> into tl-<lab>-cp:6443, for the
+//!                    operator's kubectl (`export KUBECONFIG=/run/tern-lab/<lab>/kube/kubeconfig`).
+//! ```
+//!
+//! Each node's conflist is written (by `ternctl install-cni`) only after its ternd serves, so
+//! containerd reports NetworkReady, and the kubelet Ready, only once tern is ready there.
+//! [`teardown`] (called by `lab down`) stops everything, removes every pod with CNI DEL while
+//! ternd still runs, kills what is left in the node cgroups, removes the cgroups and restores the
+//! sysctls kubelet changed.
+
+pub mod bench;
+pub mod certs;
+pub mod control;
+pub mod daemonset;
+pub mod node;
+pub mod relay;
+pub mod sys;
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::LabState;
+use crate::{LabError, Result, process};
+
+/// The Kubernetes release `scripts/k8s-components.sh` builds.
+pub const K8S_VERSION: &str = "v1.34.4";
+/// Where `scripts/k8s-components.sh` puts the binaries by default.
+pub const DEFAULT_K8S_BIN: &str = "/var/cache/tern/k8s/v1.34.4/bin";
+/// Environment variable overriding [`DEFAULT_K8S_BIN`].
+pub const K8S_BIN_ENV: &str = "TERN_K8S_BIN";
+/// The sandbox image every node imports (built from `scripts/k8s/pause.c`).
+pub const PAUSE_IMAGE: &str = "localhost/tern/pause:3.10";
+/// The busybox image every node imports (`mk_busybox_image.py`).
+pub const BUSYBOX_IMAGE: &str = "docker.io/library/tern-busybox:1";
+/// The probe image every node imports (`scripts/k8s/probe.c`: UDP echo, timed transfers).
+pub const PROBE_IMAGE: &str = "localhost/tern/probe:1";
+/// The image tarballs (in the images directory) every node's containerd imports.
+pub const IMAGE_TARBALLS: [&str; 3] = ["pause.tar", "busybox.tar", "probe.tar"];
+/// The Service CIDR (the first address is the `kubernetes` Service).
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// ClusterIP of the `kubernetes` Service.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+/// The API server's port in the control-plane namespace.
+pub const APISERVER_PORT: u16 = 6443;
+/// The binaries a cluster needs from the components directory.
+pub const K8S_BINARIES: [&str; 11] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "pause",
+];
+/// The OCI runtime containerd's shim runs (Debian's runc).
+pub const RUNC: &str = "/usr/sbin/runc";
+/// Where the reference CNI plugins are installed (Debian's containernetworking-plugins).
+pub const REFERENCE_CNI_DIR: &str = "/usr/lib/cni";
+
+/// How to build the cluster.
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    /// Directory with the Kubernetes binaries (`scripts/k8s-components.sh` prints it).
+    pub k8s_bin: PathBuf,
+    /// How long to wait for every node to become Ready.
+    pub ready_timeout: Duration,
+    /// Network the nodes' containerd use instead of tern: the reference `bridge` +
+    /// `host-local` plugins on each Node's podCIDR (the baseline of the start-up benchmark;
+    /// no routes between nodes).
+    pub reference_cni: bool,
+    /// Run tern as the lab's host processes (ternd per node, `ternctl install-cni` by the
+    /// lab) instead of the `tern-node` DaemonSet; for debugging ternd outside a pod.
+    pub host_ternd: bool,
+}
+
+impl KubeOptions {
+    /// Binaries from `$TERN_K8S_BIN` or [`DEFAULT_K8S_BIN`].
+    pub fn from_env() -> KubeOptions {
+        KubeOptions {
+            k8s_bin: std::env::var_os(K8S_BIN_ENV)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_K8S_BIN)),
+            ready_timeout: Duration::from_secs(180),
+            reference_cni: false,
+            host_ternd: false,
+        }
+    }
+}
+
+/// The cluster part of a lab's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeState {
+    /// Directory with the Kubernetes binaries.
+    pub k8s_bin: PathBuf,
+    /// Directory with the image tarballs (`pause.tar`, `busybox.tar`).
+    pub images: PathBuf,
+    /// The cluster's directory (`<lab dir>/kube`): PKI, kubeconfigs, control-plane data, logs.
+    pub dir: PathBuf,
+    /// The control plane's namespace.
+    pub cp_netns: String,
+    /// The control plane's underlay address.
+    pub cp_address: String,
+    /// The pod CIDR given to kube-controller-manager and kube-proxy (tern's pool).
+    pub cluster_cidr: String,
+    /// Control-plane processes by component name (`etcd`, `kube-apiserver`, ...).
+    pub control: Vec<Proc>,
+    /// The relay for the operator's kubectl.
+    pub relay: Option<Proc>,
+    /// Its port on 127.0.0.1.
+    pub relay_port: Option<u16>,
+    /// Values of [`sys::KUBELET_SYSCTLS`] before the first kubelet started.
+    pub saved_sysctls: Vec<(String, String)>,
+    /// The nodes' Kubernetes components.
+    pub nodes: Vec<KubeNode>,
+    /// The nodes run the reference bridge + host-local network, not tern.
+    #[serde(default)]
+    pub reference_cni: bool,
+    /// The manifest tern was installed with (`kubectl apply -f`), when tern runs as the
+    /// `tern-node` DaemonSet; `None` when the lab runs ternd on the host.
+    #[serde(default)]
+    pub manifest: Option<PathBuf>,
+}
+
+/// A process the cluster started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proc {
+    /// Component name.
+    pub name: String,
+    /// PID.
+    pub pid: u32,
+    /// A string in its command line (a path unique to the lab): tells it from a reused PID.
+    pub marker: String,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+/// One node's Kubernetes side.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeNode {
+    /// Node name (the lab's and Kubernetes').
+    pub name: String,
+    /// Its network namespace.
+    pub netns: String,
+    /// `<node state dir>/k8s`.
+    pub dir: PathBuf,
+    /// cgroup root of its kubelet and runtime, in every hierarchy (`tl-<lab>-<node>`).
+    pub cgroup: String,
+    /// containerd's socket.
+    pub containerd_socket: PathBuf,
+    /// The process holding the node's private mount namespace.
+    pub holder: Option<Proc>,
+    /// containerd, kubelet, kube-proxy.
+    pub procs: Vec<Proc>,
+    /// The Node's Ready condition seen after the kubelet registered and before tern's
+    /// conflist was installed (`Ready=False: ... cni plugin not initialized`).
+    #[serde(default)]
+    pub ready_before_cni: String,
+}
+
+impl KubeNode {
+    /// The process named `name`, if started.
+    pub fn proc(&self, name: &str) -> Option<&Proc> {
+        self.procs.iter().find(|p| p.name == name)
+    }
+}
+
+impl KubeState {
+    /// The operator's kubeconfig (through the relay on 127.0.0.1).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// The admin kubeconfig for use inside the lab's namespaces (the API server's underlay
+    /// address).
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.conf")
+    }
+
+    /// The cluster's PKI directory.
+    pub fn pki(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Result<&KubeNode> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| LabError::Invalid(format!("the cluster has no node {name:?}")))
+    }
+
+    /// The `kubectl` binary.
+    pub fn kubectl_bin(&self) -> PathBuf {
+        self.k8s_bin.join("kubectl")
+    }
+}
+
+impl Proc {
+    /// Whether the process still runs (and is ours).
+    pub fn alive(&self) -> bool {
+        process::is_ours(self.pid, &self.marker)
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+}
+
+/// The last `lines` lines of a file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    std::fs::create_dir_all(p)
+        .map_err(|e| LabError::io(format!("cannot create {}", p.display()), e))
+}
+
+fn write(p: &Path, text: &str) -> Result<()> {
+    std::fs::write(p, text).map_err(|e| LabError::io(format!("cannot write {}", p.display()), e))
+}
+
+/// Starts `cmd` in its own process group with stdout and stderr to `log`; returns the record.
+pub(crate) fn spawn(name: &str, mut cmd: Command, marker: &str, log: &Path) -> Result<Proc> {
+    let f = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| LabError::io(format!("cannot open {}", log.display()), e))?;
+    let f2 = f
+        .try_clone()
+        .map_err(|e| LabError::io(format!("cannot reopen {}", log.display()), e))?;
+    cmd.stdin(Stdio::null())
+        .stdout(f)
+        .stderr(f2)
+        .process_group(0);
+    let child = cmd.spawn().map_err(|e| LabError::Spawn {
+        command: process::describe(&cmd),
+        source: e,
+    })?;
+    Ok(Proc {
+        name: name.to_string(),
+        pid: child.id(),
+        marker: marker.to_string(),
+        log: log.to_path_buf(),
+    })
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, failing after `timeout` with `what`
+/// and the output of `detail`. A `watch` process that dies fails at once.
+pub(crate) fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    watch: Option<&Proc>,
+    mut check: impl FnMut() -> Option<T>,
+) -> Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return Ok(v);
+        }
+        if let Some(p) = watch
+            && !process::is_alive(p.pid)
+        {
+            return Err(LabError::Invalid(format!(
+                "{} exited while waiting for {what}; last log lines ({}):\n{}",
+                p.name,
+                p.log.display(),
+                p.log_tail(25)
+            )));
+        }
+        if start.elapsed() > timeout {
+            let log = watch
+                .map(|p| format!("; last lines of {}:\n{}", p.log.display(), p.log_tail(25)))
+                .unwrap_or_default();
+            return Err(LabError::Timeout(format!(
+                "{what} (after {timeout:?}){log}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs our kubectl with the admin kubeconfig inside the control-plane namespace.
+pub fn kubectl(k: &KubeState, args: &[&str]) -> Result<String> {
+    let mut c = process::netns_exec(&k.cp_netns, &k.kubectl_bin());
+    c.arg("--kubeconfig")
+        .arg(k.admin_kubeconfig())
+        .arg("--cache-dir")
+        .arg(k.dir.join("kubectl-cache"))
+        .args(args);
+    process::run(&mut c)
+}
+
+/// Checks that every binary the cluster needs is there; the error names what is missing and
+/// how to build it.
+pub fn check_binaries(k8s_bin: &Path) -> Result<()> {
+    let mut missing: Vec<String> = K8S_BINARIES
+        .iter()
+        .map(|b| k8s_bin.join(b))
+        .filter(|p| !p.is_file())
+        .map(|p| p.display().to_string())
+        .collect();
+    let images = images_dir(k8s_bin);
+    for i in IMAGE_TARBALLS {
+        if !images.join(i).is_file() {
+            missing.push(images.join(i).display().to_string());
+        }
+    }
+    for p in [RUNC.to_string(), format!("{REFERENCE_CNI_DIR}/loopback")] {
+        if !Path::new(&p).is_file() {
+            missing.push(p);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(LabError::Invalid(format!(
+        "the Kubernetes components are missing: {} (build them with `bash scripts/k8s-components.sh` \
+         and pass its last line as --k8s-bin-dir or ${K8S_BIN_ENV}; runc and /usr/lib/cni come \
+         from scripts/deps.sh)",
+        missing.join(", ")
+    )))
+}
+
+/// The image directory next to a components bin directory.
+pub fn images_dir(k8s_bin: &Path) -> PathBuf {
+    k8s_bin
+        .parent()
+        .map(|p| p.join("images"))
+        .unwrap_or_else(|| PathBuf::from("images"))
+}
+
+/// Builds the cluster on a running lab (its nodes' ternd already serve): control plane, then
+/// every node, then waits until every node is Ready. The state is saved after every step, so
+/// `lab down` removes a half-built cluster.
+pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
+    check_binaries(&opts.k8s_bin)?;
+    for bin in ["ternctl", "tern", "tern-ipam"] {
+        if !st.bin_dir.join(bin).is_file() {
+            return Err(LabError::Invalid(format!(
+                "{} not found: --kubernetes needs ternctl next to the plugins (build the workspace)",
+                st.bin_dir.join(bin).display()
+            )));
+        }
+    }
+    if st.kube.is_some() {
+        return Err(LabError::Invalid(format!(
+            "lab {} already has a Kubernetes cluster",
+            st.name
+        )));
+    }
+    let daemonset = !opts.host_ternd && !opts.reference_cni;
+    if daemonset {
+        daemonset::check(st)?;
+    }
+    let cluster_cidr = pool_cidr(st)?;
+    let dir = st.dir().join("kube");
+    mkdir(&dir)?;
+    st.kube = Some(KubeState {
+        k8s_bin: opts.k8s_bin.clone(),
+        images: images_dir(&opts.k8s_bin),
+        dir,
+        cp_netns: crate::state::ns_prefix(&st.name) + "cp",
+        cluster_cidr,
+        reference_cni: opts.reference_cni,
+        ..KubeState::default()
+    });
+    st.save()?;
+    if daemonset {
+        let k = st.kube.clone().expect("kube state set above");
+        daemonset::build_image(st, &k)?;
+        // The manifest's path marks the mode before anything is applied, so `lab down`
+        // removes a half-installed DaemonSet the same way.
+        let path = k.dir.join("tern.yaml");
+        if let Some(k) = st.kube.as_mut() {
+            k.manifest = Some(path);
+        }
+        st.save()?;
+    }
+    control::up(st)?;
+    let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
+    if daemonset {
+        // No host ternd: the DaemonSet's takes over each node's routes and records.
+        daemonset::replace_host_agents(st)?;
+    }
+    for n in &names {
+        node::up(st, n)?;
+    }
+    let k = st.kube.clone().expect("kube state set above");
+    if daemonset {
+        daemonset::install(st, &k)?;
+    }
+    for n in &names {
+        node::wait_ready(&k, n, opts.ready_timeout)?;
+    }
+    Ok(())
+}
+
+/// The lab's pool CIDR (what the lab applied; see `cluster::apply_default_pool`).
+fn pool_cidr(st: &LabState) -> Result<String> {
+    let pools = crate::cluster::with_store(st, |s| {
+        tern_model::list_resources(&*s, tern_model::Kind::IpPool)
+            .map_err(|e| LabError::Invalid(format!("cannot list IPPools: {e}")))
+    })?;
+    for p in pools {
+        if let tern_model::Resource::IpPool(p) = p
+            && p.spec.cidr.contains('.')
+        {
+            return Ok(p.spec.cidr.clone());
+        }
+    }
+    Ok(crate::cluster::DEFAULT_POOL_CIDR.to_string())
+}
+
+/// Stops and removes the cluster of a lab (idempotent; errors collected). Runs before the
+/// lab's ternd are stopped, so pod removal still releases their addresses.
+pub fn teardown(st: &mut LabState, done: &mut Vec<String>, errors: &mut Vec<String>) {
+    let Some(mut k) = st.kube.clone() else {
+        return;
+    };
+    if let Some(r) = k.relay.take()
+        && process::stop(r.pid, &r.marker, Duration::from_secs(2))
+    {
+        done.push(format!("stopped the kubectl relay {}", r.pid));
+    }
+    if let Some(m) = &k.manifest
+        && m.is_file()
+        && k.control.iter().any(Proc::alive)
+    {
+        daemonset::uninstall(&k, m, done, errors);
+    }
+    for n in k.nodes.clone() {
+        node::teardown(&k, &n, done, errors);
+    }
+    control::teardown(&k, done);
+    match sys::restore_sysctls(&k.saved_sysctls, &st.name) {
+        Ok(d) => done.extend(d),
+        Err(e) => errors.push(e.to_string()),
+    }
+    k.nodes.clear();
+    k.control.clear();
+    st.kube = None;
+    if let Err(e) = st.save() {
+        errors.push(e.to_string());
+    }
+}
+
+/// Brings a node that joined a Kubernetes lab into the cluster (nothing for other labs) and
+/// waits until it is Ready.
+pub fn node_joined(st: &mut LabState, node: &str) -> Result<()> {
+    let Some(timeout) = st.kube.as_ref().map(|_| Duration::from_secs(120)) else {
+        return Ok(());
+    };
+    node::up(st, node)?;
+    let k = st.kube.clone().expect("checked above");
+    node::wait_ready(&k, node, timeout)
+}
+
+/// Takes a leaving node out of a Kubernetes lab (nothing for other labs): deletes its Node
+/// object, stops its components (removing its pods through the CRI) and removes its cgroups.
+pub fn node_leaving(st: &mut LabState, node: &str, done: &mut Vec<String>) -> Result<()> {
+    let Some(k) = st.kube.clone() else {
+        return Ok(());
+    };
+    let Ok(kn) = k.node(node).cloned() else {
+        return Ok(());
+    };
+    let out = kubectl(
+        &k,
+        &["delete", "node", node, "--ignore-not-found", "--wait=false"],
+    )?;
+    if !out.trim().is_empty() {
+        done.push(out.trim().to_string());
+    }
+    let mut errors = Vec::new();
+    node::teardown(&k, &kn, done, &mut errors);
+    if let Some(k) = st.kube.as_mut() {
+        k.nodes.retain(|n| n.name != node);
+    }
+    st.save()?;
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(LabError::Invalid(format!(
+            "removing {node} from the cluster: {}",
+            errors.join("; ")
+        )))
+    }
+}
+
+/// Removes cgroups of lab `name` that no state file recorded (a crash before it was saved).
+pub fn sweep_cgroups(name: &str, done: &mut Vec<String>, errors: &mut Vec<String>) {
+    for cg in sys::with_prefix(&crate::state::ns_prefix(name)) {
+        match sys::remove(&cg) {
+            Ok(d) => done.extend(d),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+}
+
+/// Lines for `lab status`.
+pub fn status(k: &KubeState) -> String {
+    let mut out = format!(
+        "kubernetes {K8S_VERSION}  control plane netns {} eth0 {}  pods {}  services {SERVICE_CIDR}\n",
+        k.cp_netns, k.cp_address, k.cluster_cidr
+    );
+    for p in &k.control {
+        out.push_str(&format!(
+            "  {} pid {} {}\n",
+            p.name,
+            p.pid,
+            if p.alive() { "running" } else { "NOT running" }
+        ));
+    }
+    for n in &k.nodes {
+        let procs: Vec<String> = n
+            .procs
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {}{}",
+                    p.name,
+                    p.pid,
+                    if p.alive() { "" } else { " (dead)" }
+                )
+            })
+            .collect();
+        out.push_str(&format!("  {}: {}\n", n.name, procs.join(", ")));
+    }
+    if k.relay_port.is_some() {
+        out.push_str(&format!("export KUBECONFIG={}\n", k.kubeconfig().display()));
+    }
+    out
+}
