@@ -14,6 +14,9 @@
 //!                    operator's kubectl (`export KUBECONFIG=/run/tern-lab/<lab>/kube/kubeconfig`).
 //! ```
 //!
+//! tern is installed as a user would ([`daemonset`]): the tern-node image imported on every
+//! node, `ternctl install manifest` applied with kubectl; `KubeOptions::host_ternd` keeps the
+//! lab's host-run ternd (and the lab's `ternctl install-cni`) instead, for debugging.
 //! Each node's conflist is written (by `ternctl install-cni`) only after its ternd serves, so
 //! containerd reports NetworkReady, and the kubelet Ready, only once tern is ready there.
 //! [`teardown`] (called by `lab down`) stops everything, removes every pod with CNI DEL while
