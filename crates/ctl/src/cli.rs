@@ -354,7 +354,7 @@ pub enum LabCommand {
         kubernetes: bool,
         /// Directory with the Kubernetes binaries (the last line of
         /// `scripts/k8s-components.sh`).
-        #[arg(long, env = "TERN_K8S_BIN", requires = "kubernetes")]
+        #[arg(long, env = "TERN_K8S_BIN")]
         k8s_bin_dir: Option<PathBuf>,
     },
     /// Pods of the lab.

@@ -766,5 +766,11 @@ metadata:
             crate::cli::Cli::try_parse_from(["ternctl", "delete", "ippool", "p", "-f", "x"])
                 .is_err()
         );
+        // The bin dir may come from TERN_K8S_BIN (scripts/test.sh exports it) without
+        // --kubernetes: the plain demo must still parse.
+        assert!(
+            crate::cli::Cli::try_parse_from(["ternctl", "lab", "demo", "--k8s-bin-dir", "/x"])
+                .is_ok()
+        );
     }
 }
