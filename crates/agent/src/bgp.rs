@@ -670,21 +670,9 @@ impl Bgp {
         std::thread::Builder::new()
             .name("bgp-watch".into())
             .spawn(move || watch_loop(&*store2, &tx2, &stop2))?;
-        std::thread::Builder::new()
-            .name("bgp".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        log::error!("BGP: cannot build the runtime: {e}");
-                        return;
-                    }
-                };
-                rt.block_on(Runner::new(settings, store, shared).run(rx));
-            })?;
+        crate::runtime::spawn_current_thread("bgp", "BGP", move |_| {
+            Runner::new(settings, store, shared).run(rx)
+        })?;
         Ok(bgp)
     }
 
@@ -1405,6 +1393,15 @@ mod tests {
         Document::new(name, spec)
     }
 
+    /// An explicit peer's spec: its address (`ip` or `ip:port`) and AS number.
+    fn explicit(peer_ip: &str, as_number: u32) -> BgpPeerSpec {
+        BgpPeerSpec {
+            peer_ip: Some(peer_ip.into()),
+            as_number: Some(as_number),
+            ..Default::default()
+        }
+    }
+
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
@@ -1472,34 +1469,20 @@ mod tests {
             listen_port: 1179,
             ..Default::default()
         };
+        let mut tor = explicit("198.18.0.250", 65001);
+        tor.password = Some("pw".into());
+        tor.keep_original_next_hop = true;
+        let mut only_b = explicit("198.18.0.251:2179", 65002);
+        only_b.node = Some("b".into());
+        let rack1_to_rr = BgpPeerSpec {
+            node_selector: Some("rack == 'r1'".into()),
+            peer_selector: Some("!has(rack)".into()),
+            ..Default::default()
+        };
         let peers = vec![
-            peer(
-                "tor",
-                BgpPeerSpec {
-                    peer_ip: Some("198.18.0.250".into()),
-                    as_number: Some(65001),
-                    password: Some("pw".into()),
-                    keep_original_next_hop: true,
-                    ..Default::default()
-                },
-            ),
-            peer(
-                "only-b",
-                BgpPeerSpec {
-                    node: Some("b".into()),
-                    peer_ip: Some("198.18.0.251:2179".into()),
-                    as_number: Some(65002),
-                    ..Default::default()
-                },
-            ),
-            peer(
-                "rack1-to-rr",
-                BgpPeerSpec {
-                    node_selector: Some("rack == 'r1'".into()),
-                    peer_selector: Some("!has(rack)".into()),
-                    ..Default::default()
-                },
-            ),
+            peer("tor", tor),
+            peer("only-b", only_b),
+            peer("rack1-to-rr", rack1_to_rr),
         ];
         let p = plan("a", &nodes(), &cfg, &peers, &snap()).unwrap();
         assert_eq!((p.asn, p.port), (65010, 1179));
@@ -1626,73 +1609,71 @@ mod tests {
         ] {
             assert_eq!(ok(from, good), Ok(()), "{good}");
         }
-        assert_eq!(ok(mesh, "0.0.0.0/0"), Err(Rejection::DefaultRoute));
-        assert_eq!(ok(mesh, "::/0"), Err(Rejection::DefaultRoute));
-        assert_eq!(
-            ok(mesh, "198.18.0.0/24"),
-            Err(Rejection::Underlay(n("198.18.0.0/24")))
-        );
-        assert_eq!(
-            ok(mesh, "198.18.0.11/32"),
-            Err(Rejection::Underlay(n("198.18.0.0/24")))
-        );
-        assert_eq!(
-            ok(mesh, "198.18.0.0/16"),
-            Err(Rejection::Underlay(n("198.18.0.0/24")))
-        );
-        assert_eq!(
-            ok(mesh, "198.18.5.0/24"),
-            Err(Rejection::NodeAddress(ip("198.18.5.13")))
-        );
-        assert_eq!(
-            ok(mesh, "fe80::/64"),
-            Err(Rejection::Underlay(n("fe80::/64")))
-        );
-        assert_eq!(ok(mesh, "10.99.0.0/24"), Err(Rejection::OutsidePools));
-        assert_eq!(ok(mesh, "192.0.2.0/24"), Err(Rejection::OutsidePools));
-        for short in ["10.244.0.0/16", "10.244.0.0/24", "10.244.2.0/25"] {
-            assert_eq!(
-                ok(mesh, short),
-                Err(Rejection::ShorterThanBlock {
-                    pool: n("10.244.0.0/16"),
-                    block_size: 26,
-                }),
-                "{short}"
-            );
-        }
-        assert_eq!(
-            ok(mesh, "10.250.4.0/26"),
-            Err(Rejection::DisabledPool(n("10.250.0.0/16")))
-        );
-        // Our own block, anything inside it, our pods and our borrowed address: never.
-        for own in [
-            "10.244.1.0/26",
-            "10.244.1.0/27",
-            "10.244.1.1/32",
-            "10.244.1.6/32",
-        ] {
-            assert_eq!(
-                ok(tor, own),
+        let shorter = Rejection::ShorterThanBlock {
+            pool: n("10.244.0.0/16"),
+            block_size: 26,
+        };
+        let cases: &[(IpAddr, &[&str], Result<(), Rejection>)] = &[
+            (mesh, &["0.0.0.0/0", "::/0"], Err(Rejection::DefaultRoute)),
+            (
+                mesh,
+                &["198.18.0.0/24", "198.18.0.11/32", "198.18.0.0/16"],
+                Err(Rejection::Underlay(n("198.18.0.0/24"))),
+            ),
+            (mesh, &["198.18.5.0/24"], Err(Rejection::NodeAddress(c))),
+            (
+                mesh,
+                &["fe80::/64"],
+                Err(Rejection::Underlay(n("fe80::/64"))),
+            ),
+            (
+                mesh,
+                &["10.99.0.0/24", "192.0.2.0/24"],
+                Err(Rejection::OutsidePools),
+            ),
+            (
+                mesh,
+                &["10.244.0.0/16", "10.244.0.0/24", "10.244.2.0/25"],
+                Err(shorter),
+            ),
+            (
+                mesh,
+                &["10.250.4.0/26"],
+                Err(Rejection::DisabledPool(n("10.250.0.0/16"))),
+            ),
+            // Our own block, anything inside it, our pods and our borrowed address: never.
+            (
+                tor,
+                &[
+                    "10.244.1.0/26",
+                    "10.244.1.0/27",
+                    "10.244.1.1/32",
+                    "10.244.1.6/32",
+                ],
                 Err(Rejection::OwnBlock(n("10.244.1.0/26"))),
-                "{own}"
-            );
+            ),
+            (
+                tor,
+                &["10.244.2.9/32"],
+                Err(Rejection::LocalAddress(ip("10.244.2.9"))),
+            ),
+            // The ToR's acceptPrefixes admit exactly what they list, to it alone.
+            (tor, &["0.0.0.0/0", "10.99.0.0/24", "198.18.7.0/24"], Ok(())),
+            (tor, &["10.99.0.0/25"], Err(Rejection::OutsidePools)),
+            (tor, &["::/0"], Err(Rejection::DefaultRoute)),
+            // Another node's block only from that node (or a route reflector, or a peer whose
+            // acceptPrefixes list it).
+            (
+                tor,
+                &["10.244.2.0/26"],
+                Err(Rejection::NotBlockOwner(n("10.244.2.0/26"))),
+            ),
+        ];
+        for (from, prefixes, want) in cases {
+            for prefix in *prefixes {
+                assert_eq!(&ok(*from, prefix), want, "{prefix} from {from}");
+            }
         }
-        assert_eq!(
-            ok(tor, "10.244.2.9/32"),
-            Err(Rejection::LocalAddress(ip("10.244.2.9")))
-        );
-        // The ToR's acceptPrefixes admit exactly what they list, to it alone.
-        assert_eq!(ok(tor, "0.0.0.0/0"), Ok(()));
-        assert_eq!(ok(tor, "10.99.0.0/24"), Ok(()));
-        assert_eq!(ok(tor, "10.99.0.0/25"), Err(Rejection::OutsidePools));
-        assert_eq!(ok(tor, "198.18.7.0/24"), Ok(()));
-        assert_eq!(ok(tor, "::/0"), Err(Rejection::DefaultRoute));
-        // Another node's block only from that node (or a route reflector, or a peer whose
-        // acceptPrefixes list it).
-        assert_eq!(
-            ok(tor, "10.244.2.0/26"),
-            Err(Rejection::NotBlockOwner(n("10.244.2.0/26")))
-        );
         // The filter the speaker gets says the same.
         let f = Arc::new(p.clone()).filter();
         assert!(f.accepts(mesh, &n("10.244.2.0/26")));
@@ -1741,58 +1722,51 @@ mod tests {
         ]);
         let ok = |peer: IpAddr, s: &str| p.evaluate(peer, &n(s));
         let blk = n("10.244.2.0/26");
-        // The block: from b, or relayed by the route reflector; not from c.
-        assert_eq!(ok(b, "10.244.2.0/26"), Ok(()));
-        assert_eq!(ok(rr, "10.244.2.0/26"), Ok(()));
-        assert_eq!(ok(c, "10.244.2.0/26"), Err(Rejection::NotBlockOwner(blk)));
-        // A pod of b as /32: from nobody (b does not announce its own pods' host routes).
-        for from in [b, c, rr] {
-            assert_eq!(
-                ok(from, "10.244.2.1/32"),
-                Err(Rejection::InsideRemoteBlock(blk))
-            );
+        let inside = Rejection::InsideRemoteBlock(blk);
+        let node_address = Rejection::NodeAddress(c);
+        let cases: &[(&str, &[IpAddr], Result<(), Rejection>)] = &[
+            // The block: from b, or relayed by the route reflector; not from c.
+            ("10.244.2.0/26", &[b, rr], Ok(())),
+            ("10.244.2.0/26", &[c], Err(Rejection::NotBlockOwner(blk))),
+            // A pod of b as /32: from nobody (b does not announce its own pods' host routes).
+            ("10.244.2.1/32", &[b, c, rr], Err(inside.clone())),
+            // The address c borrowed: from c or the reflector, not from b.
+            ("10.244.2.20/32", &[c, rr], Ok(())),
+            ("10.244.2.20/32", &[b], Err(inside.clone())),
+            // A more specific than the block, from anyone: refused (it would win by LPM).
+            ("10.244.2.0/27", &[b], Err(inside.clone())),
+            // acceptPrefixes: an explicit peer admitted 10.0.0.0/8 gets the blocks it lists...
+            ("10.244.2.1/32", &[ext], Ok(())),
+            // ...and a route to a node's network (routing as usual)...
+            ("198.18.5.0/24", &[ext], Ok(())),
+            // ...but never another node's underlay address or the underlay itself.
+            ("198.18.5.13/32", &[ext], Err(node_address.clone())),
+            ("198.18.5.0/25", &[ext], Err(node_address)),
+            (
+                "198.18.0.128/25",
+                &[ext],
+                Err(Rejection::Underlay(n("198.18.0.0/24"))),
+            ),
+        ];
+        for (prefix, peers, want) in cases {
+            for from in *peers {
+                assert_eq!(&ok(*from, prefix), want, "{prefix} from {from}");
+            }
         }
-        // The address c borrowed: from c or the reflector, not from b.
-        assert_eq!(ok(c, "10.244.2.20/32"), Ok(()));
-        assert_eq!(ok(rr, "10.244.2.20/32"), Ok(()));
-        assert_eq!(
-            ok(b, "10.244.2.20/32"),
-            Err(Rejection::InsideRemoteBlock(blk))
-        );
         // An external reflector (not a Node): the route counts as the next hop's node's.
         let bird = ip("198.18.0.30");
-        assert_eq!(p.evaluate_via(bird, &blk, Some(b)), Ok(()));
-        assert_eq!(
-            p.evaluate_via(bird, &blk, Some(bird)),
-            Err(Rejection::NotBlockOwner(blk))
-        );
-        assert_eq!(p.evaluate_via(bird, &n("10.244.2.20/32"), Some(c)), Ok(()));
-        assert_eq!(
-            p.evaluate_via(bird, &n("10.244.2.1/32"), Some(b)),
-            Err(Rejection::InsideRemoteBlock(blk))
-        );
-        // A more specific than the block, from anyone: refused (it would win by LPM).
-        assert_eq!(
-            ok(b, "10.244.2.0/27"),
-            Err(Rejection::InsideRemoteBlock(blk))
-        );
-        // acceptPrefixes: an explicit peer admitted 10.0.0.0/8 gets the blocks it lists...
-        assert_eq!(ok(ext, "10.244.2.1/32"), Ok(()));
-        // ...and a route to a node's network (routing as usual)...
-        assert_eq!(ok(ext, "198.18.5.0/24"), Ok(()));
-        // ...but never another node's underlay address or the underlay itself.
-        assert_eq!(
-            ok(ext, "198.18.5.13/32"),
-            Err(Rejection::NodeAddress(ip("198.18.5.13")))
-        );
-        assert_eq!(
-            ok(ext, "198.18.5.0/25"),
-            Err(Rejection::NodeAddress(ip("198.18.5.13")))
-        );
-        assert_eq!(
-            ok(ext, "198.18.0.128/25"),
-            Err(Rejection::Underlay(n("198.18.0.0/24")))
-        );
+        for (prefix, next_hop, want) in [
+            (blk, b, Ok(())),
+            (blk, bird, Err(Rejection::NotBlockOwner(blk))),
+            (n("10.244.2.20/32"), c, Ok(())),
+            (n("10.244.2.1/32"), b, Err(inside)),
+        ] {
+            assert_eq!(
+                p.evaluate_via(bird, &prefix, Some(next_hop)),
+                want,
+                "{prefix} via {next_hop}"
+            );
+        }
     }
 
     #[test]
@@ -1803,26 +1777,11 @@ mod tests {
             cidr: c.into(),
             max_length: m,
         };
-        let peers = vec![
-            peer(
-                "tor",
-                BgpPeerSpec {
-                    peer_ip: Some("198.18.0.250".into()),
-                    as_number: Some(65001),
-                    accept_prefixes: vec![ap("0.0.0.0/0", None), ap("10.99.0.0/16", Some(24))],
-                    ..Default::default()
-                },
-            ),
-            peer(
-                "tor-again",
-                BgpPeerSpec {
-                    peer_ip: Some("198.18.0.250".into()),
-                    as_number: Some(65001),
-                    accept_prefixes: vec![ap("192.0.2.0/24", None)],
-                    ..Default::default()
-                },
-            ),
-        ];
+        let mut tor = explicit("198.18.0.250", 65001);
+        tor.accept_prefixes = vec![ap("0.0.0.0/0", None), ap("10.99.0.0/16", Some(24))];
+        let mut tor_again = explicit("198.18.0.250", 65001);
+        tor_again.accept_prefixes = vec![ap("192.0.2.0/24", None)];
+        let peers = vec![peer("tor", tor), peer("tor-again", tor_again)];
         let p = plan("a", &nodes(), &cfg, &peers, &snap()).unwrap();
         assert_eq!(
             p.accept.get(&ip("198.18.0.250")),

@@ -13,6 +13,28 @@ pub const POD_UID_ANNOTATION: &str = "tern.dev/pod-uid";
 /// set by the Kubernetes source ([`crate::kube`]).
 pub const SERVICE_ACCOUNT_LABEL: &str = "tern.dev/serviceaccount";
 
+/// Label every endpoint gets with its Kubernetes namespace (as Calico's
+/// `projectcalico.org/namespace`), so global policies can select by namespace.
+pub const NAMESPACE_LABEL: &str = "tern.dev/namespace";
+/// Label naming the orchestrator (`k8s` for pods, `cni` otherwise).
+pub const ORCHESTRATOR_LABEL: &str = "tern.dev/orchestrator";
+
+/// The labels an endpoint is created with: the runtime's (`args.cni.labels`) plus the ones
+/// derived from the Kubernetes CNI args.
+pub fn workload_labels(
+    a: &Attachment,
+    cni_labels: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut l = cni_labels.clone();
+    let (ns, orch) = match &a.pod {
+        Some(p) => (p.namespace.as_str(), "k8s"),
+        None => ("default", "cni"),
+    };
+    l.insert(NAMESPACE_LABEL.into(), ns.into());
+    l.insert(ORCHESTRATOR_LABEL.into(), orch.into());
+    l
+}
+
 /// What the agent knows of one pod interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -377,15 +399,8 @@ pub mod store_io {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::port;
     use tern_model::{Kind, Protocol, Resource};
-
-    fn port(name: &str, port: u16, protocol: Protocol) -> EndpointPort {
-        EndpointPort {
-            name: name.into(),
-            protocol,
-            port,
-        }
-    }
 
     fn ep(container_id: &str, ports: Vec<EndpointPort>) -> Endpoint {
         Endpoint {

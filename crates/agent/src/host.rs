@@ -38,16 +38,22 @@ pub fn local_subnets() -> Result<Vec<IpNet>, HostError> {
         .collect())
 }
 
+/// A netlink handle and the interface index of the default route, if there is one.
+fn default_route_oif() -> Option<(Handle, u32)> {
+    let mut h = Handle::new().ok()?;
+    let default = h
+        .routes(false)
+        .ok()?
+        .into_iter()
+        .find(|r| r.dst.prefix_len() == 0)?;
+    Some((h, default.oif?))
+}
+
 /// The MTU of the interface carrying the default route, 1500 when there is none.
 pub fn detect_mtu() -> u32 {
     let detect = || -> Option<u32> {
-        let mut h = Handle::new().ok()?;
-        let default = h
-            .routes(false)
-            .ok()?
-            .into_iter()
-            .find(|r| r.dst.prefix_len() == 0)?;
-        let link = h.link_by_index(default.oif?).ok()??;
+        let (mut h, oif) = default_route_oif()?;
+        let link = h.link_by_index(oif).ok()??;
         Some(link.mtu)
     };
     detect().unwrap_or(1500)
@@ -57,13 +63,8 @@ pub fn detect_mtu() -> u32 {
 /// underlay addresses.
 pub fn node_addresses() -> Vec<IpNet> {
     let find = || -> Option<Vec<IpNet>> {
-        let mut h = Handle::new().ok()?;
-        let default = h
-            .routes(false)
-            .ok()?
-            .into_iter()
-            .find(|r| r.dst.prefix_len() == 0)?;
-        let addrs = h.addresses(Some(default.oif?)).ok()?;
+        let (mut h, oif) = default_route_oif()?;
+        let addrs = h.addresses(Some(oif)).ok()?;
         Some(
             addrs
                 .into_iter()

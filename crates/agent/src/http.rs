@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 impl Agent {
@@ -79,21 +79,13 @@ impl Agent {
     /// Reasons this node is not ready beyond the datastore and pools: a store that can no
     /// longer be trusted, prerequisites (sysctls) that are not met. Empty when none.
     pub fn readiness_problems(&self) -> Vec<String> {
+        // A poisoned lock still holds the last problem set.
+        let held = |m: &Mutex<Option<String>>| m.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut out = Vec::new();
-        if let Some(p) = self
-            .store_problem
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
+        if let Some(p) = held(&self.store_problem) {
             out.push(format!("store not trusted: {p}"));
         }
-        if let Some(p) = self
-            .orphan_problem
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
+        if let Some(p) = held(&self.orphan_problem) {
             out.push(format!("pod interfaces kept: {p}"));
         }
         out.extend(self.host.problems());
@@ -523,13 +515,7 @@ mod tests {
     /// deadline (each write progresses, so the per-write timeout alone never fires).
     #[test]
     fn a_slow_reader_meets_the_whole_response_deadline() {
-        // SAFETY: geteuid has no preconditions.
-        assert!(
-            unsafe { libc::geteuid() } == 0,
-            "needs root to create a network namespace"
-        );
-        tern_linux::netns::run_in_new(|| {
-            let mut h = tern_linux::netlink::Handle::new().unwrap();
+        crate::testutil::in_new_netns(|h, _| {
             let lo = h.link_by_name("lo").unwrap().unwrap();
             h.set_link_up(lo.index).unwrap();
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -569,7 +555,6 @@ mod tests {
             stop.store(true, Ordering::Relaxed);
             let got = reader.join().unwrap();
             assert!(got < body.len(), "the client got the whole body");
-        })
-        .unwrap();
+        });
     }
 }

@@ -27,18 +27,20 @@
 //! # Layers
 //!
 //! A module imports only what lies below it (enforced by `tests/layers.rs`, which holds the
-//! same table and the few edges that still break it, each with its reason):
+//! same table):
 //!
 //! | layer | modules | may import |
 //! |---|---|---|
-//! | leaf | `claims` `code` `config` `endpoints` `host` `hostcheck` `identity` `logger` `metrics` `mtu` `nat` `owners` `reaper` `routes` `snapshot` | other leaves (the leaves form a DAG) |
+//! | leaf | `claims` `code` `config` `endpoints` `external` `host` `hostcheck` `identity` `logger` `metrics` `mtu` `nat` `owners` `reaper` `routes` `runtime` `snapshot` `testutil` (unit tests only) | other leaves (the leaves form a DAG) |
 //! | service | `bgp` `dataplane` (with `dataplane::node`) `kube` `leak` `policy` | leaves, never another service |
 //! | root | `server` (`Agent`, the socket server), `ops` (the CNI operations), `reconcile` (the maintenance loop), `http` (the HTTP endpoints), `lib` | anything below, and `server`'s `Agent` |
 //!
 //! Only the root names [`Agent`]: a service gets its inputs as arguments and keeps its own
 //! state (the leak tracker, the host checks), and the root lends them the agent's. What two
-//! services share is a leaf: the snapshot types in `snapshot`, and `nat::NatTable`, through
-//! which the dataplane hands natOutgoing to the policy engine the root attaches. The graph is
+//! services share is a leaf: the snapshot types in `snapshot`, `nat::NatTable`, through
+//! which the dataplane hands natOutgoing to the policy engine the root attaches, and
+//! `external::ExternalObjects`, through which the Kubernetes source feeds namespaces and
+//! NetworkPolicies to the engine the root hands it. The graph is
 //! acyclic, the root's too: `ops`, `reconcile` and `http` add `impl Agent` blocks to the
 //! `Agent` of `server`, which names none of them.
 
@@ -51,6 +53,7 @@ pub mod code;
 pub mod config;
 pub mod dataplane;
 pub mod endpoints;
+pub mod external;
 pub mod host;
 pub mod hostcheck;
 pub mod http;
@@ -67,8 +70,11 @@ pub mod policy;
 pub mod reaper;
 pub mod reconcile;
 pub mod routes;
+pub mod runtime;
 pub mod server;
 pub mod snapshot;
+#[cfg(test)]
+mod testutil;
 
 pub use config::AgentConfig;
 pub use server::Agent;

@@ -48,20 +48,17 @@ mod tests {
     fn lines_carry_an_rfc3339_timestamp_level_and_module() {
         let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let logger = format_into("info", buf.clone());
-        logger.log(
-            &log::Record::builder()
-                .level(log::Level::Warn)
-                .target("tern_agent::ops")
-                .args(format_args!("ADD failed"))
-                .build(),
-        );
-        logger.log(
-            &log::Record::builder()
-                .level(log::Level::Debug)
-                .target("tern_agent::ops")
-                .args(format_args!("hidden"))
-                .build(),
-        );
+        let log = |level: log::Level, msg: &str| {
+            logger.log(
+                &log::Record::builder()
+                    .level(level)
+                    .target("tern_agent::ops")
+                    .args(format_args!("{msg}"))
+                    .build(),
+            )
+        };
+        log(log::Level::Warn, "ADD failed");
+        log(log::Level::Debug, "hidden");
         let text = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
         let line = text.lines().next().expect("one line");
         assert_eq!(text.lines().count(), 1, "debug is filtered out: {text}");

@@ -289,28 +289,6 @@ pub fn parse_key(key: &str) -> Option<(Kind, Option<String>, String)> {
     None
 }
 
-/// Label every endpoint gets with its Kubernetes namespace (as Calico's
-/// `projectcalico.org/namespace`), so global policies can select by namespace.
-pub const NAMESPACE_LABEL: &str = "tern.dev/namespace";
-/// Label naming the orchestrator (`k8s` for pods, `cni` otherwise).
-pub const ORCHESTRATOR_LABEL: &str = "tern.dev/orchestrator";
-
-/// The labels an endpoint is created with: the runtime's (`args.cni.labels`) plus the ones
-/// derived from the Kubernetes CNI args.
-pub fn workload_labels(
-    a: &tern_api::Attachment,
-    cni_labels: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
-    let mut l = cni_labels.clone();
-    let (ns, orch) = match &a.pod {
-        Some(p) => (p.namespace.as_str(), "k8s"),
-        None => ("default", "cni"),
-    };
-    l.insert(NAMESPACE_LABEL.into(), ns.into());
-    l.insert(ORCHESTRATOR_LABEL.into(), orch.into());
-    l
-}
-
 /// The policy engine's view of an endpoint being added on this node.
 pub fn local_endpoint(ep: &crate::endpoints::Endpoint) -> Endpoint {
     Endpoint {
@@ -638,6 +616,35 @@ impl crate::nat::NatTable for PolicyEngine {
     }
 }
 
+/// The Kubernetes source's namespaces and policies go into the engine's external objects.
+impl crate::external::ExternalObjects for PolicyEngine {
+    fn replace(
+        &self,
+        kinds: &[Kind],
+        objects: Vec<Resource>,
+        flush: bool,
+    ) -> Result<(), crate::external::ExternalError> {
+        Ok(self.external_replace(kinds, objects, flush)?)
+    }
+
+    fn apply(&self, r: Resource) -> Result<(), crate::external::ExternalError> {
+        Ok(self.external_apply(r)?)
+    }
+
+    fn remove(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<(), crate::external::ExternalError> {
+        Ok(self.external_remove(kind, namespace, name)?)
+    }
+
+    fn objects(&self) -> Vec<Resource> {
+        self.external_objects()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -659,19 +666,48 @@ mod tests {
         assert_eq!(parse_key(&keys::resource("IPPool", "p")), None);
     }
 
+    /// Runs `f` on a thread of its own (named after the test, so tern-testkit's skip or failure
+    /// names it) inside a network namespace of that thread's own, never the machine's: nft and
+    /// netlink act there only. Without one (not root) it fails under TERN_TEST_STRICT=1 and is
+    /// a visible SKIP otherwise.
+    fn in_private_netns(f: fn()) {
+        let t = tern_testkit::thread_for_test().spawn(move || {
+            // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            let why = format!(
+                "unshare(CLONE_NEWNET): {}; run as root",
+                std::io::Error::last_os_error()
+            );
+            if tern_testkit::require("a private network namespace (root)", rc == 0, why) {
+                f();
+            }
+        });
+        t.unwrap().join().unwrap();
+    }
+
+    /// The kernel's `inet tern` table, as `nft list table` prints it.
+    fn table() -> String {
+        tern_linux::nft::list_table("inet", "tern")
+            .unwrap()
+            .unwrap()
+    }
+
+    /// `nft list chain inet tern <chain>`: its status says whether the chain exists.
+    fn list_chain(chain: &str) -> std::process::Output {
+        std::process::Command::new("nft")
+            .args(["list", "chain", "inet", "tern", chain])
+            .output()
+            .unwrap()
+    }
+
     #[test]
     fn store_events_update_the_desired_table() {
-        // nft runs in a network namespace of this thread's own (never the machine's).
-        // Named after the test, so tern-testkit's skip or failure names it.
-        let t = tern_testkit::thread_for_test().spawn(events_in_private_netns);
-        t.unwrap().join().unwrap();
+        in_private_netns(events_in_private_netns);
     }
 
     #[test]
     fn big_and_pre_existing_policies_are_enforced_and_kept() {
-        // nft runs in a network namespace of this thread's own (never the machine's).
-        let t = tern_testkit::thread_for_test().spawn(big_policies_in_private_netns);
-        t.unwrap().join().unwrap();
+        in_private_netns(big_policies_in_private_netns);
     }
 
     /// F1: a Kubernetes policy the API server accepts (65 peers, 300 except CIDRs) is
@@ -679,15 +715,6 @@ mod tests {
     /// before the limit existed) is enforced and survives a resync; an unusable update keeps
     /// the last good version across resyncs and is reported.
     fn big_policies_in_private_netns() {
-        // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        let why = format!(
-            "unshare(CLONE_NEWNET): {}; run as root",
-            std::io::Error::last_os_error()
-        );
-        if !tern_testkit::require("a private network namespace (root)", rc == 0, why) {
-            return;
-        }
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
         let peers: Vec<String> = (0..64)
             .map(|i| format!("{{podSelector: {{matchLabels: {{app: a{i}}}}}}}"))
@@ -746,9 +773,7 @@ mod tests {
         assert_eq!(rules_of(&kp), Some(65));
         assert_eq!(rules_of(&gp), Some(1001));
         assert!(engine.unusable_policies().is_empty());
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(
             listing.contains("10.2.198.0/24"),
             "the except list is in the kernel"
@@ -778,9 +803,7 @@ mod tests {
             assert_eq!(u.len(), 1, "{u:?}");
             assert!(u[0].1.contains("nests deeper"), "{u:?}");
         }
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(
             listing.contains("198.19.4.0"),
             "still enforced after resyncs"
@@ -792,23 +815,10 @@ mod tests {
 
     #[test]
     fn element_and_endpoint_chain_deltas_go_over_netlink() {
-        // The kernel part runs in a network namespace of this thread's own.
-        // Named after the test, so tern-testkit's skip or failure names it.
-        let t = tern_testkit::thread_for_test().spawn(netlink_in_private_netns);
-        t.unwrap().join().unwrap();
+        in_private_netns(netlink_in_private_netns);
     }
 
     fn netlink_in_private_netns() {
-        // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        let why = format!(
-            "unshare(CLONE_NEWNET): {}; run as root",
-            std::io::Error::last_os_error()
-        );
-        // Fails under TERN_TEST_STRICT=1, a visible SKIP otherwise (tern-testkit).
-        if !tern_testkit::require("a private network namespace (root)", rc == 0, why) {
-            return;
-        }
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
         let engine = PolicyEngine::load(store, "n1").unwrap();
         let yaml = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: from-b, namespace: x}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n  ingress:\n  - from:\n    - podSelector: {matchLabels: {pod: b}}\n";
@@ -831,16 +841,12 @@ mod tests {
         inc.upsert_endpoint(remote("198.18.0.5", "b"));
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         assert_eq!(inc.pending(), 0);
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(listing.contains("198.18.0.5"), "{listing}");
         // It leaves (label change): removed the same way.
         inc.upsert_endpoint(remote("198.18.0.5", "c"));
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(!listing.contains("198.18.0.5"), "{listing}");
         // The first filtered local pod adds the conntrack rules to the base chain: nft's job.
         let local = |n: u8| Endpoint {
@@ -855,17 +861,10 @@ mod tests {
         // The next one only brings its own chain, map entry and set elements: netlink.
         inc.upsert_endpoint(local(2));
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
-        let chain = || {
-            std::process::Command::new("nft")
-                .args(["list", "chain", "inet", "tern", "ep-in-ternlocal2"])
-                .output()
-                .unwrap()
-        };
+        let chain = || list_chain("ep-in-ternlocal2");
         let by_netlink = chain();
         assert!(by_netlink.status.success());
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(
             listing.contains("\"ternlocal2\" : jump ep-in-ternlocal2"),
             "{listing}"
@@ -893,12 +892,7 @@ mod tests {
         engine.flush(&mut inc).unwrap();
         inc.upsert_endpoint(local(3));
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
-        let chain3 = || {
-            std::process::Command::new("nft")
-                .args(["list", "chain", "inet", "tern", "ep-in-ternlocal3"])
-                .output()
-                .unwrap()
-        };
+        let chain3 = || list_chain("ep-in-ternlocal3");
         let by_netlink = String::from_utf8_lossy(&chain3().stdout).into_owned();
         assert!(
             by_netlink.contains("ip saddr . meta l4proto . th dport @fp-in-"),
@@ -916,23 +910,11 @@ mod tests {
         let fulls = engine.full_applies();
         engine.flush(&mut inc).unwrap();
         assert_eq!(engine.full_applies(), fulls + 1);
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(listing.contains("198.18.0.7"), "{listing}");
     }
 
     fn events_in_private_netns() {
-        // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        let why = format!(
-            "unshare(CLONE_NEWNET): {}; run as root",
-            std::io::Error::last_os_error()
-        );
-        // Fails under TERN_TEST_STRICT=1, a visible SKIP otherwise (tern-testkit).
-        if !tern_testkit::require("a private network namespace (root)", rc == 0, why) {
-            return;
-        }
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
         let engine = PolicyEngine::load(store.clone(), "n1").unwrap();
         let yaml = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n";
@@ -952,9 +934,7 @@ mod tests {
             },
         };
         assert_eq!(engine.handle_events(std::slice::from_ref(&ev)).unwrap(), 1);
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(listing.contains("chain pol-"), "{listing}");
         assert!(
             engine
@@ -980,9 +960,7 @@ mod tests {
                 .keys()
                 .any(|c| c.starts_with("pol-"))
         );
-        let listing = tern_linux::nft::list_table("inet", "tern")
-            .unwrap()
-            .unwrap();
+        let listing = table();
         assert!(!listing.contains("chain pol-"), "{listing}");
         assert_eq!(
             engine.full_applies(),

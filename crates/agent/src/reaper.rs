@@ -115,14 +115,7 @@ mod tests {
     /// since (a re-created pod's) survives it; the checked one is deleted.
     #[test]
     fn a_queued_deletion_never_hits_a_device_that_took_the_name() {
-        // SAFETY: geteuid has no preconditions.
-        assert!(
-            unsafe { libc::geteuid() } == 0,
-            "needs root to create a network namespace"
-        );
-        tern_linux::netns::run_in_new(|| {
-            let mut h = tern_linux::netlink::Handle::new().unwrap();
-            let here = tern_linux::netns::NetNs::current().unwrap();
+        crate::testutil::in_new_netns(|h, here| {
             let name = "tern00000000aaa";
             h.create_veth(name, "oldpeer", here.as_fd(), 0).unwrap();
             let old = h.link_by_name(name).unwrap().unwrap();
@@ -137,7 +130,6 @@ mod tests {
             );
             super::delete_checked_index(name, new.index).unwrap();
             assert!(h.link_by_name(name).unwrap().is_none());
-        })
-        .unwrap();
+        });
     }
 }

@@ -267,25 +267,32 @@ mod tests {
     fn n(s: &str) -> IpNet {
         s.parse().unwrap()
     }
+    /// What node a computes from [`snap`] with one pool 10.244.0.0/16 of these modes.
+    fn node_a(vxlan: EncapMode, ipip: EncapMode) -> Desired {
+        compute(&snap(pool("10.244.0.0/16", vxlan, ipip)), "a", &local())
+    }
+
+    /// Asserts the route `d` has for each CIDR.
+    fn assert_routes(d: &Desired, want: &[(&str, Target)]) {
+        for (cidr, target) in want {
+            assert_eq!(d.routes.get(&n(cidr)), Some(target), "{cidr}");
+        }
+    }
+
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     #[test]
     fn no_encapsulation_routes_directly_and_blackholes_own_block() {
-        let d = compute(
-            &snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Never)),
-            "a",
-            &local(),
-        );
-        assert_eq!(d.routes[&n("10.244.0.0/26")], Target::Blackhole);
-        assert_eq!(
-            d.routes[&n("10.244.1.0/26")],
-            Target::Direct(ip("198.18.0.2"))
-        );
-        assert_eq!(
-            d.routes[&n("10.244.2.0/26")],
-            Target::Direct(ip("198.18.5.3"))
+        let d = node_a(EncapMode::Never, EncapMode::Never);
+        assert_routes(
+            &d,
+            &[
+                ("10.244.0.0/26", Target::Blackhole),
+                ("10.244.1.0/26", Target::Direct(ip("198.18.0.2"))),
+                ("10.244.2.0/26", Target::Direct(ip("198.18.5.3"))),
+            ],
         );
         assert!(!d.vxlan && !d.ipip && d.vteps.is_empty());
         assert!(d.errors.is_empty(), "{:?}", d.errors);
@@ -293,19 +300,14 @@ mod tests {
 
     #[test]
     fn vxlan_always_routes_via_remote_tunnel_addresses_with_vteps() {
-        let d = compute(
-            &snap(pool("10.244.0.0/16", EncapMode::Always, EncapMode::Never)),
-            "a",
-            &local(),
-        );
+        let d = node_a(EncapMode::Always, EncapMode::Never);
         assert!(d.vxlan);
-        assert_eq!(
-            d.routes[&n("10.244.1.0/26")],
-            Target::Vxlan(ip("10.244.1.1"))
-        );
-        assert_eq!(
-            d.routes[&n("10.244.2.0/26")],
-            Target::Vxlan(ip("10.244.2.1"))
+        assert_routes(
+            &d,
+            &[
+                ("10.244.1.0/26", Target::Vxlan(ip("10.244.1.1"))),
+                ("10.244.2.0/26", Target::Vxlan(ip("10.244.2.1"))),
+            ],
         );
         let vteps: Vec<_> = d
             .vteps
@@ -335,16 +337,9 @@ mod tests {
 
     #[test]
     fn ipip_routes_via_underlay_on_tunl0() {
-        let d = compute(
-            &snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Always)),
-            "a",
-            &local(),
-        );
+        let d = node_a(EncapMode::Never, EncapMode::Always);
         assert!(d.ipip && !d.vxlan);
-        assert_eq!(
-            d.routes[&n("10.244.1.0/26")],
-            Target::Ipip(ip("198.18.0.2"))
-        );
+        assert_routes(&d, &[("10.244.1.0/26", Target::Ipip(ip("198.18.0.2")))]);
         assert!(d.vteps.is_empty());
     }
 
@@ -354,17 +349,14 @@ mod tests {
             (EncapMode::CrossSubnet, EncapMode::Never),
             (EncapMode::Never, EncapMode::CrossSubnet),
         ] {
-            let d = compute(&snap(pool("10.244.0.0/16", vx, ii)), "a", &local());
-            assert_eq!(
-                d.routes[&n("10.244.1.0/26")],
-                Target::Direct(ip("198.18.0.2"))
-            );
+            let d = node_a(vx, ii);
+            assert_routes(&d, &[("10.244.1.0/26", Target::Direct(ip("198.18.0.2")))]);
             let expect = if vx == EncapMode::CrossSubnet {
                 Target::Vxlan(ip("10.244.2.1"))
             } else {
                 Target::Ipip(ip("198.18.5.3"))
             };
-            assert_eq!(d.routes[&n("10.244.2.0/26")], expect);
+            assert_routes(&d, &[("10.244.2.0/26", expect)]);
         }
     }
 
@@ -377,16 +369,15 @@ mod tests {
         // a borrowed from c's block: a needs no route for its own pod (the endpoint route).
         s.blocks[2].allocations.push((ip("10.244.2.7"), "a".into()));
         let d = compute(&s, "a", &local());
-        assert_eq!(
-            d.routes[&n("10.244.0.5/32")],
-            Target::Direct(ip("198.18.0.2"))
-        );
-        assert_eq!(
-            d.routes[&n("10.244.1.9/32")],
-            Target::Direct(ip("198.18.5.3"))
+        assert_routes(
+            &d,
+            &[
+                ("10.244.0.5/32", Target::Direct(ip("198.18.0.2"))),
+                ("10.244.1.9/32", Target::Direct(ip("198.18.5.3"))),
+            ],
         );
         assert!(!d.routes.contains_key(&n("10.244.2.7/32")));
-        assert_eq!(d.routes[&n("10.244.0.0/26")], Target::Blackhole);
+        assert_routes(&d, &[("10.244.0.0/26", Target::Blackhole)]);
     }
 
     #[test]

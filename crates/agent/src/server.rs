@@ -138,7 +138,10 @@ impl Agent {
         };
         // Before the dataplane's first sync (the engine's first apply): seeds the engine with
         // the last Kubernetes snapshot so the previous rules stay in force.
-        let kube = crate::kube::from_config(&cfg, &store, &policy)?;
+        let external = policy
+            .clone()
+            .map(|p| p as Arc<dyn crate::external::ExternalObjects>);
+        let kube = crate::kube::from_config(&cfg, &store, external)?;
         let dataplane = if cfg.dataplane {
             Some(Arc::new(start_dataplane(&cfg, &store, policy.clone())?))
         } else {
@@ -1034,5 +1037,106 @@ mod bind_tests {
         let l = super::bind(&sock, gid).unwrap();
         assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
         drop(l);
+    }
+}
+
+/// The Kubernetes source's objects in the policy engine, as the root wires the two.
+#[cfg(test)]
+mod kube_policy_tests {
+    use crate::kube::slim;
+    use crate::policy::PolicyEngine;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use tern_model::{Kind, Resource};
+    use tern_store::Store;
+
+    fn pol_chains(p: &PolicyEngine) -> usize {
+        p.desired()
+            .render_full()
+            .lines()
+            .filter(|l| l.starts_with("add chain inet tern pol-"))
+            .count()
+    }
+
+    /// The objects the Kubernetes source feeds survive the engine's store resync, and a full list
+    /// replaces only the kinds it covers.
+    #[test]
+    fn external_objects_survive_a_store_reload_and_lists_replace_them() {
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let engine = Arc::new(PolicyEngine::load(store.clone(), "n1").unwrap());
+        // A local endpoint the policy selects.
+        let mut inc_ep = tern_policy::Endpoint {
+            namespace: "prod".into(),
+            name: "n1-k8s-web-eth0".into(),
+            node: "n1".into(),
+            interface: "tern0123456789a".into(),
+            labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
+            ips: vec!["10.244.0.5".parse().unwrap()],
+            ports: vec![],
+        };
+        inc_ep.labels.insert(
+            crate::endpoints::NAMESPACE_LABEL.to_string(),
+            "prod".to_string(),
+        );
+        let ep = Resource::WorkloadEndpoint({
+            let mut w = tern_model::WorkloadEndpoint::new(
+                inc_ep.name.clone(),
+                tern_model::WorkloadEndpointSpec {
+                    node: "n1".into(),
+                    orchestrator: "k8s".into(),
+                    pod: "web".into(),
+                    container_id: "c1".into(),
+                    endpoint: "eth0".into(),
+                    interface_name: inc_ep.interface.clone(),
+                    mac: String::new(),
+                    ip_networks: vec!["10.244.0.5/32".into()],
+                    network: "k8s-pod-network".into(),
+                    profiles: vec![],
+                    service_account_name: None,
+                    ports: vec![],
+                },
+            );
+            w.metadata.namespace = Some("prod".into());
+            w.metadata.labels = inc_ep.labels.clone();
+            w
+        });
+        tern_model::put_resource(&*store, &ep).unwrap();
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "deny", "namespace": "prod"},
+                "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                         "policyTypes": ["Ingress"]}
+            }))
+            .unwrap();
+        let r = slim::network_policy_resource(&np).unwrap();
+        engine
+            .external_replace(&[Kind::K8sNetworkPolicy], vec![r.clone()], false)
+            .unwrap();
+        // What a store reload (the maintenance resync) computes keeps the external policy.
+        let reloaded = crate::policy::load_policy_set(&*store).unwrap();
+        let mut set = reloaded;
+        for o in engine.external_objects() {
+            set.apply(&o).unwrap();
+        }
+        let inc = tern_policy::Incremental::new("n1", set);
+        assert!(
+            inc.desired()
+                .render_full()
+                .lines()
+                .any(|l| l.starts_with("add chain inet tern pol-")),
+            "external policy lost on reload"
+        );
+        assert_eq!(engine.external_objects(), vec![r]);
+        assert!(pol_chains(&engine) > 0);
+        // A namespace list does not touch policies; an empty policy list removes them.
+        engine
+            .external_replace(&[Kind::Namespace], vec![], false)
+            .unwrap();
+        assert!(pol_chains(&engine) > 0);
+        engine
+            .external_replace(&[Kind::K8sNetworkPolicy], vec![], false)
+            .unwrap();
+        assert_eq!(pol_chains(&engine), 0);
+        assert!(engine.external_objects().is_empty());
     }
 }

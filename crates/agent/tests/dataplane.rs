@@ -4,88 +4,18 @@
 //! by a drop guard; the reconcilers run on threads that entered their node's namespace. The
 //! root namespace is never touched. Underlay: 198.18.0.0/15.
 
+mod common;
+
+use common::Netns as Ns;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tern_agent::dataplane::{Dataplane, DataplaneConfig};
 use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_linux::netns::NetNs;
 use tern_model::{EncapMode, IpPool, IpPoolSpec, Kind, Resource};
 use tern_store::Store;
-
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-/// Root (network namespaces), as tern-testkit's `require_root` (fails under strict mode).
-fn root() -> bool {
-    tern_testkit::require_root()
-}
-
-/// A named network namespace, deleted on drop.
-struct Ns(String);
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = format!(
-            "tdp{}-{tag}{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        sh(&["ip", "netns", "add", &name]);
-        let ns = Ns(name);
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-    fn ip(&self, args: &[&str]) -> String {
-        let mut a = vec!["ip", "-n", &self.0];
-        a.extend_from_slice(args);
-        sh(&a)
-    }
-    fn exec(&self, args: &[&str]) -> String {
-        let mut a = vec!["ip", "netns", "exec", &self.0];
-        a.extend_from_slice(args);
-        sh(&a)
-    }
-    /// Runs `f` on a fresh thread inside this namespace.
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        NetNs::open(std::path::Path::new(&self.path()))
-            .unwrap()
-            .run(f)
-            .unwrap()
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < timeout {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    f()
-}
 
 /// The underlay: a bridge in its own namespace; nodes attach with a veth.
 struct Underlay {
@@ -115,9 +45,9 @@ impl NodeNs {
     /// the router's address `gw`).
     fn new(name: &str, u: &Underlay, cidr: &str, gw: &str) -> NodeNs {
         let ns = Ns::new(name);
-        let host_end = format!("u{}", SEQ.fetch_add(1, Ordering::Relaxed));
+        let host_end = common::unique("u");
         u.ns.ip(&[
-            "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &ns.0,
+            "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
         ]);
         u.ns.ip(&["link", "set", &host_end, "master", "br0", "up"]);
         ns.ip(&["addr", "add", cidr, "dev", "eth0"]);
@@ -177,7 +107,7 @@ struct Pod {
 
 fn add_pod(node: &NodeNs, ipam: &Ipam, tag: &str) -> Pod {
     let ns = Ns::new(tag);
-    let handle = format!("test.{}", ns.0);
+    let handle = format!("test.{}", ns.name);
     let ip = ipam
         .auto_assign(&AssignArgs {
             handle,
@@ -192,7 +122,7 @@ fn add_pod(node: &NodeNs, ipam: &Ipam, tag: &str) -> Pod {
         })
         .unwrap()[0];
     let pod_ns = NetNs::open(std::path::Path::new(&ns.path())).unwrap();
-    let host_if = format!("tern{}", &ns.0[ns.0.len().saturating_sub(8)..]);
+    let host_if = format!("tern{}", &ns.name[ns.name.len().saturating_sub(8)..]);
     let mtu = node.dp.as_ref().unwrap().pod_mtu();
     node.ns.run(|| {
         let cfg = tern_linux::veth::PodInterfaceConfig {
@@ -209,15 +139,9 @@ fn add_pod(node: &NodeNs, ipam: &Ipam, tag: &str) -> Pod {
     Pod { ns, ip }
 }
 
-fn put_pool(
-    store: &dyn Store,
-    name: &str,
-    cidr: &str,
-    vxlan: EncapMode,
-    ipip: EncapMode,
-    nat: bool,
-) {
-    let mut spec = IpPoolSpec::new(cidr);
+/// Writes pool `name` over 10.244.0.0/16 (every test's pool) with these modes.
+fn put_pool(store: &dyn Store, name: &str, vxlan: EncapMode, ipip: EncapMode, nat: bool) {
+    let mut spec = IpPoolSpec::new("10.244.0.0/16");
     spec.vxlan_mode = vxlan;
     spec.ipip_mode = ipip;
     spec.nat_outgoing = nat;
@@ -226,6 +150,18 @@ fn put_pool(
         &Resource::IpPool(IpPool::new(name.to_string(), spec)),
     )
     .unwrap();
+}
+
+/// Syncs every node twice (the first pass may precede another node's registration) and
+/// asserts the second reported no error.
+fn sync_all(nodes: &[&NodeNs]) {
+    for n in nodes {
+        n.sync();
+    }
+    for n in nodes {
+        let r = n.sync();
+        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
+    }
 }
 
 fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
@@ -308,7 +244,7 @@ fn two_nodes(
     nat: bool,
 ) -> (tempfile::TempDir, Arc<dyn Store>, Underlay, NodeNs, NodeNs) {
     let (dir, s) = store();
-    put_pool(&*s, "pool", "10.244.0.0/16", mode, EncapMode::Never, nat);
+    put_pool(&*s, "pool", mode, EncapMode::Never, nat);
     let u = Underlay::new();
     let mut a = NodeNs::new("a", &u, "198.18.0.1/24", "198.18.0.254");
     let mut b = NodeNs::new("b", &u, "198.18.0.2/24", "198.18.0.254");
@@ -319,20 +255,14 @@ fn two_nodes(
 
 #[test]
 fn direct_routing_between_two_nodes() {
-    if !root() {
+    if !tern_testkit::require_root() {
         return;
     }
     let (_d, s, _u, a, b) = two_nodes(EncapMode::Never, false);
     let ipam = Ipam::new(s.clone());
     let pa = add_pod(&a, &ipam, "pa");
     let pb = add_pod(&b, &ipam, "pb");
-    for n in [&a, &b] {
-        n.sync();
-    }
-    for n in [&a, &b] {
-        let r = n.sync();
-        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
-    }
+    sync_all(&[&a, &b]);
     let (ba, bb) = (block_of(&ipam, pa.ip), block_of(&ipam, pb.ip));
     let ra = a.routes();
     assert!(ra.contains(&format!("blackhole {ba}")), "{ra}");
@@ -381,20 +311,14 @@ fn direct_routing_between_two_nodes() {
 
 #[test]
 fn vxlan_between_two_nodes_and_watch_latency() {
-    if !root() {
+    if !tern_testkit::require_root() {
         return;
     }
     let (_d, s, _u, mut a, mut b) = two_nodes(EncapMode::Always, false);
     a.start(&s, true);
     b.start(&s, true);
     let ipam = Ipam::new(s.clone());
-    for n in [&a, &b] {
-        n.sync();
-    }
-    for n in [&a, &b] {
-        let r = n.sync();
-        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
-    }
+    sync_all(&[&a, &b]);
     assert_eq!(a.dp.as_ref().unwrap().pod_mtu(), 1450);
     let link = a.ns.ip(&["-d", "link", "show", "vxlan.tern"]);
     assert!(
@@ -411,7 +335,7 @@ fn vxlan_between_two_nodes_and_watch_latency() {
     let pb = add_pod(&b, &ipam, "pb");
     let bb = block_of(&ipam, pb.ip);
     assert!(
-        wait_until(Duration::from_secs(2), || a
+        common::poll(Duration::from_secs(2), Duration::from_millis(10), || a
             .routes()
             .contains(&bb.to_string())),
         "{}",
@@ -453,24 +377,17 @@ fn vxlan_between_two_nodes_and_watch_latency() {
 
 #[test]
 fn cross_subnet_encapsulates_only_across_the_router() {
-    if !root() {
+    if !tern_testkit::require_root() {
         return;
     }
     let (_d, s) = store();
-    put_pool(
-        &*s,
-        "pool",
-        "10.244.0.0/16",
-        EncapMode::CrossSubnet,
-        EncapMode::Never,
-        false,
-    );
+    put_pool(&*s, "pool", EncapMode::CrossSubnet, EncapMode::Never, false);
     let u = Underlay::new();
     // A router namespace joins 198.18.0.0/24 (the bridge) and 198.18.1.0/24 (a link to c).
     let r = Ns::new("r");
-    let port = format!("u{}", SEQ.fetch_add(1, Ordering::Relaxed));
+    let port = common::unique("u");
     u.ns.ip(&[
-        "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &r.0,
+        "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &r.name,
     ]);
     u.ns.ip(&["link", "set", &port, "master", "br0", "up"]);
     r.ip(&["addr", "add", "198.18.0.254/24", "dev", "eth0"]);
@@ -480,7 +397,7 @@ fn cross_subnet_encapsulates_only_across_the_router() {
     let mut b = NodeNs::new("b", &u, "198.18.0.2/24", "198.18.0.254");
     let c_ns = Ns::new("c");
     r.ip(&[
-        "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", &c_ns.0,
+        "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", &c_ns.name,
     ]);
     r.ip(&["addr", "add", "198.18.1.254/24", "dev", "eth1"]);
     r.ip(&["link", "set", "eth1", "up"]);
@@ -502,13 +419,7 @@ fn cross_subnet_encapsulates_only_across_the_router() {
     let pa = add_pod(&a, &ipam, "pa");
     let pb = add_pod(&b, &ipam, "pb");
     let pc = add_pod(&c, &ipam, "pc");
-    for n in [&a, &b, &c] {
-        n.sync();
-    }
-    for n in [&a, &b, &c] {
-        let r = n.sync();
-        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
-    }
+    sync_all(&[&a, &b, &c]);
     let ra = a.routes();
     let (bb, bc) = (block_of(&ipam, pb.ip), block_of(&ipam, pc.ip));
     assert!(
@@ -526,20 +437,14 @@ fn cross_subnet_encapsulates_only_across_the_router() {
 
 #[test]
 fn nat_outgoing_masquerades_to_destinations_outside_the_pools() {
-    if !root() {
+    if !tern_testkit::require_root() {
         return;
     }
     let (_d, s, u, a, b) = two_nodes(EncapMode::Never, true);
     let ipam = Ipam::new(s.clone());
     let pa = add_pod(&a, &ipam, "pa");
     let pb = add_pod(&b, &ipam, "pb");
-    for n in [&a, &b] {
-        n.sync();
-    }
-    for n in [&a, &b] {
-        let r = n.sync();
-        assert!(r.errors.is_empty(), "{}: {:?}", n.name, r.errors);
-    }
+    sync_all(&[&a, &b]);
     let table = a.ns.exec(&["nft", "list", "table", "inet", "tern"]);
     assert!(table.contains("chain nat-postrouting"), "{table}");
     assert!(
@@ -557,14 +462,7 @@ fn nat_outgoing_masquerades_to_destinations_outside_the_pools() {
     assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
     // Turning natOutgoing off empties the chain; other tables are untouched.
     a.ns.exec(&["nft", "add", "table", "ip", "other"]);
-    put_pool(
-        &*s,
-        "pool",
-        "10.244.0.0/16",
-        EncapMode::Never,
-        EncapMode::Never,
-        false,
-    );
+    put_pool(&*s, "pool", EncapMode::Never, EncapMode::Never, false);
     a.sync();
     let table = a.ns.exec(&["nft", "list", "table", "inet", "tern"]);
     assert!(!table.contains("masquerade"), "{table}");
@@ -582,18 +480,11 @@ fn nat_outgoing_masquerades_to_destinations_outside_the_pools() {
 
 #[test]
 fn bad_input_is_reported_and_the_rest_keeps_working() {
-    if !root() {
+    if !tern_testkit::require_root() {
         return;
     }
     let (_d, s) = store();
-    put_pool(
-        &*s,
-        "good",
-        "10.244.0.0/16",
-        EncapMode::Never,
-        EncapMode::Never,
-        false,
-    );
+    put_pool(&*s, "good", EncapMode::Never, EncapMode::Never, false);
     // Written behind validation's back: both encapsulations, and an unknown mode.
     let mut both = IpPoolSpec::new("10.50.0.0/16");
     both.vxlan_mode = EncapMode::Always;
@@ -661,14 +552,7 @@ fn bad_input_is_reported_and_the_rest_keeps_working() {
     // removed first: IPAM itself refuses to allocate while a pool document is unreadable.)
     s.delete(&tern_store::keys::resource("IPPool", "weird"))
         .unwrap();
-    put_pool(
-        &*s,
-        "good",
-        "10.244.0.0/16",
-        EncapMode::Always,
-        EncapMode::Never,
-        false,
-    );
+    put_pool(&*s, "good", EncapMode::Always, EncapMode::Never, false);
     a.ns.ip(&[
         "link", "add", "vx-other", "type", "vxlan", "id", "4096", "dstport", "4789",
     ]);
@@ -684,14 +568,7 @@ fn bad_input_is_reported_and_the_rest_keeps_working() {
     drop(b);
 
     // IPIP on a kernel without the module is reported clearly (and works where supported).
-    put_pool(
-        &*s,
-        "good",
-        "10.244.0.0/16",
-        EncapMode::Never,
-        EncapMode::Always,
-        false,
-    );
+    put_pool(&*s, "good", EncapMode::Never, EncapMode::Always, false);
     let r = a.sync();
     let has_tunl0 = a.ns.ip(&["link"]).contains("tunl0");
     assert!(

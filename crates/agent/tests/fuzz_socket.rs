@@ -7,6 +7,8 @@
 //!
 //! `TERN_FUZZ_CASES=N` runs N cases instead of the CI default.
 
+mod common;
+
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::fs::File;
@@ -16,7 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tern_agent::{Agent, AgentConfig};
+use tern_agent::Agent;
 use tern_api::{Reply, Request, Response};
 
 #[derive(Debug, Clone, Copy)]
@@ -66,17 +68,7 @@ fn arb_body() -> impl Strategy<Value = Vec<u8>> {
     )
         .prop_map(|(v, edits)| {
             let mut b = v.as_bytes().to_vec();
-            for (at, byte, op) in edits {
-                let i = at % (b.len() + 1);
-                match op {
-                    0 if i < b.len() => b[i] = byte,
-                    1 => b.insert(i, byte),
-                    _ if i < b.len() => {
-                        b.remove(i);
-                    }
-                    _ => {}
-                }
-            }
+            tern_testkit::apply_byte_edits(&mut b, &edits);
             b
         });
     prop_oneof![
@@ -112,35 +104,8 @@ fn send_raw(s: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> std::io::Result<()> 
     if fds.is_empty() || bytes.is_empty() {
         return (&*s).write_all(bytes);
     }
-    let data_len = std::mem::size_of_val(fds) as u32;
-    // SAFETY: CMSG_SPACE is a size computation; the buffers outlive sendmsg; the cmsg has room
-    // for `fds.len()` descriptors.
-    let sent = unsafe {
-        let space = libc::CMSG_SPACE(data_len) as usize;
-        let mut cmsg_buf = vec![0u64; space.div_ceil(8)];
-        let mut iov = libc::iovec {
-            iov_base: bytes.as_ptr() as *mut _,
-            iov_len: bytes.len(),
-        };
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cmsg_buf.as_mut_ptr() as *mut _;
-        msg.msg_controllen = space as _;
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
-        let data = libc::CMSG_DATA(cmsg) as *mut RawFd;
-        for (i, fd) in fds.iter().enumerate() {
-            std::ptr::write_unaligned(data.add(i), *fd);
-        }
-        libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
-    };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    (&*s).write_all(&bytes[sent as usize..])
+    let sent = common::sendmsg_fds(s, bytes, fds)?;
+    (&*s).write_all(&bytes[sent..])
 }
 
 /// Outcomes of the campaign by kind (printed at the end: what the cases reached).
@@ -231,12 +196,9 @@ fn run_case(sock: &Path, fds: &Fds, case: &Case) -> Result<(), TestCaseError> {
 
 #[test]
 fn socket_frames_never_crash_leak_or_stall_the_server() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "needs root (private network namespaces): run as root"
-    );
+    if !tern_testkit::require_root() {
+        return;
+    }
     let cases: u32 = std::env::var("TERN_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -247,16 +209,11 @@ fn socket_frames_never_crash_leak_or_stall_the_server() {
     let last = tern_linux::netns::new_anonymous().unwrap();
     let last_file = File::from(last.as_fd().try_clone_to_owned().unwrap());
     tern_linux::netns::run_in_new(move || {
-        let mut h = tern_linux::netlink::Handle::new().unwrap();
-        let lo = h.link_by_name("lo").unwrap().unwrap();
-        h.set_link_up(lo.index).unwrap();
+        common::lo_up();
         let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("ternd.sock");
         let store: Arc<dyn tern_store::Store> = Arc::new(tern_store::mem::MemStore::new());
-        let mut cfg = AgentConfig::new("n1", "mem://", &sock);
-        cfg.state_dir = dir.path().join("state");
-        cfg.default_ipv4_pool = "10.79.0.0/24".into();
-        cfg.mtu = 1500;
+        let mut cfg = common::agent_config(dir.path(), "mem://", "10.79.0.0/24");
+        let sock = cfg.socket.clone();
         cfg.dataplane = false;
         cfg.metrics_addr = "0".into();
         cfg.health_addr = "0".into();

@@ -4,11 +4,13 @@
 //! not grow with what they send. The agent runs in a fresh network namespace (its listener on
 //! that namespace's loopback); the root namespace is never touched.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tern_agent::{Agent, AgentConfig};
+use tern_agent::Agent;
 
 fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -18,37 +20,16 @@ fn rss_kib() -> u64 {
         .unwrap()
 }
 
-fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    let status = out
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad response {out:?}"))?;
-    Ok((status, out))
-}
-
 #[test]
 fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "needs root (a private network namespace): run as root"
-    );
+    if !tern_testkit::require_root() {
+        return;
+    }
     tern_linux::netns::run_in_new(|| {
-        let mut h = tern_linux::netlink::Handle::new().unwrap();
-        let lo = h.link_by_name("lo").unwrap().unwrap();
-        h.set_link_up(lo.index).unwrap();
+        common::lo_up();
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn tern_store::Store> = Arc::new(tern_store::mem::MemStore::new());
-        let mut cfg = AgentConfig::new("n1", "mem://", dir.path().join("ternd.sock"));
-        cfg.state_dir = dir.path().join("state");
-        cfg.default_ipv4_pool = "10.78.0.0/24".into();
-        cfg.mtu = 1500;
+        let mut cfg = common::agent_config(dir.path(), "mem://", "10.78.0.0/24");
         cfg.dataplane = false;
         cfg.metrics_addr = "127.0.0.1:0".into();
         cfg.health_addr = "127.0.0.1:0".into();
@@ -56,7 +37,9 @@ fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
         agent.start_maintenance().unwrap();
         let addr = tern_agent::http::start_http(&agent)[0];
         assert_eq!(
-            get(addr, "/liveness", Duration::from_secs(2)).unwrap().0,
+            common::http_get(addr, "/liveness", Duration::from_secs(2))
+                .unwrap()
+                .0,
             200
         );
         let rss_before = rss_kib();
@@ -113,7 +96,7 @@ fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
         let mut probes = 0;
         while start.elapsed() < Duration::from_secs(4) {
             let t0 = Instant::now();
-            let r = get(addr, "/liveness", Duration::from_secs(1));
+            let r = common::http_get(addr, "/liveness", Duration::from_secs(1));
             let took = t0.elapsed();
             assert!(
                 matches!(r, Ok((200, _))),
@@ -124,7 +107,7 @@ fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
             std::thread::sleep(Duration::from_millis(100));
         }
         assert!(worst < Duration::from_secs(1), "worst /liveness {worst:?}");
-        let (m, body) = get(addr, "/metrics", Duration::from_secs(2)).unwrap();
+        let (m, body) = common::http_get(addr, "/metrics", Duration::from_secs(2)).unwrap();
         assert_eq!(m, 200);
         assert!(body.contains("tern_endpoints"), "{body}");
 

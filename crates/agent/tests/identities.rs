@@ -9,25 +9,19 @@
 //! - the journal replay deletes only tern's pod veths: a bridge (or a veth without the prefix)
 //!   named by a journal entry survives.
 
+mod common;
+
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
+use tern_agent::Agent;
 use tern_agent::endpoints::Endpoint;
-use tern_agent::{Agent, AgentConfig};
 use tern_api::journal::{self, JournalEntry};
 use tern_api::{AddRequest, Attachment, DelRequest, GcRequest, PodRef, Reply, Request, Response};
 use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_store::Store;
 
 const NET: &str = "k8s-pod-network";
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "these tests need root to create network namespaces (run them as root)"
-    );
-}
 
 struct Setup {
     agent: Arc<Agent>,
@@ -42,14 +36,20 @@ impl Drop for Setup {
     }
 }
 
+/// Runs `test` against a fresh agent (leak grace `grace` seconds) in a fresh network namespace;
+/// needs root (tern-testkit).
+fn with_agent(grace: u64, test: impl FnOnce(&Setup) + Send) {
+    if !tern_testkit::require_root() {
+        return;
+    }
+    tern_linux::netns::run_in_new(|| test(&setup(grace))).unwrap();
+}
+
 fn setup(grace: u64) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
         Arc::new(tern_store::sqlite::SqliteStore::open(dir.path().join("s.db")).unwrap());
-    let mut cfg = AgentConfig::new("n1", "test://sqlite", dir.path().join("ternd.sock"));
-    cfg.state_dir = dir.path().join("state");
-    cfg.default_ipv4_pool = "10.78.0.0/24".into();
-    cfg.mtu = 1500;
+    let mut cfg = common::agent_config(dir.path(), "test://sqlite", "10.78.0.0/24");
     cfg.resync_seconds = 3600;
     cfg.leak_grace_seconds = grace;
     let agent = Agent::start_with_store(cfg, store.clone()).unwrap();
@@ -102,6 +102,71 @@ fn result_of(r: &Response) -> (std::net::IpAddr, String) {
     }
 }
 
+/// Records an endpoint of this node as the agent would (the agent's cache does not know it).
+fn put_endpoint(
+    s: &Setup,
+    attachment: Attachment,
+    host_ifname: &str,
+    ip_networks: Vec<String>,
+    delegated_ipam: bool,
+) {
+    let ep = Endpoint {
+        node: "n1".into(),
+        attachment,
+        host_ifname: host_ifname.into(),
+        mac: String::new(),
+        ip_networks,
+        labels: Default::default(),
+        ports: Vec::new(),
+        delegated_ipam,
+    };
+    tern_agent::endpoints::store_io::put(&*s.store, &ep).unwrap();
+}
+
+/// Journals the plugin's release of `attachment` (host veth `host_ifname`), as when ternd is
+/// down.
+fn journal_release(s: &Setup, attachment: Attachment, host_ifname: &str) {
+    let entry = JournalEntry {
+        attachment,
+        host_ifname: host_ifname.into(),
+        delegated_ipam: false,
+        source: "plugin".into(),
+    };
+    journal::record(&s.dir.path().join("state"), &entry).unwrap();
+}
+
+/// A reconciliation pass that must report no error; it completes `journaled` journal entries.
+fn reconcile_clean(s: &Setup, journaled: usize) {
+    let r = s.agent.reconcile();
+    assert!(r.errors.is_empty(), "{r}");
+    assert_eq!(r.journal_completed, journaled, "{r}");
+}
+
+/// GC of network NET keeping the attachments `valid`.
+fn gc(s: &Setup, valid: Vec<(String, String)>) -> Response {
+    s.agent.handle(
+        Request::Gc(GcRequest {
+            network: NET.into(),
+            valid,
+            delegated_ipam: false,
+        }),
+        None,
+    )
+}
+
+/// The addresses held under `handle`.
+fn held(s: &Setup, handle: &str) -> Vec<std::net::IpAddr> {
+    s.ipam.ips_by_handle(handle).unwrap()
+}
+
+/// Whether link `name` is gone within a second (the reaper deletes veths in the background).
+fn gone_soon(name: &str) -> bool {
+    (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        !link_exists(name)
+    })
+}
+
 fn link_exists(name: &str) -> bool {
     tern_linux::netlink::Handle::new()
         .unwrap()
@@ -136,9 +201,7 @@ fn allocate_old(s: &Setup, handle: &str, cid: &str, ifname: &str) -> std::net::I
 
 #[test]
 fn colliding_names_get_distinct_handles_and_veths() {
-    require_root();
-    tern_linux::netns::run_in_new(|| {
-        let s = setup(3600);
+    with_agent(3600, |s| {
         // Pod x.net1's eth0 and pod x's net1: one handle (`n.x.net1`) and one veth
         // (sha1("default.x.net1")) before.
         let a = att(NET, "x.net1", "eth0", Some("x.net1"));
@@ -157,7 +220,7 @@ fn colliding_names_get_distinct_handles_and_veths() {
             .collect();
         let mut got = Vec::new();
         for (x, ns) in all.iter().zip(&pods) {
-            let r = add(&s, x, ns);
+            let r = add(s, x, ns);
             got.push(result_of(&r));
         }
         let veths: std::collections::HashSet<&String> = got.iter().map(|g| &g.1).collect();
@@ -165,7 +228,7 @@ fn colliding_names_get_distinct_handles_and_veths() {
         assert_eq!(veths.len(), 4, "{got:?}");
         assert_eq!(ips.len(), 4, "{got:?}");
         for (x, (ip, veth)) in all.iter().zip(&got) {
-            assert_eq!(s.ipam.ips_by_handle(&x.handle()).unwrap(), vec![*ip]);
+            assert_eq!(held(s, &x.handle()), vec![*ip]);
             assert!(link_exists(veth), "{veth}");
         }
         // `ternctl ipam check`'s audit: nothing used twice, nothing unallocated.
@@ -173,43 +236,37 @@ fn colliding_names_get_distinct_handles_and_veths() {
         assert_eq!(report.problems(), 0, "{report:?}");
 
         // Releasing b and d leaves a and c wired and allocated.
-        assert_eq!(del(&s, &b), Ok(Reply::Done));
-        assert_eq!(del(&s, &d), Ok(Reply::Done));
+        assert_eq!(del(s, &b), Ok(Reply::Done));
+        assert_eq!(del(s, &d), Ok(Reply::Done));
         for (i, x) in all.iter().enumerate() {
-            let held = s.ipam.ips_by_handle(&x.handle()).unwrap();
+            let kept = held(s, &x.handle());
             if i % 2 == 0 {
-                assert_eq!(held, vec![got[i].0], "{} lost its address", x.handle());
+                assert_eq!(kept, vec![got[i].0], "{} lost its address", x.handle());
                 assert!(link_exists(&got[i].1), "{} lost its veth", got[i].1);
             } else {
-                assert!(held.is_empty());
+                assert!(kept.is_empty());
             }
         }
         let report = tern_agent::audit::check(&*s.store, &s.ipam).unwrap();
         assert_eq!(report.problems(), 0, "{report:?}");
-        assert_eq!(del(&s, &a), Ok(Reply::Done));
-        assert_eq!(del(&s, &c), Ok(Reply::Done));
-    })
-    .unwrap();
+        assert_eq!(del(s, &a), Ok(Reply::Done));
+        assert_eq!(del(s, &c), Ok(Reply::Done));
+    });
 }
 
 #[test]
 fn allocations_under_old_handles_are_still_released_and_never_confused() {
-    require_root();
-    tern_linux::netns::run_in_new(|| {
-        let s = setup(0);
+    with_agent(0, |s| {
         // A pod added before the upgrade (no endpoint: its ADD predates it or it died).
         let old = att(NET, "old1", "eth0", None);
-        let ip_old = allocate_old(&s, &old.legacy_handle(), "old1", "eth0");
+        let ip_old = allocate_old(s, &old.legacy_handle(), "old1", "eth0");
         assert_eq!(
             s.agent.handle(Request::IpamCheck(old.clone()), None),
             Ok(Reply::Done)
         );
-        assert_eq!(del(&s, &old), Ok(Reply::Done));
+        assert_eq!(del(s, &old), Ok(Reply::Done));
         assert!(
-            s.ipam
-                .ips_by_handle(&old.legacy_handle())
-                .unwrap()
-                .is_empty(),
+            held(s, &old.legacy_handle()).is_empty(),
             "DEL did not release the old-format handle"
         );
         assert!(
@@ -222,21 +279,16 @@ fn allocations_under_old_handles_are_still_released_and_never_confused() {
 
         // `ternctl ipam release <ip>` of an old-format allocation.
         let by_ip = att(NET, "old7", "eth0", None);
-        let ip7 = allocate_old(&s, &by_ip.legacy_handle(), "old7", "eth0");
+        let ip7 = allocate_old(s, &by_ip.legacy_handle(), "old7", "eth0");
         assert_eq!(
             tern_agent::audit::release_ip(&*s.store, &s.ipam, ip7).unwrap(),
             Some(by_ip.legacy_handle())
         );
-        assert!(
-            s.ipam
-                .ips_by_handle(&by_ip.legacy_handle())
-                .unwrap()
-                .is_empty()
-        );
+        assert!(held(s, &by_ip.legacy_handle()).is_empty());
 
         // Standalone IPAM with an owner record under the old handle.
         let ipam_only = att(NET, "old2", "eth0", None);
-        allocate_old(&s, &ipam_only.legacy_handle(), "old2", "eth0");
+        allocate_old(s, &ipam_only.legacy_handle(), "old2", "eth0");
         tern_agent::owners::record_owner(
             &*s.store,
             &tern_agent::owners::OwnerRecord {
@@ -253,12 +305,7 @@ fn allocations_under_old_handles_are_still_released_and_never_confused() {
             s.agent.handle(Request::IpamDel(ipam_only.clone()), None),
             Ok(Reply::Done)
         );
-        assert!(
-            s.ipam
-                .ips_by_handle(&ipam_only.legacy_handle())
-                .unwrap()
-                .is_empty()
-        );
+        assert!(held(s, &ipam_only.legacy_handle()).is_empty());
         assert!(
             !tern_agent::owners::list_owners(&*s.store, Some("n1"))
                 .unwrap()
@@ -267,12 +314,12 @@ fn allocations_under_old_handles_are_still_released_and_never_confused() {
 
         // The old handle `n.x.net1` of container x.net1's eth0 is not container x's net1.
         let x_net1 = att(NET, "x.net1", "eth0", None);
-        let ip_x_net1 = allocate_old(&s, &x_net1.legacy_handle(), "x.net1", "eth0");
+        let ip_x_net1 = allocate_old(s, &x_net1.legacy_handle(), "x.net1", "eth0");
         let x = att(NET, "x", "net1", None);
         assert_eq!(x.legacy_handle(), x_net1.legacy_handle());
-        assert_eq!(del(&s, &x), Ok(Reply::Done));
+        assert_eq!(del(s, &x), Ok(Reply::Done));
         assert_eq!(
-            s.ipam.ips_by_handle(&x_net1.legacy_handle()).unwrap(),
+            held(s, &x_net1.legacy_handle()),
             vec![ip_x_net1],
             "another attachment's DEL released an old handle it shares a spelling with"
         );
@@ -283,134 +330,74 @@ fn allocations_under_old_handles_are_still_released_and_never_confused() {
 
         // A journaled DEL from before the upgrade completes against the old handle.
         let journaled = att(NET, "old3", "eth0", None);
-        allocate_old(&s, &journaled.legacy_handle(), "old3", "eth0");
-        journal::record(
-            &s.dir.path().join("state"),
-            &JournalEntry {
-                attachment: journaled.clone(),
-                host_ifname: String::new(),
-                delegated_ipam: false,
-                source: "plugin".into(),
-            },
-        )
-        .unwrap();
-        let r = s.agent.reconcile();
-        assert!(r.errors.is_empty(), "{r}");
-        assert_eq!(r.journal_completed, 1, "{r}");
-        assert!(
-            s.ipam
-                .ips_by_handle(&journaled.legacy_handle())
-                .unwrap()
-                .is_empty()
-        );
+        allocate_old(s, &journaled.legacy_handle(), "old3", "eth0");
+        journal_release(s, journaled.clone(), "");
+        reconcile_clean(s, 1);
+        assert!(held(s, &journaled.legacy_handle()).is_empty());
 
         // GC: an old handle of this network not in `valid` goes; one of network
         // `k8s-pod-network.x` (same prefix `k8s-pod-network.` in the old form) stays.
         let gone = att(NET, "old4", "eth0", None);
-        allocate_old(&s, &gone.legacy_handle(), "old4", "eth0");
+        allocate_old(s, &gone.legacy_handle(), "old4", "eth0");
         let other_net = att("k8s-pod-network.x", "old5", "eth0", None);
-        let ip_other = allocate_old(&s, &other_net.legacy_handle(), "old5", "eth0");
-        let r = s.agent.handle(
-            Request::Gc(GcRequest {
-                network: NET.into(),
-                valid: vec![("x.net1".into(), "eth0".into())],
-                delegated_ipam: false,
-            }),
-            None,
-        );
+        let ip_other = allocate_old(s, &other_net.legacy_handle(), "old5", "eth0");
+        let r = gc(s, vec![("x.net1".into(), "eth0".into())]);
         assert_eq!(r, Ok(Reply::Done));
-        assert!(
-            s.ipam
-                .ips_by_handle(&gone.legacy_handle())
-                .unwrap()
-                .is_empty()
-        );
+        assert!(held(s, &gone.legacy_handle()).is_empty());
         assert_eq!(
-            s.ipam.ips_by_handle(&other_net.legacy_handle()).unwrap(),
+            held(s, &other_net.legacy_handle()),
             vec![ip_other],
             "GC of {NET} released an allocation of another network"
         );
-        assert_eq!(
-            s.ipam.ips_by_handle(&x_net1.legacy_handle()).unwrap(),
-            vec![ip_x_net1]
-        );
+        assert_eq!(held(s, &x_net1.legacy_handle()), vec![ip_x_net1]);
 
         // Leak repair (grace 0) keeps the old-format allocation of a live endpoint.
         let live = att(NET, "old6", "eth0", Some("live"));
-        let ip_live = allocate_old(&s, &live.legacy_handle(), "old6", "eth0");
-        tern_agent::endpoints::store_io::put(
-            &*s.store,
-            &Endpoint {
-                node: "n1".into(),
-                attachment: live.clone(),
-                host_ifname: "ternlive0000001".into(),
-                mac: String::new(),
-                ip_networks: vec![format!("{ip_live}/32")],
-                labels: Default::default(),
-                ports: Vec::new(),
-                delegated_ipam: false,
-            },
-        )
-        .unwrap();
+        let ip_live = allocate_old(s, &live.legacy_handle(), "old6", "eth0");
+        put_endpoint(
+            s,
+            live.clone(),
+            "ternlive0000001",
+            vec![format!("{ip_live}/32")],
+            false,
+        );
         // Not in the agent's endpoint cache: repair re-reads the store before releasing.
         for _ in 0..2 {
             let lr = s.agent.repair_leaks();
             assert!(!lr.released.contains(&ip_live), "{lr:?}");
         }
-        assert_eq!(
-            s.ipam.ips_by_handle(&live.legacy_handle()).unwrap(),
-            vec![ip_live]
-        );
+        assert_eq!(held(s, &live.legacy_handle()), vec![ip_live]);
         let report = tern_agent::audit::check(&*s.store, &s.ipam).unwrap();
         assert!(report.in_use_not_allocated.is_empty(), "{report:?}");
-    })
-    .unwrap();
+    });
 }
 
 #[test]
 fn journal_replay_deletes_only_tern_pod_veths() {
-    require_root();
-    tern_linux::netns::run_in_new(|| {
-        let s = setup(3600);
+    with_agent(3600, |s| {
         let mut h = tern_linux::netlink::Handle::new().unwrap();
         // A bridge carrying tern's prefix, and a veth without it, each named by an entry.
         h.create_bridge("ternb0000000001").unwrap();
-        let here = tern_linux::netns::NetNs::open(std::path::Path::new("/proc/thread-self/ns/net"))
+        h.create_veth("other0", "other1", here().as_fd(), 0)
             .unwrap();
-        h.create_veth("other0", "other1", here.as_fd(), 0).unwrap();
         // And a real pod whose veth the journal names: that one goes.
         let pod = tern_linux::netns::new_anonymous().unwrap();
         let real = att(NET, "real", "eth0", Some("real"));
-        let (_, real_veth) = result_of(&add(&s, &real, &pod));
-        let state = s.dir.path().join("state");
+        let (_, real_veth) = result_of(&add(s, &real, &pod));
         for (cid, ifname) in [
             ("bridge", "ternb0000000001"),
             ("plain", "other0"),
             ("real", real_veth.as_str()),
         ] {
-            journal::record(
-                &state,
-                &JournalEntry {
-                    attachment: att(NET, cid, "eth0", Some(cid)),
-                    host_ifname: ifname.into(),
-                    delegated_ipam: false,
-                    source: "plugin".into(),
-                },
-            )
-            .unwrap();
+            journal_release(s, att(NET, cid, "eth0", Some(cid)), ifname);
         }
-        let r = s.agent.reconcile();
-        assert!(r.errors.is_empty(), "{r}");
-        assert_eq!(r.journal_completed, 3, "{r}");
+        reconcile_clean(s, 3);
         assert!(link_exists("ternb0000000001"), "the bridge was deleted");
         assert!(
             link_exists("other0"),
             "a veth without the prefix was deleted"
         );
-        let gone = (0..50).any(|_| {
-            std::thread::sleep(Duration::from_millis(20));
-            !link_exists(&real_veth)
-        });
+        let gone = gone_soon(&real_veth);
         assert!(
             gone,
             "the pod veth {real_veth} named by the journal was not deleted"
@@ -424,11 +411,10 @@ fn journal_replay_deletes_only_tern_pod_veths() {
         let name =
             tern_linux::attachment_veth_name("tern", Some(("default", "brpod")), "brpod", "eth0");
         h.create_bridge(&name).unwrap();
-        assert_eq!(del(&s, &a), Ok(Reply::Done));
+        assert_eq!(del(s, &a), Ok(Reply::Done));
         std::thread::sleep(Duration::from_millis(100));
         assert!(link_exists(&name), "DEL deleted bridge {name}");
-    })
-    .unwrap();
+    });
 }
 
 fn here() -> tern_linux::netns::NetNs {
@@ -440,37 +426,23 @@ fn here() -> tern_linux::netns::NetNs {
 /// release of the old sandbox, replayed later.
 #[test]
 fn a_stale_sandbox_del_keeps_the_live_sandboxs_veth() {
-    require_root();
-    tern_linux::netns::run_in_new(|| {
-        let s = setup(3600);
+    with_agent(3600, |s| {
         let pod = tern_linux::netns::new_anonymous().unwrap();
         let b = att(NET, "sandbox-b", "eth0", Some("web-0"));
-        let (ip_b, veth_b) = result_of(&add(&s, &b, &pod));
+        let (ip_b, veth_b) = result_of(&add(s, &b, &pod));
         // The runtime retries the teardown of sandbox A (same pod, old container ID).
         let a = att(NET, "sandbox-a", "eth0", Some("web-0"));
         assert_eq!(
             tern_linux::attachment_veth_name("tern", Some(("default", "web-0")), "x", "eth0"),
             veth_b
         );
-        assert_eq!(del(&s, &a), Ok(Reply::Done));
+        assert_eq!(del(s, &a), Ok(Reply::Done));
         std::thread::sleep(Duration::from_millis(200));
         assert!(link_exists(&veth_b), "a stale DEL deleted {veth_b}");
-        assert_eq!(s.ipam.ips_by_handle(&b.handle()).unwrap(), vec![ip_b]);
+        assert_eq!(held(s, &b.handle()), vec![ip_b]);
         // A journaled release of A naming that veth (the plugin's entry while ternd was down).
-        let state = s.dir.path().join("state");
-        journal::record(
-            &state,
-            &JournalEntry {
-                attachment: a.clone(),
-                host_ifname: veth_b.clone(),
-                delegated_ipam: false,
-                source: "plugin".into(),
-            },
-        )
-        .unwrap();
-        let r = s.agent.reconcile();
-        assert!(r.errors.is_empty(), "{r}");
-        assert_eq!(r.journal_completed, 1, "{r}");
+        journal_release(s, a.clone(), &veth_b);
+        reconcile_clean(s, 1);
         assert!(link_exists(&veth_b), "the journal replay deleted {veth_b}");
         // Nor did A's DEL delete B's endpoint document (same pod, same document name).
         let stored = tern_agent::endpoints::store_io::list(&*s.store, "n1").unwrap();
@@ -481,53 +453,26 @@ fn a_stale_sandbox_del_keeps_the_live_sandboxs_veth() {
             "sandbox B's endpoint was deleted: {stored:?}"
         );
         // B's own DEL still removes it.
-        assert_eq!(del(&s, &b), Ok(Reply::Done));
-        let gone = (0..50).any(|_| {
-            std::thread::sleep(Duration::from_millis(20));
-            !link_exists(&veth_b)
-        });
+        assert_eq!(del(s, &b), Ok(Reply::Done));
+        let gone = gone_soon(&veth_b);
         assert!(gone, "{veth_b} outlived its DEL");
-    })
-    .unwrap();
+    });
 }
 
 /// F6: GC deletes an endpoint's interface only when it is one of tern's pod veths: an endpoint
 /// record naming `cni0` (a bridge) does not cost the node that bridge.
 #[test]
 fn gc_leaves_a_device_that_is_not_a_tern_veth() {
-    require_root();
-    tern_linux::netns::run_in_new(|| {
-        let s = setup(3600);
+    with_agent(3600, |s| {
         let mut h = tern_linux::netlink::Handle::new().unwrap();
         h.create_bridge("cni0").unwrap();
         let victim = att(NET, "hostile", "eth0", Some("hostile"));
-        tern_agent::endpoints::store_io::put(
-            &*s.store,
-            &Endpoint {
-                node: "n1".into(),
-                attachment: victim.clone(),
-                host_ifname: "cni0".into(),
-                mac: String::new(),
-                ip_networks: vec![],
-                labels: Default::default(),
-                ports: Vec::new(),
-                delegated_ipam: true,
-            },
-        )
-        .unwrap();
+        put_endpoint(s, victim.clone(), "cni0", vec![], true);
         let _ = s.agent.reconcile(); // picks the endpoint up
-        let r = s.agent.handle(
-            Request::Gc(GcRequest {
-                network: NET.into(),
-                valid: vec![],
-                delegated_ipam: false,
-            }),
-            None,
-        );
+        let r = gc(s, vec![]);
         assert!(r.is_ok(), "{r:?}");
         assert!(link_exists("cni0"), "GC deleted the bridge cni0");
-    })
-    .unwrap();
+    });
 }
 
 /// F7: the repair of an endpoint whose interface is missing opens its stored netns path
@@ -535,9 +480,7 @@ fn gc_leaves_a_device_that_is_not_a_tern_veth() {
 /// namespace are refused promptly, and nothing is created.
 #[test]
 fn repair_refuses_a_fifo_and_the_nodes_own_namespace() {
-    require_root();
-    tern_linux::netns::run_in_new(|| {
-        let s = setup(3600);
+    with_agent(3600, |s| {
         let fifo = s.dir.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: mkfifo on a NUL-terminated path we own.
@@ -557,20 +500,7 @@ fn repair_refuses_a_fifo_and_the_nodes_own_namespace() {
         ] {
             let mut a = att(NET, cid, ifname, Some(cid));
             a.netns_path = path;
-            tern_agent::endpoints::store_io::put(
-                &*s.store,
-                &Endpoint {
-                    node: "n1".into(),
-                    attachment: a,
-                    host_ifname: veth.into(),
-                    mac: String::new(),
-                    ip_networks: vec!["10.78.0.200/32".into()],
-                    labels: Default::default(),
-                    ports: Vec::new(),
-                    delegated_ipam: true,
-                },
-            )
-            .unwrap();
+            put_endpoint(s, a, veth, vec!["10.78.0.200/32".into()], true);
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let agent = s.agent.clone();
@@ -588,8 +518,7 @@ fn repair_refuses_a_fifo_and_the_nodes_own_namespace() {
         for name in ["tern00000000f1f", "tern00000000f2f", "eth7", "eth8"] {
             assert!(!link_exists(name), "{name} was created in the node: {text}");
         }
-    })
-    .unwrap();
+    });
 }
 
 /// F3: when most of the node's pod veths have a live peer but no endpoint (the store forgot
@@ -597,9 +526,7 @@ fn repair_refuses_a_fifo_and_the_nodes_own_namespace() {
 /// pair whose peer is in the node's own namespace.
 #[test]
 fn the_orphan_pass_refuses_a_mass_deletion_of_live_pods() {
-    require_root();
-    tern_linux::netns::run_in_new(|| {
-        let s = setup(3600);
+    with_agent(3600, |s| {
         let mut h = tern_linux::netlink::Handle::new().unwrap();
         let pods: Vec<_> = (0..3)
             .map(|_| tern_linux::netns::new_anonymous().unwrap())
@@ -636,25 +563,11 @@ fn the_orphan_pass_refuses_a_mass_deletion_of_live_pods() {
                 "eth0",
                 Some(&format!("known{i}")),
             );
-            tern_agent::endpoints::store_io::put(
-                &*s.store,
-                &Endpoint {
-                    node: "n1".into(),
-                    attachment: a,
-                    host_ifname: (*name).into(),
-                    mac: String::new(),
-                    ip_networks: vec![],
-                    labels: Default::default(),
-                    ports: Vec::new(),
-                    delegated_ipam: true,
-                },
-            )
-            .unwrap();
+            put_endpoint(s, a, name, vec![], true);
         }
         let r = s.agent.reconcile();
         assert!(!link_exists(live[0]), "{r}");
         assert!(link_exists(live[1]) && link_exists(live[2]), "{r}");
         assert!(s.agent.readiness_problems().is_empty(), "{r}");
-    })
-    .unwrap();
+    });
 }

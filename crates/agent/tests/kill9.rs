@@ -6,129 +6,27 @@
 //! ternd runs in a uniquely named node namespace, pods are uniquely named namespaces; all are
 //! deleted by drop guards and ternd is killed by PID. The root namespace is never touched.
 
+mod common;
+
+use common::{Netns, Node};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tern_api::{AddRequest, Attachment, DelRequest, PodRef, Reply, Request};
+use tern_api::{AddRequest, Attachment, DelRequest, Reply, Request};
 use tern_ipam::Ipam;
 
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-fn unique(tag: &str) -> String {
-    format!(
-        "tk{}-{}{}",
-        std::process::id(),
-        tag,
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A named network namespace deleted on drop.
-struct Ns(String, bool);
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = unique(tag);
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "ip netns add {name}");
-        Ns(name, false)
-    }
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-    fn delete(&mut self) {
-        if !self.1 {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-            self.1 = true;
-        }
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        self.delete();
-    }
-}
-
-/// ternd in the node namespace, killed (by PID) on drop.
-struct Ternd(Child);
-
-impl Drop for Ternd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_ternd(node: &Ns, dir: &Path) -> Ternd {
-    let log = File::options()
-        .create(true)
-        .append(true)
-        .open(dir.join("ternd.log"))
-        .unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", &node.0, env!("CARGO_BIN_EXE_ternd")])
-        .arg("--node-name=n1")
-        .arg(format!(
-            "--store=sqlite://{}",
-            dir.join("store.db").display()
-        ))
-        .arg(format!("--socket={}", dir.join("ternd.sock").display()))
-        .arg(format!("--state-dir={}", dir.join("state").display()))
-        .args([
-            "--default-ipv4-pool=10.78.0.0/22",
-            "--resync-seconds=1",
-            "--leak-grace-seconds=2",
-            "--mtu=1500",
-            "--metrics-addr=0",
-            "--health-addr=0",
-            "--log-level=info",
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let t = Ternd(child);
-    let sock = dir.join("ternd.sock");
-    let end = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < end, "ternd did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    t
-}
-
-fn attachment(cid: &str, ns: &Ns) -> Attachment {
-    Attachment {
-        network: "k8s-pod-network".into(),
-        container_id: cid.into(),
-        ifname: "eth0".into(),
-        netns_path: ns.path(),
-        pod: Some(PodRef {
-            namespace: "default".into(),
-            name: format!("p-{cid}"),
-            infra_container_id: String::new(),
-            uid: String::new(),
-        }),
-    }
-}
-
 struct Pod {
-    ns: Ns,
+    ns: Netns,
     att: Attachment,
     ip: Option<IpAddr>,
 }
 
-fn add(sock: &Path, pod: &Ns, att: &Attachment) -> Result<IpAddr, String> {
+fn add(sock: &Path, pod: &Netns, att: &Attachment) -> Result<IpAddr, String> {
     let f = File::open(pod.path()).unwrap();
     let req = Request::Add(AddRequest::new(att.clone()));
     match tern_api::call(sock, &req, Some(f.as_raw_fd()), Duration::from_secs(20)) {
@@ -143,13 +41,21 @@ fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
     if !tern_testkit::require_root() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let node = Ns::new("n");
-    let sock: PathBuf = dir.path().join("ternd.sock");
+    let mut node = Node::new(&[
+        "--default-ipv4-pool=10.78.0.0/22",
+        "--resync-seconds=1",
+        "--leak-grace-seconds=2",
+        "--mtu=1500",
+        "--metrics-addr=0",
+        "--health-addr=0",
+        "--log-level=info",
+    ]);
+    let ternd = &mut node.ternd;
+    let sock: PathBuf = ternd.socket();
     let pods: Arc<Mutex<Vec<Pod>>> = Arc::default();
     let mut killed_mid_stream = 0;
     for round in 0..5 {
-        let mut ternd = start_ternd(&node, dir.path());
+        ternd.start();
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicUsize::new(0));
         let workers: Vec<_> = (0..4)
@@ -159,10 +65,10 @@ fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
                 std::thread::spawn(move || {
                     for i in 0.. {
                         if stop.load(Ordering::Relaxed) {
-                            return;
+                            break;
                         }
-                        let ns = Ns::new("p");
-                        let att = attachment(&format!("r{round}t{t}i{i}"), &ns);
+                        let ns = Netns::new("p");
+                        let att = common::attachment(&format!("r{round}t{t}i{i}"), &ns.path());
                         let r = add(&sock, &ns, &att);
                         let failed = r.is_err();
                         pods.lock().unwrap().push(Pod {
@@ -172,7 +78,7 @@ fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
                         });
                         if failed {
                             // The agent is gone; this worker stops like a runtime would.
-                            return;
+                            break;
                         }
                         done.fetch_add(1, Ordering::Relaxed);
                     }
@@ -185,8 +91,7 @@ fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
             std::thread::sleep(Duration::from_millis(10));
         }
         std::thread::sleep(Duration::from_millis(37 * (round as u64 + 1)));
-        ternd.0.kill().unwrap(); // SIGKILL
-        ternd.0.wait().unwrap();
+        ternd.kill(); // SIGKILL
         stop.store(true, Ordering::Relaxed);
         for w in workers {
             w.join().unwrap();
@@ -197,11 +102,7 @@ fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
     }
     assert!(killed_mid_stream > 0, "no ADD was ever interrupted");
 
-    let store = tern_store::open(&format!(
-        "sqlite://{}",
-        dir.path().join("store.db").display()
-    ))
-    .unwrap();
+    let store = ternd.store();
     let ipam = Ipam::new(store.clone());
     let mut pods = std::mem::take(&mut *pods.lock().unwrap());
     let ok: Vec<&Pod> = pods.iter().filter(|p| p.ip.is_some()).collect();
@@ -229,7 +130,7 @@ fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
     eprintln!("{orphans} orphan allocations without endpoint");
 
     // The runtime: DEL what it believes exists; drop sandboxes of failed ADDs without DEL.
-    let _ternd = start_ternd(&node, dir.path());
+    ternd.start();
     for p in pods.iter_mut() {
         if p.ip.is_some() {
             let r = tern_api::call(
@@ -259,11 +160,11 @@ fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
             Instant::now() < end,
             "not reclaimed: {left:?}\n{}\nlog:\n{}",
             tern_agent::audit::summary(&report),
-            std::fs::read_to_string(dir.path().join("ternd.log")).unwrap_or_default()
+            ternd.log()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let log = std::fs::read_to_string(dir.path().join("ternd.log")).unwrap_or_default();
+    let log = ternd.log();
     let repaired = log.matches("leak repair: released").count();
     eprintln!("leak repair released {repaired} addresses");
     assert!(

@@ -14,292 +14,29 @@
 //! says how to get them. Every namespace and process is uniquely named / killed by PID and
 //! removed by drop guards; the root namespace is never touched.
 
+mod common;
 mod kube_api;
 
+use common::{Ternd, wait_until};
 use ipnet::IpNet;
-use kube_api::{KubeApi, wait_until};
+use kube_api::{AGENT_RBAC, KubeNode, KubePod, REFERENCE_PLUGINS};
 use serde_json::{Value, json};
-use std::fs::File;
-use std::io::Write;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::Duration;
 
 const NODE: &str = "annot-node";
 const NODE_IP: &str = "198.18.0.20";
-const NETWORK: &str = "k8s-pod-network";
-/// Where the reference CNI plugins (host-local) are installed.
-const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-fn unique(tag: &str) -> String {
-    format!(
-        "tkn{}-{tag}{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A uniquely named network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let n = Netns(unique(tag));
-        ip(&["netns", "add", &n.0]);
-        ip(&["-n", &n.0, "link", "set", "lo", "up"]);
-        n
-    }
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// The `tern` plugin, built next to ternd (cargo makes it current; a no-op when it is).
-fn tern_bin() -> PathBuf {
-    tern_testkit::fresh_binaries(Path::new(env!("CARGO_BIN_EXE_ternd"))).join("tern")
-}
-
-/// ternd in the node namespace with `--kubeconfig`; killed by PID on drop.
-struct Ternd {
-    netns: String,
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl Ternd {
-    fn socket(&self) -> PathBuf {
-        self.dir.join("ternd.sock")
-    }
-    fn state_dir(&self) -> PathBuf {
-        self.dir.join("state")
-    }
-    fn store_url(&self) -> String {
-        format!("sqlite://{}/store.db", self.dir.display())
-    }
-    fn store(&self) -> std::sync::Arc<dyn tern_store::Store> {
-        tern_store::open(&self.store_url()).expect("opening the store")
-    }
-
-    fn start(netns: &str, dir: PathBuf, kubeconfig: &Path) -> Ternd {
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = File::create(dir.join("ternd.log")).unwrap();
-        let mut t = Ternd {
-            netns: netns.to_string(),
-            dir,
-            child: None,
-        };
-        let child = Command::new("ip")
-            .args(["netns", "exec", netns])
-            .arg(env!("CARGO_BIN_EXE_ternd"))
-            .args(["--node-name", NODE, "--store", &t.store_url()])
-            .arg("--socket")
-            .arg(t.socket())
-            .arg("--state-dir")
-            .arg(t.state_dir())
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--default-ipv4-pool", "10.244.0.0/16"])
-            .args(["--log-level", "debug"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawning ternd");
-        t.child = Some(child);
-        let sock = t.socket();
-        let up = wait_until(Duration::from_secs(20), || {
-            if let Some(c) = t.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                panic!("ternd exited ({st}): {}", t.log());
-            }
-            std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        });
-        assert!(up, "ternd did not listen within 20 s: {}", t.log());
-        t
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("ternd.log")).unwrap_or_default()
-    }
-
-    /// Waits until CNI STATUS succeeds (the watches listed everything).
-    fn wait_ready(&self, plugin: &Path) {
-        let mut last = Value::Null;
-        let ok = wait_until(Duration::from_secs(30), || {
-            let (st, out) = self.run(plugin, "STATUS", None, &json!({"cniVersion": "1.1.0"}), "");
-            last = out;
-            st == 0
-        });
-        assert!(ok, "ternd not ready within 30 s: {last}\n{}", self.log());
-    }
-
-    /// The node's WorkloadEndpoint of `pod` in `ns`, if any.
-    fn endpoint(&self, ns: &str, pod: &str) -> Option<Value> {
-        let (kvs, _) = self
-            .store()
-            .range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))
-            .unwrap();
-        kvs.iter()
-            .map(|kv| serde_json::from_slice::<Value>(&kv.value).unwrap())
-            .find(|v| v["metadata"]["namespace"] == ns && v["spec"]["pod"] == pod)
-    }
-
-    /// IPAM allocations recorded for pod `ns/pod`.
-    fn allocations(&self, ns: &str, pod: &str) -> Vec<IpAddr> {
-        tern_ipam::Ipam::new(self.store())
-            .allocations(None)
-            .unwrap()
-            .into_iter()
-            .filter(|a| a.attrs.namespace == ns && a.attrs.pod == pod)
-            .map(|a| a.ip)
-            .collect()
-    }
-
-    /// Names of the host-side pod veths in the node namespace.
-    fn veths(&self) -> Vec<String> {
-        ip(&["-n", &self.netns, "-o", "link", "show"])
-            .lines()
-            .filter_map(|l| l.split(": ").nth(1))
-            .map(|n| n.split('@').next().unwrap_or(n).to_string())
-            .filter(|n| n.starts_with("tern"))
-            .collect()
-    }
-
-    /// Runs the `tern` plugin in the node namespace; `extra` is merged into the conflist.
-    fn run(
-        &self,
-        plugin: &Path,
-        cmd: &str,
-        pod: Option<&Pod>,
-        extra: &Value,
-        _tag: &str,
-    ) -> (i32, Value) {
-        let mut conf = json!({
-            "cniVersion": "1.0.0",
-            "name": NETWORK,
-            "type": "tern",
-            "agent_socket": self.socket(),
-            "state_dir": self.state_dir(),
-            "ipam": {"type": "tern-ipam"},
-        });
-        if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
-            for (k, v) in e {
-                c.insert(k.clone(), v.clone());
-            }
-        }
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &self.netns])
-            .arg(plugin)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("CNI_COMMAND", cmd)
-            .env(
-                "CNI_PATH",
-                format!("{}:{REFERENCE_PLUGINS}", plugin.parent().unwrap().display()),
-            );
-        if let Some(p) = pod {
-            command
-                .env("CNI_CONTAINERID", &p.cid)
-                .env("CNI_NETNS", p.ns.path())
-                .env("CNI_IFNAME", "eth0")
-                .env(
-                    "CNI_ARGS",
-                    format!(
-                        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};\
-                         K8S_POD_INFRA_CONTAINER_ID={}",
-                        p.namespace, p.name, p.cid
-                    ),
-                );
-        }
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning tern");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let v = if stdout.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&stdout).unwrap_or(Value::String(stdout.into_owned()))
-        };
-        (out.status.code().unwrap_or(-1), v)
-    }
-}
-
-impl Drop for Ternd {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- ternd log\n{}", self.log());
-        }
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A pod: its Kubernetes identity and sandbox network namespace.
-struct Pod {
-    namespace: String,
-    name: String,
-    cid: String,
-    ns: Netns,
-}
-
-impl Pod {
-    fn new(namespace: &str, name: &str) -> Pod {
-        let ns = Netns::new("p");
-        Pod {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            cid: format!("sandbox-{}", ns.0),
-            ns,
-        }
-    }
-
-    /// Whether the sandbox has an `eth0`.
-    fn has_eth0(&self) -> bool {
-        Command::new("ip")
-            .args(["-n", &self.ns.0, "link", "show", "eth0"])
-            .stderr(Stdio::null())
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
+/// Waits until CNI STATUS succeeds (the watches listed everything).
+fn wait_ready(t: &Ternd, plugin: &Path) {
+    let mut last = Value::Null;
+    let ok = wait_until(Duration::from_secs(30), || {
+        let (st, out) = t.cni_status(plugin);
+        last = out;
+        st == 0
+    });
+    assert!(ok, "ternd not ready within 30 s: {last}\n{}", t.log());
 }
 
 fn pod_json(ns: &str, name: &str, annotations: &[(&str, &str)]) -> String {
@@ -318,29 +55,6 @@ fn pod_json(ns: &str, name: &str, annotations: &[(&str, &str)]) -> String {
     })
     .to_string()
 }
-
-const AGENT_RBAC: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: tern-node}
-rules:
-- apiGroups: [""]
-  resources: [pods, namespaces, nodes]
-  verbs: [get, list, watch]
-- apiGroups: ["networking.k8s.io"]
-  resources: [networkpolicies]
-  verbs: [get, list, watch]
-- apiGroups: [""]
-  resources: [nodes/status]
-  verbs: [patch, update]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: tern-node}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tern-node}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: tern-agent}
-"#;
 
 /// The address of a successful ADD's result (its first IP).
 fn result_ip(out: &Value) -> IpNet {
@@ -364,34 +78,14 @@ fn assert_refused(st: i32, out: &Value, code: u64, words: &[&str]) {
 
 #[test]
 fn calico_ipam_annotations_from_the_api_server() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (network namespaces, nftables): run it as root"
-    );
-    let bin = kube_api::bin_dir();
-    eprintln!("kubernetes binaries: {}", bin.display());
-    let plugin = tern_bin();
-    let tmp = tempfile::Builder::new().prefix("tkn-").tempdir().unwrap();
-    let node = Netns::new("n");
-    let n = node.0.clone();
-    ip(&[
-        "-n", &n, "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
-    ]);
-    ip(&[
-        "-n",
-        &n,
-        "addr",
-        "add",
-        &format!("{NODE_IP}/24"),
-        "dev",
-        "ul0",
-    ]);
-    ip(&["-n", &n, "link", "set", "ul0", "up"]);
-    ip(&["-n", &n, "link", "set", "ul1", "up"]);
-
-    let api = KubeApi::start(&n, &tmp.path().join("k8s"), NODE_IP);
+    if !kube_api::require_k8s()
+        || !tern_testkit::require_binary(&format!("{REFERENCE_PLUGINS}/host-local"))
+    {
+        return;
+    }
+    let plugin = common::tern_plugin();
+    let k = KubeNode::start(NODE_IP);
+    let api = &k.api;
     api.apply(AGENT_RBAC);
     api.apply(&format!(
         "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\nspec: {{podCIDR: 10.250.1.0/24, \
@@ -407,10 +101,9 @@ fn calico_ipam_annotations_from_the_api_server() {
     }
 
     // Three pools (ternd creates its default only when no IPv4 pool exists).
-    let dir = tmp.path().join("node");
-    std::fs::create_dir_all(&dir).unwrap();
+    let mut ternd = k.ternd(NODE, &[]);
     {
-        let store = tern_store::open(&format!("sqlite://{}/store.db", dir.display())).unwrap();
+        let store = ternd.store();
         for (name, cidr) in [
             ("default-ipv4-ippool", "10.244.0.0/16"),
             ("pool-b", "10.245.0.0/16"),
@@ -423,11 +116,10 @@ fn calico_ipam_annotations_from_the_api_server() {
             tern_model::put_resource(&*store, &pool).unwrap();
         }
     }
-    let kubeconfig = api.kubeconfig("tern-agent", "tern-agent", &[]);
-    let ternd = Ternd::start(&n, dir, &kubeconfig);
-    ternd.wait_ready(&plugin);
+    ternd.start();
+    wait_ready(&ternd, &plugin);
     let plain = json!({});
-    let add = |p: &Pod, extra: &Value| ternd.run(&plugin, "ADD", Some(p), extra, "");
+    let add = |p: &KubePod, extra: &Value| ternd.cni(&plugin, "ADD", Some(p), extra);
 
     // ipAddrs: exactly that address, in the CNI result and the WorkloadEndpoint.
     const FIXED: &str = "10.244.7.7";
@@ -436,7 +128,7 @@ fn calico_ipam_annotations_from_the_api_server() {
         "fixed",
         &[("cni.projectcalico.org/ipAddrs", &format!("[\"{FIXED}\"]"))],
     ));
-    let fixed = Pod::new("prod", "fixed");
+    let fixed = KubePod::new("prod", "fixed");
     let (st, out) = add(&fixed, &plain);
     assert_eq!(st, 0, "ADD fixed: {out}\n{}", ternd.log());
     assert_eq!(result_ip(&out).to_string(), format!("{FIXED}/32"), "{out}");
@@ -457,8 +149,8 @@ fn calico_ipam_annotations_from_the_api_server() {
         "twin",
         &[("tern.dev/ipAddrs", &format!("[\"{FIXED}\"]"))],
     ));
-    let veths_before = ternd.veths();
-    let twin = Pod::new("prod", "twin");
+    let veths_before = k.netns.tern_veths();
+    let twin = KubePod::new("prod", "twin");
     let (st, out) = add(&twin, &plain);
     assert_refused(st, &out, 103, &["pod prod/twin", FIXED, "already in use"]);
     assert!(
@@ -470,14 +162,14 @@ fn calico_ipam_annotations_from_the_api_server() {
         "twin's allocation left"
     );
     assert_eq!(
-        ternd.veths(),
+        k.netns.tern_veths(),
         veths_before,
         "a veth of the failed ADD is left"
     );
     assert!(!twin.has_eth0(), "the failed ADD left eth0 in the sandbox");
 
     // Once fixed is deleted, twin's retry gets the address.
-    let (st, out) = ternd.run(&plugin, "DEL", Some(&fixed), &plain, "");
+    let (st, out) = ternd.cni(&plugin, "DEL", Some(&fixed), &plain);
     assert_eq!(st, 0, "DEL fixed: {out}");
     let (st, out) = add(&twin, &plain);
     assert_eq!(st, 0, "ADD twin after fixed's DEL: {out}\n{}", ternd.log());
@@ -530,7 +222,7 @@ fn calico_ipam_annotations_from_the_api_server() {
         ),
     ] {
         api.apply(&pod_json("prod", name, &ann));
-        let p = Pod::new("prod", name);
+        let p = KubePod::new("prod", name);
         let (st, out) = add(&p, &plain);
         assert_refused(st, &out, 7, &words);
         assert!(
@@ -541,13 +233,13 @@ fn calico_ipam_annotations_from_the_api_server() {
     }
     // fixed's veth may still be in its deferred deletion.
     assert!(
-        wait_until(Duration::from_secs(10), || ternd.veths().len() == 1),
+        wait_until(Duration::from_secs(10), || k.netns.tern_veths().len() == 1),
         "only twin's veth should remain: {:?}",
-        ternd.veths()
+        k.netns.tern_veths()
     );
 
     // With the feature on, ipAddrsNoIpam uses the address without IPAM.
-    let noipam = Pod::new("prod", "noipam");
+    let noipam = KubePod::new("prod", "noipam");
     let (st, out) = add(
         &noipam,
         &json!({"feature_control": {"ip_addrs_no_ipam": true}}),
@@ -560,7 +252,7 @@ fn calico_ipam_annotations_from_the_api_server() {
     );
     assert_eq!(result_ip(&out).to_string(), "192.0.2.44/32");
     assert!(ternd.allocations("prod", "noipam").is_empty());
-    let (st, out) = ternd.run(&plugin, "DEL", Some(&noipam), &plain, "");
+    let (st, out) = ternd.cni(&plugin, "DEL", Some(&noipam), &plain);
     assert_eq!(st, 0, "DEL noipam: {out}");
 
     // The namespace's ipv4pools is its pods' default; a pod's own annotation overrides it.
@@ -573,7 +265,7 @@ fn calico_ipam_annotations_from_the_api_server() {
         );
     };
     api.apply(&pod_json("blue", "default-pool", &[]));
-    let p1 = Pod::new("blue", "default-pool");
+    let p1 = KubePod::new("blue", "default-pool");
     let (st, out) = add(&p1, &plain);
     assert_eq!(st, 0, "ADD blue/default-pool: {out}\n{}", ternd.log());
     in_pool(&out, "10.245.0.0/16");
@@ -582,7 +274,7 @@ fn calico_ipam_annotations_from_the_api_server() {
         "own-pool",
         &[("tern.dev/ipv4pools", "[\"10.246.0.0/16\"]")],
     ));
-    let p2 = Pod::new("blue", "own-pool");
+    let p2 = KubePod::new("blue", "own-pool");
     let (st, out) = add(&p2, &plain);
     assert_eq!(st, 0, "ADD blue/own-pool: {out}\n{}", ternd.log());
     in_pool(&out, "10.246.0.0/16");
@@ -595,7 +287,7 @@ fn calico_ipam_annotations_from_the_api_server() {
         "cni.projectcalico.org/ipv4pools=[\"pool-c\"]",
     ]);
     api.apply(&pod_json("blue", "after-change", &[]));
-    let p3 = Pod::new("blue", "after-change");
+    let p3 = KubePod::new("blue", "after-change");
     let ok = wait_until(Duration::from_secs(10), || {
         let (st, out) = add(&p3, &plain);
         if st != 0 {
@@ -606,7 +298,7 @@ fn calico_ipam_annotations_from_the_api_server() {
             return true;
         }
         // The watch had not delivered the change yet: undo and retry.
-        let _ = ternd.run(&plugin, "DEL", Some(&p3), &plain, "");
+        let _ = ternd.cni(&plugin, "DEL", Some(&p3), &plain);
         false
     });
     assert!(ok, "the namespace's new ipv4pools was not applied");
@@ -627,18 +319,13 @@ fn calico_ipam_annotations_from_the_api_server() {
     );
 
     // usePodCidr: a delegated host-local on this node's podCIDR, as Calico's plugin does it.
-    assert!(
-        Path::new(REFERENCE_PLUGINS).join("host-local").is_file(),
-        "host-local is missing in {REFERENCE_PLUGINS} (install the containernetworking-plugins \
-         package)"
-    );
     let hl_conf = json!({"ipam": {
         "type": "host-local",
         "subnet": "usePodCidr",
-        "dataDir": tmp.path().join("host-local"),
+        "dataDir": k.tmp.path().join("host-local"),
     }});
     api.apply(&pod_json("prod", "hl", &[]));
-    let hl = Pod::new("prod", "hl");
+    let hl = KubePod::new("prod", "hl");
     let (st, out) = add(&hl, &hl_conf);
     assert_eq!(st, 0, "ADD with usePodCidr: {out}\n{}", ternd.log());
     let got = result_ip(&out).addr();
@@ -650,7 +337,7 @@ fn calico_ipam_annotations_from_the_api_server() {
         ternd.allocations("prod", "hl").is_empty(),
         "tern IPAM was used"
     );
-    let (st, out) = ternd.run(&plugin, "DEL", Some(&hl), &hl_conf, "");
+    let (st, out) = ternd.cni(&plugin, "DEL", Some(&hl), &hl_conf);
     assert_eq!(st, 0, "DEL with usePodCidr: {out}");
     api.apply(
         "apiVersion: v1\nkind: Node\nmetadata: {name: other-node}\nspec:\n  podCIDR: \

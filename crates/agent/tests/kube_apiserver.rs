@@ -17,348 +17,60 @@
 //! says how to get them. Every namespace and process is uniquely named / killed by PID and
 //! removed by drop guards; the root namespace is never touched.
 
+mod common;
 mod kube_api;
 
-use kube_api::{KubeApi, in_netns, wait_until};
-use serde_json::{Value, json};
+use common::{Ternd, in_netns, wait_until};
+use kube_api::{AGENT_RBAC, KubeNode, KubePod};
+use serde_json::json;
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, UdpSocket};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 const NODE: &str = "itest-node";
 const NODE_IP: &str = "198.18.0.10";
-const NETWORK: &str = "k8s-pod-network";
 const PORT: u16 = 8080;
 
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-fn unique(tag: &str) -> String {
-    format!(
-        "tka{}-{tag}{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip");
+/// Waits until ternd's `/readiness` answers 200.
+fn wait_ready(t: &Ternd, timeout: Duration) {
+    let mut last = String::new();
+    let ok = wait_until(timeout, || {
+        let (code, body) = t.http_get("/readiness");
+        last = body;
+        code == 200
+    });
     assert!(
-        out.status.success(),
-        "ip {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
+        ok,
+        "ternd not ready within {timeout:?}: {last}\n{}",
+        t.log()
     );
 }
 
-/// A uniquely named network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let n = Netns(unique(tag));
-        ip(&["netns", "add", &n.0]);
-        ip(&["-n", &n.0, "link", "set", "lo", "up"]);
-        n
-    }
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
+/// The labels of pod `prod/<pod>`'s WorkloadEndpoint.
+fn labels_of(t: &Ternd, pod: &str) -> BTreeMap<String, String> {
+    t.endpoint("prod", pod)
+        .and_then(|v| serde_json::from_value(v["metadata"]["labels"].clone()).ok())
+        .unwrap_or_default()
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// ternd: this build's, or `TERN_TEST_TERND` (e.g. a release build, to measure its RSS).
-fn ternd_bin() -> PathBuf {
-    std::env::var_os("TERN_TEST_TERND")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ternd")))
-}
-
-/// The `tern` plugin, built next to ternd (cargo makes it current; it is a no-op when it is).
-fn tern_bin() -> PathBuf {
-    tern_testkit::fresh_binaries(Path::new(env!("CARGO_BIN_EXE_ternd"))).join("tern")
-}
-
-/// ternd in the node namespace with `--kubeconfig`.
-struct Ternd {
-    netns: String,
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-    child: Option<Child>,
-    starts: usize,
-}
-
-impl Ternd {
-    fn socket(&self) -> PathBuf {
-        self.dir.join("ternd.sock")
-    }
-    fn state_dir(&self) -> PathBuf {
-        self.dir.join("state")
-    }
-    fn store_url(&self) -> String {
-        format!("sqlite://{}/store.db", self.dir.display())
-    }
-
-    fn start(&mut self) {
-        assert!(self.child.is_none());
-        self.starts += 1;
-        let log = File::create(self.dir.join(format!("ternd.{}.log", self.starts))).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.netns])
-            .arg(ternd_bin())
-            .args(["--node-name", NODE, "--store", &self.store_url()])
-            .arg("--socket")
-            .arg(self.socket())
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--default-ipv4-pool", "10.244.0.0/16"])
-            .args(["--resync-seconds", "5", "--log-level", "debug"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawning ternd");
-        self.child = Some(child);
-        let sock = self.socket();
-        let up = wait_until(Duration::from_secs(20), || {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                panic!("ternd exited ({st}): {}", self.log());
-            }
-            std::os::unix::net::UnixStream::connect(&sock).is_ok()
-        });
-        assert!(up, "ternd did not listen within 20 s: {}", self.log());
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("ternd running").id()
-    }
-
-    fn log(&self) -> String {
-        let mut s = String::new();
-        for i in 1..=self.starts {
-            s.push_str(&format!("--- ternd run {i}\n"));
-            s.push_str(
-                &std::fs::read_to_string(self.dir.join(format!("ternd.{i}.log")))
-                    .unwrap_or_default(),
-            );
-        }
-        s
-    }
-
-    /// `GET /readiness` on ternd's health port: (ready, body).
-    fn readiness(&self) -> (bool, String) {
-        in_netns(&format!("/run/netns/{}", self.netns), || {
-            let Ok(mut s) = std::net::TcpStream::connect_timeout(
-                &SocketAddr::from(([127, 0, 0, 1], 9099)),
-                Duration::from_secs(1),
-            ) else {
-                return (false, "health port closed".to_string());
-            };
-            let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
-            let _ = s.write_all(
-                b"GET /readiness HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-            );
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out);
-            (out.starts_with("HTTP/1.1 200"), out)
-        })
-    }
-
-    fn wait_ready(&self, timeout: Duration) {
-        let mut last = String::new();
-        let ok = wait_until(timeout, || {
-            let (ok, body) = self.readiness();
-            last = body;
-            ok
-        });
-        assert!(
-            ok,
-            "ternd not ready within {timeout:?}: {last}\n{}",
-            self.log()
-        );
-    }
-
-    /// The node's WorkloadEndpoint documents, by pod name.
-    fn endpoints(&self) -> BTreeMap<String, Value> {
-        let store = tern_store::open(&self.store_url()).expect("opening the store");
-        let (kvs, _) = store
-            .range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))
-            .unwrap();
-        kvs.iter()
-            .map(|kv| {
-                let v: Value = serde_json::from_slice(&kv.value).unwrap();
-                (v["spec"]["pod"].as_str().unwrap_or("").to_string(), v)
-            })
-            .collect()
-    }
-
-    fn labels_of(&self, pod: &str) -> BTreeMap<String, String> {
-        self.endpoints()
-            .get(pod)
-            .and_then(|v| serde_json::from_value(v["metadata"]["labels"].clone()).ok())
-            .unwrap_or_default()
-    }
-
-    /// Number of policy chains in the node's `inet tern` table.
-    fn policy_chains(&self) -> usize {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.netns,
-                "nft",
-                "list",
-                "table",
-                "inet",
-                "tern",
-            ])
-            .output()
-            .expect("nft");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.trim_start().starts_with("chain pol-"))
-            .count()
-    }
-
-    /// CNI STATUS through the plugin.
-    fn status(&self, plugin: &Path) -> (i32, Value) {
-        let conf = json!({
-            "cniVersion": "1.1.0",
-            "name": NETWORK,
-            "type": "tern",
-            "agent_socket": self.socket(),
-            "state_dir": self.state_dir(),
-            "ipam": {"type": "tern-ipam"},
-        });
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.netns])
-            .arg(plugin)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("CNI_COMMAND", "STATUS")
-            .env("CNI_PATH", plugin.parent().unwrap())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning tern");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        (out.status.code().unwrap_or(-1), v)
-    }
-
-    /// Runs the `tern` plugin in the node namespace.
-    fn cni(&self, plugin: &Path, cmd: &str, pod: &Pod, uid: &str) -> (i32, Value) {
-        let conf = json!({
-            "cniVersion": "1.0.0",
-            "name": NETWORK,
-            "type": "tern",
-            "agent_socket": self.socket(),
-            "state_dir": self.state_dir(),
-            "ipam": {"type": "tern-ipam"},
-        });
-        let mut args = format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=prod;K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={}",
-            pod.name, pod.cid
-        );
-        if !uid.is_empty() {
-            args.push_str(&format!(";K8S_POD_UID={uid}"));
-        }
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.netns])
-            .arg(plugin)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("CNI_COMMAND", cmd)
-            .env("CNI_CONTAINERID", &pod.cid)
-            .env("CNI_NETNS", pod.ns.path())
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", plugin.parent().unwrap())
-            .env("CNI_ARGS", args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning tern");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let v = if stdout.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&stdout).unwrap_or(Value::String(stdout.into_owned()))
-        };
-        (out.status.code().unwrap_or(-1), v)
-    }
-}
-
-impl Drop for Ternd {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("{}", self.log());
-        }
-        self.stop();
-    }
-}
-
-/// A pod: its sandbox network namespace and its address once added.
-struct Pod {
-    /// The Kubernetes pod name.
-    name: String,
-    /// The sandbox's container ID (unique per sandbox, as a runtime's).
-    cid: String,
-    ns: Netns,
-    ip: Option<IpAddr>,
-}
-
-impl Pod {
-    fn new(name: &str) -> Pod {
-        let ns = Netns::new("p");
-        Pod {
-            name: name.to_string(),
-            cid: format!("sandbox-{}", ns.0),
-            ns,
-            ip: None,
-        }
-    }
+/// Number of policy chains in the node's `inet tern` table.
+fn policy_chains(t: &Ternd) -> usize {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", &t.netns, "nft", "list", "table", "inet", "tern",
+        ])
+        .output()
+        .expect("nft");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("chain pol-"))
+        .count()
 }
 
 /// Whether a UDP datagram from `from` reaches `to`:PORT and its echo comes back.
-fn udp_reaches(from: &Pod, to: &Pod) -> bool {
+fn udp_reaches(from: &KubePod, to: &KubePod) -> bool {
     let to_ip = to.ip.expect("target pod has an address");
     let server = in_netns(&to.ns.path(), move || {
         UdpSocket::bind(SocketAddr::new(to_ip, PORT))
@@ -384,7 +96,7 @@ fn udp_reaches(from: &Pod, to: &Pod) -> bool {
 }
 
 /// Waits until `from` → `to` is `allowed` (or not); panics with `what` otherwise.
-fn expect_traffic(from: &Pod, to: &Pod, allowed: bool, what: &str, t: &Ternd) {
+fn expect_traffic(from: &KubePod, to: &KubePod, allowed: bool, what: &str, t: &Ternd) {
     let ok = wait_until(Duration::from_secs(15), || udp_reaches(from, to) == allowed);
     assert!(
         ok,
@@ -412,74 +124,23 @@ fn pod_yaml(name: &str, labels: &[(&str, &str)]) -> String {
     .unwrap()
 }
 
-const AGENT_RBAC: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: tern-node}
-rules:
-- apiGroups: [""]
-  resources: [pods, namespaces, nodes]
-  verbs: [get, list, watch]
-- apiGroups: ["networking.k8s.io"]
-  resources: [networkpolicies]
-  verbs: [get, list, watch]
-- apiGroups: [""]
-  resources: [nodes/status]
-  verbs: [patch, update]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: tern-node}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tern-node}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: tern-agent}
-"#;
+/// ternd's role without any permission on networkpolicies.
+fn agent_rbac_no_policies() -> String {
+    let rule = "- apiGroups: [\"networking.k8s.io\"]\n  resources: [networkpolicies]\n  verbs: \
+                [get, list, watch]\n";
+    assert!(AGENT_RBAC.contains(rule), "{AGENT_RBAC}");
+    AGENT_RBAC.replace(rule, "")
+}
 
-/// The same role without any permission on networkpolicies.
-const AGENT_RBAC_NO_POLICIES: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: tern-node}
-rules:
-- apiGroups: [""]
-  resources: [pods, namespaces, nodes]
-  verbs: [get, list, watch]
-- apiGroups: [""]
-  resources: [nodes/status]
-  verbs: [patch, update]
-"#;
-
-const POLICY_FROM_CLIENT: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web-from-client, namespace: prod}
-spec:
-  podSelector: {matchLabels: {app: web}}
-  policyTypes: [Ingress]
-  ingress:
-  - from: [{podSelector: {matchLabels: {role: client}}}]
-    ports: [{port: echo, protocol: UDP}]
-"#;
-
-const POLICY_FROM_BLUE: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web-from-blue, namespace: prod}
-spec:
-  podSelector: {matchLabels: {app: web}}
-  policyTypes: [Ingress]
-  ingress:
-  - from: [{namespaceSelector: {matchLabels: {team: blue}}}]
-"#;
-
-const POLICY_DENY: &str = r#"
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web-deny, namespace: prod}
-spec:
-  podSelector: {matchLabels: {app: web}}
-  policyTypes: [Ingress]
-"#;
+/// NetworkPolicy `name` in `prod` over the pods `app: web` with `ingress` (the YAML of
+/// `spec.ingress`; none denies every ingress).
+fn web_policy(name: &str, ingress: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, \
+         namespace: prod}}\nspec:\n  podSelector: {{matchLabels: {{app: web}}}}\n  \
+         policyTypes: [Ingress]\n  ingress: {ingress}\n"
+    )
+}
 
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -491,35 +152,15 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[test]
 fn ternd_follows_the_kubernetes_api() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (network namespaces, nftables): run it as root"
-    );
-    let bin = kube_api::bin_dir();
-    let plugin = tern_bin();
-    let tmp = tempfile::Builder::new().prefix("tka-").tempdir().unwrap();
-    let node = Netns::new("n");
-    let n = node.0.clone();
-    ip(&[
-        "-n", &n, "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
-    ]);
-    ip(&[
-        "-n",
-        &n,
-        "addr",
-        "add",
-        &format!("{NODE_IP}/24"),
-        "dev",
-        "ul0",
-    ]);
-    ip(&["-n", &n, "link", "set", "ul0", "up"]);
-    ip(&["-n", &n, "link", "set", "ul1", "up"]);
-    ip(&["-n", &n, "route", "add", "default", "via", "198.18.0.1"]);
-    eprintln!("kubernetes binaries: {}", bin.display());
-
-    let mut api = KubeApi::start(&n, &tmp.path().join("k8s"), NODE_IP);
+    if !kube_api::require_k8s() {
+        return;
+    }
+    let plugin = common::tern_plugin();
+    let k = KubeNode::start(NODE_IP);
+    k.netns
+        .ip(&["route", "add", "default", "via", "198.18.0.1"]);
+    let mut ternd = k.ternd(NODE, &["--resync-seconds=5"]);
+    let mut api = k.api;
     api.apply(AGENT_RBAC);
     api.apply(&format!(
         "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n---\napiVersion: v1\nkind: \
@@ -533,29 +174,8 @@ fn ternd_follows_the_kubernetes_api() {
     ] {
         api.apply(&pod_yaml(name, &labels));
     }
-    let uid = |pod: &str| {
-        api.must(&[
-            "get",
-            "pod",
-            "-n",
-            "prod",
-            pod,
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ])
-    };
-    let (web_uid, client_uid, other_uid) = (uid("web"), uid("client"), uid("other"));
-
-    let mut ternd = Ternd {
-        netns: n.clone(),
-        dir: tmp.path().join("node"),
-        kubeconfig: api.kubeconfig("tern-agent", "tern-agent", &[]),
-        child: None,
-        starts: 0,
-    };
-    std::fs::create_dir_all(&ternd.dir).unwrap();
     ternd.start();
-    ternd.wait_ready(Duration::from_secs(30));
+    wait_ready(&ternd, Duration::from_secs(30));
 
     // The Node condition.
     let cond = wait_until(Duration::from_secs(20), || {
@@ -572,19 +192,21 @@ fn ternd_follows_the_kubernetes_api() {
     );
 
     // ADD: labels, service account, named ports and UID from the API server.
-    let mut pods: Vec<Pod> = ["web", "client", "other"]
+    let none = json!({});
+    let mut pods: Vec<KubePod> = ["web", "client", "other"]
         .iter()
-        .map(|p| Pod::new(p))
+        .map(|p| KubePod::new("prod", p))
         .collect();
-    for (p, u) in pods.iter_mut().zip([&web_uid, &client_uid, &other_uid]) {
-        let (st, out) = ternd.cni(&plugin, "ADD", p, u);
+    for p in pods.iter_mut() {
+        p.uid = api.pod_uid("prod", &p.name);
+        let (st, out) = ternd.cni(&plugin, "ADD", Some(p), &none);
         assert_eq!(st, 0, "ADD {}: {out}\n{}", p.name, ternd.log());
         let a = out["ips"][0]["address"].as_str().unwrap();
         p.ip = Some(a.split('/').next().unwrap().parse().unwrap());
     }
     let (web, client, other) = (&pods[0], &pods[1], &pods[2]);
-    let eps = ternd.endpoints();
-    let w = &eps["web"];
+    let web_uid = &web.uid;
+    let w = &ternd.endpoint("prod", "web").expect("web's endpoint");
     assert_eq!(w["metadata"]["labels"]["app"], "web", "{w}");
     assert_eq!(
         w["metadata"]["labels"]["tern.dev/serviceaccount"], "web-sa",
@@ -603,13 +225,9 @@ fn ternd_follows_the_kubernetes_api() {
     );
 
     // A UID the API server does not know for that name: try again, nothing created.
-    let ghost = Pod::new("web");
-    let (st, out) = ternd.cni(
-        &plugin,
-        "ADD",
-        &ghost,
-        "00000000-0000-0000-0000-000000000000",
-    );
+    let mut ghost = KubePod::new("prod", "web");
+    ghost.uid = "00000000-0000-0000-0000-000000000000".into();
+    let (st, out) = ternd.cni(&plugin, "ADD", Some(&ghost), &none);
     assert_ne!(st, 0, "ADD with a stale UID must fail: {out}");
     assert_eq!(out["code"], 11, "{out}");
     eprintln!("ADD with a stale UID: {}", out["msg"]);
@@ -619,34 +237,39 @@ fn ternd_follows_the_kubernetes_api() {
     expect_traffic(other, web, true, "no policy", &ternd);
 
     // A NetworkPolicy with a named port, by kubectl apply.
-    assert_eq!(ternd.policy_chains(), 0);
-    api.apply(POLICY_FROM_CLIENT);
+    assert_eq!(policy_chains(&ternd), 0);
+    api.apply(&web_policy(
+        "web-from-client",
+        "[{from: [{podSelector: {matchLabels: {role: client}}}], ports: [{port: echo, protocol: UDP}]}]",
+    ));
     expect_traffic(other, web, false, "web-from-client", &ternd);
     expect_traffic(client, web, true, "web-from-client", &ternd);
-    assert!(ternd.policy_chains() > 0);
+    assert!(policy_chains(&ternd) > 0);
 
     // kubectl label pod: the endpoint's labels follow and policy re-evaluates.
     api.must(&["label", "pod", "-n", "prod", "other", "role=client"]);
     assert!(
-        wait_until(Duration::from_secs(10), || ternd
-            .labels_of("other")
+        wait_until(Duration::from_secs(10), || labels_of(&ternd, "other")
             .get("role")
             == Some(&"client".to_string())),
         "label not on the endpoint: {:?}",
-        ternd.labels_of("other")
+        labels_of(&ternd, "other")
     );
     expect_traffic(other, web, true, "other relabelled role=client", &ternd);
     api.must(&["label", "pod", "-n", "prod", "other", "role-"]);
     expect_traffic(other, web, false, "other's role removed", &ternd);
-    assert_eq!(ternd.labels_of("other").get("role"), None);
+    assert_eq!(labels_of(&ternd, "other").get("role"), None);
 
     // Delete the policy: its rules go.
     api.must(&["delete", "networkpolicy", "-n", "prod", "web-from-client"]);
     expect_traffic(other, web, true, "policy deleted", &ternd);
-    assert!(wait_until(Duration::from_secs(5), || ternd.policy_chains() == 0));
+    assert!(wait_until(Duration::from_secs(5), || policy_chains(&ternd) == 0));
 
     // namespaceSelector follows the namespace's labels.
-    api.apply(POLICY_FROM_BLUE);
+    api.apply(&web_policy(
+        "web-from-blue",
+        "[{from: [{namespaceSelector: {matchLabels: {team: blue}}}]}]",
+    ));
     expect_traffic(
         client,
         web,
@@ -659,7 +282,7 @@ fn ternd_follows_the_kubernetes_api() {
     api.must(&["delete", "networkpolicy", "-n", "prod", "web-from-blue"]);
 
     // API server restart, and ternd restart while it is down: the rules stay in force.
-    api.apply(POLICY_DENY);
+    api.apply(&web_policy("web-deny", "[]"));
     expect_traffic(client, web, false, "web-deny", &ternd);
     let rss_idle = rss_kib(ternd.pid());
     eprintln!("ternd RSS with the Kubernetes watch on (3 pods): {rss_idle} KiB");
@@ -719,12 +342,11 @@ fn ternd_follows_the_kubernetes_api() {
     expect_traffic(client, web, false, "after the API server restart", &ternd);
     api.must(&["label", "pod", "-n", "prod", "client", "after=restart"]);
     assert!(
-        wait_until(Duration::from_secs(20), || ternd
-            .labels_of("client")
+        wait_until(Duration::from_secs(20), || labels_of(&ternd, "client")
             .get("after")
             == Some(&"restart".to_string())),
         "pod labels do not follow after the API server restart: {:?}",
-        ternd.labels_of("client")
+        labels_of(&ternd, "client")
     );
 
     api.stop_apiserver();
@@ -732,7 +354,7 @@ fn ternd_follows_the_kubernetes_api() {
     expect_traffic(client, web, false, "API server down", &ternd);
     ternd.stop();
     ternd.start();
-    assert!(ternd.policy_chains() > 0, "ternd restart dropped the rules");
+    assert!(policy_chains(&ternd) > 0, "ternd restart dropped the rules");
     expect_traffic(
         client,
         web,
@@ -740,18 +362,18 @@ fn ternd_follows_the_kubernetes_api() {
         "ternd restarted while the API server is down",
         &ternd,
     );
-    let (ready, body) = ternd.readiness();
-    assert!(!ready, "ternd ready without the API server: {body}");
+    let (code, body) = ternd.http_get("/readiness");
+    assert_ne!(code, 200, "ternd ready without the API server: {body}");
     // An ADD of a pod ternd has never seen cannot be answered: try again. DEL needs no API.
-    let newcomer = Pod::new("newcomer");
-    let (st, out) = ternd.cni(&plugin, "ADD", &newcomer, "");
+    let mut newcomer = KubePod::new("prod", "newcomer");
+    let (st, out) = ternd.cni(&plugin, "ADD", Some(&newcomer), &none);
     assert_eq!((st != 0, out["code"].clone()), (true, json!(11)), "{out}");
     eprintln!("ADD of an unknown pod, API server down: {}", out["msg"]);
-    let (st, out) = ternd.cni(&plugin, "DEL", other, &other_uid);
+    let (st, out) = ternd.cni(&plugin, "DEL", Some(other), &none);
     assert_eq!(st, 0, "DEL with the API server down: {out}");
 
     api.start_apiserver();
-    ternd.wait_ready(Duration::from_secs(60));
+    wait_ready(&ternd, Duration::from_secs(60));
     expect_traffic(
         client,
         web,
@@ -767,35 +389,27 @@ fn ternd_follows_the_kubernetes_api() {
         "web-deny deleted after the API server restart",
         &ternd,
     );
-    assert!(wait_until(Duration::from_secs(5), || ternd.policy_chains() == 0));
+    assert!(wait_until(Duration::from_secs(5), || policy_chains(&ternd) == 0));
 
     // The runtime retries the newcomer's ADD once the API server is back and the pod exists.
     api.apply(&pod_yaml("newcomer", &[("app", "newcomer")]));
-    let nc_uid = api.must(&[
-        "get",
-        "pod",
-        "-n",
-        "prod",
-        "newcomer",
-        "-o",
-        "jsonpath={.metadata.uid}",
-    ]);
-    let (st, out) = ternd.cni(&plugin, "ADD", &newcomer, &nc_uid);
+    newcomer.uid = api.pod_uid("prod", "newcomer");
+    let (st, out) = ternd.cni(&plugin, "ADD", Some(&newcomer), &none);
     assert_eq!(st, 0, "ADD newcomer after the API server is back: {out}");
     assert_eq!(
-        ternd.labels_of("newcomer").get("app").map(String::as_str),
+        labels_of(&ternd, "newcomer").get("app").map(String::as_str),
         Some("newcomer")
     );
 
     // RBAC: without networkpolicies the agent says exactly what it lacks.
-    api.apply(AGENT_RBAC_NO_POLICIES);
+    api.apply(&agent_rbac_no_policies());
     ternd.stop();
     ternd.start();
     let mut last = String::new();
     let named = wait_until(Duration::from_secs(30), || {
-        let (ready, body) = ternd.readiness();
+        let (code, body) = ternd.http_get("/readiness");
         last = body;
-        !ready && last.contains("may not list networkpolicies.networking.k8s.io")
+        code != 200 && last.contains("may not list networkpolicies.networking.k8s.io")
     });
     assert!(
         named,
@@ -807,7 +421,7 @@ fn ternd_follows_the_kubernetes_api() {
             .contains("RBAC: ternd may not list networkpolicies.networking.k8s.io"),
         "the log does not name the missing permission"
     );
-    let (st, out) = ternd.status(&plugin);
+    let (st, out) = ternd.cni_status(&plugin);
     assert_ne!(
         st, 0,
         "STATUS must fail while a permission is missing: {out}"
@@ -821,7 +435,7 @@ fn ternd_follows_the_kubernetes_api() {
         "{out}"
     );
     api.apply(AGENT_RBAC);
-    ternd.wait_ready(Duration::from_secs(90));
+    wait_ready(&ternd, Duration::from_secs(90));
     eprintln!(
         "ternd RSS idle with the watch on: {} KiB",
         rss_kib(ternd.pid())

@@ -4,16 +4,15 @@
 //! back), leak repair (orphans released after the grace period, live ones kept), metrics and
 //! health over HTTP.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+mod common;
+
+use common::{attachment, lo_up, wait_until};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
-use tern_agent::{Agent, AgentConfig};
-use tern_api::{
-    AddRequest, Attachment, IpamAddRequest, IpamRequest, PodRef, Reply, Request, Response,
-};
+use std::time::Duration;
+use tern_agent::Agent;
+use tern_api::{AddRequest, IpamAddRequest, IpamRequest, Reply, Request, Response};
 use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_store::{KeyValue, Store, StoreError, Txn, TxnResponse, Watch};
 
@@ -68,37 +67,6 @@ impl Store for Flaky {
     }
 }
 
-/// Root (network namespaces), as tern-testkit's `require_root` (fails under strict mode).
-fn is_root() -> bool {
-    tern_testkit::require_root()
-}
-
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    cond()
-}
-
-fn attachment(cid: &str, netns: &str) -> Attachment {
-    Attachment {
-        network: "k8s-pod-network".into(),
-        container_id: cid.into(),
-        ifname: "eth0".into(),
-        netns_path: netns.into(),
-        pod: Some(PodRef {
-            namespace: "default".into(),
-            name: format!("pod-{cid}"),
-            infra_container_id: String::new(),
-            uid: String::new(),
-        }),
-    }
-}
-
 fn ip_of(resp: &Response) -> std::net::IpAddr {
     match resp {
         Ok(Reply::Result(r)) => r.ips[0]
@@ -126,10 +94,7 @@ fn setup(resync: u64, grace: u64) -> Setup {
         inner: inner.clone(),
         down: down.clone(),
     });
-    let mut cfg = AgentConfig::new("n1", "test://flaky", dir.path().join("ternd.sock"));
-    cfg.state_dir = dir.path().join("state");
-    cfg.default_ipv4_pool = "10.77.0.0/24".into();
-    cfg.mtu = 1500;
+    let mut cfg = common::agent_config(dir.path(), "test://flaky", "10.77.0.0/24");
     cfg.resync_seconds = resync;
     cfg.leak_grace_seconds = grace;
     cfg.metrics_addr = "127.0.0.1:0".into();
@@ -143,37 +108,36 @@ fn setup(resync: u64, grace: u64) -> Setup {
     }
 }
 
-fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    (status, body)
-}
-
-fn lo_up() {
-    let mut h = tern_linux::netlink::Handle::new().unwrap();
-    let lo = h.link_by_name("lo").unwrap().unwrap();
-    h.set_link_up(lo.index).unwrap();
-}
-
-#[test]
-fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
-    if !is_root() {
-        eprintln!("skipping: needs root (network namespace)");
+/// Runs `test` in a fresh network namespace (needs root, tern-testkit) against an agent on the
+/// switchable store (resync and leak grace in seconds), its IPAM and its HTTP listeners; shuts
+/// the agent down afterwards.
+fn with_agent(
+    resync: u64,
+    grace: u64,
+    test: impl FnOnce(&Setup, &Ipam, &[std::net::SocketAddr]) + Send,
+) {
+    if !tern_testkit::require_root() {
         return;
     }
     tern_linux::netns::run_in_new(|| {
         lo_up();
-        let s = setup(1, 3600);
+        let s = setup(resync, grace);
         let ipam = Ipam::new(s.store.clone());
         let addrs = tern_agent::http::start_http(&s.agent);
+        test(&s, &ipam, &addrs);
+        s.agent.shutdown();
+    })
+    .unwrap();
+}
+
+/// GET `path` from the agent's listener at `addr`: (status, body).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    common::http_get(addr, path, Duration::from_secs(10)).unwrap()
+}
+
+#[test]
+fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
+    with_agent(1, 3600, |s, ipam, addrs| {
         assert_eq!(addrs.len(), 1, "one listener when both addresses are equal");
         assert_eq!(http_get(addrs[0], "/readiness").0, 200);
 
@@ -262,9 +226,7 @@ fn outage_add_fails_with_11_del_is_journaled_and_replayed() {
             "{metrics}"
         );
         assert_eq!(http_get(addrs[0], "/nope").0, 404);
-        s.agent.shutdown();
-    })
-    .unwrap();
+    });
 }
 
 impl Setup {
@@ -277,16 +239,7 @@ impl Setup {
 
 #[test]
 fn leak_repair_releases_orphans_and_keeps_what_is_used() {
-    if !is_root() {
-        eprintln!("skipping: needs root (network namespace)");
-        return;
-    }
-    tern_linux::netns::run_in_new(|| {
-        lo_up();
-        let s = setup(1, 2);
-        let ipam = Ipam::new(s.store.clone());
-        let addrs = tern_agent::http::start_http(&s.agent);
-
+    with_agent(1, 2, |s, ipam, addrs| {
         // A real pod interface (endpoint recorded): must survive.
         let pod = tern_linux::netns::new_anonymous().unwrap();
         let pod_fd: OwnedFd = pod.as_fd().try_clone_to_owned().unwrap();
@@ -365,7 +318,7 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
         assert_eq!(s.agent.gc_reclamations(), 2);
 
         // The cluster check sees only the other node's allocation as unused.
-        let report = tern_agent::audit::check(&*s.store, &ipam).unwrap();
+        let report = tern_agent::audit::check(&*s.store, ipam).unwrap();
         let leaked: Vec<std::net::IpAddr> =
             report.allocated_not_in_use.iter().map(|l| l.ip).collect();
         assert_eq!(leaked, vec![foreign_ip], "{report:?}");
@@ -398,8 +351,6 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
             ),
             "{metrics}"
         );
-        s.agent.shutdown();
         drop(pod);
-    })
-    .unwrap();
+    });
 }

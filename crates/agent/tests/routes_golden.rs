@@ -20,6 +20,7 @@ use tern_agent::routes::{self, Target};
 use tern_agent::snapshot::{BlockInfo, NodeInfo, PoolInfo, Snapshot};
 use tern_linux::netlink::{MAIN_TABLE, Route, RouteKind, Scope};
 use tern_model::EncapMode;
+use tern_testkit::golden;
 
 /// Device indexes the fake kernel gives the tunnels.
 const VXLAN_IDX: u32 = 10;
@@ -157,47 +158,65 @@ fn block_info(b: &Block) -> BlockInfo {
     }
 }
 
-/// Applies one event; returns an error naming what the event refers to when it is unknown.
-fn apply_event(s: &mut Snapshot, table: &mut Vec<Route>, e: &Event) -> Result<(), String> {
-    fn upsert<T>(v: &mut Vec<T>, item: T, same: impl Fn(&T) -> bool) {
-        match v.iter_mut().find(|x| same(x)) {
+/// Removes the entries `same` picks from `v`; an error naming `what` when there is none.
+fn remove<T>(v: &mut Vec<T>, what: &str, same: impl Fn(&T) -> bool) -> Result<(), String> {
+    let before = v.len();
+    v.retain(|x| !same(x));
+    if v.len() == before {
+        return Err(format!("{what} not in the snapshot"));
+    }
+    Ok(())
+}
+
+/// One kind's half of an event: replaces (or adds) the entry with `upsert`'s key, removes the
+/// entry keyed `remove`. Returns how many of the two the event set.
+fn change<R, T, K: PartialEq + std::fmt::Display>(
+    v: &mut Vec<T>,
+    what: &str,
+    upsert: Option<&R>,
+    remove_key: Option<&K>,
+    info: fn(&R) -> T,
+    key: fn(&T) -> &K,
+) -> Result<usize, String> {
+    if let Some(r) = upsert {
+        let item = info(r);
+        match v.iter_mut().find(|x| key(x) == key(&item)) {
             Some(x) => *x = item,
             None => v.push(item),
         }
     }
-    fn remove<T>(v: &mut Vec<T>, what: &str, same: impl Fn(&T) -> bool) -> Result<(), String> {
-        let before = v.len();
-        v.retain(|x| !same(x));
-        if v.len() == before {
-            return Err(format!("{what} not in the snapshot"));
-        }
-        Ok(())
+    if let Some(k) = remove_key {
+        remove(v, &format!("{what} {k}"), |x| key(x) == k)?;
     }
-    let mut set = 0;
-    if let Some(p) = &e.upsert_pool {
-        set += 1;
-        upsert(&mut s.pools, pool_info(p), |x| x.name == p.name);
-    }
-    if let Some(n) = &e.remove_pool {
-        set += 1;
-        remove(&mut s.pools, &format!("pool {n}"), |x| &x.name == n)?;
-    }
-    if let Some(n) = &e.upsert_node {
-        set += 1;
-        upsert(&mut s.nodes, node_info(n), |x| x.name == n.name);
-    }
-    if let Some(n) = &e.remove_node {
-        set += 1;
-        remove(&mut s.nodes, &format!("node {n}"), |x| &x.name == n)?;
-    }
-    if let Some(b) = &e.upsert_block {
-        set += 1;
-        upsert(&mut s.blocks, block_info(b), |x| x.cidr == b.cidr);
-    }
-    if let Some(c) = &e.remove_block {
-        set += 1;
-        remove(&mut s.blocks, &format!("block {c}"), |x| x.cidr == *c)?;
-    }
+    Ok(usize::from(upsert.is_some()) + usize::from(remove_key.is_some()))
+}
+
+/// Applies one event; returns an error naming what the event refers to when it is unknown.
+fn apply_event(s: &mut Snapshot, table: &mut Vec<Route>, e: &Event) -> Result<(), String> {
+    let mut set = change(
+        &mut s.pools,
+        "pool",
+        e.upsert_pool.as_ref(),
+        e.remove_pool.as_ref(),
+        pool_info,
+        |x| &x.name,
+    )?;
+    set += change(
+        &mut s.nodes,
+        "node",
+        e.upsert_node.as_ref(),
+        e.remove_node.as_ref(),
+        node_info,
+        |x| &x.name,
+    )?;
+    set += change(
+        &mut s.blocks,
+        "block",
+        e.upsert_block.as_ref(),
+        e.remove_block.as_ref(),
+        block_info,
+        |x| &x.cidr,
+    )?;
     if let Some(dst) = &e.foreign_route_deleted {
         set += 1;
         remove(table, &format!("foreign route {dst}"), |r| {
@@ -312,14 +331,8 @@ fn step(
 }
 
 fn run(dir: &Path) -> String {
-    let read = |f: &str| {
-        std::fs::read_to_string(dir.join(f))
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(f).display()))
-    };
-    let cfg: Config = serde_json::from_str(&read("config.json"))
-        .unwrap_or_else(|e| panic!("{}/config.json: {e}", dir.display()));
-    let events: Vec<Event> = serde_json::from_str(&read("events.json"))
-        .unwrap_or_else(|e| panic!("{}/events.json: {e}", dir.display()));
+    let cfg: Config = golden::parse(dir, "config.json", |t| serde_json::from_str(t));
+    let events: Vec<Event> = golden::parse(dir, "events.json", |t| serde_json::from_str(t));
     let mut s = Snapshot {
         pools: cfg.pools.iter().map(pool_info).collect(),
         nodes: cfg.nodes.iter().map(node_info).collect(),
@@ -348,49 +361,5 @@ fn run(dir: &Path) -> String {
 #[test]
 fn route_topologies_match_golden_outputs() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/routes");
-    let update = std::env::var("TERN_GOLDEN_UPDATE").is_ok_and(|v| v == "1");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
-    assert!(
-        cases.len() >= 6,
-        "route cases missing in {}",
-        root.display()
-    );
-    let mut failures = Vec::new();
-    for case in &cases {
-        let got = run(case);
-        let expected = case.join("output.txt");
-        if update {
-            std::fs::write(&expected, &got).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&expected).unwrap_or_default();
-        if got != want {
-            failures.push(first_difference(&expected, &got, &want));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "golden mismatch (rerun with TERN_GOLDEN_UPDATE=1 after checking the change):\n{}",
-        failures.join("\n")
-    );
-}
-
-/// `file:line: got … / want …` at the first differing line.
-fn first_difference(file: &Path, got: &str, want: &str) -> String {
-    let (g, w): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
-    let i = (0..g.len().max(w.len()))
-        .find(|&i| g.get(i) != w.get(i))
-        .unwrap_or(0);
-    format!(
-        "{}:{}: got {:?}, want {:?}",
-        file.display(),
-        i + 1,
-        g.get(i).unwrap_or(&"<end>"),
-        w.get(i).unwrap_or(&"<end>")
-    )
+    golden::check(&root, "output.txt", 6, run);
 }

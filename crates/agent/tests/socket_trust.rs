@@ -7,154 +7,56 @@
 //! Every namespace has a unique name and is deleted by a drop guard; every ternd is killed by
 //! PID. The root network namespace is never touched.
 
+mod common;
+
+use common::{Netns, sendmsg_fds};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
-use tern_api::{AddRequest, Attachment, PodRef, Reply, Request, Response};
+use tern_api::{AddRequest, Attachment, Reply, Request, Response};
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "these tests need root (network namespaces, setuid): run them as root"
-    );
-}
+/// ternd in a namespace of its own, started under `umask 000`.
+struct Node(common::Node);
 
-static N: AtomicUsize = AtomicUsize::new(0);
-
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A named network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new() -> Netns {
-        let name = unique("tst");
-        let st = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip netns add {name}");
-        let ns = Netns(name);
-        let st = Command::new("ip")
-            .args(["-n", &ns.0, "link", "set", "lo", "up"])
-            .status()
-            .unwrap();
-        assert!(st.success());
-        ns
-    }
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.0)
-    }
-    fn links(&self) -> String {
-        let out = Command::new("ip")
-            .args(["-n", &self.0, "-o", "link", "show"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+impl std::ops::Deref for Node {
+    type Target = common::Node;
+    fn deref(&self) -> &common::Node {
+        &self.0
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// ternd in its own namespace, started under `umask 000`, killed on drop.
-struct Ternd {
-    child: Child,
-    dir: tempfile::TempDir,
-    // Dropped after the child is killed.
-    _ns: Netns,
-}
-
-impl Ternd {
-    fn start(extra: &[&str]) -> Ternd {
-        let ns = Netns::new();
-        let dir = tempfile::Builder::new().prefix("tst-").tempdir().unwrap();
+impl Node {
+    fn start(extra: &[&str]) -> Node {
+        let mut args = vec![
+            "--no-dataplane",
+            "--metrics-addr=0",
+            "--health-addr=0",
+            "--mtu=1500",
+            "--default-ipv4-pool=10.99.0.0/24",
+            "--log-level=info",
+        ];
+        args.extend_from_slice(extra);
+        let mut n = common::Node::new(&args);
         // Traversable by anyone: the socket's own mode must be what keeps others out.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let log = File::create(dir.path().join("ternd.log")).unwrap();
-        let sock = dir.path().join("ternd.sock");
-        let mut script = format!(
-            "umask 000; exec {} --node-name n1 --store sqlite://{}/s.db --socket {} --state-dir {}/state \
-             --no-dataplane --metrics-addr 0 --health-addr 0 --mtu 1500 --default-ipv4-pool 10.99.0.0/24 \
-             --log-level info",
-            env!("CARGO_BIN_EXE_ternd"),
-            dir.path().display(),
-            sock.display(),
-            dir.path().display()
-        );
-        for a in extra {
-            script.push(' ');
-            script.push_str(a);
-        }
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.0, "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut t = Ternd {
-            child,
-            dir,
-            _ns: ns,
-        };
-        let end = Instant::now() + Duration::from_secs(15);
-        while UnixStream::connect(t.socket()).is_err() {
-            if let Ok(Some(st)) = t.child.try_wait() {
-                panic!("ternd exited ({st}): {}", t.log());
-            }
-            assert!(
-                Instant::now() < end,
-                "ternd did not listen in 15 s: {}",
-                t.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        t
+        std::fs::set_permissions(n.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        n.ternd.umask = Some(0);
+        n.ternd.start();
+        Node(n)
     }
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("ternd.sock")
-    }
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("ternd.log")).unwrap_or_default()
-    }
-    fn fd_count(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .unwrap()
-            .count()
-    }
-    fn netns(&self) -> &Netns {
-        &self._ns
-    }
-}
 
-impl Drop for Ternd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("ternd log:\n{}", self.log());
-        }
+    /// A STATUS request over the socket (as root).
+    fn status(&self) -> Response {
+        tern_api::call(
+            &self.ternd.socket(),
+            &Request::Status,
+            None,
+            Duration::from_secs(10),
+        )
+        .unwrap()
     }
 }
 
@@ -260,9 +162,11 @@ fn reply_of(v: &ChildView) -> Response {
 
 #[test]
 fn socket_is_0660_root_under_umask_000_and_strangers_are_refused() {
-    require_root();
-    let t = Ternd::start(&[]);
-    let meta = std::fs::metadata(t.socket()).unwrap();
+    if !tern_testkit::require_root() {
+        return;
+    }
+    let n = Node::start(&[]);
+    let meta = std::fs::metadata(n.ternd.socket()).unwrap();
     assert_eq!(
         meta.mode() & 0o777,
         0o660,
@@ -272,12 +176,12 @@ fn socket_is_0660_root_under_umask_000_and_strangers_are_refused() {
     assert_eq!((meta.uid(), meta.gid()), (0, 0));
 
     // nobody cannot even connect.
-    let v = as_user(&t.socket(), 65534, 65534, &[]);
+    let v = as_user(&n.ternd.socket(), 65534, 65534, &[]);
     assert_eq!(v.connect_errno, libc::EACCES, "{v:?}");
 
     // Forced open, the peer-credential check still refuses nobody, with a clear reply.
-    std::fs::set_permissions(t.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
-    let v = as_user(&t.socket(), 65534, 65534, &[]);
+    std::fs::set_permissions(n.ternd.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let v = as_user(&n.ternd.socket(), 65534, 65534, &[]);
     assert_eq!(v.connect_errno, 0);
     match reply_of(&v) {
         Err(e) => {
@@ -291,46 +195,41 @@ fn socket_is_0660_root_under_umask_000_and_strangers_are_refused() {
         Ok(r) => panic!("nobody was served: {r:?}"),
     }
     let end = Instant::now() + Duration::from_secs(5);
-    while !t.log().contains("refused a caller") {
-        assert!(Instant::now() < end, "no log line: {}", t.log());
+    while !n.ternd.log().contains("refused a caller") {
+        assert!(Instant::now() < end, "no log line: {}", n.ternd.log());
         std::thread::sleep(Duration::from_millis(50));
     }
     // And root still is served.
-    let r = tern_api::call(&t.socket(), &Request::Status, None, Duration::from_secs(10)).unwrap();
+    let r = n.status();
     assert!(matches!(r, Ok(Reply::Status(_))), "{r:?}");
 }
 
 #[test]
 fn members_of_the_socket_group_are_served() {
-    require_root();
-    let t = Ternd::start(&["--socket-group", "4242"]);
-    let meta = std::fs::metadata(t.socket()).unwrap();
+    if !tern_testkit::require_root() {
+        return;
+    }
+    let n = Node::start(&["--socket-group", "4242"]);
+    let meta = std::fs::metadata(n.ternd.socket()).unwrap();
     assert_eq!((meta.mode() & 0o777, meta.gid()), (0o660, 4242));
     // Primary group.
-    let v = as_user(&t.socket(), 65534, 4242, &[]);
+    let v = as_user(&n.ternd.socket(), 65534, 4242, &[]);
     assert_eq!(v.connect_errno, 0);
     assert!(matches!(reply_of(&v), Ok(Reply::Status(_))), "{v:?}");
     // Supplementary group (SO_PEERGROUPS).
-    let v = as_user(&t.socket(), 65534, 65534, &[4242]);
+    let v = as_user(&n.ternd.socket(), 65534, 65534, &[4242]);
     assert_eq!(v.connect_errno, 0);
     assert!(matches!(reply_of(&v), Ok(Reply::Status(_))), "{v:?}");
     // Not a member.
-    let v = as_user(&t.socket(), 65534, 65534, &[]);
+    let v = as_user(&n.ternd.socket(), 65534, 65534, &[]);
     assert_eq!(v.connect_errno, libc::EACCES, "{v:?}");
 }
 
 fn add_request(cid: &str) -> Request {
-    Request::Add(AddRequest::new(Attachment {
-        network: "k8s-pod-network".into(),
-        container_id: cid.into(),
-        ifname: "eth0".into(),
-        netns_path: "/proc/self/ns/net".into(),
-        pod: Some(PodRef {
-            namespace: "default".into(),
-            name: format!("pod-{cid}"),
-            ..Default::default()
-        }),
-    }))
+    Request::Add(AddRequest::new(common::attachment(
+        cid,
+        "/proc/self/ns/net",
+    )))
 }
 
 /// Sends `req` with `fds` attached over a fresh connection and reads the reply.
@@ -351,29 +250,31 @@ fn code_of(r: &Response) -> u32 {
 
 #[test]
 fn received_descriptors_are_checked_and_extra_ones_never_leak() {
-    require_root();
-    let t = Ternd::start(&[]);
-    let pod = Netns::new();
+    if !tern_testkit::require_root() {
+        return;
+    }
+    let n = Node::start(&[]);
+    let pod = Netns::new("p");
     let pod_ns = File::open(pod.path()).unwrap();
     let other = File::open("/proc/self/status").unwrap();
 
     // Not a namespace, a namespace of another kind, the node's own: code 4 naming CNI_NETNS.
     let uts = File::open("/proc/self/ns/uts").unwrap();
-    let node_ns = File::open(t.netns().path()).unwrap();
+    let node_ns = File::open(n.ns.path()).unwrap();
     for (what, fd) in [
         ("a regular file", other.as_raw_fd()),
         ("a UTS namespace", uts.as_raw_fd()),
         ("the node's own netns", node_ns.as_raw_fd()),
     ] {
-        let r = send_with_fds(&t.socket(), &add_request("c-bad"), &[fd]);
+        let r = send_with_fds(&n.ternd.socket(), &add_request("c-bad"), &[fd]);
         assert_eq!(code_of(&r), 4, "{what}: {r:?}");
         let msg = r.unwrap_err().msg;
         assert!(msg.contains("CNI_NETNS"), "{what}: {msg}");
     }
     assert!(
-        !t.netns().links().contains("eth0") && !t.netns().links().contains("tern"),
+        !n.ns.links().contains("eth0") && !n.ns.links().contains("tern"),
         "something was wired into the node: {}",
-        t.netns().links()
+        n.ns.links()
     );
     // A request that takes no descriptor must not carry one.
     let del = Request::IpamDel(Attachment {
@@ -383,16 +284,20 @@ fn received_descriptors_are_checked_and_extra_ones_never_leak() {
         ..Default::default()
     });
     assert_eq!(
-        code_of(&send_with_fds(&t.socket(), &del, &[pod_ns.as_raw_fd()])),
+        code_of(&send_with_fds(
+            &n.ternd.socket(),
+            &del,
+            &[pod_ns.as_raw_fd()]
+        )),
         4
     );
 
     // 10,000 requests with two descriptors each: all refused, none kept.
-    let before = t.fd_count();
+    let before = n.ternd.fd_count();
     let t0 = Instant::now();
     for i in 0..10_000 {
         let r = send_with_fds(
-            &t.socket(),
+            &n.ternd.socket(),
             &add_request("c-two"),
             &[pod_ns.as_raw_fd(), other.as_raw_fd()],
         );
@@ -402,7 +307,7 @@ fn received_descriptors_are_checked_and_extra_ones_never_leak() {
             assert!(e.msg.contains("2 file descriptors"), "{}", e.msg);
         }
     }
-    let after = t.fd_count();
+    let after = n.ternd.fd_count();
     eprintln!(
         "10,000 two-fd requests in {:?}; ternd fds {before} -> {after}",
         t0.elapsed()
@@ -412,17 +317,27 @@ fn received_descriptors_are_checked_and_extra_ones_never_leak() {
         "ternd's descriptors grew from {before} to {after}"
     );
     // The agent still serves an ADD into a real pod namespace.
-    let r = send_with_fds(&t.socket(), &add_request("c-ok"), &[pod_ns.as_raw_fd()]);
-    assert!(matches!(r, Ok(Reply::Result(_))), "{r:?}\n{}", t.log());
+    let r = send_with_fds(
+        &n.ternd.socket(),
+        &add_request("c-ok"),
+        &[pod_ns.as_raw_fd()],
+    );
+    assert!(
+        matches!(r, Ok(Reply::Result(_))),
+        "{r:?}\n{}",
+        n.ternd.log()
+    );
     assert!(pod.links().contains("eth0"), "{}", pod.links());
 }
 
 #[test]
 fn oversized_frames_slow_clients_and_the_connection_cap() {
-    require_root();
-    let t = Ternd::start(&["--max-connections", "4"]);
+    if !tern_testkit::require_root() {
+        return;
+    }
+    let n = Node::start(&["--max-connections", "4"]);
     // A 16 MiB frame is refused after its length prefix, naming the limit.
-    let s = UnixStream::connect(t.socket()).unwrap();
+    let s = UnixStream::connect(n.ternd.socket()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     (&s).write_all(&(16u32 << 20).to_be_bytes()).unwrap();
     let (body, _) = tern_api::read_frame(&s).unwrap();
@@ -440,10 +355,7 @@ fn oversized_frames_slow_clients_and_the_connection_cap() {
     // handler thread may still hold it for a moment).
     drop(s);
     let free = Instant::now();
-    while tern_api::call(&t.socket(), &Request::Status, None, Duration::from_secs(10))
-        .unwrap()
-        .is_err()
-    {
+    while n.status().is_err() {
         assert!(free.elapsed() < Duration::from_secs(5), "slots never freed");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -453,7 +365,7 @@ fn oversized_frames_slow_clients_and_the_connection_cap() {
     let connected = Instant::now();
     let idle: Vec<UnixStream> = (0..4)
         .map(|_| {
-            let s = UnixStream::connect(t.socket()).unwrap();
+            let s = UnixStream::connect(n.ternd.socket()).unwrap();
             (&s).write_all(&100u32.to_be_bytes()).unwrap();
             s
         })
@@ -462,8 +374,7 @@ fn oversized_frames_slow_clients_and_the_connection_cap() {
     let waited = Instant::now();
     let r = loop {
         let t0 = Instant::now();
-        let r =
-            tern_api::call(&t.socket(), &Request::Status, None, Duration::from_secs(10)).unwrap();
+        let r = n.status();
         if r.is_err() {
             assert!(
                 t0.elapsed() < Duration::from_secs(1),
@@ -516,39 +427,8 @@ fn oversized_frames_slow_clients_and_the_connection_cap() {
         assert!(text.contains("did not arrive within 10000 ms"), "{text}");
     }
     // Slots are back.
-    let r = tern_api::call(&t.socket(), &Request::Status, None, Duration::from_secs(10)).unwrap();
+    let r = n.status();
     assert!(matches!(r, Ok(Reply::Status(_))), "{r:?}");
-}
-
-/// One `sendmsg` of `buf` with `fds` attached (SCM_RIGHTS); the error of a closed peer is
-/// returned, not a panic.
-fn sendmsg_fds(s: &UnixStream, buf: &[u8], fds: &[i32]) -> std::io::Result<()> {
-    let fd_bytes = std::mem::size_of_val(fds);
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-    let mut cmsg_buf = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_ptr() as *mut _,
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr points at buffers we own for the call's duration.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr() as *mut _;
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one cmsghdr with room for `fds`.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as _;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut i32, fds.len());
-        if libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 /// The review's F4 attack: 16 connections each announce a 1 MiB frame and send it one byte
@@ -556,15 +436,17 @@ fn sendmsg_fds(s: &UnixStream, buf: &[u8], fds: &[i32]) -> std::io::Result<()> {
 /// (code 4) and its descriptor count stays flat (it used to hold 8 per byte received).
 #[test]
 fn descriptors_sent_one_byte_at_a_time_do_not_pile_up() {
-    require_root();
-    let t = Ternd::start(&[]);
+    if !tern_testkit::require_root() {
+        return;
+    }
+    let n = Node::start(&[]);
     let f = File::open("/proc/self/status").unwrap();
     let eight = [f.as_raw_fd(); 8];
-    let before = t.fd_count();
+    let before = n.ternd.fd_count();
     let mut conns = Vec::new();
     let mut peak = before;
     for _ in 0..16 {
-        let s = UnixStream::connect(t.socket()).unwrap();
+        let s = UnixStream::connect(n.ternd.socket()).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         (&s).write_all(&(1u32 << 20).to_be_bytes()).unwrap();
         for _ in 0..100 {
@@ -572,7 +454,7 @@ fn descriptors_sent_one_byte_at_a_time_do_not_pile_up() {
                 break; // ternd stopped reading and closed: the intended outcome
             }
         }
-        peak = peak.max(t.fd_count());
+        peak = peak.max(n.ternd.fd_count());
         conns.push(s);
     }
     for s in &conns {
@@ -584,7 +466,7 @@ fn descriptors_sent_one_byte_at_a_time_do_not_pile_up() {
     }
     drop(conns);
     std::thread::sleep(Duration::from_millis(200));
-    let after = t.fd_count();
+    let after = n.ternd.fd_count();
     eprintln!("ternd fds: before {before}, peak {peak}, after {after}");
     assert!(
         peak <= before + 16 + 8,
@@ -595,8 +477,16 @@ fn descriptors_sent_one_byte_at_a_time_do_not_pile_up() {
         "ternd's descriptors grew from {before} to {after}"
     );
     // Still serving.
-    let pod = Netns::new();
+    let pod = Netns::new("p");
     let pod_ns = File::open(pod.path()).unwrap();
-    let r = send_with_fds(&t.socket(), &add_request("c-after"), &[pod_ns.as_raw_fd()]);
-    assert!(matches!(r, Ok(Reply::Result(_))), "{r:?}\n{}", t.log());
+    let r = send_with_fds(
+        &n.ternd.socket(),
+        &add_request("c-after"),
+        &[pod_ns.as_raw_fd()],
+    );
+    assert!(
+        matches!(r, Ok(Reply::Result(_))),
+        "{r:?}\n{}",
+        n.ternd.log()
+    );
 }

@@ -178,32 +178,25 @@ mod tests {
 
     #[test]
     fn the_observed_collisions_are_gone() {
-        // Pod x.net1's eth0 and pod x's net1; dotted network vs dotted container ID.
-        assert_eq!(
-            legacy_handle("n", "x.net1", "eth0"),
-            legacy_handle("n", "x", "net1")
-        );
-        assert_ne!(
-            encode_handle("n", "x.net1", "eth0"),
-            encode_handle("n", "x", "net1")
-        );
-        assert_eq!(
-            legacy_handle("a.b", "c", "eth0"),
-            legacy_handle("a", "b.c", "eth0")
-        );
-        assert_ne!(
-            encode_handle("a.b", "c", "eth0"),
-            encode_handle("a", "b.c", "eth0")
-        );
+        type Attachment = (&'static str, &'static str, &'static str);
+        let encode = |(n, c, i): Attachment| encode_handle(n, c, i);
+        let legacy = |(n, c, i): Attachment| legacy_handle(n, c, i);
+        // Pod x.net1's eth0 and pod x's net1; dotted network vs dotted container ID: one
+        // legacy handle each, two handles now.
+        for (a, b) in [
+            (("n", "x.net1", "eth0"), ("n", "x", "net1")),
+            (("a.b", "c", "eth0"), ("a", "b.c", "eth0")),
+        ] {
+            assert_eq!(legacy(a), legacy(b), "{a:?} {b:?}");
+            assert_ne!(encode(a), encode(b), "{a:?} {b:?}");
+        }
         // Separators and escapes inside parts cannot forge another tuple.
-        assert_ne!(
-            encode_handle("a:b", "c", "d"),
-            encode_handle("a", "b:c", "d")
-        );
-        assert_ne!(
-            encode_handle("a%3Ab", "c", "d"),
-            encode_handle("a:b", "c", "d")
-        );
+        for (a, b) in [
+            (("a:b", "c", "d"), ("a", "b:c", "d")),
+            (("a%3Ab", "c", "d"), ("a:b", "c", "d")),
+        ] {
+            assert_ne!(encode(a), encode(b), "{a:?} {b:?}");
+        }
         assert!(!encode_handle("a/b", "c/d", "e/f").contains('/'));
     }
 

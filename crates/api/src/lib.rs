@@ -445,21 +445,36 @@ pub fn write_frame_fds(stream: &UnixStream, body: &[u8], fds: &[RawFd]) -> io::R
     (&*stream).write_all(&buf[off..])
 }
 
+/// A zeroed control-message buffer of at least `space` bytes, in u64 elements: it must be
+/// aligned for `cmsghdr`.
+fn control_buffer(space: usize) -> Vec<u64> {
+    vec![0u64; space.div_ceil(8)]
+}
+
+/// A `msghdr` over the one buffer `iov` with the first `space` bytes of `control` as its
+/// control buffer. The caller keeps both alive across the `sendmsg`/`recvmsg` it is used for.
+fn one_iov_msghdr(iov: &mut libc::iovec, control: &mut [u64], space: usize) -> libc::msghdr {
+    debug_assert!(space <= std::mem::size_of_val(control));
+    // SAFETY: msghdr is plain data, for which all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut _;
+    msg.msg_controllen = space as _;
+    msg
+}
+
 fn send_with_fds(stream: &UnixStream, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     let data_len = std::mem::size_of_val(fds) as u32;
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-    let mut cmsg_buf = vec![0u8; space];
+    let mut cmsg_buf = control_buffer(space);
     let mut iov = libc::iovec {
         iov_base: buf.as_ptr() as *mut _,
         iov_len: buf.len(),
     };
-    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr() as *mut _;
-    msg.msg_controllen = space as _;
+    // Every pointer in it (iov, cmsg_buf) outlives the sendmsg call.
+    let msg = one_iov_msghdr(&mut iov, &mut cmsg_buf, space);
     // SAFETY: the control buffer has room for one cmsg carrying `fds.len()` descriptors
     // (CMSG_SPACE above); the data is written unaligned.
     let n = unsafe {
@@ -602,18 +617,13 @@ fn recv_with_fds(stream: &UnixStream, buf: &mut [u8], frame: &mut Frame) -> io::
     let fd_size = std::mem::size_of::<RawFd>();
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS_RECEIVED * fd_size) as u32) } as usize;
-    // u64 elements: the control buffer must be aligned for cmsghdr.
-    let mut cmsg_buf = vec![0u64; space.div_ceil(8)];
+    let mut cmsg_buf = control_buffer(space);
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr() as *mut _,
         iov_len: buf.len(),
     };
-    // SAFETY: as in send_with_fds; the kernel writes at most `space` control bytes.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr() as *mut _;
-    msg.msg_controllen = space as _;
+    // As in send_with_fds; the kernel writes at most `space` control bytes.
+    let mut msg = one_iov_msghdr(&mut iov, &mut cmsg_buf, space);
     // SAFETY: recvmsg on our socket with buffers we own.
     let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {

@@ -762,6 +762,8 @@ pub struct PhaseResult {
     pub distinct_addresses: Option<bool>,
     /// The first few failure messages (count in `summary`).
     pub errors: Vec<String>,
+    /// `CNI_CONTAINERID` of every pod of the phase (to find its requests in ternd's log).
+    pub container_ids: Vec<String>,
 }
 
 const MAX_ERRORS_KEPT: usize = 3;
@@ -797,6 +799,7 @@ fn phase_result(
         wall,
         distinct_addresses,
         errors,
+        container_ids: Vec::new(),
     }
 }
 
@@ -926,7 +929,9 @@ pub fn measure(
     if workload.pods > 0 {
         let pods = create_pods(netns_dir, workload.pods)?;
         let adds = sequential(plugin, cache, &pods, CniCommand::Add);
-        results.push(phase_result(plugin, Phase::Add, &adds, None));
+        let mut add = phase_result(plugin, Phase::Add, &adds, None);
+        add.container_ids = pods.iter().map(|p| p.container_id.clone()).collect();
+        results.push(add);
         let dels = sequential(plugin, cache, &pods, CniCommand::Del);
         results.push(phase_result(plugin, Phase::Del, &dels, None));
     }
@@ -991,6 +996,9 @@ impl Agent {
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_err);
+        if std::env::var_os(SPLIT_ENV).is_some() {
+            command.env("TERN_LOG", SPLIT_LOG);
+        }
         let mut attempts = 0;
         let child = loop {
             match command.spawn() {
@@ -1143,6 +1151,97 @@ pub struct CniReport {
     pub sizes: Vec<BinarySize>,
     /// `ternd` RSS in KiB after start-up and after the run.
     pub agent_rss_kib: Option<(u64, u64)>,
+    /// With `TERN_BENCH_SPLIT=1`: where the sequential ADDs' time went inside `ternd`.
+    pub agent_split: Option<AgentSplit>,
+}
+
+/// Where the sequential ADDs' time went inside `ternd` (p50 of each step over the phase), read
+/// from its debug log (`TERN_BENCH_SPLIT=1` runs it with `tern_agent::ops` and
+/// `tern_agent::server` at debug). What the runtime saw minus `served` is the plugin's exec,
+/// start-up and exit, the socket round trip and ternd's accept.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentSplit {
+    /// ADDs found in the log for the phase.
+    pub n: usize,
+    /// IPAM allocation (one store transaction).
+    pub allocate: Option<Duration>,
+    /// Creating the veth pair (peer made in the pod's namespace) and its host sysctls.
+    pub create_veth: Option<Duration>,
+    /// Policy for the endpoint, then the pod side (link up, addresses, routes) and host route.
+    pub configure: Option<Duration>,
+    /// Recording the WorkloadEndpoint.
+    pub endpoint: Option<Duration>,
+    /// The whole request as ternd served it (`ADD ... ok in`).
+    pub served: Option<Duration>,
+}
+
+/// The environment variable that asks for [`AgentSplit`].
+pub const SPLIT_ENV: &str = "TERN_BENCH_SPLIT";
+
+/// `ternd`'s log filter when [`SPLIT_ENV`] is set.
+const SPLIT_LOG: &str = "info,tern_agent::ops=debug,tern_agent::server=debug";
+
+/// Parses a `Duration`'s `Debug` text (`380.006µs`, `1.104281ms`, `2.5s`, `800ns`).
+pub fn parse_debug_duration(text: &str) -> Option<Duration> {
+    let t = text.trim().trim_end_matches(',');
+    let (num, unit) = t.split_at(t.find(|c: char| c.is_ascii_alphabetic() || c == 'µ')?);
+    let v: f64 = num.parse().ok()?;
+    let nanos = match unit {
+        "ns" => v,
+        "µs" | "us" => v * 1e3,
+        "ms" => v * 1e6,
+        "s" => v * 1e9,
+        _ => return None,
+    };
+    (nanos.is_finite() && nanos >= 0.0).then(|| Duration::from_nanos(nanos as u64))
+}
+
+/// Reads the split of the ADDs of `container_ids` from a `ternd` debug log.
+pub fn agent_split(log: &str, container_ids: &[String]) -> AgentSplit {
+    let wanted: std::collections::HashSet<&str> =
+        container_ids.iter().map(String::as_str).collect();
+    let mut parts: [Vec<Duration>; 5] = Default::default();
+    for line in log.lines() {
+        let Some(rest) = line.split(" ADD ").nth(1) else {
+            continue;
+        };
+        if let Some((cid, steps)) = rest.split_once(": allocate ") {
+            if !wanted.contains(cid) {
+                continue;
+            }
+            // "A, create veth B, policy+configure C, endpoint D"
+            let mut fields = steps.split(", ");
+            let values = [
+                fields.next(),
+                fields.next().and_then(|f| f.strip_prefix("create veth ")),
+                fields
+                    .next()
+                    .and_then(|f| f.strip_prefix("policy+configure ")),
+                fields.next().and_then(|f| f.strip_prefix("endpoint ")),
+            ];
+            for (i, v) in values.into_iter().enumerate() {
+                if let Some(d) = v.and_then(parse_debug_duration) {
+                    parts[i].push(d);
+                }
+            }
+        } else if let Some((target, took)) = rest.split_once(" ok in ") {
+            let cid = target.split('/').next().unwrap_or("");
+            if wanted.contains(cid)
+                && let Some(d) = parse_debug_duration(took)
+            {
+                parts[4].push(d);
+            }
+        }
+    }
+    let p50 = |v: &Vec<Duration>| percentile(v, 50.0);
+    AgentSplit {
+        n: parts[4].len(),
+        allocate: p50(&parts[0]),
+        create_veth: p50(&parts[1]),
+        configure: p50(&parts[2]),
+        endpoint: p50(&parts[3]),
+        served: p50(&parts[4]),
+    }
 }
 
 /// Runs the whole benchmark. The caller must already be in a private namespace
@@ -1197,7 +1296,14 @@ fn measure_set(
             let measured = measure(&plugin, &options.workload, &netns_dir, &cache);
             let after = agent.rss_kib()?;
             report.agent_rss_kib = Some((idle, after));
-            report.phases.extend(measured?);
+            let measured = measured?;
+            if std::env::var_os(SPLIT_ENV).is_some()
+                && let Some(add) = measured.iter().find(|p| p.phase == Phase::Add)
+            {
+                let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+                report.agent_split = Some(agent_split(&log, &add.container_ids));
+            }
+            report.phases.extend(measured);
         }
     }
     Ok(())
@@ -1236,6 +1342,30 @@ fn pass(ok: bool) -> &'static str {
 }
 
 impl CniReport {
+    /// For each phase measured for both sets: ref's p50 divided by tern's (how many times
+    /// faster tern is).
+    pub fn ratios(&self) -> Vec<(Phase, f64)> {
+        let p50 = |plugin: &str, phase: Phase| {
+            self.phases
+                .iter()
+                .find(|p| p.plugin == plugin && p.phase == phase)
+                .and_then(|p| p.summary.p50)
+        };
+        [
+            Phase::Add,
+            Phase::Del,
+            Phase::AddConcurrent,
+            Phase::DelConcurrent,
+        ]
+        .into_iter()
+        .filter_map(|ph| {
+            let r = p50(&PluginSet::Reference.to_string(), ph)?;
+            let t = p50(&PluginSet::Tern.to_string(), ph)?;
+            (!t.is_zero()).then(|| (ph, r.as_secs_f64() / t.as_secs_f64()))
+        })
+        .collect()
+    }
+
     /// True when every requested plugin set was measured and every execution succeeded with
     /// distinct addresses.
     pub fn all_ok(&self) -> bool {
@@ -1361,6 +1491,25 @@ impl fmt::Display for CniReport {
                     Err(e) => writeln!(f, "{:<12} {e}", s.name)?,
                 }
             }
+        }
+        let ratios = self.ratios();
+        if !ratios.is_empty() {
+            writeln!(f)?;
+            for (phase, r) in ratios {
+                writeln!(f, "ref/tern p50 {phase}: {r:.2}x")?;
+            }
+        }
+        if let Some(sp) = &self.agent_split {
+            writeln!(
+                f,
+                "\nternd's share of the sequential ADDs (p50 of {} from its log, ms): allocate {}, create veth {}, policy+configure {}, endpoint {}; served in {}",
+                sp.n,
+                ms(sp.allocate),
+                ms(sp.create_veth),
+                ms(sp.configure),
+                ms(sp.endpoint),
+                ms(sp.served)
+            )?;
         }
         if let Some((idle, after)) = self.agent_rss_kib {
             writeln!(
@@ -1548,6 +1697,7 @@ mod tests {
             wall: None,
             distinct_addresses: distinct,
             errors: vec![],
+            container_ids: vec![],
         };
         let report = CniReport {
             phases: vec![
@@ -1561,6 +1711,7 @@ mod tests {
                 bytes: Ok(1_000_000),
             }],
             agent_rss_kib: Some((30 * 1024, 31 * 1024)),
+            agent_split: None,
         };
         let verdicts: Vec<bool> = report.tern_targets().into_iter().map(|t| t.1).collect();
         assert_eq!(verdicts, vec![true, false, false, true, false]);
@@ -1573,6 +1724,80 @@ mod tests {
             table.contains("tern     add                 3     3      2.00      3.00      3.00")
         );
         assert!(table.contains("FAIL DEL p50 <= 3 ms"));
+    }
+
+    #[test]
+    fn debug_durations_parse_in_every_unit() {
+        assert_eq!(
+            parse_debug_duration("380.006µs"),
+            Some(Duration::from_nanos(380_006))
+        );
+        assert_eq!(
+            parse_debug_duration("1.104281ms,"),
+            Some(Duration::from_nanos(1_104_281))
+        );
+        assert_eq!(
+            parse_debug_duration("800ns"),
+            Some(Duration::from_nanos(800))
+        );
+        assert_eq!(
+            parse_debug_duration("2.5s"),
+            Some(Duration::from_millis(2500))
+        );
+        for bad in ["", "ms", "12", "1.0xs", "-1ms"] {
+            assert_eq!(parse_debug_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn agent_split_reads_only_the_phase_pods_from_the_log() {
+        let log = "\
+[2026-12-01T11:59:27.100Z DEBUG tern_agent::ops] ADD warm: allocate 9ms, create veth 9ms, policy+configure 9ms, endpoint 9ms
+[2026-12-01T11:59:27.100Z DEBUG tern_agent::server] ADD warm/eth0 ok in 40ms
+[2026-12-01T11:59:27.200Z DEBUG tern_agent::ops] ADD c1: allocate 100µs, create veth 600µs, policy+configure 300µs, endpoint 90µs
+[2026-12-01T11:59:27.200Z DEBUG tern_agent::server] ADD c1/eth0 ok in 1.2ms
+[2026-12-01T11:59:27.300Z DEBUG tern_agent::ops] ADD c2: allocate 200µs, create veth 700µs, policy+configure 400µs, endpoint 110µs
+[2026-12-01T11:59:27.300Z DEBUG tern_agent::server] ADD c2/eth0 ok in 1.5ms
+[2026-12-01T11:59:27.400Z INFO  tern_agent::server] ADD c3/eth0 failed (code 11): busy
+";
+        let sp = agent_split(log, &["c1".into(), "c2".into(), "c3".into()]);
+        assert_eq!(
+            sp,
+            AgentSplit {
+                n: 2,
+                allocate: Some(Duration::from_micros(100)),
+                create_veth: Some(Duration::from_micros(600)),
+                configure: Some(Duration::from_micros(300)),
+                endpoint: Some(Duration::from_micros(90)),
+                served: Some(Duration::from_micros(1200)),
+            }
+        );
+        assert_eq!(agent_split(log, &[]).n, 0);
+    }
+
+    #[test]
+    fn ratios_compare_the_sets_phase_by_phase() {
+        let phase = |plugin: &str, ph: Phase, ms: u64| PhaseResult {
+            plugin: plugin.into(),
+            phase: ph,
+            summary: Summary::new(1, &[Duration::from_millis(ms)]),
+            wall: None,
+            distinct_addresses: None,
+            errors: vec![],
+            container_ids: vec![],
+        };
+        let report = CniReport {
+            phases: vec![
+                phase("ref", Phase::Add, 12),
+                phase("ref", Phase::Del, 30),
+                phase("tern", Phase::Add, 3),
+                phase("tern", Phase::Del, 2),
+                phase("tern", Phase::AddConcurrent, 100),
+            ],
+            ..CniReport::default()
+        };
+        assert_eq!(report.ratios(), vec![(Phase::Add, 4.0), (Phase::Del, 15.0)]);
+        assert!(report.to_string().contains("ref/tern p50 add: 4.00x"));
     }
 
     #[test]

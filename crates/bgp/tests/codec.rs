@@ -525,62 +525,42 @@ fn update_treat_as_withdraw_errors() {
         update_msg(&[16, 10, 9], &attrs, &NLRI)
     };
     let prefixes = ["10.9.0.0/16", "10.1.2.0/24"];
-    let bad_origin = [0x40, 1, 1, 7];
-    assert_withdraw(
-        &with(&bad_origin, 1),
-        ErrorCode::Update(UpdateSubcode::InvalidOriginAttribute),
-        &bad_origin,
-        &prefixes,
-    );
-    let origin_len = [0x40, 1, 2, 0, 0];
-    assert_withdraw(
-        &with(&origin_len, 1),
-        ErrorCode::Update(UpdateSubcode::AttributeLengthError),
-        &origin_len,
-        &prefixes,
-    );
-    let bad_path = [0x40, 2, 6, 2, 2, 0, 0, 0xfd, 0xe8];
-    assert_withdraw(
-        &with(&bad_path, 2),
-        ErrorCode::Update(UpdateSubcode::MalformedAsPath),
-        &bad_path,
-        &prefixes,
-    );
-    let bad_nh = [0x40, 3, 4, 224, 0, 0, 1];
-    assert_withdraw(
-        &with(&bad_nh, 3),
-        ErrorCode::Update(UpdateSubcode::InvalidNextHopAttribute),
-        &bad_nh,
-        &prefixes,
-    );
-    // MED sent as well-known: flags error.
-    let bad_flags = [0x40, 4, 4, 0, 0, 0, 1];
-    assert_withdraw(
-        &with(&bad_flags, 0),
-        ErrorCode::Update(UpdateSubcode::AttributeFlagsError),
-        &bad_flags,
-        &prefixes,
-    );
-    let bad_comm = [0xc0, 8, 3, 1, 2, 3];
-    assert_withdraw(
-        &with(&bad_comm, 0),
-        ErrorCode::Update(UpdateSubcode::AttributeLengthError),
-        &bad_comm,
-        &prefixes,
-    );
-    assert_withdraw(
-        &with(&[], 3),
-        ErrorCode::Update(UpdateSubcode::MissingWellKnownAttribute),
-        &[3],
-        &prefixes,
-    );
-    // Last attribute overruns the attribute section.
-    assert_withdraw(
-        &with(&[0x40, 5, 4, 0], 0),
-        ErrorCode::Update(UpdateSubcode::MalformedAttributeList),
-        &[],
-        &prefixes,
-    );
+    use UpdateSubcode as U;
+    // (the bad attribute, the mandatory attribute left out (0: none), the error, its data when
+    // it is not the bad attribute itself).
+    type Case<'a> = (&'a [u8], u8, UpdateSubcode, Option<&'a [u8]>);
+    let cases: [Case; 8] = [
+        (&[0x40, 1, 1, 7], 1, U::InvalidOriginAttribute, None),
+        (&[0x40, 1, 2, 0, 0], 1, U::AttributeLengthError, None),
+        (
+            &[0x40, 2, 6, 2, 2, 0, 0, 0xfd, 0xe8],
+            2,
+            U::MalformedAsPath,
+            None,
+        ),
+        (
+            &[0x40, 3, 4, 224, 0, 0, 1],
+            3,
+            U::InvalidNextHopAttribute,
+            None,
+        ),
+        // MED sent as well-known: flags error.
+        (&[0x40, 4, 4, 0, 0, 0, 1], 0, U::AttributeFlagsError, None),
+        (&[0xc0, 8, 3, 1, 2, 3], 0, U::AttributeLengthError, None),
+        // NEXT_HOP missing: its type code is the data.
+        (&[], 3, U::MissingWellKnownAttribute, Some(&[3])),
+        // Last attribute overruns the attribute section: no data.
+        (&[0x40, 5, 4, 0], 0, U::MalformedAttributeList, Some(&[])),
+    ];
+    for (attr, without, sub, data) in cases {
+        let data = data.unwrap_or(attr);
+        assert_withdraw(
+            &with(attr, without),
+            ErrorCode::Update(sub),
+            data,
+            &prefixes,
+        );
+    }
 }
 
 #[test]

@@ -229,14 +229,8 @@ fn malformed_messages_get_the_right_notification_and_the_speaker_survives() {
         bad[17] = 19;
         bad[18] = 4;
         raw.send_raw(&bad).await;
-        let mut n = None;
-        while let Some(m) = raw.recv(5).await {
-            if let Message::Notification(x) = m {
-                n = Some(x);
-            }
-        }
         assert_eq!(
-            n.expect("a NOTIFICATION").error,
+            raw.last_notification(5).await.error,
             ErrorCode::MessageHeader(HeaderSubcode::ConnectionNotSynchronized)
         );
 
@@ -244,14 +238,8 @@ fn malformed_messages_get_the_right_notification_and_the_speaker_survives() {
         let mut raw = RawPeer::connect(lo(2), dst).await;
         raw.send(&raw_open(65000, 90, Ipv4Addr::new(198, 18, 0, 2)))
             .await;
-        let mut n = None;
-        while let Some(m) = raw.recv(5).await {
-            if let Message::Notification(x) = m {
-                n = Some(x);
-            }
-        }
         assert_eq!(
-            n.expect("a NOTIFICATION").error,
+            raw.last_notification(5).await.error,
             ErrorCode::Open(OpenSubcode::BadPeerAs)
         );
 
@@ -287,14 +275,8 @@ fn malformed_messages_get_the_right_notification_and_the_speaker_survives() {
         );
         a.shutdown().await;
         // Administrative shutdown reaches the peer as Cease.
-        let mut n = None;
-        while let Some(m) = raw.recv(5).await {
-            if let Message::Notification(x) = m {
-                n = Some(x);
-            }
-        }
         assert_eq!(
-            n.expect("a NOTIFICATION").error,
+            raw.last_notification(5).await.error,
             ErrorCode::Cease(CeaseSubcode::AdministrativeShutdown)
         );
     });
@@ -498,14 +480,8 @@ fn import_filter_and_malformed_update_from_a_hostile_peer() {
         bad.push(2);
         bad.extend_from_slice(&[0, 0, 0xff, 0xff, 0x40, 0x01, 0x01, 0x00]);
         raw.send_raw(&bad).await;
-        let mut n = None;
-        while let Some(m) = raw.recv(5).await {
-            if let Message::Notification(x) = m {
-                n = Some(x);
-            }
-        }
         assert_eq!(
-            n.expect("a NOTIFICATION").error,
+            raw.last_notification(5).await.error,
             ErrorCode::Update(UpdateSubcode::MalformedAttributeList)
         );
         assert_eq!(
@@ -581,13 +557,7 @@ fn prefix_limit_ends_the_session_of_a_flooding_peer() {
             "10.98.0.0/24".parse().unwrap(),
         ])))
         .await;
-        let mut n = None;
-        while let Some(m) = raw.recv(5).await {
-            if let Message::Notification(x) = m {
-                n = Some(x);
-            }
-        }
-        let n = n.expect("a NOTIFICATION");
+        let n = raw.last_notification(5).await;
         assert_eq!(
             n.error,
             ErrorCode::Cease(CeaseSubcode::MaximumNumberOfPrefixesReached)

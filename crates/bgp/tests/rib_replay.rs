@@ -21,6 +21,7 @@ use tern_bgp::codec::{
 };
 use tern_bgp::fsm::{Negotiated, Retention};
 use tern_bgp::rib::{ImportFilter, PeerConfig, Rib, RibConfig, RouteSource};
+use tern_testkit::golden;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -276,14 +277,8 @@ fn step(out: &mut String, title: &str, rib: &mut Rib) {
 }
 
 fn run(dir: &Path) -> String {
-    let read = |f: &str| {
-        let p = dir.join(f);
-        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-    };
-    let cfg: Config = serde_json::from_str(&read("config.json"))
-        .unwrap_or_else(|e| panic!("{}/config.json: {e}", dir.display()));
-    let events: Vec<Event> = serde_json::from_str(&read("events.json"))
-        .unwrap_or_else(|e| panic!("{}/events.json: {e}", dir.display()));
+    let cfg: Config = golden::parse(dir, "config.json", |t| serde_json::from_str(t));
+    let events: Vec<Event> = golden::parse(dir, "events.json", |t| serde_json::from_str(t));
     let mut rib = Rib::new(RibConfig {
         local_as: cfg.local_as,
         router_id: cfg.router_id,
@@ -350,40 +345,5 @@ fn run(dir: &Path) -> String {
 #[test]
 fn rib_topologies_match_golden_outputs() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/rib_replay");
-    let update = std::env::var("TERN_GOLDEN_UPDATE").is_ok_and(|v| v == "1");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
-    assert!(cases.len() >= 4, "RIB cases missing in {}", root.display());
-    let mut failures = Vec::new();
-    for case in &cases {
-        let got = run(case);
-        let expected = case.join("output.txt");
-        if update {
-            std::fs::write(&expected, &got).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&expected).unwrap_or_default();
-        if got != want {
-            let (g, w): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
-            let i = (0..g.len().max(w.len()))
-                .find(|&i| g.get(i) != w.get(i))
-                .unwrap_or(0);
-            failures.push(format!(
-                "{}:{}: got {:?}, want {:?}",
-                expected.display(),
-                i + 1,
-                g.get(i).unwrap_or(&"<end>"),
-                w.get(i).unwrap_or(&"<end>")
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "golden mismatch (rerun with TERN_GOLDEN_UPDATE=1 after checking the change):\n{}",
-        failures.join("\n")
-    );
+    golden::check(&root, "output.txt", 4, run);
 }

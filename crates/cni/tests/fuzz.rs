@@ -357,17 +357,7 @@ fn mutated_bytes_of_a_valid_configuration_never_panic() {
     let edits = proptest::collection::vec((any::<usize>(), any::<u8>(), 0u8..3), 1..8);
     r.run(&edits, |edits| {
         let mut b = base.clone();
-        for (at, byte, op) in edits {
-            let i = at % (b.len() + 1);
-            match op {
-                0 if i < b.len() => b[i] = byte,
-                1 => b.insert(i, byte),
-                _ if i < b.len() => {
-                    b.remove(i);
-                }
-                _ => {}
-            }
-        }
+        tern_testkit::apply_byte_edits(&mut b, &edits);
         parse_everything(&b);
         Ok(())
     })

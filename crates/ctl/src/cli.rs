@@ -72,32 +72,31 @@ pub enum Command {
         skip_not_exists: bool,
     },
     /// Set (`key=value`) or remove (`key-`) labels of a workloadendpoint or namespace.
-    Label {
-        /// Kind: workloadendpoint (wep) or namespace.
-        kind: String,
-        /// Name of the resource.
-        name: String,
-        /// Changes: `key=value` sets, `key-` removes.
-        #[arg(required = true)]
-        changes: Vec<String>,
-        /// Namespace of a workloadendpoint (default `default`).
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-    },
+    #[command(
+        // mut_arg moves an argument to the end: every positional is named, in order.
+        mut_arg("kind", |a| a.help("Kind: workloadendpoint (wep) or namespace")),
+        mut_arg("name", |a| a),
+        mut_arg("changes", |a| a.help("Changes: `key=value` sets, `key-` removes")),
+        mut_arg("namespace", |a| {
+            a.help("Namespace of a workloadendpoint (default `default`)")
+        })
+    )]
+    Label(Changes),
     /// Set (`name=port[/protocol]`) or remove (`name-`) named ports of a workloadendpoint.
-    Port {
-        /// Kind: workloadendpoint (wep).
-        kind: String,
-        /// Name of the resource.
-        name: String,
-        /// Changes: `http=8080/TCP` sets (protocol TCP, UDP or SCTP; TCP when absent),
-        /// `http-` removes.
-        #[arg(required = true)]
-        changes: Vec<String>,
-        /// Namespace of the workloadendpoint (default `default`).
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-    },
+    #[command(
+        mut_arg("kind", |a| a.help("Kind: workloadendpoint (wep)")),
+        mut_arg("name", |a| a),
+        mut_arg("changes", |a| {
+            a.help(
+                "Changes: `http=8080/TCP` sets (protocol TCP, UDP or SCTP; TCP when absent), \
+                 `http-` removes",
+            )
+        }),
+        mut_arg("namespace", |a| {
+            a.help("Namespace of the workloadendpoint (default `default`)")
+        })
+    )]
+    Port(Changes),
     /// IP address management.
     Ipam {
         #[command(subcommand)]
@@ -454,4 +453,20 @@ pub enum PodCommand {
     },
     /// Delete a pod (CNI DEL, then its namespace).
     Del { pod: String },
+}
+
+/// The arguments of `label` and `port`: changes to one resource (each command's help names
+/// what its kind and changes may be).
+#[derive(Debug, Args)]
+pub struct Changes {
+    /// Kind of the resource.
+    pub kind: String,
+    /// Name of the resource.
+    pub name: String,
+    /// The changes.
+    #[arg(required = true)]
+    pub changes: Vec<String>,
+    /// Namespace of a namespaced resource.
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
 }

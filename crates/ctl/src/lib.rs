@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use tern_model::Kind;
 use tern_store::Store;
 
 pub mod cli;
@@ -26,6 +27,24 @@ struct StoreArgs<'a> {
     ca: Option<&'a std::path::Path>,
     cert: Option<&'a std::path::Path>,
     key: Option<&'a std::path::Path>,
+}
+
+/// `label::label` or `port::port`: applies changes to a resource (kind, name, namespace).
+type ApplyChanges<C> = fn(&dyn Store, Kind, &str, Option<&str>, &[C]) -> anyhow::Result<String>;
+
+/// `label` or `port`: parses the kind and the changes (with `parse`), then applies them to the
+/// resource in the store (with `apply`). The kind and what `apply` reports.
+fn change<C>(
+    store: &StoreArgs,
+    c: &cli::Changes,
+    parse: fn(&[String]) -> anyhow::Result<Vec<C>>,
+    apply: ApplyChanges<C>,
+) -> anyhow::Result<(Kind, String)> {
+    let kind = get::parse_kind(&c.kind)?;
+    let changes = parse(&c.changes)?;
+    let s = open_store(store)?;
+    let now = apply(&*s, kind, &c.name, c.namespace.as_deref(), &changes)?;
+    Ok((kind, now))
 }
 
 fn open_store(args: &StoreArgs) -> anyhow::Result<Arc<dyn Store>> {
@@ -138,29 +157,13 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             let s = open_store(&store)?;
             println!("{}", delete::delete(s, kind, &name, namespace.as_deref())?);
         }
-        Command::Label {
-            kind,
-            name,
-            changes,
-            namespace,
-        } => {
-            let kind = get::parse_kind(&kind)?;
-            let changes = label::parse_changes(&changes)?;
-            let s = open_store(&store)?;
-            let now = label::label(&*s, kind, &name, namespace.as_deref(), &changes)?;
-            println!("{} {name} labelled: {now}", kind.as_str());
+        Command::Label(c) => {
+            let (kind, now) = change(&store, &c, label::parse_changes, label::label)?;
+            println!("{} {} labelled: {now}", kind.as_str(), c.name);
         }
-        Command::Port {
-            kind,
-            name,
-            changes,
-            namespace,
-        } => {
-            let kind = get::parse_kind(&kind)?;
-            let changes = port::parse_changes(&changes)?;
-            let s = open_store(&store)?;
-            let now = port::port(&*s, kind, &name, namespace.as_deref(), &changes)?;
-            println!("{} {name} ports: {now}", kind.as_str());
+        Command::Port(c) => {
+            let (kind, now) = change(&store, &c, port::parse_changes, port::port)?;
+            println!("{} {} ports: {now}", kind.as_str(), c.name);
         }
         Command::Ipam { command } => {
             let s = open_store(&store)?;

@@ -14,77 +14,19 @@
 //! Needs root and the binaries of `scripts/k8s-components.sh`; without them the test fails and
 //! says how to get them. The namespace and every process are removed by drop guards.
 
+#[path = "../../agent/tests/common/mod.rs"]
+mod common;
 #[path = "../../agent/tests/kube_api/mod.rs"]
 mod kube_api;
 
-use kube_api::KubeApi;
+use kube_api::{KubeApi, KubeNode};
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::Command;
+use std::time::Duration;
 
 const NODE_IP: &str = "198.18.0.10";
 const SA: &str = "system:serviceaccount:kube-system:tern-node";
-
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-fn unique(tag: &str) -> String {
-    format!(
-        "tkm{}-{tag}{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A uniquely named network namespace with an underlay address, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let n = Netns(unique(tag));
-        ip(&["netns", "add", &n.0]);
-        ip(&["-n", &n.0, "link", "set", "lo", "up"]);
-        ip(&[
-            "-n", &n.0, "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
-        ]);
-        ip(&[
-            "-n",
-            &n.0,
-            "addr",
-            "add",
-            &format!("{NODE_IP}/24"),
-            "dev",
-            "ul0",
-        ]);
-        ip(&["-n", &n.0, "link", "set", "ul0", "up"]);
-        ip(&["-n", &n.0, "link", "set", "ul1", "up"]);
-        n
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// `ternctl ARGS` (the binary under test); stdout, panicking on failure.
 fn ternctl(args: &[&str]) -> String {
@@ -102,42 +44,6 @@ fn ternctl(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Outcome of one kubectl run.
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// kubectl in the namespace with the admin kubeconfig, with stdin; keeps stdout and stderr
-/// (warnings are on stderr, `auth can-i`'s "no" on stdout with exit status 1).
-fn kubectl(api: &KubeApi, args: &[&str], stdin: Option<&str>) -> Out {
-    use std::io::Write;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &api.netns])
-        .arg(api.bin.join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(api.dir.join("admin.kubeconfig"))
-        .arg("--request-timeout=20s")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning kubectl");
-    let mut input = child.stdin.take().unwrap();
-    if let Some(s) = stdin {
-        input.write_all(s.as_bytes()).unwrap();
-    }
-    drop(input);
-    let out = child.wait_with_output().expect("kubectl");
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 /// Applies `yaml` (server dry-run or for real); asserts success, no warning, and that every
 /// object of the manifest is named in the output.
 fn apply(api: &KubeApi, yaml: &str, dry_run: bool) -> String {
@@ -145,7 +51,7 @@ fn apply(api: &KubeApi, yaml: &str, dry_run: bool) -> String {
     if dry_run {
         args.push("--dry-run=server");
     }
-    let o = kubectl(api, &args, Some(yaml));
+    let o = api.kubectl_out(&args, Some(yaml));
     assert!(o.ok, "kubectl {} failed: {}", args.join(" "), o.stderr);
     assert!(
         !o.stderr.to_lowercase().contains("warning"),
@@ -166,7 +72,7 @@ fn apply(api: &KubeApi, yaml: &str, dry_run: bool) -> String {
 }
 
 fn get_json(api: &KubeApi, args: &[&str]) -> Value {
-    let o = kubectl(api, &[args, &["-o", "json"]].concat(), None);
+    let o = api.kubectl_out(&[args, &["-o", "json"]].concat(), None);
     assert!(o.ok, "kubectl {} failed: {}", args.join(" "), o.stderr);
     serde_json::from_str(&o.stdout).unwrap()
 }
@@ -352,7 +258,7 @@ fn check_rbac(api: &KubeApi) {
             if !sub.is_empty() {
                 args.push(&sub_arg);
             }
-            let o = kubectl(api, &args, None);
+            let o = api.kubectl_out(&args, None);
             let answer = o.stdout.trim();
             let want = allowed.contains(&verb);
             let got = match answer {
@@ -371,8 +277,7 @@ fn check_rbac(api: &KubeApi) {
         wrong.join("\n")
     );
     // Nothing beyond: the rules the SA has on resources are exactly the manifest's.
-    let o = kubectl(
-        api,
+    let o = api.kubectl_out(
         &["auth", "can-i", "--list", "--as", SA, "-n", "kube-system"],
         None,
     );
@@ -382,14 +287,12 @@ fn check_rbac(api: &KubeApi) {
 
 #[test]
 fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
-    assert!(
-        is_root(),
-        "manifest_is_accepted_by_a_real_apiserver_with_least_rbac needs root (network \
-         namespaces); run it as root"
-    );
-    let tmp = tempfile::tempdir().unwrap();
-    let ns = Netns::new("api");
-    let api = KubeApi::start(&ns.0, &tmp.path().join("k8s"), NODE_IP);
+    if !kube_api::require_k8s() {
+        return;
+    }
+    let mut k = KubeNode::start(NODE_IP);
+    k.api.request_timeout = Duration::from_secs(20);
+    let api = &k.api;
 
     let default = ternctl(&["install", "manifest"]);
     let checked_in = std::fs::read_to_string(
@@ -414,30 +317,27 @@ fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
         "--pool",
         "10.50.0.0/16",
     ]);
-    let out = apply(&api, &variant, true);
+    let out = apply(api, &variant, true);
     assert!(out.contains("(server dry run)"), "{out}");
     assert!(
-        kubectl(&api, &["get", "ds", "-n", "kube-system", "tern-node"], None)
+        api.kubectl_out(&["get", "ds", "-n", "kube-system", "tern-node"], None)
             .stderr
             .contains("NotFound"),
         "a dry run must not create anything"
     );
-    apply(&api, &default, true);
-    apply(&api, &default, false);
+    apply(api, &default, true);
+    apply(api, &default, false);
     // Applying again changes nothing.
-    let again = apply(&api, &default, false);
+    let again = apply(api, &default, false);
     assert!(
         again.contains("daemonset.apps/tern-node unchanged"),
         "{again}"
     );
 
-    let ds = get_json(
-        &api,
-        &["get", "daemonset", "tern-node", "-n", "kube-system"],
-    );
+    let ds = get_json(api, &["get", "daemonset", "tern-node", "-n", "kube-system"]);
     check_daemonset(&ds);
     let cm = get_json(
-        &api,
+        api,
         &["get", "configmap", "tern-config", "-n", "kube-system"],
     );
     assert_eq!(cm["data"]["store"], "sqlite:///var/lib/tern/tern.db");
@@ -454,8 +354,7 @@ fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
         "spec": ds["spec"]["template"]["spec"],
     });
     pod["spec"]["nodeName"] = json!("itest-node");
-    let o = kubectl(
-        &api,
+    let o = api.kubectl_out(
         &["create", "--dry-run=server", "-o", "json", "-f", "-"],
         Some(&pod.to_string()),
     );
@@ -463,7 +362,7 @@ fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
     let admitted: Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(admitted["spec"]["priority"], 2_000_001_000, "{}", o.stdout);
 
-    check_rbac(&api);
+    check_rbac(api);
 }
 
 /// The init container's `ternctl apply -f /etc/tern/ippool.yaml`, on a SQLite store: the

@@ -233,7 +233,6 @@ fn bgp_full_mesh_graceful_restart_and_flap() {
 #[test]
 fn bird_route_reflector_with_mesh_disabled() {
     if !common::require_root() || !common::require_bird() {
-        eprintln!("skipping: needs root and BIRD 2");
         return;
     }
     let mut lab = build("bgprr", 3);
@@ -287,7 +286,6 @@ fn bird_route_reflector_with_mesh_disabled() {
 #[test]
 fn bird_as_ebgp_peer() {
     if !common::require_root() || !common::require_bird() {
-        eprintln!("skipping: needs root and BIRD 2");
         return;
     }
     let mut lab = build("bgpe", 2);

@@ -12,6 +12,10 @@
 //!   four loops, never gets through;
 //! - an allow by label: `kubectl label pod` opens the denied pod to the prober, removing the
 //!   label closes it again;
+//! - `ternctl lab status` reports each node's tern-node pod running and its ternd ready (not
+//!   a missing ternd); `ternctl lab node add` joins node3 to the cluster: Ready, its own
+//!   tern-node pod running, no host ternd, and a pod there gets a tern address and reaches
+//!   a pod on node1 both ways;
 //! - `lab down` removes the manifest's objects and leaves no namespace, cgroup or sysctl
 //!   behind.
 //!
@@ -19,13 +23,12 @@
 //! naming what is missing. The lab has a unique name and is removed by a guard.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tern_lab::kube;
+use tern_lab::kube::pods::TERN_NODE_PODS;
 
 mod common;
-use common::ternctl;
+use common::kube_lab::{KubeLab as Lab, ternctl_store};
 
 /// The workspace's binaries, rebuilt when stale (the shared lab harness).
 fn bin_dir() -> PathBuf {
@@ -38,92 +41,14 @@ fn preconditions() -> PathBuf {
     common::kube_preconditions("lab_kube_daemonset")
 }
 
-struct Lab {
-    name: String,
-    k8s: PathBuf,
-    kubeconfig: PathBuf,
-    cache: tempfile::TempDir,
+/// What this test asks of the lab beyond the shared harness.
+trait LabExt {
+    fn wait_ready(&self, name: &str) -> String;
+    fn ask(&self, from: &str, ip: &str) -> Option<String>;
+    fn wait_reach(&self, from: &str, ip: &str, open: bool, timeout: Duration) -> Duration;
 }
 
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Err(e) = tern_lab::down(&self.name) {
-            eprintln!("teardown of lab {}: {e}", self.name);
-        }
-    }
-}
-
-impl Lab {
-    fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(self.k8s.join("kubectl"))
-            .env("KUBECONFIG", &self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.cache.path())
-            .args(args)
-            .output()
-            .map_err(|e| format!("kubectl: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    }
-
-    fn must(&self, args: &[&str]) -> String {
-        self.kubectl(args)
-            .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()))
-    }
-
-    fn apply(&self, name: &str, yaml: &str) {
-        let p = self.cache.path().join(format!("{name}.yaml"));
-        std::fs::write(&p, yaml).unwrap();
-        self.must(&["apply", "-f", p.to_str().unwrap()]);
-    }
-
-    /// The tern-node pods and their ternd logs, the nodes' component logs.
-    fn diagnostics(&self) -> String {
-        let mut out = String::new();
-        out.push_str(
-            &self
-                .kubectl(&["-n", "kube-system", "get", "pods", "-o", "wide"])
-                .unwrap_or_else(|e| e),
-        );
-        out.push_str(
-            &self
-                .kubectl(&[
-                    "-n",
-                    "kube-system",
-                    "logs",
-                    "-l",
-                    "k8s-app=tern-node",
-                    "-c",
-                    "ternd",
-                    "--tail",
-                    "15",
-                ])
-                .unwrap_or_else(|e| e),
-        );
-        if let Ok(Some(st)) = tern_lab::LabState::load(&self.name)
-            && let Some(k) = &st.kube
-        {
-            for n in &k.nodes {
-                for p in &n.procs {
-                    out.push_str(&format!(
-                        "\n--- {} {} ---\n{}",
-                        n.name,
-                        p.name,
-                        p.log_tail(8)
-                    ));
-                }
-            }
-        }
-        out
-    }
-
+impl LabExt for Lab {
     /// Waits until pod `name` is Running and Ready; its address.
     fn wait_ready(&self, name: &str) -> String {
         self.kubectl(&[
@@ -245,19 +170,7 @@ spec:
 
 /// `ternctl --store <lab store> ARGS`: stdout + stderr.
 fn ternctl_out(st: &tern_lab::LabState, args: &[&str]) -> String {
-    // Inside a node's namespace: an etcd store is reachable only from the lab's namespaces.
-    let out = Command::new("ip")
-        .args(["netns", "exec", &st.nodes[0].netns])
-        .arg(ternctl())
-        .args(["--store", &st.store_url()])
-        .args(args)
-        .output()
-        .expect("ternctl runs");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    ternctl_store(st, args).1
 }
 
 /// The lines a pod printed.
@@ -282,40 +195,8 @@ fn phase(lab: &Lab, pod: &str) -> String {
 #[test]
 fn tern_installed_by_its_daemonset() {
     let k8s = preconditions();
-    let name = format!("d{}", tern_lab::process::random_hex(3));
-    let sysctls_before = kube::sys::read_current().expect("read sysctls");
-    let mut lab = Lab {
-        name: name.clone(),
-        k8s: k8s.clone(),
-        kubeconfig: PathBuf::new(),
-        cache: tempfile::tempdir().expect("tempdir"),
-    };
-    let t0 = Instant::now();
-    let out = Command::new(ternctl())
-        .env_remove("TERN_STORE")
-        .args(["lab", "--name", &name, "--bin-dir"])
-        .arg(bin_dir())
-        .args(["up", "--nodes", "2", "--kubernetes"])
-        .arg("--k8s-bin-dir")
-        .arg(&k8s)
-        .output()
-        .expect("ternctl runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "lab up --kubernetes failed:\n{stdout}\n{}{}",
-        String::from_utf8_lossy(&out.stderr),
-        lab.diagnostics()
-    );
-    eprintln!(
-        "lab up --nodes 2 --kubernetes (DaemonSet): {:?}",
-        t0.elapsed()
-    );
-    let export = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("export KUBECONFIG="))
-        .unwrap_or_else(|| panic!("no `export KUBECONFIG=` in:\n{stdout}"));
-    lab.kubeconfig = PathBuf::from(export.trim());
+    let lab = Lab::up("d", &k8s, &["--nodes", "2"]);
+    let name = lab.name.clone();
 
     // Installed by the manifest, not by the lab: no host ternd, one tern-node pod per node.
     let st = tern_lab::LabState::load(&name).unwrap().unwrap();
@@ -325,16 +206,16 @@ fn tern_installed_by_its_daemonset() {
     for n in &st.nodes {
         assert_eq!(n.ternd_pid, None, "{}: a host ternd runs", n.name);
     }
-    let ds = lab.must(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "k8s-app=tern-node",
-        "-o",
-        r#"jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
-    ]);
+    let ds = lab.must(
+        &[
+            TERN_NODE_PODS,
+            &[
+                "-o",
+                r#"jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
+            ],
+        ]
+        .concat(),
+    );
     let mut on: Vec<&str> = ds
         .lines()
         .filter(|l| l.ends_with("Running true true"))
@@ -342,17 +223,8 @@ fn tern_installed_by_its_daemonset() {
         .collect();
     on.sort();
     assert_eq!(on, ["node1", "node2"], "tern-node pods:\n{ds}");
-    let nodes = lab.must(&[
-        "get",
-        "nodes",
-        "-o",
-        r#"jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#,
-    ]);
-    assert_eq!(
-        nodes.lines().filter(|l| l.ends_with(" True")).count(),
-        2,
-        "nodes: {nodes}"
-    );
+    let (ready, nodes) = lab.ready_nodes();
+    assert_eq!(ready, 2, "nodes: {nodes}");
 
     // Pods on both nodes: tern addresses, reachable from each other.
     lab.apply("a", &server("a", "node1", "{app: web}", "{}"));
@@ -454,16 +326,16 @@ fn tern_installed_by_its_daemonset() {
     .unwrap_or_else(|e| panic!("{e}{}", lab.diagnostics()));
     let rollout = t1.elapsed();
     // Both new ternd serve: their pods are new and Ready.
-    let restarted = lab.must(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "k8s-app=tern-node",
-        "-o",
-        r#"jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
-    ]);
+    let restarted = lab.must(
+        &[
+            TERN_NODE_PODS,
+            &[
+                "-o",
+                r#"jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
+            ],
+        ]
+        .concat(),
+    );
     assert!(
         !ds.is_empty()
             && restarted
@@ -529,22 +401,89 @@ fn tern_installed_by_its_daemonset() {
     let took = lab.wait_reach("client", &locked, false, Duration::from_secs(30));
     eprintln!("label removed: denied again within {took:?}");
 
+    // `lab status`: the DaemonSet's ternd per node, not "ternd not started".
+    let status = common::ternctl_lab(&name, &bin_dir(), &["status"]);
+    assert!(status.ok(), "lab status: {}", status.stderr);
+    let healthy = |text: &str, node: &str| {
+        text.lines().any(|l| {
+            l.starts_with(&format!("  {node}: tern-node pod tern-node-"))
+                && l.contains(" Running (2/2 ready")
+                && l.ends_with("; ternd ready")
+        })
+    };
+    assert!(
+        !status.stdout.contains("ternd not started")
+            && status.stdout.contains("ternd in the tern-node DaemonSet")
+            && healthy(&status.stdout, "node1")
+            && healthy(&status.stdout, "node2"),
+        "lab status of a DaemonSet lab:\n{}",
+        status.stdout
+    );
+
+    // `lab node add`: node3 joins the cluster with its own tern-node pod.
+    let t2 = Instant::now();
+    let added = common::ternctl_lab(&name, &bin_dir(), &["node", "add"]);
+    assert!(
+        added.ok(),
+        "lab node add:\n{}\n{}{}",
+        added.stdout,
+        added.stderr,
+        lab.diagnostics()
+    );
+    eprintln!(
+        "lab node add (node3 Ready): {:?}\n{}",
+        t2.elapsed(),
+        added.stdout
+    );
+    assert!(
+        added
+            .stdout
+            .contains("node node3 joined the Kubernetes cluster: Ready")
+            && healthy(&added.stdout, "node3"),
+        "lab node add:\n{}",
+        added.stdout
+    );
+    let st3 = tern_lab::LabState::load(&name).unwrap().unwrap();
+    let n3 = st3.node("node3").expect("node3 recorded");
+    assert_eq!(n3.ternd_pid, None, "node3: a host ternd runs");
+    assert!(
+        st3.kube.as_ref().unwrap().node("node3").is_ok(),
+        "node3 recorded in the cluster"
+    );
+    let ready = lab.must(&[
+        "get",
+        "node",
+        "node3",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+    ]);
+    assert_eq!(ready.trim(), "True", "node3 Ready");
+    lab.apply("c", &server("c", "node3", "{app: web}", "{}"));
+    let c = lab.wait_ready("c");
+    let addr: std::net::Ipv4Addr = c.parse().unwrap_or_else(|_| panic!("c: {c:?}"));
+    assert!(pool.contains(&addr), "c {c} not in tern's pool {pool}");
+    let weps = ternctl_out(&st3, &["get", "wep", "-o", "wide"]);
+    assert!(
+        weps.lines()
+            .any(|l| l.contains("node3") && l.contains(c.as_str())),
+        "c {c} not among node3's endpoints:\n{weps}"
+    );
+    assert_eq!(lab.ask("c", &a).as_deref(), Some("a"), "node3 -> node1");
+    assert_eq!(lab.ask("a", &c).as_deref(), Some("c"), "node1 -> node3");
+    let status = common::ternctl_lab(&name, &bin_dir(), &["status"]);
+    assert!(
+        healthy(&status.stdout, "node3"),
+        "lab status after node add:\n{}",
+        status.stdout
+    );
+    eprintln!("node3: pod c {c} reaches and is reached from node1");
+
     // Teardown: the manifest's objects go while ternd runs; nothing is left.
     drop(st);
-    let done = tern_lab::down(&name).expect("lab down");
+    drop(st3);
+    let done = lab.down_clean();
     assert!(
         done.iter().any(|d| d.contains("-f")),
         "down deleted the manifest's objects: {done:?}"
-    );
-    let prefix = tern_lab::state::ns_prefix(&name);
-    assert!(kube::sys::with_prefix(&prefix).is_empty(), "cgroups left");
-    assert!(
-        tern_lab::process::netns_with_prefix(&prefix).is_empty(),
-        "namespaces left"
-    );
-    assert_eq!(
-        kube::sys::read_current().unwrap(),
-        sysctls_before,
-        "sysctls restored"
     );
 }

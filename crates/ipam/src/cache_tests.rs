@@ -8,14 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tern_model::{
-    IpPool, IpPoolSpec, IpReservation, IpReservationSpec, IpamConfigSpec, Node, NodeSpec,
-    put_resource,
-};
+use tern_model::{IpReservation, IpReservationSpec, IpamConfigSpec, put_resource};
 use tern_store::mem::MemStore;
-use tern_store::{KeyValue, Store, Txn, TxnResponse, Watch, keys};
+use tern_store::testing::{Call, Hook, Hooked, Verdict};
+use tern_store::{Store, keys};
 
-use crate::{AllocationAttrs, AssignArgs, Block, Ipam};
+use crate::testing::{put_node as node, put_pool as pool};
+use crate::{AssignArgs, Block, Ipam};
 
 /// Counts every store call by kind.
 #[derive(Default)]
@@ -25,90 +24,38 @@ struct Calls {
     txns: AtomicUsize,
 }
 
-struct Counting {
-    inner: MemStore,
-    calls: Calls,
+impl Hook for Calls {
+    fn before(&self, call: &Call<'_>) -> Verdict {
+        let n = match call {
+            Call::Get(_) => &self.gets,
+            Call::Range(_) => &self.ranges,
+            Call::Txn(_) => &self.txns,
+        };
+        n.fetch_add(1, Ordering::SeqCst);
+        Verdict::Forward
+    }
 }
 
-impl Counting {
-    fn new() -> Arc<Counting> {
-        Arc::new(Counting {
-            inner: MemStore::new(),
-            calls: Calls::default(),
-        })
-    }
-
+impl Calls {
     /// (gets, ranges, txns) since the last call.
     fn take(&self) -> (usize, usize, usize) {
         (
-            self.calls.gets.swap(0, Ordering::SeqCst),
-            self.calls.ranges.swap(0, Ordering::SeqCst),
-            self.calls.txns.swap(0, Ordering::SeqCst),
+            self.gets.swap(0, Ordering::SeqCst),
+            self.ranges.swap(0, Ordering::SeqCst),
+            self.txns.swap(0, Ordering::SeqCst),
         )
     }
 }
 
-impl Store for Counting {
-    fn get(&self, key: &str) -> tern_store::Result<Option<KeyValue>> {
-        self.calls.gets.fetch_add(1, Ordering::SeqCst);
-        self.inner.get(key)
-    }
-    fn range(&self, prefix: &str) -> tern_store::Result<(Vec<KeyValue>, i64)> {
-        self.calls.ranges.fetch_add(1, Ordering::SeqCst);
-        self.inner.range(prefix)
-    }
-    fn txn(&self, txn: Txn) -> tern_store::Result<TxnResponse> {
-        self.calls.txns.fetch_add(1, Ordering::SeqCst);
-        self.inner.txn(txn)
-    }
-    fn revision(&self) -> tern_store::Result<i64> {
-        self.inner.revision()
-    }
-    fn watch(&self, prefix: &str, after: i64) -> tern_store::Result<Box<dyn Watch>> {
-        self.inner.watch(prefix, after)
-    }
-    fn lease_grant(&self, ttl: Duration) -> tern_store::Result<i64> {
-        self.inner.lease_grant(ttl)
-    }
-    fn lease_keepalive(&self, lease: i64) -> tern_store::Result<()> {
-        self.inner.lease_keepalive(lease)
-    }
-    fn lease_revoke(&self, lease: i64) -> tern_store::Result<()> {
-        self.inner.lease_revoke(lease)
-    }
-}
+/// A memory store counting its calls (`.hook.take()`).
+type Counting = Hooked<Calls>;
 
-fn pool(store: &dyn Store, name: &str, cidr: &str, block: u8, selector: &str, disabled: bool) {
-    let mut spec = IpPoolSpec::new(cidr);
-    spec.block_size = block;
-    spec.node_selector = selector.into();
-    spec.disabled = disabled;
-    put_resource(store, &IpPool::new(name, spec).into()).unwrap();
-}
-
-fn node(store: &dyn Store, name: &str, labels: &[(&str, &str)]) {
-    let mut n = Node::new(name, NodeSpec::default());
-    n.metadata.labels = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    put_resource(store, &n.into()).unwrap();
+fn counting() -> Arc<Counting> {
+    Hooked::new(Arc::new(MemStore::new()), Calls::default())
 }
 
 fn args(handle: &str, node: &str, v4: usize) -> AssignArgs {
-    AssignArgs {
-        handle: handle.into(),
-        node: node.into(),
-        attrs: AllocationAttrs {
-            namespace: "default".into(),
-            pod: format!("pod-{handle}"),
-            node: node.into(),
-            container_id: handle.into(),
-            ifname: "eth0".into(),
-        },
-        num_v4: v4,
-        ..AssignArgs::default()
-    }
+    crate::testing::pod_args(handle, node, v4, 0)
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -121,24 +68,32 @@ fn in_net(cidr: &str, a: IpAddr) -> bool {
 
 #[test]
 fn common_case_is_one_transaction_and_release_two_round_trips() {
-    let s = Counting::new();
+    let s = counting();
     pool(&*s, "p", "10.244.0.0/16", 26, "all()", false);
     let ipam = Ipam::new(s.clone()).with_policy_ttl(Duration::from_secs(3600));
     ipam.auto_assign(&args("first", "n1", 1)).unwrap();
-    s.take();
+    s.hook.take();
     for i in 0..20 {
         ipam.auto_assign(&args(&format!("h{i}"), "n1", 1)).unwrap();
-        assert_eq!(s.take(), (0, 0, 1), "allocation {i}: (gets, ranges, txns)");
+        assert_eq!(
+            s.hook.take(),
+            (0, 0, 1),
+            "allocation {i}: (gets, ranges, txns)"
+        );
     }
     for i in 0..20 {
         assert_eq!(ipam.release_by_handle(&format!("h{i}")).unwrap().len(), 1);
-        assert_eq!(s.take(), (1, 0, 1), "release {i}: (gets, ranges, txns)");
+        assert_eq!(
+            s.hook.take(),
+            (1, 0, 1),
+            "release {i}: (gets, ranges, txns)"
+        );
     }
     // A handle the allocator has never seen (and no cached block): read handle, block, CAS.
     let other = Ipam::new(s.clone());
-    s.take();
+    s.hook.take();
     assert_eq!(other.release_by_handle("first").unwrap().len(), 1);
-    assert_eq!(s.take(), (2, 0, 1));
+    assert_eq!(s.hook.take(), (2, 0, 1));
     assert!(ipam.handles().unwrap().is_empty());
 }
 

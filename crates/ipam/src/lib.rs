@@ -29,7 +29,12 @@ use tern_store::{Compare, KeyValue, Op, Store, StoreError, Txn, keys};
 pub mod audit;
 pub mod block;
 pub mod node;
+// The allocation storm of the tests and benchmarks, out of production builds.
+#[cfg(feature = "test-support")]
 pub mod storm;
+// Shared test fixtures, out of production builds too.
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 pub use block::{
     Affinity, AffinityRecord, AffinityState, AllocationAttribute, Block, Handle, HandleRecord,

@@ -5,12 +5,12 @@
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tern_ipam::*;
 use tern_model::{IpPool, IpPoolSpec, put_resource};
 use tern_store::mem::MemStore;
-use tern_store::{KeyValue, Store, StoreError, Txn, TxnResponse, Watch, keys};
+use tern_store::testing::{Call, Hook, Hooked, Verdict};
+use tern_store::{StoreError, keys};
 
 /// What the next transaction writing a handle suffers.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -22,34 +22,23 @@ enum Fault {
     Lost,
 }
 
-/// A [`MemStore`] that hits the next `count` handle-writing transactions with `fault`.
-struct Flaky {
-    inner: MemStore,
+/// Hits the next `count` handle-writing transactions with `fault`.
+struct Faults {
     fault: Mutex<(Fault, usize)>,
     hit: AtomicUsize,
 }
 
-impl Flaky {
-    fn new() -> Arc<Flaky> {
-        Arc::new(Flaky {
-            inner: MemStore::new(),
-            fault: Mutex::new((Fault::None, 0)),
-            hit: AtomicUsize::new(0),
-        })
-    }
+impl Faults {
     fn arm(&self, fault: Fault, count: usize) {
         *self.fault.lock().unwrap() = (fault, count);
     }
 }
 
-impl Store for Flaky {
-    fn get(&self, key: &str) -> tern_store::Result<Option<KeyValue>> {
-        self.inner.get(key)
-    }
-    fn range(&self, prefix: &str) -> tern_store::Result<(Vec<KeyValue>, i64)> {
-        self.inner.range(prefix)
-    }
-    fn txn(&self, txn: Txn) -> tern_store::Result<TxnResponse> {
+impl Hook for Faults {
+    fn before(&self, call: &Call<'_>) -> Verdict {
+        let Call::Txn(txn) = call else {
+            return Verdict::Forward;
+        };
         let writes_handle = txn.success.iter().any(|op| match op {
             tern_store::Op::Put { key, .. } => key.starts_with(keys::HANDLES),
             _ => false,
@@ -63,58 +52,36 @@ impl Store for Flaky {
                 Fault::None
             }
         };
-        match fault {
-            Fault::None => self.inner.txn(txn),
-            Fault::Applied => {
-                self.hit.fetch_add(1, Ordering::SeqCst);
-                self.inner.txn(txn)?;
-                Err(StoreError::Ambiguous(
-                    "test: answer lost after applying".into(),
-                ))
-            }
-            Fault::Lost => {
-                self.hit.fetch_add(1, Ordering::SeqCst);
-                Err(StoreError::Ambiguous(
-                    "test: answer lost, not applied".into(),
-                ))
-            }
+        if fault != Fault::None {
+            self.hit.fetch_add(1, Ordering::SeqCst);
         }
-    }
-    fn revision(&self) -> tern_store::Result<i64> {
-        self.inner.revision()
-    }
-    fn watch(&self, prefix: &str, after: i64) -> tern_store::Result<Box<dyn Watch>> {
-        self.inner.watch(prefix, after)
-    }
-    fn lease_grant(&self, ttl: Duration) -> tern_store::Result<i64> {
-        self.inner.lease_grant(ttl)
-    }
-    fn lease_keepalive(&self, lease: i64) -> tern_store::Result<()> {
-        self.inner.lease_keepalive(lease)
-    }
-    fn lease_revoke(&self, lease: i64) -> tern_store::Result<()> {
-        self.inner.lease_revoke(lease)
+        match fault {
+            Fault::None => Verdict::Forward,
+            Fault::Applied => Verdict::ApplyThenFail(StoreError::Ambiguous(
+                "test: answer lost after applying".into(),
+            )),
+            Fault::Lost => Verdict::Fail(StoreError::Ambiguous(
+                "test: answer lost, not applied".into(),
+            )),
+        }
     }
 }
 
+/// A [`MemStore`] whose handle writes suffer the armed [`Faults`].
+type Flaky = Hooked<Faults>;
+
 fn args(handle: &str) -> AssignArgs {
-    AssignArgs {
-        handle: handle.into(),
-        node: "n1".into(),
-        attrs: AllocationAttrs {
-            namespace: "default".into(),
-            pod: format!("pod-{handle}"),
-            node: "n1".into(),
-            container_id: handle.into(),
-            ifname: "eth0".into(),
-        },
-        num_v4: 1,
-        ..AssignArgs::default()
-    }
+    tern_ipam::testing::pod_args(handle, "n1", 1, 0)
 }
 
 fn setup() -> (Arc<Flaky>, Ipam) {
-    let store = Flaky::new();
+    let store = Hooked::new(
+        Arc::new(MemStore::new()),
+        Faults {
+            fault: Mutex::new((Fault::None, 0)),
+            hit: AtomicUsize::new(0),
+        },
+    );
     put_resource(
         &*store,
         &IpPool::new("p", IpPoolSpec::new("10.244.0.0/24")).into(),
@@ -135,10 +102,10 @@ fn held(ipam: &Ipam, handle: &str) -> Vec<IpAddr> {
 #[test]
 fn an_applied_write_reported_ambiguous_is_recognised_by_its_handle() {
     let (store, ipam) = setup();
-    store.arm(Fault::Applied, 1);
+    store.hook.arm(Fault::Applied, 1);
     let got = ipam.auto_assign(&args("pod-a")).unwrap();
     assert_eq!(
-        store.hit.load(Ordering::SeqCst),
+        store.hook.hit.load(Ordering::SeqCst),
         1,
         "the fault did not strike"
     );
@@ -155,10 +122,10 @@ fn an_applied_write_reported_ambiguous_is_recognised_by_its_handle() {
 #[test]
 fn a_lost_write_reported_ambiguous_is_retried_once() {
     let (store, ipam) = setup();
-    store.arm(Fault::Lost, 2);
+    store.hook.arm(Fault::Lost, 2);
     let got = ipam.auto_assign(&args("pod-a")).unwrap();
     assert_eq!(
-        store.hit.load(Ordering::SeqCst),
+        store.hook.hit.load(Ordering::SeqCst),
         2,
         "the faults did not strike"
     );
@@ -175,18 +142,18 @@ fn an_ambiguous_error_is_try_again_later() {
 fn a_requested_address_written_ambiguously_is_recognised_by_its_handle() {
     let (store, ipam) = setup();
     let want: IpAddr = "10.244.0.40".parse().unwrap();
-    store.arm(Fault::Applied, 1);
+    store.hook.arm(Fault::Applied, 1);
     ipam.assign_ip(want, "static", &args("static").attrs)
         .unwrap();
     assert_eq!(
-        store.hit.load(Ordering::SeqCst),
+        store.hook.hit.load(Ordering::SeqCst),
         1,
         "the fault did not strike"
     );
     assert_eq!(held(&ipam, "static"), vec![want]);
     // Not applied: retried, and the address is still given to it (once).
     let other: IpAddr = "10.244.0.41".parse().unwrap();
-    store.arm(Fault::Lost, 1);
+    store.hook.arm(Fault::Lost, 1);
     ipam.assign_ip(other, "static2", &args("static2").attrs)
         .unwrap();
     assert_eq!(held(&ipam, "static2"), vec![other]);

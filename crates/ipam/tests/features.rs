@@ -8,50 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tern_ipam::testing::{pod_args as args, put_node as node, put_pool as pool};
 use tern_ipam::*;
 use tern_model::{
-    IpPool, IpPoolSpec, IpReservation, IpReservationSpec, IpamConfigSpec, Node, NodeSpec,
-    put_resource,
+    IpPool, IpPoolSpec, IpReservation, IpReservationSpec, IpamConfigSpec, put_resource,
 };
 use tern_store::mem::MemStore;
 use tern_store::{Store, keys};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-fn pool(store: &dyn Store, name: &str, cidr: &str, block: u8, selector: &str, disabled: bool) {
-    let mut spec = IpPoolSpec::new(cidr);
-    spec.block_size = block;
-    spec.node_selector = selector.into();
-    spec.disabled = disabled;
-    put_resource(store, &IpPool::new(name, spec).into()).unwrap();
-}
-
-fn node(store: &dyn Store, name: &str, labels: &[(&str, &str)]) {
-    let mut n = Node::new(name, NodeSpec::default());
-    n.metadata.labels = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    put_resource(store, &n.into()).unwrap();
-}
-
-fn args(handle: &str, node: &str, v4: usize, v6: usize) -> AssignArgs {
-    AssignArgs {
-        handle: handle.into(),
-        node: node.into(),
-        attrs: AllocationAttrs {
-            namespace: "default".into(),
-            pod: format!("pod-{handle}"),
-            node: node.into(),
-            container_id: handle.into(),
-            ifname: "eth0".into(),
-        },
-        num_v4: v4,
-        num_v6: v6,
-        ..AssignArgs::default()
-    }
 }
 
 /// A manual clock (unix seconds) and an allocator using it.

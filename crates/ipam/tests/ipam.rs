@@ -4,12 +4,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
+use tern_ipam::testing::pod_args as args;
 use tern_ipam::*;
 use tern_model::{IpPool, IpPoolSpec, IpamConfig, IpamConfigSpec, put_resource};
 use tern_store::mem::MemStore;
-use tern_store::{KeyValue, Store, Txn, TxnResponse, Watch, keys};
+use tern_store::testing::{Call, Hook, Hooked, Verdict};
+use tern_store::{Store, keys};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -31,23 +32,6 @@ fn set_config(store: &dyn Store, strict: bool, max_blocks: u32) {
         },
     );
     put_resource(store, &c.into()).unwrap();
-}
-
-fn args(handle: &str, node: &str, v4: usize, v6: usize) -> AssignArgs {
-    AssignArgs {
-        handle: handle.into(),
-        node: node.into(),
-        attrs: AllocationAttrs {
-            namespace: "default".into(),
-            pod: format!("pod-{handle}"),
-            node: node.into(),
-            container_id: handle.into(),
-            ifname: "eth0".into(),
-        },
-        num_v4: v4,
-        num_v6: v6,
-        ..AssignArgs::default()
-    }
 }
 
 fn mem() -> Arc<dyn Store> {
@@ -326,57 +310,33 @@ fn default_pool_is_created_once() {
 }
 
 /// Counts transactions (every write goes through `txn`).
-struct Counting {
-    inner: Arc<dyn Store>,
-    writes: AtomicUsize,
-}
+#[derive(Default)]
+struct Writes(AtomicUsize);
 
-impl Store for Counting {
-    fn get(&self, key: &str) -> tern_store::Result<Option<KeyValue>> {
-        self.inner.get(key)
-    }
-    fn range(&self, prefix: &str) -> tern_store::Result<(Vec<KeyValue>, i64)> {
-        self.inner.range(prefix)
-    }
-    fn txn(&self, txn: Txn) -> tern_store::Result<TxnResponse> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.txn(txn)
-    }
-    fn revision(&self) -> tern_store::Result<i64> {
-        self.inner.revision()
-    }
-    fn watch(&self, prefix: &str, after: i64) -> tern_store::Result<Box<dyn Watch>> {
-        self.inner.watch(prefix, after)
-    }
-    fn lease_grant(&self, ttl: Duration) -> tern_store::Result<i64> {
-        self.inner.lease_grant(ttl)
-    }
-    fn lease_keepalive(&self, lease: i64) -> tern_store::Result<()> {
-        self.inner.lease_keepalive(lease)
-    }
-    fn lease_revoke(&self, lease: i64) -> tern_store::Result<()> {
-        self.inner.lease_revoke(lease)
+impl Hook for Writes {
+    fn before(&self, call: &Call<'_>) -> Verdict {
+        if let Call::Txn(_) = call {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        Verdict::Forward
     }
 }
 
 #[test]
 fn one_write_per_allocation_in_an_owned_block() {
-    let counting = Arc::new(Counting {
-        inner: mem(),
-        writes: AtomicUsize::new(0),
-    });
+    let counting = Hooked::new(mem(), Writes::default());
     add_pool(&*counting, "p", "10.244.0.0/16", 26);
     let ipam = Ipam::new(counting.clone());
     ipam.auto_assign(&args("first", "n1", 1, 0)).unwrap();
     for i in 0..10 {
-        let before = counting.writes.load(Ordering::SeqCst);
+        let before = counting.hook.0.load(Ordering::SeqCst);
         ipam.auto_assign(&args(&format!("h{i}"), "n1", 1, 0))
             .unwrap();
-        assert_eq!(counting.writes.load(Ordering::SeqCst) - before, 1);
+        assert_eq!(counting.hook.0.load(Ordering::SeqCst) - before, 1);
     }
-    let before = counting.writes.load(Ordering::SeqCst);
+    let before = counting.hook.0.load(Ordering::SeqCst);
     ipam.release_by_handle("h3").unwrap();
-    assert_eq!(counting.writes.load(Ordering::SeqCst) - before, 1);
+    assert_eq!(counting.hook.0.load(Ordering::SeqCst) - before, 1);
 }
 
 /// Many threads assign and release concurrently; no address is ever held by two handles.

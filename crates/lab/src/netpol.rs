@@ -17,8 +17,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{FromRawFd, RawFd};
-use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tern_model::{EndpointPort, Kind, Namespace, NamespaceSpec, Resource};
@@ -26,7 +24,7 @@ use tern_model::{EndpointPort, Kind, Namespace, NamespaceSpec, Resource};
 use crate::cluster::with_store;
 use crate::netns::in_netns;
 use crate::pod::{netconf, result_addresses};
-use crate::process::{self, ip_in, netns_add, netns_exec};
+use crate::process;
 use crate::state::{self, LabState, PodState};
 use crate::{LabError, Result};
 
@@ -118,26 +116,7 @@ pub fn create_pod_netns(
     name: &str,
 ) -> Result<PodState> {
     let lab_pod = lab_pod_name(namespace, name);
-    state::validate_pod_name(&lab_pod)?;
-    let node = st.node(node)?.clone();
-    if st.pods.iter().any(|p| p.name == lab_pod) {
-        return Err(LabError::Invalid(format!(
-            "lab {:?} already has a pod {lab_pod:?}",
-            st.name
-        )));
-    }
-    let p = PodState {
-        name: lab_pod.clone(),
-        node: node.name.clone(),
-        netns: state::pod_ns(&st.name, &lab_pod),
-        container_id: process::random_hex(32),
-        addresses: Vec::new(),
-    };
-    netns_add(&p.netns)?;
-    st.pods.push(p.clone());
-    st.save()?;
-    ip_in(&p.netns, &["link", "set", "lo", "up"])?;
-    Ok(p)
+    Ok(crate::pod::new_pod_netns(st, node, &lab_pod)?.1)
 }
 
 /// Runs CNI ADD for a pod made by [`create_pod_netns`]: the pod joins Kubernetes namespace
@@ -157,44 +136,8 @@ pub fn cni_add(
         pod: lab_pod.clone(),
         message,
     };
-    let mut cmd = netns_exec(&node.netns, &st.bin_dir.join("tern"));
-    cmd.env("CNI_COMMAND", "ADD")
-        .env("CNI_CONTAINERID", &p.container_id)
-        .env("CNI_NETNS", Path::new("/run/netns").join(&p.netns))
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", &st.bin_dir)
-        .env(
-            "CNI_ARGS",
-            format!(
-                "K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={}",
-                p.container_id
-            ),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| LabError::Spawn {
-        command: process::describe(&cmd),
-        source: e,
-    })?;
     let conf = k8s_netconf(&node, labels, ip).to_string();
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(conf.as_bytes())
-            .map_err(|e| err(format!("writing the netconf to the plugin: {e}")))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| err(format!("waiting for the plugin: {e}")))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        return Err(err(format!(
-            "plugin exited with {}: {} {}",
-            out.status,
-            stdout.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
+    let stdout = crate::pod::exec_plugin(st, &node, &p, "ADD", (namespace, name), &conf)?;
     let result: serde_json::Value = serde_json::from_str(&stdout)
         .map_err(|e| err(format!("result is not JSON ({e}): {stdout}")))?;
     let addresses = result_addresses(&result);

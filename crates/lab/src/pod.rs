@@ -2,7 +2,6 @@
 //! inside the node's namespace, exactly as a container runtime on that node would.
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -46,6 +45,22 @@ fn run_plugin(
     pod: &PodState,
     command: &'static str,
 ) -> Result<String> {
+    let conf = netconf(node).to_string();
+    exec_plugin(st, node, pod, command, (POD_NAMESPACE, &pod.name), &conf)
+}
+
+/// Runs the `tern` plugin in `node`'s namespace for `command` on `pod`, which Kubernetes
+/// knows as `k8s_pod` (namespace, name), with the netconf `conf` on its stdin; its stdout on
+/// success, an error naming the command and the pod otherwise.
+pub(crate) fn exec_plugin(
+    st: &LabState,
+    node: &NodeState,
+    pod: &PodState,
+    command: &'static str,
+    k8s_pod: (&str, &str),
+    conf: &str,
+) -> Result<String> {
+    let (namespace, name) = k8s_pod;
     let mut cmd = netns_exec(&node.netns, &st.bin_dir.join("tern"));
     cmd.env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", &pod.container_id)
@@ -55,8 +70,8 @@ fn run_plugin(
         .env(
             "CNI_ARGS",
             format!(
-                "K8S_POD_NAMESPACE={POD_NAMESPACE};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={}",
-                pod.name, pod.container_id
+                "K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={}",
+                pod.container_id
             ),
         )
         .stdin(Stdio::piped())
@@ -71,7 +86,6 @@ fn run_plugin(
         command: process::describe(&cmd),
         source: e,
     })?;
-    let conf = netconf(node).to_string();
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(conf.as_bytes())
@@ -92,9 +106,13 @@ fn run_plugin(
     Ok(stdout)
 }
 
-/// Creates pod `pod` on `node`: its namespace, then CNI ADD. Records the pod (before ADD, so a
-/// failed ADD is still cleaned up by DEL) and its addresses.
-pub fn add_pod(st: &mut LabState, node: &str, pod: &str) -> Result<PodState> {
+/// Creates the network namespace of lab pod `pod` on `node` (loopback up) and records the
+/// pod, saved, so `down` removes it whatever comes next. The node's and the pod's records.
+pub(crate) fn new_pod_netns(
+    st: &mut LabState,
+    node: &str,
+    pod: &str,
+) -> Result<(NodeState, PodState)> {
     state::validate_pod_name(pod)?;
     let node = st.node(node)?.clone();
     if st.pods.iter().any(|p| p.name == pod) {
@@ -103,7 +121,7 @@ pub fn add_pod(st: &mut LabState, node: &str, pod: &str) -> Result<PodState> {
             st.name
         )));
     }
-    let mut p = PodState {
+    let p = PodState {
         name: pod.to_string(),
         node: node.name.clone(),
         netns: state::pod_ns(&st.name, pod),
@@ -114,6 +132,13 @@ pub fn add_pod(st: &mut LabState, node: &str, pod: &str) -> Result<PodState> {
     st.pods.push(p.clone());
     st.save()?;
     ip_in(&p.netns, &["link", "set", "lo", "up"])?;
+    Ok((node, p))
+}
+
+/// Creates pod `pod` on `node`: its namespace, then CNI ADD. Records the pod (before ADD, so a
+/// failed ADD is still cleaned up by DEL) and its addresses.
+pub fn add_pod(st: &mut LabState, node: &str, pod: &str) -> Result<PodState> {
+    let (node, mut p) = new_pod_netns(st, node, pod)?;
     let out = run_plugin(st, &node, &p, "ADD")?;
     let result: serde_json::Value = serde_json::from_str(&out).map_err(|e| LabError::Cni {
         command: "ADD",
@@ -182,11 +207,6 @@ pub fn start_server(
         .dir()
         .join(format!("serve-{pod}-{}.ready", process::random_hex(4)));
     let log_path = st.dir().join(format!("serve-{pod}.log"));
-    let log = std::fs::File::create(&log_path)
-        .map_err(|e| LabError::io(format!("cannot create {}", log_path.display()), e))?;
-    let log2 = log
-        .try_clone()
-        .map_err(|e| LabError::io(format!("cannot reopen {}", log_path.display()), e))?;
     let mut cmd = netns_exec(&p.netns, ternctl);
     cmd.args(["lab", "serve"]);
     if let Some(t) = tcp {
@@ -195,16 +215,8 @@ pub fn start_server(
     if let Some(u) = udp {
         cmd.arg("--udp").arg(u.to_string());
     }
-    cmd.arg("--ready-file")
-        .arg(&ready_file)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2)
-        .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| LabError::Spawn {
-        command: process::describe(&cmd),
-        source: e,
-    })?;
+    cmd.arg("--ready-file").arg(&ready_file);
+    let mut child = process::spawn_logged(&mut cmd, &log_path, false)?;
     let s = ServerState {
         pod: pod.to_string(),
         pid: child.id(),

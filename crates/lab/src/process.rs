@@ -2,8 +2,9 @@
 //! [`ip_in`] or [`netns_exec`], which always name a lab namespace, so no command can act on the
 //! root namespace by accident.
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::{LabError, Result};
@@ -16,6 +17,30 @@ pub fn describe(cmd: &Command) -> String {
         s.push_str(&a.to_string_lossy());
     }
     s
+}
+
+/// Starts `cmd` with stdin from /dev/null and stdout and stderr to the file `log` (appended
+/// to when `append`, else truncated), in a process group of its own: a Ctrl-C aimed at
+/// ternctl does not kill the lab's processes mid-teardown.
+pub(crate) fn spawn_logged(cmd: &mut Command, log: &Path, append: bool) -> Result<Child> {
+    let f = std::fs::File::options()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(log)
+        .map_err(|e| LabError::io(format!("cannot create {}", log.display()), e))?;
+    let f2 = f
+        .try_clone()
+        .map_err(|e| LabError::io(format!("cannot reopen {}", log.display()), e))?;
+    cmd.stdin(Stdio::null())
+        .stdout(f)
+        .stderr(f2)
+        .process_group(0);
+    cmd.spawn().map_err(|e| LabError::Spawn {
+        command: describe(cmd),
+        source: e,
+    })
 }
 
 /// Runs a command to completion; its stdout on success, an error with stderr otherwise.

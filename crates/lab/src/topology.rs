@@ -11,10 +11,7 @@
 //!                                          etcd on br1 198.18.1.2
 //! ```
 
-use std::fs::File;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::process::{self, ip_in, netns_add, netns_del, netns_exec, sysctl_in};
@@ -306,7 +303,6 @@ fn start_etcd(st: &mut LabState) -> Result<()> {
     st.save()?;
     plug(st, &ns, "etcd", &p)?;
     let log_path = st.dir().join("etcd.log");
-    let (log, log2) = open_log(&log_path, false)?;
     let client = format!("http://{}:{}", p.address, state::ETCD_CLIENT_PORT);
     let mut cmd = netns_exec(&ns, Path::new(ETCD_BIN));
     cmd.arg("--name")
@@ -319,15 +315,8 @@ fn start_etcd(st: &mut LabState) -> Result<()> {
         .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
         .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
         .args(["--initial-cluster", "lab=http://127.0.0.1:2380"])
-        .args(["--log-level", "warn"])
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2)
-        .process_group(0);
-    let child = cmd.spawn().map_err(|e| LabError::Spawn {
-        command: process::describe(&cmd),
-        source: e,
-    })?;
+        .args(["--log-level", "warn"]);
+    let child = process::spawn_logged(&mut cmd, &log_path, false)?;
     let pid = child.id();
     if let Some(e) = st.etcd.as_mut() {
         e.pid = Some(pid);
@@ -376,20 +365,6 @@ fn etcd_healthy(addr: &str) -> bool {
     body.contains("\"health\":\"true\"")
 }
 
-fn open_log(path: &Path, append: bool) -> Result<(File, File)> {
-    let log = File::options()
-        .create(true)
-        .write(true)
-        .append(append)
-        .truncate(!append)
-        .open(path)
-        .map_err(|e| LabError::io(format!("cannot create {}", path.display()), e))?;
-    let log2 = log
-        .try_clone()
-        .map_err(|e| LabError::io(format!("cannot reopen {}", path.display()), e))?;
-    Ok((log, log2))
-}
-
 /// Index of a node named `node<i>`.
 fn node_index(name: &str) -> Option<usize> {
     name.strip_prefix("node")?.parse().ok()
@@ -432,7 +407,6 @@ fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
 pub fn start_agent(st: &mut LabState, node: &str, append_log: bool) -> Result<u32> {
     let n = st.node(node)?.clone();
     let log_path = n.state_dir.join("ternd.log");
-    let (log, log2) = open_log(&log_path, append_log)?;
     let mut cmd = netns_exec(&n.netns, &st.bin_dir.join("ternd"));
     cmd.arg("--node-name")
         .arg(&n.name)
@@ -443,15 +417,7 @@ pub fn start_agent(st: &mut LabState, node: &str, append_log: bool) -> Result<u3
         .arg("--state-dir")
         .arg(&n.state_dir)
         .args(&st.agent_args);
-    // Own process group: a Ctrl-C aimed at ternctl does not kill the agents mid-teardown.
-    cmd.stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2)
-        .process_group(0);
-    let child = cmd.spawn().map_err(|e| LabError::Spawn {
-        command: process::describe(&cmd),
-        source: e,
-    })?;
+    let child = process::spawn_logged(&mut cmd, &log_path, append_log)?;
     // `ip netns exec` execs the program, so this PID is ternd's.
     let pid = child.id();
     if let Some(x) = st.nodes.iter_mut().find(|x| x.name == node) {
@@ -483,6 +449,7 @@ pub fn restart_agent(st: &mut LabState, node: &str, timeout: Duration) -> Result
 
 /// Joins a new node to a running lab (`node<max+1>`), starts its agent and waits for it.
 pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
+    crate::kube::check_node_add(st)?;
     let next = st
         .nodes
         .iter()
@@ -700,7 +667,7 @@ pub fn status(name: &str) -> Result<String> {
                 format!("ternd running (pid {pid})")
             }
             Some(pid) => format!("ternd NOT running (was pid {pid})"),
-            None => "ternd not started".to_string(),
+            None => crate::kube::agent_status(&st).unwrap_or_else(|| "ternd not started".into()),
         };
         out.push_str(&format!(
             "node {}  netns {}  eth0 {}  {agent}\n",

@@ -406,8 +406,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn echo_server_answers_probes() {
+    /// An echo server on a free loopback port (TCP and UDP), once it is ready: the port and
+    /// its address.
+    fn echo_server() -> (u16, SocketAddr) {
         let dir = tempfile::tempdir().unwrap();
         let ready = dir.path().join("ready");
         let port = free_port();
@@ -418,7 +419,12 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(5), "server not ready");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        (port, format!("127.0.0.1:{port}").parse().unwrap())
+    }
+
+    #[test]
+    fn echo_server_answers_probes() {
+        let (port, target) = echo_server();
         let ok = probe_tcp(target, Duration::from_secs(2)).unwrap();
         let line = ok.to_string();
         assert!(
@@ -446,17 +452,7 @@ mod tests {
 
     #[test]
     fn continuous_probe_counts_answers_and_gaps() {
-        let dir = tempfile::tempdir().unwrap();
-        let ready = dir.path().join("ready");
-        let port = free_port();
-        let r = ready.clone();
-        std::thread::spawn(move || serve(Some(port), Some(port), Some(&r)));
-        let t0 = Instant::now();
-        while !ready.exists() {
-            assert!(t0.elapsed() < Duration::from_secs(5), "server not ready");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let target: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let (port, target) = echo_server();
         for proto in [Proto::Udp, Proto::Tcp] {
             let r = probe_continuous(
                 proto,

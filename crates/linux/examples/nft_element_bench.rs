@@ -19,6 +19,13 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Runs `f` and records how long it took in `samples`.
+fn timed(samples: &mut Vec<Duration>, f: impl FnOnce()) {
+    let t = Instant::now();
+    f();
+    samples.push(t.elapsed());
+}
+
 fn report(what: &str, mut v: Vec<Duration>) {
     v.sort();
     let total: Duration = v.iter().sum();
@@ -88,44 +95,31 @@ fn main() {
         let (mut nl_cached_add, mut nl_cached_del) = (Vec::new(), Vec::new());
         for k in 0..samples {
             let set = (k * 7919) % chains;
-            let t = Instant::now();
-            sock.apply("tern", &[change(set, ElementOp::Add, ip(k))])
-                .unwrap();
-            nl_add.push(t.elapsed());
-            let t = Instant::now();
-            sock.apply("tern", &[change(set, ElementOp::Delete, ip(k))])
-                .unwrap();
-            nl_del.push(t.elapsed());
+            // Built inside each timed step, as the agent builds its changes.
+            let add = || [change(set, ElementOp::Add, ip(k))];
+            let del = || [change(set, ElementOp::Delete, ip(k))];
+            let nft = |verb: &str| {
+                let script = format!("{verb} element inet tern sel-{set}-v4 {{ {} }}\n", ip(k));
+                tern_linux::nft::apply(&script).unwrap();
+            };
+            timed(&mut nl_add, || sock.apply("tern", &add()).unwrap());
+            timed(&mut nl_del, || sock.apply("tern", &del()).unwrap());
             // A fresh socket per change: closing a socket that committed a transaction costs
             // the kernel milliseconds (nft -f pays it too), hence the cached socket below.
-            let t = Instant::now();
-            NftSocket::new()
-                .and_then(|mut s| s.apply("tern", &[change(set, ElementOp::Add, ip(k))]))
-                .unwrap();
-            nl_open_add.push(t.elapsed());
+            timed(&mut nl_open_add, || {
+                NftSocket::new()
+                    .and_then(|mut s| s.apply("tern", &add()))
+                    .unwrap()
+            });
             // The agent's path: the thread's cached socket (opened once per namespace).
-            let t = Instant::now();
-            tern_linux::nft_netlink::apply_cached("tern", &[change(set, ElementOp::Delete, ip(k))])
-                .unwrap();
-            nl_cached_del.push(t.elapsed());
-            let t = Instant::now();
-            tern_linux::nft_netlink::apply_cached("tern", &[change(set, ElementOp::Add, ip(k))])
-                .unwrap();
-            nl_cached_add.push(t.elapsed());
-            let t = Instant::now();
-            tern_linux::nft::apply(&format!(
-                "delete element inet tern sel-{set}-v4 {{ {} }}\n",
-                ip(k)
-            ))
-            .unwrap();
-            nft_del.push(t.elapsed());
-            let t = Instant::now();
-            tern_linux::nft::apply(&format!(
-                "add element inet tern sel-{set}-v4 {{ {} }}\n",
-                ip(k)
-            ))
-            .unwrap();
-            nft_add.push(t.elapsed());
+            timed(&mut nl_cached_del, || {
+                tern_linux::nft_netlink::apply_cached("tern", &del()).unwrap()
+            });
+            timed(&mut nl_cached_add, || {
+                tern_linux::nft_netlink::apply_cached("tern", &add()).unwrap()
+            });
+            timed(&mut nft_del, || nft("delete"));
+            timed(&mut nft_add, || nft("add"));
             sock.apply("tern", &[change(set, ElementOp::Delete, ip(k))])
                 .unwrap();
         }

@@ -13,6 +13,7 @@ pub mod netlink;
 pub mod netns;
 pub mod nft;
 pub mod nft_netlink;
+pub mod signals;
 pub mod sysctl;
 pub mod veth;
 

@@ -215,6 +215,48 @@ impl NetNs {
             }
         })
     }
+
+    /// Opens descriptors inside this namespace from the CALLING thread: the thread enters the
+    /// namespace, runs `open`, and is back in its own namespace before this returns (also when
+    /// `open` panics). What `open` creates stays bound to this namespace after the thread has
+    /// left: a netlink socket talks to this namespace's kernel tables, a `/proc/sys/net` file
+    /// is this namespace's setting. `open` must do nothing else (no work that depends on the
+    /// thread's namespace beyond creating descriptors).
+    ///
+    /// Why not [`NetNs::run`]: that costs a thread spawn and two wake-ups per visit (tens of
+    /// µs on an idle machine, milliseconds on a loaded one, the largest item of a pod ADD's
+    /// namespace visit), while two `setns` calls cost ~3 µs.
+    ///
+    /// If the thread cannot return to its own namespace (`setns` failing on a descriptor of
+    /// the namespace it came from: only memory exhaustion), the process aborts: a thread left
+    /// in a pod's namespace would do the node's later work in the wrong place.
+    pub fn open_inside<T>(&self, open: impl FnOnce() -> T) -> Result<T> {
+        struct Back(OwnedFd);
+        impl Drop for Back {
+            fn drop(&mut self) {
+                // SAFETY: self.0 is an open namespace descriptor.
+                if unsafe { libc::setns(self.0.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    let e = io::Error::last_os_error();
+                    eprintln!(
+                        "fatal: cannot return a thread to its network namespace ({e}); aborting"
+                    );
+                    std::process::abort();
+                }
+            }
+        }
+        let own = NetNs::current()?;
+        // SAFETY: self.fd is an open network namespace descriptor (checked at construction
+        // for `open`, the caller's contract for `from_fd`).
+        if unsafe { libc::setns(self.fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(LinuxError::last_os(format!(
+                "enter network namespace {self}"
+            )));
+        }
+        let back = Back(own.fd);
+        let out = open();
+        drop(back);
+        Ok(out)
+    }
 }
 
 impl AsFd for NetNs {
@@ -380,5 +422,60 @@ pub fn delete_named(name: &str) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(LinuxError::io(format!("remove {}", path.display()), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::Handle;
+    use crate::sysctl;
+    use std::os::unix::fs::MetadataExt;
+
+    fn own_ns_inode() -> u64 {
+        std::fs::metadata("/proc/thread-self/ns/net")
+            .expect("own netns")
+            .ino()
+    }
+
+    #[test]
+    fn open_inside_binds_descriptors_to_the_namespace_and_returns_the_thread() {
+        if !tern_testkit::require_root() {
+            return;
+        }
+        let pod = new_anonymous().expect("new namespace");
+        let pod_ino = pod.run(own_ns_inode).unwrap();
+        let home = own_ns_inode();
+        assert_ne!(pod_ino, home);
+        let key = "net/ipv4/conf/lo/forwarding";
+        let home_value = sysctl::get(key).unwrap();
+
+        let (h, fwd) = pod
+            .open_inside(|| {
+                assert_eq!(own_ns_inode(), pod_ino, "open runs inside the namespace");
+                (Handle::new(), sysctl::open_if_present(key))
+            })
+            .unwrap();
+        assert_eq!(own_ns_inode(), home, "the thread is back in its namespace");
+        let mut h = h.expect("netlink socket in the namespace");
+        let fwd = fwd.unwrap().expect("lo's forwarding sysctl exists");
+
+        // Used from here, both act on the pod's namespace.
+        h.set_link_up(1).unwrap();
+        fwd.set(if home_value == "1" { "0" } else { "1" }).unwrap();
+        let (lo_up, pod_value) = pod
+            .run(|| {
+                let lo = Handle::new().unwrap().link_by_index(1).unwrap().unwrap();
+                (lo.up, sysctl::get(key).unwrap())
+            })
+            .unwrap();
+        assert!(lo_up, "lo was brought up in the pod's namespace");
+        assert_ne!(pod_value, home_value);
+        assert_eq!(sysctl::get(key).unwrap(), home_value, "home untouched");
+
+        // A panic inside still returns the thread.
+        let r = std::panic::catch_unwind(|| pod.open_inside(|| panic!("boom")));
+        assert!(r.is_err());
+        assert_eq!(own_ns_inode(), home);
     }
 }

@@ -1274,6 +1274,11 @@ mod tests {
         b.finish().unwrap().to_vec()
     }
 
+    /// [`one_message`] of a set element (no verdict).
+    fn set_message(op: ElementOp, set: &str, key: Key) -> Vec<u8> {
+        one_message(op, set, Element { key, verdict: None })
+    }
+
     /// The NFTA_LIST_ELEM entries of a NEWSETELEM/DELSETELEM message.
     fn list_elems(msg: &[u8]) -> Vec<Vec<(u16, Vec<u8>)>> {
         let len = u32::from_ne_bytes(msg[0..4].try_into().unwrap()) as usize;
@@ -1301,13 +1306,10 @@ mod tests {
 
     #[test]
     fn header_and_nfgenmsg_of_an_add() {
-        let m = one_message(
+        let m = set_message(
             ElementOp::Add,
             "sel-1-v4",
-            Element {
-                key: Key::Addr("10.0.0.1".parse().unwrap()),
-                verdict: None,
-            },
+            Key::Addr("10.0.0.1".parse().unwrap()),
         );
         let ty = u16::from_ne_bytes(m[4..6].try_into().unwrap());
         assert_eq!(ty, (10 << 8) | 12);
@@ -1322,13 +1324,10 @@ mod tests {
 
     #[test]
     fn single_address_of_an_interval_set_is_start_and_end_plus_one() {
-        let m = one_message(
+        let m = set_message(
             ElementOp::Delete,
             "pools",
-            Element {
-                key: Key::Interval("10.0.0.255/32".parse().unwrap()),
-                verdict: None,
-            },
+            Key::Interval("10.0.0.255/32".parse().unwrap()),
         );
         assert_eq!(
             u16::from_ne_bytes(m[4..6].try_into().unwrap()),
@@ -1368,13 +1367,10 @@ mod tests {
 
     #[test]
     fn concatenation_pads_fields_and_port_is_big_endian() {
-        let m = one_message(
+        let m = set_message(
             ElementOp::Add,
             "np-1-v4",
-            Element {
-                key: Key::AddrPort("10.0.0.1".parse().unwrap(), 8080),
-                verdict: None,
-            },
+            Key::AddrPort("10.0.0.1".parse().unwrap(), 8080),
         );
         let elems = list_elems(&m);
         assert_eq!(key_of(&elems[0]), vec![10, 0, 0, 1, 0x1f, 0x90, 0, 0]);

@@ -47,6 +47,39 @@ pub fn set_if_present(key: &str, value: &str) -> Result<()> {
     }
 }
 
+/// A `/proc/sys` file opened for writing by [`open_if_present`]. A network sysctl is the one of
+/// the namespace the OPENING thread was in, whichever thread writes it later: open it inside a
+/// pod's namespace ([`crate::netns::NetNs::open_inside`]) and set it from the node's.
+#[derive(Debug)]
+pub struct OpenSysctl {
+    key: String,
+    file: std::fs::File,
+}
+
+/// Opens `/proc/sys/<key>` for a later [`OpenSysctl::set`]; `None` when it does not exist (as
+/// [`set_if_present`] skips it).
+pub fn open_if_present(key: &str) -> Result<Option<OpenSysctl>> {
+    let path = path_of(key)?;
+    match std::fs::OpenOptions::new().write(true).open(&path) {
+        Ok(file) => Ok(Some(OpenSysctl {
+            key: key.to_string(),
+            file,
+        })),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(LinuxError::io(format!("open sysctl {key}"), e)),
+    }
+}
+
+impl OpenSysctl {
+    /// Writes `value` (one write from offset 0, as `sysctl -w` does).
+    pub fn set(&self, value: &str) -> Result<()> {
+        use std::io::Write;
+        (&self.file)
+            .write_all(value.as_bytes())
+            .map_err(|e| LinuxError::io(format!("set sysctl {}={value}", self.key), e))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,8 +2,10 @@
 //! gateway (169.254.1.1 / fe80::ecee:eeff:feee:eeee) by proxy, plus one /32 (/128) host route
 //! per pod address. No bridge, no per-pod subnet.
 //!
-//! ADD cost is kept to one netlink socket per namespace and one thread spawn (to enter the pod
-//! namespace): the veth is created with both MACs, MTU and admin state in a single request.
+//! ADD cost is kept to one netlink socket per namespace and no thread: the veth is created with
+//! both MACs, MTU and admin state in a single request, and the pod's side is configured through
+//! a socket (and sysctl files) that the calling thread opens inside the pod's namespace and
+//! leaves at once ([`NetNs::open_inside`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -242,56 +244,82 @@ fn configure(
         sysctl::set_if_present(&format!("net/ipv6/conf/{name}/accept_ra"), "0")?;
     }
 
-    let addresses = cfg.addresses;
-    let allow_fwd = cfg.allow_ip_forwarding;
     let ns = cfg.pod_ns;
     let pod_ifname = cfg.pod_ifname;
-    let pod = ns.run(move || -> Result<Link> {
-        let mut ph = Handle::new()?;
-        let mut pod = ph
-            .link_by_name(pod_ifname)?
-            .ok_or_else(|| LinuxError::NotFound {
-                what: format!(
-                    "interface {pod_ifname} in container namespace {ns} after creating it"
-                ),
-            })?;
-        let pod_index = pod.index;
-        if !v6 {
-            // An IPv4-only pod gets no IPv6 on its interface (as Calico does): no link-local
-            // address, no DAD or router solicitation work when the link comes up.
-            sysctl::set_if_present(&format!("net/ipv6/conf/{pod_ifname}/disable_ipv6"), "1")?;
-        }
-        ph.set_link_up(pod_index)?;
-        // lo is ifindex 1 in every namespace.
-        ph.set_link_up(1)?;
-        pod.up = true;
-        for a in addresses {
-            ph.add_address(pod_index, host_prefix(a))
-                .map_err(|e| in_container(e, ns))?;
-        }
-        // The pod's first interface owns its default route; a second interface of the same pod
-        // (e.g. `net1`) gets its addresses only, so it never takes the default away.
-        let has_default = |ph: &mut Handle, v6: bool| -> Result<bool> {
-            Ok(ph
-                .routes(v6)?
-                .iter()
-                .any(|r| r.dst.prefix_len() == 0 && r.oif != Some(pod_index)))
+    // The pod's side is configured through descriptors opened inside its namespace, from this
+    // thread (no thread per visit, see `NetNs::open_inside`): its rtnetlink socket and the
+    // sysctl files to set there.
+    let fwd_v4 = "net/ipv4/ip_forward";
+    let fwd_v6 = "net/ipv6/conf/all/forwarding";
+    let no_v6_key = format!("net/ipv6/conf/{pod_ifname}/disable_ipv6");
+    let allow_fwd = cfg.allow_ip_forwarding;
+    let opened = ns.open_inside(|| -> Result<_> {
+        let ph = Handle::new()?;
+        // An IPv4-only pod gets no IPv6 on its interface (as Calico does): no link-local
+        // address, no DAD or router solicitation work when the link comes up.
+        let no_v6 = if v6 {
+            None
+        } else {
+            sysctl::open_if_present(&no_v6_key)?
         };
-        let (v4_routes, v6_routes) = (
-            v4 && !has_default(&mut ph, false)?,
-            v6 && !has_default(&mut ph, true)?,
-        );
-        for r in pod_routes(pod_index, v4_routes, v6_routes) {
-            ph.replace_route(&r).map_err(|e| in_container(e, ns))?;
-        }
-        if allow_fwd {
-            sysctl::set("net/ipv4/ip_forward", "1")?;
-            if v6 {
-                sysctl::set_if_present("net/ipv6/conf/all/forwarding", "1")?;
-            }
-        }
-        Ok(pod)
+        let fwd = if allow_fwd {
+            let v4 = sysctl::open_if_present(fwd_v4)?.ok_or_else(|| {
+                LinuxError::io(
+                    format!("set sysctl {fwd_v4}=1"),
+                    std::io::Error::from(std::io::ErrorKind::NotFound),
+                )
+            })?;
+            let v6f = if v6 {
+                sysctl::open_if_present(fwd_v6)?
+            } else {
+                None
+            };
+            Some((v4, v6f))
+        } else {
+            None
+        };
+        Ok((ph, no_v6, fwd))
     })??;
+    let (mut ph, no_v6, fwd) = opened;
+    let mut pod = ph
+        .link_by_name(pod_ifname)?
+        .ok_or_else(|| LinuxError::NotFound {
+            what: format!("interface {pod_ifname} in container namespace {ns} after creating it"),
+        })?;
+    let pod_index = pod.index;
+    if let Some(f) = &no_v6 {
+        f.set("1")?;
+    }
+    ph.set_link_up(pod_index)?;
+    // lo is ifindex 1 in every namespace.
+    ph.set_link_up(1)?;
+    pod.up = true;
+    for a in cfg.addresses {
+        ph.add_address(pod_index, host_prefix(a))
+            .map_err(|e| in_container(e, ns))?;
+    }
+    // The pod's first interface owns its default route; a second interface of the same pod
+    // (e.g. `net1`) gets its addresses only, so it never takes the default away.
+    let has_default = |ph: &mut Handle, v6: bool| -> Result<bool> {
+        Ok(ph
+            .routes(v6)?
+            .iter()
+            .any(|r| r.dst.prefix_len() == 0 && r.oif != Some(pod_index)))
+    };
+    let (v4_routes, v6_routes) = (
+        v4 && !has_default(&mut ph, false)?,
+        v6 && !has_default(&mut ph, true)?,
+    );
+    for r in pod_routes(pod_index, v4_routes, v6_routes) {
+        ph.replace_route(&r).map_err(|e| in_container(e, ns))?;
+    }
+    if let Some((v4f, v6f)) = &fwd {
+        v4f.set("1")?;
+        if let Some(f) = v6f {
+            f.set("1")?;
+        }
+    }
+    drop(ph);
 
     for a in cfg.addresses {
         h.replace_route(&host_route(a, host.index))?;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ipnet::IpNet;
-use tern_linux::netlink::{Handle, MAIN_TABLE, RouteSpec, Scope};
+use tern_linux::netlink::{Handle, Link, MAIN_TABLE, RouteSpec, Scope};
 use tern_linux::netns::{self, NetNs};
 use tern_linux::veth::{self, POD_GATEWAY_V4, POD_GATEWAY_V6, PodInterfaceConfig};
 use tern_linux::{HOST_VETH_MAC, LinuxError, TERN_ROUTE_PROTOCOL, host_veth_name, sysctl};
@@ -51,6 +51,18 @@ impl Drop for NamedNs {
     fn drop(&mut self) {
         let _ = netns::delete_named(&self.name);
     }
+}
+
+/// Creates a veth pair `a`-`b` in the current namespace and sets both ends up; returns the
+/// two links as listed before they went up.
+fn veth_pair_up(h: &mut Handle, a: &str, b: &str) -> (Link, Link) {
+    let me = NetNs::current().unwrap();
+    h.create_veth(a, b, me.as_fd(), 0).unwrap();
+    let la = h.link_by_name(a).unwrap().unwrap();
+    let lb = h.link_by_name(b).unwrap().unwrap();
+    h.set_link_up(la.index).unwrap();
+    h.set_link_up(lb.index).unwrap();
+    (la, lb)
 }
 
 fn net(s: &str) -> IpNet {
@@ -184,13 +196,8 @@ fn invalid_interface_names_are_refused_before_the_kernel() {
 #[test]
 fn addresses_and_routes_round_trip() {
     in_private_netns(|| {
-        let me = NetNs::current().unwrap();
         let mut h = Handle::new().unwrap();
-        h.create_veth("ra0", "rb0", me.as_fd(), 0).unwrap();
-        let a = h.link_by_name("ra0").unwrap().unwrap();
-        let b = h.link_by_name("rb0").unwrap().unwrap();
-        h.set_link_up(a.index).unwrap();
-        h.set_link_up(b.index).unwrap();
+        let (a, b) = veth_pair_up(&mut h, "ra0", "rb0");
         h.add_address(a.index, net("198.18.5.1/24")).unwrap();
         h.add_address(a.index, net("198.18.5.1/24")).unwrap(); // EEXIST is success
         h.add_address(a.index, net("fd00:5::1/64")).unwrap();
@@ -653,13 +660,8 @@ fn pod_udp_packet_reaches_the_host_through_proxy_arp() {
     in_private_netns(|| {
         // The node: an uplink with an underlay address and a default route, which proxy-ARP
         // needs before it answers for 169.254.1.1.
-        let me = NetNs::current().unwrap();
         let mut h = Handle::new().unwrap();
-        h.create_veth("uplink0", "uplink1", me.as_fd(), 0).unwrap();
-        let up0 = h.link_by_name("uplink0").unwrap().unwrap();
-        let up1 = h.link_by_name("uplink1").unwrap().unwrap();
-        h.set_link_up(up0.index).unwrap();
-        h.set_link_up(up1.index).unwrap();
+        let (up0, _) = veth_pair_up(&mut h, "uplink0", "uplink1");
         h.set_link_up(1).unwrap();
         h.add_address(up0.index, net("198.18.0.1/24")).unwrap();
         h.replace_route(&RouteSpec {

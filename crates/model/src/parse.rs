@@ -539,6 +539,43 @@ fn first_line(doc: SourceDocument<'_>) -> usize {
         + 1
 }
 
+/// One document's text to decode, with what turns a deserializer's error `E` at a path into
+/// the model's error (the file and line it names).
+struct Text<'a, E> {
+    text: &'a str,
+    err: &'a dyn Fn(&E, &str) -> ModelError,
+}
+
+/// Decodes a document from `de`, keeping the path of a field that does not decode for `err`,
+/// and fills the spec's defaults.
+fn decode_tracked<'de, S: Spec, D: serde::Deserializer<'de>>(
+    de: D,
+    err: &dyn Fn(&D::Error, &str) -> ModelError,
+) -> Result<Document<S>, ModelError> {
+    let mut d: Document<S> =
+        serde_path_to_error::deserialize(de).map_err(|e| err(e.inner(), &e.path().to_string()))?;
+    d.spec.fill_defaults();
+    Ok(d)
+}
+
+impl Decode for Text<'_, serde_norway::Error> {
+    type Error = ModelError;
+    fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
+        decode_tracked(serde_norway::Deserializer::from_str(self.text), self.err)
+    }
+}
+
+impl Decode for Text<'_, serde_json::Error> {
+    type Error = ModelError;
+    fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
+        let mut de = serde_json::Deserializer::from_str(self.text);
+        let d = decode_tracked(&mut de, self.err)?;
+        // Trailing text after the document is an error, not ignored.
+        de.end().map_err(|e| (self.err)(&e, ""))?;
+        Ok(d)
+    }
+}
+
 fn parse_yaml(src: SourceDocument<'_>, file: &str) -> Result<Items, ModelError> {
     let offset = src.line_offset;
     let doc = src.text;
@@ -553,23 +590,9 @@ fn parse_yaml(src: SourceDocument<'_>, file: &str) -> Result<Items, ModelError> 
         return parse_values(list.items, file, "items");
     }
     let kind = check_header(header, file, Some(doc), doc_line, offset)?;
-    struct Yaml<'a> {
-        doc: &'a str,
-        err: &'a dyn Fn(&serde_norway::Error, &str) -> ModelError,
-    }
-    impl Decode for Yaml<'_> {
-        type Error = ModelError;
-        fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
-            let de = serde_norway::Deserializer::from_str(self.doc);
-            let mut d: Document<S> = serde_path_to_error::deserialize(de)
-                .map_err(|e| (self.err)(e.inner(), &e.path().to_string()))?;
-            d.spec.fill_defaults();
-            Ok(d)
-        }
-    }
     let doc = implied_spec(kind, doc);
-    let resource = kind.decode(Yaml {
-        doc: &doc,
+    let resource = kind.decode(Text {
+        text: &doc,
         err: &yaml_err,
     })?;
     Ok(vec![(resource, None)])
@@ -601,17 +624,10 @@ fn parse_values(
     impl Decode for Value<'_> {
         type Error = ModelError;
         fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
-            let mut d: Document<S> = serde_path_to_error::deserialize(self.v).map_err(|e| {
-                let path = e.path().to_string();
-                parse_error(
-                    self.file,
-                    None,
-                    &(self.at)(&path),
-                    bare_message(&e.inner().to_string(), &path),
-                )
-            })?;
-            d.spec.fill_defaults();
-            Ok(d)
+            let (file, at) = (self.file, self.at);
+            decode_tracked(self.v, &|e: &serde_json::Error, path: &str| {
+                parse_error(file, None, &at(path), bare_message(&e.to_string(), path))
+            })
         }
     }
     let mut out = Vec::new();
@@ -655,31 +671,16 @@ fn parse_json(src: SourceDocument<'_>, file: &str) -> Result<Items, ModelError> 
         return parse_values(list.items, file, "items");
     }
     let kind = check_header(header, file, None, first_line(src), 0)?;
-    struct Json<'a> {
-        text: &'a str,
-        err: &'a dyn Fn(&serde_json::Error, &str) -> ModelError,
-    }
-    impl Decode for Json<'_> {
-        type Error = ModelError;
-        fn decode<S: Spec>(self) -> Result<Document<S>, ModelError> {
-            let mut de = serde_json::Deserializer::from_str(self.text);
-            let mut d: Document<S> = serde_path_to_error::deserialize(&mut de)
-                .map_err(|e| (self.err)(e.inner(), &e.path().to_string()))?;
-            de.end().map_err(|e| (self.err)(&e, ""))?;
-            d.spec.fill_defaults();
-            Ok(d)
-        }
-    }
     let resource = if kind.implied_spec() {
         let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| json_err(&e, ""))?;
         implied_spec_json(kind, &mut v);
         let text = v.to_string();
-        kind.decode(Json {
+        kind.decode(Text {
             text: &text,
             err: &json_err,
         })?
     } else {
-        kind.decode(Json {
+        kind.decode(Text {
             text,
             err: &json_err,
         })?

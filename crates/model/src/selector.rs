@@ -410,29 +410,31 @@ impl Parser<'_> {
     }
 
     fn expr(&mut self) -> PResult<Selector> {
-        // A chain is collected into one flat list: its length costs no stack.
-        let mut terms = vec![self.and()?];
-        while self.peek_tok() == Some(&Tok::OrOr) {
-            self.i += 1;
-            terms.push(self.and()?);
-        }
-        Ok(if terms.len() == 1 {
-            terms.pop().expect("one term")
-        } else {
-            Selector::Or(terms)
-        })
+        self.chain(&Tok::OrOr, Self::and, Selector::Or)
     }
 
     fn and(&mut self) -> PResult<Selector> {
-        let mut terms = vec![self.unary()?];
-        while self.peek_tok() == Some(&Tok::AndAnd) {
+        self.chain(&Tok::AndAnd, Self::unary, Selector::And)
+    }
+
+    /// Operands read by `operand` and joined by `op`: the operand itself when it stands alone,
+    /// else `join` of them all. A chain is collected into one flat list: its length costs no
+    /// stack.
+    fn chain(
+        &mut self,
+        op: &Tok,
+        operand: fn(&mut Self) -> PResult<Selector>,
+        join: fn(Vec<Selector>) -> Selector,
+    ) -> PResult<Selector> {
+        let mut terms = vec![operand(self)?];
+        while self.peek_tok() == Some(op) {
             self.i += 1;
-            terms.push(self.unary()?);
+            terms.push(operand(self)?);
         }
         Ok(if terms.len() == 1 {
             terms.pop().expect("one term")
         } else {
-            Selector::And(terms)
+            join(terms)
         })
     }
 

@@ -19,6 +19,19 @@ pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Fi
     (field.into(), reason.into())
 }
 
+/// Checks that no item of the list at `field` is listed twice (`[Ingress, Ingress]`).
+pub(crate) fn listed_once<T: PartialEq + std::fmt::Debug>(
+    items: &[T],
+    field: &str,
+) -> Result<(), FieldError> {
+    for (i, t) in items.iter().enumerate() {
+        if items[..i].contains(t) {
+            return Err(invalid(field, format!("{t:?} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that `name` is a DNS-1123 subdomain: at most 253 characters of lowercase
 /// alphanumerics, `-` and `.`, starting and ending with an alphanumeric.
 pub fn validate_dns1123_subdomain(name: &str) -> Result<(), String> {
@@ -103,18 +116,10 @@ fn qualified_name_chars(s: &str) -> bool {
 }
 
 /// Checks an IANA service name as Kubernetes does for named ports: 1-15 characters of
-/// lowercase letters, digits and `-`, at least one letter, no leading, trailing or double `-`.
+/// lowercase letters, digits and `-`, at least one letter, no leading, trailing or double `-`
+/// (the rule the plugin applies to `args.cni.ports`, so both are one function).
 pub fn validate_port_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && name.chars().any(|c| c.is_ascii_lowercase())
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-        && !name.contains("--");
-    if ok {
+    if tern_cni::conf::is_iana_svc_name(name) {
         Ok(())
     } else {
         Err(format!(

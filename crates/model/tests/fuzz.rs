@@ -9,7 +9,7 @@
 //! stream reader never panics on random or mutated input, and returns within a time bound.
 //! Every crash found became a named regression test in `tests/limits.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -36,35 +36,46 @@ fn config(cases: u32) -> ProptestConfig {
 // ---------------------------------------------------------------------------------------------
 // Selectors
 
+/// One of `ts`, uniformly: in a `prop_oneof!` weighted by `ts.len()`, as likely as each token
+/// being an arm of its own.
+fn tokens(ts: &'static [&'static str]) -> impl Strategy<Value = String> + use<> {
+    prop::sample::select(ts).prop_map(str::to_string)
+}
+
+/// Every token of the selector grammar.
+const SELECTOR_TOKENS: &[&str] = &[
+    "(",
+    ")",
+    "!",
+    " && ",
+    " || ",
+    "&",
+    "|",
+    "==",
+    "!=",
+    " in ",
+    " not in ",
+    "{",
+    "}",
+    ",",
+    "all()",
+    "global()",
+    "has(",
+    " contains ",
+    " starts with ",
+    " ends with ",
+];
+
 /// Fragments that make adversarial selector text when concatenated at random: every token of
 /// the grammar, plus broken ones.
 fn selector_fragment() -> impl Strategy<Value = String> {
     prop_oneof![
-        Just("(".to_string()),
-        Just(")".to_string()),
-        Just("!".to_string()),
-        Just(" && ".to_string()),
-        Just(" || ".to_string()),
-        Just("&".to_string()),
-        Just("|".to_string()),
-        Just("==".to_string()),
-        Just("!=".to_string()),
-        Just(" in ".to_string()),
-        Just(" not in ".to_string()),
-        Just("{".to_string()),
-        Just("}".to_string()),
-        Just(",".to_string()),
-        Just("all()".to_string()),
-        Just("global()".to_string()),
-        Just("has(".to_string()),
-        Just(" contains ".to_string()),
-        Just(" starts with ".to_string()),
-        Just(" ends with ".to_string()),
-        "[a-z][a-z0-9./_-]{0,6}",
-        "'[a-z' \"]{0,4}'",
-        "\"[a-z']{0,4}\"",
-        "[ \t\n]{1,2}",
-        any::<char>().prop_map(|c| c.to_string()),
+        SELECTOR_TOKENS.len() as u32 => tokens(SELECTOR_TOKENS),
+        1 => "[a-z][a-z0-9./_-]{0,6}",
+        1 => "'[a-z' \"]{0,4}'",
+        1 => "\"[a-z']{0,4}\"",
+        1 => "[ \t\n]{1,2}",
+        1 => any::<char>().prop_map(|c| c.to_string()),
     ]
 }
 
@@ -72,98 +83,87 @@ fn adversarial_selector() -> impl Strategy<Value = String> {
     prop::collection::vec(selector_fragment(), 0..80).prop_map(|v| v.concat())
 }
 
-/// A small selector tree over a few keys and values, for the reference comparison.
-#[derive(Debug, Clone)]
-enum Ref {
-    All,
-    Has(String),
-    Eq(String, String),
-    Ne(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Contains(String, String),
-    Starts(String, String),
-    Ends(String, String),
-    Not(Box<Ref>),
-    And(Vec<Ref>),
-    Or(Vec<Ref>),
-}
-
 fn key() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["a", "b", "c"]).prop_map(str::to_string)
+    tokens(&["a", "b", "c"])
 }
 
 fn value() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["", "x", "y", "xy"]).prop_map(str::to_string)
+    tokens(&["", "x", "y", "xy"])
 }
 
-fn ref_tree() -> impl Strategy<Value = Ref> {
+/// A small selector tree over a few keys and values, for the reference comparison. The tree
+/// is the crate's own `Selector` (plain data); what is compared is the parser and `matches`
+/// against [`ref_text`] and [`ref_eval`], written here without the crate's code.
+fn ref_tree() -> impl Strategy<Value = Selector> {
+    let set = || prop::collection::btree_set(value(), 0..3);
     let leaf = prop_oneof![
-        Just(Ref::All),
-        key().prop_map(Ref::Has),
-        (key(), value()).prop_map(|(k, v)| Ref::Eq(k, v)),
-        (key(), value()).prop_map(|(k, v)| Ref::Ne(k, v)),
-        (key(), prop::collection::vec(value(), 0..3)).prop_map(|(k, v)| Ref::In(k, v)),
-        (key(), prop::collection::vec(value(), 0..3)).prop_map(|(k, v)| Ref::NotIn(k, v)),
-        (key(), value()).prop_map(|(k, v)| Ref::Contains(k, v)),
-        (key(), value()).prop_map(|(k, v)| Ref::Starts(k, v)),
-        (key(), value()).prop_map(|(k, v)| Ref::Ends(k, v)),
+        Just(Selector::All),
+        Just(Selector::Global),
+        key().prop_map(Selector::Has),
+        (key(), value()).prop_map(|(k, v)| Selector::Eq(k, v)),
+        (key(), value()).prop_map(|(k, v)| Selector::Ne(k, v)),
+        (key(), set()).prop_map(|(k, v)| Selector::In(k, v)),
+        (key(), set()).prop_map(|(k, v)| Selector::NotIn(k, v)),
+        (key(), value()).prop_map(|(k, v)| Selector::Contains(k, v)),
+        (key(), value()).prop_map(|(k, v)| Selector::StartsWith(k, v)),
+        (key(), value()).prop_map(|(k, v)| Selector::EndsWith(k, v)),
     ];
     leaf.prop_recursive(4, 24, 4, |inner| {
         prop_oneof![
-            inner.clone().prop_map(|e| Ref::Not(Box::new(e))),
-            prop::collection::vec(inner.clone(), 2..4).prop_map(Ref::And),
-            prop::collection::vec(inner, 2..4).prop_map(Ref::Or),
+            inner.clone().prop_map(|e| Selector::Not(Box::new(e))),
+            prop::collection::vec(inner.clone(), 2..4).prop_map(Selector::And),
+            prop::collection::vec(inner, 2..4).prop_map(Selector::Or),
         ]
     })
 }
 
-/// Fully parenthesised text of a reference tree: precedence never matters.
-fn ref_text(r: &Ref) -> String {
-    let set = |vs: &[String]| {
+/// Fully parenthesised text of a tree: precedence never matters.
+fn ref_text(r: &Selector) -> String {
+    let set = |vs: &BTreeSet<String>| {
         vs.iter()
             .map(|v| format!("'{v}'"))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let join = |es: &[Ref], op: &str| {
+    let join = |es: &[Selector], op: &str| {
         es.iter()
             .map(|e| format!("({})", ref_text(e)))
             .collect::<Vec<_>>()
             .join(op)
     };
     match r {
-        Ref::All => "all()".into(),
-        Ref::Has(k) => format!("has({k})"),
-        Ref::Eq(k, v) => format!("{k} == '{v}'"),
-        Ref::Ne(k, v) => format!("{k} != '{v}'"),
-        Ref::In(k, vs) => format!("{k} in {{{}}}", set(vs)),
-        Ref::NotIn(k, vs) => format!("{k} not in {{{}}}", set(vs)),
-        Ref::Contains(k, v) => format!("{k} contains '{v}'"),
-        Ref::Starts(k, v) => format!("{k} starts with '{v}'"),
-        Ref::Ends(k, v) => format!("{k} ends with '{v}'"),
-        Ref::Not(e) => format!("!({})", ref_text(e)),
-        Ref::And(es) => join(es, " && "),
-        Ref::Or(es) => join(es, " || "),
+        Selector::All => "all()".into(),
+        Selector::Global => "global()".into(),
+        Selector::Has(k) => format!("has({k})"),
+        Selector::Eq(k, v) => format!("{k} == '{v}'"),
+        Selector::Ne(k, v) => format!("{k} != '{v}'"),
+        Selector::In(k, vs) => format!("{k} in {{{}}}", set(vs)),
+        Selector::NotIn(k, vs) => format!("{k} not in {{{}}}", set(vs)),
+        Selector::Contains(k, v) => format!("{k} contains '{v}'"),
+        Selector::StartsWith(k, v) => format!("{k} starts with '{v}'"),
+        Selector::EndsWith(k, v) => format!("{k} ends with '{v}'"),
+        Selector::Not(e) => format!("!({})", ref_text(e)),
+        Selector::And(es) => join(es, " && "),
+        Selector::Or(es) => join(es, " || "),
     }
 }
 
 /// The naive reference semantics (Calico's): `!=` and `not in` match an absent label.
-fn ref_eval(r: &Ref, l: &BTreeMap<String, String>) -> bool {
+fn ref_eval(r: &Selector, l: &BTreeMap<String, String>) -> bool {
     let get = |k: &String| l.get(k);
     match r {
-        Ref::All => true,
-        Ref::Has(k) => get(k).is_some(),
-        Ref::Eq(k, v) => get(k) == Some(v),
-        Ref::Ne(k, v) => get(k) != Some(v),
-        Ref::In(k, vs) => get(k).is_some_and(|x| vs.contains(x)),
-        Ref::NotIn(k, vs) => !get(k).is_some_and(|x| vs.contains(x)),
-        Ref::Contains(k, v) => get(k).is_some_and(|x| x.contains(v.as_str())),
-        Ref::Starts(k, v) => get(k).is_some_and(|x| x.starts_with(v.as_str())),
-        Ref::Ends(k, v) => get(k).is_some_and(|x| x.ends_with(v.as_str())),
-        Ref::Not(e) => !ref_eval(e, l),
-        Ref::And(es) => es.iter().all(|e| ref_eval(e, l)),
-        Ref::Or(es) => es.iter().any(|e| ref_eval(e, l)),
+        Selector::All | Selector::Global => true,
+        Selector::Has(k) => get(k).is_some(),
+        Selector::Eq(k, v) => get(k) == Some(v),
+        Selector::Ne(k, v) => get(k) != Some(v),
+        Selector::In(k, vs) => get(k).is_some_and(|x| vs.contains(x)),
+        Selector::NotIn(k, vs) => !get(k).is_some_and(|x| vs.contains(x)),
+        Selector::Contains(k, v) => get(k).is_some_and(|x| x.contains(v.as_str())),
+        Selector::StartsWith(k, v) => get(k).is_some_and(|x| x.starts_with(v.as_str())),
+        Selector::EndsWith(k, v) => get(k).is_some_and(|x| x.ends_with(v.as_str())),
+        Selector::Not(e) => !ref_eval(e, l),
+        Selector::And(es) => es.iter().all(|e| ref_eval(e, l)),
+        Selector::Or(es) => es.iter().any(|e| ref_eval(e, l)),
     }
 }
 
@@ -274,23 +274,18 @@ enum Mutation {
     Duplicate(usize, usize),
 }
 
+/// YAML punctuation that makes streams hostile.
+const YAML_TOKENS: &[&str] = &[
+    "\n---\n", "\n...\n", "'", "\"", ": |\n", "- - - ", "&a ", "*a", "!!str ", "\t", "#",
+];
+
 fn yaml_fragment() -> impl Strategy<Value = String> {
     prop_oneof![
-        "[\\[\\]{}]{1,80}",
-        "(\\[){0,200}",
-        Just("\n---\n".to_string()),
-        Just("\n...\n".to_string()),
-        Just("'".to_string()),
-        Just("\"".to_string()),
-        Just(": |\n".to_string()),
-        Just("- - - ".to_string()),
-        Just("&a ".to_string()),
-        Just("*a".to_string()),
-        Just("!!str ".to_string()),
-        Just("\t".to_string()),
-        Just("#".to_string()),
-        "\n {0,40}[a-z]{1,3}: ",
-        "\\PC{0,20}",
+        YAML_TOKENS.len() as u32 => tokens(YAML_TOKENS),
+        1 => "[\\[\\]{}]{1,80}",
+        1 => "(\\[){0,200}",
+        1 => "\n {0,40}[a-z]{1,3}: ",
+        1 => "\\PC{0,20}",
     ]
 }
 

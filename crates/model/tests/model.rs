@@ -12,9 +12,9 @@ const POOLS: &str = "\
 apiVersion: tern.dev/v1
 kind: IPPool
 metadata:
-  name: pool-a
+  name: pool-v4
 spec:
-  cidr: 10.244.0.0/16
+  cidr: 10.96.0.0/12
 ---
 apiVersion: tern.dev/v1
 kind: IPPool
@@ -33,7 +33,7 @@ fn parses_multi_document_yaml_with_defaults() {
     let Resource::IpPool(a) = &rs[0] else {
         panic!("not a pool")
     };
-    assert_eq!(a.metadata.name, "pool-a");
+    assert_eq!(a.metadata.name, "pool-v4");
     assert_eq!(a.spec.block_size, 26);
     assert_eq!(a.spec.ipip_mode, EncapMode::Never);
     assert_eq!(a.spec.node_selector, "all()");

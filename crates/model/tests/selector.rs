@@ -16,7 +16,7 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Evaluates `sel` on each label set and compares with the expected truth values.
-fn table(sel: &str, cases: &[(&[(&str, &str)], bool)]) {
+fn table(sel: &str, cases: Cases) {
     let s = Selector::parse(sel).unwrap_or_else(|e| panic!("{e}"));
     for (ls, want) in cases {
         assert_eq!(s.matches(&labels(ls)), *want, "{sel} on {ls:?}");
@@ -25,6 +25,29 @@ fn table(sel: &str, cases: &[(&[(&str, &str)], bool)]) {
         assert_eq!(again, s, "round trip of {sel} via {s}");
     }
 }
+
+/// A truth table: `sets` are its columns, and each row is a selector with one character per
+/// column: `1` it matches that label set, `0` it does not, `-` not asserted. Each row is
+/// checked as [`table`].
+fn truth(sets: &[&[(&str, &str)]], rows: &[(&str, &str)]) {
+    for (sel, want) in rows {
+        assert_eq!(want.len(), sets.len(), "row {sel:?}: one mark per column");
+        let cases: Vec<(&[(&str, &str)], bool)> = sets
+            .iter()
+            .zip(want.chars())
+            .filter_map(|(ls, c)| match c {
+                '1' => Some((*ls, true)),
+                '0' => Some((*ls, false)),
+                '-' => None,
+                _ => panic!("row {sel:?}: mark {c:?} is not 1, 0 or -"),
+            })
+            .collect();
+        table(sel, &cases);
+    }
+}
+
+/// Label sets and the truth value a selector must have on each.
+type Cases<'a> = &'a [(&'a [(&'a str, &'a str)], bool)];
 
 const NONE: &[(&str, &str)] = &[];
 const A: &[(&str, &str)] = &[("zone", "a")];
@@ -45,92 +68,73 @@ fn all_and_global_select_everything() {
 
 #[test]
 fn has_and_not_has() {
-    table(
-        "has(edge)",
-        &[(NONE, false), (A, false), (C_EDGE, true), (A_EDGE, true)],
-    );
-    table(
-        "!has(edge)",
-        &[(NONE, true), (A, true), (C_EDGE, false), (A_EDGE, false)],
-    );
+    let sets = [NONE, A, C_EDGE, A_EDGE];
+    truth(&sets, &[("has(edge)", "0011"), ("!has(edge)", "1100")]);
 }
 
 #[test]
 fn equality_and_inequality() {
-    table("zone == 'a'", &[(NONE, false), (A, true), (B, false)]);
-    table("zone == \"a\"", &[(NONE, false), (A, true), (B, false)]);
-    // Calico: != also matches when the label is absent.
-    table("zone != 'a'", &[(NONE, true), (A, false), (B, true)]);
-    table(
-        "edge == ''",
-        &[(NONE, false), (C_EDGE, true), (A_EDGE, false)],
+    let sets = [NONE, A, B, C_EDGE, A_EDGE];
+    truth(
+        &sets,
+        &[
+            ("zone == 'a'", "010--"),
+            ("zone == \"a\"", "010--"),
+            // Calico: != also matches when the label is absent.
+            ("zone != 'a'", "101--"),
+            ("edge == ''", "0--10"),
+        ],
     );
 }
 
 #[test]
 fn set_membership() {
-    table(
-        "zone in {'a', 'b'}",
-        &[(NONE, false), (A, true), (B, true), (C_EDGE, false)],
+    let sets = [NONE, A, B, C_EDGE];
+    truth(
+        &sets,
+        &[
+            ("zone in {'a', 'b'}", "0110"),
+            ("zone not in {'a','b'}", "1001"),
+            ("zone in {}", "00--"),
+            ("zone not in {}", "11--"),
+        ],
     );
-    table(
-        "zone not in {'a','b'}",
-        &[(NONE, true), (A, false), (B, false), (C_EDGE, true)],
-    );
-    table("zone in {}", &[(NONE, false), (A, false)]);
-    table("zone not in {}", &[(NONE, true), (A, true)]);
 }
 
 #[test]
 fn string_operators() {
-    let host = &[("host", "rack1-node7")][..];
-    table(
-        "host contains 'node'",
-        &[(host, true), (NONE, false), (A, false)],
+    let sets = [&[("host", "rack1-node7")][..], NONE, A];
+    truth(
+        &sets,
+        &[
+            ("host contains 'node'", "100"),
+            ("host starts with 'rack1'", "10-"),
+            ("host ends with 'node7'", "10-"),
+            ("host ends with 'rack1'", "0--"),
+        ],
     );
-    table("host starts with 'rack1'", &[(host, true), (NONE, false)]);
-    table("host ends with 'node7'", &[(host, true), (NONE, false)]);
-    table("host ends with 'rack1'", &[(host, false)]);
 }
 
 #[test]
 fn boolean_operators_and_precedence() {
-    table(
-        "zone == 'a' && has(edge)",
-        &[(A, false), (A_EDGE, true), (C_EDGE, false), (NONE, false)],
-    );
-    table(
-        "zone == 'a' || has(edge)",
+    let sets = [NONE, A, B, C_EDGE, A_EDGE, &[("zone", "c")][..]];
+    truth(
+        &sets,
         &[
-            (A, true),
-            (A_EDGE, true),
-            (C_EDGE, true),
-            (NONE, false),
-            (B, false),
+            ("zone == 'a' && has(edge)", "00-01-"),
+            ("zone == 'a' || has(edge)", "01011-"),
+            // && binds tighter than ||: a || (b && c).
+            ("zone == 'b' || zone == 'a' && has(edge)", "-01-1-"),
+            ("(zone == 'b' || zone == 'a') && has(edge)", "-00-1-"),
+            // ! binds tightest: (!has(edge)) && zone == 'a'.
+            ("!has(edge) && zone == 'a'", "-10-0-"),
+            ("!(has(edge) && zone == 'a')", "-1-10-"),
+            ("!!has(edge)", "-0-1--"),
+            (
+                "all() && zone != 'c' || global() && has(edge) && zone == 'c'",
+                "1--1-0",
+            ),
         ],
-    );
-    // && binds tighter than ||: a || (b && c).
-    table(
-        "zone == 'b' || zone == 'a' && has(edge)",
-        &[(B, true), (A, false), (A_EDGE, true)],
-    );
-    table(
-        "(zone == 'b' || zone == 'a') && has(edge)",
-        &[(B, false), (A, false), (A_EDGE, true)],
-    );
-    // ! binds tightest: (!has(edge)) && zone == 'a'.
-    table(
-        "!has(edge) && zone == 'a'",
-        &[(A, true), (A_EDGE, false), (B, false)],
-    );
-    table(
-        "!(has(edge) && zone == 'a')",
-        &[(A, true), (A_EDGE, false), (C_EDGE, true)],
-    );
-    table("!!has(edge)", &[(A, false), (C_EDGE, true)]);
-    table(
-        "all() && zone != 'c' || global() && has(edge) && zone == 'c'",
-        &[(NONE, true), (C_EDGE, true), (&[("zone", "c")], false)],
     );
 }
 
@@ -211,20 +215,32 @@ fn pool_node_selector_is_validated() {
     Resource::from(IpPool::new("p", spec)).validate().unwrap();
 }
 
+/// The first resource of a `tern.dev/v1` document of `kind` named `name` whose spec is the one
+/// YAML line `spec`.
+fn first_document(kind: &str, name: &str, spec: &str) -> Resource {
+    let yaml = format!(
+        "apiVersion: tern.dev/v1\nkind: {kind}\nmetadata:\n  name: {name}\nspec:\n  {spec}\n"
+    );
+    let docs = parse_documents(&yaml, "doc.yaml").unwrap_or_else(|e| panic!("{e}"));
+    docs.into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no resource in {yaml}"))
+}
+
 #[test]
 fn ip_reservation_resource() {
-    let docs = parse_documents(
-        "apiVersion: tern.dev/v1\nkind: IPReservation\nmetadata:\n  name: gw\nspec:\n  reservedCIDRs: [10.0.0.0/30, 10.0.1.7, 'fd00::/120']\n",
-        "r.yaml",
-    )
-    .unwrap();
-    let Resource::IpReservation(r) = &docs[0] else {
-        panic!("{docs:?}")
+    let doc = first_document(
+        "IPReservation",
+        "gw",
+        "reservedCIDRs: [10.0.0.0/30, 10.0.1.7, 'fd00::/120']",
+    );
+    let Resource::IpReservation(r) = &doc else {
+        panic!("{doc:?}")
     };
-    assert_eq!(docs[0].kind(), Kind::IpReservation);
+    assert_eq!(doc.kind(), Kind::IpReservation);
     assert_eq!(r.spec.nets().len(), 3);
     assert_eq!(r.spec.nets()[1].to_string(), "10.0.1.7/32");
-    docs[0].validate().unwrap();
+    doc.validate().unwrap();
     assert_eq!(
         "ipreservations".parse::<Kind>().unwrap(),
         Kind::IpReservation
@@ -251,13 +267,9 @@ fn ip_reservation_resource() {
 
 #[test]
 fn ipam_config_new_fields_default_and_validate() {
-    let docs = parse_documents(
-        "apiVersion: tern.dev/v1\nkind: IPAMConfig\nmetadata:\n  name: default\nspec:\n  strictAffinity: true\n",
-        "c.yaml",
-    )
-    .unwrap();
-    let Resource::IpamConfig(c) = &docs[0] else {
-        panic!()
+    let doc = first_document("IPAMConfig", "default", "strictAffinity: true");
+    let Resource::IpamConfig(c) = &doc else {
+        panic!("{doc:?}")
     };
     assert_eq!(c.spec.release_cooldown_seconds, 0);
     assert_eq!(c.spec.empty_block_grace_seconds, 300);

@@ -7,14 +7,28 @@ use common::*;
 use serde_json::json;
 use std::time::Duration;
 
+/// Creates a prefixed veth no endpoint owns on the node, as a crashed ADD would leave one.
+fn add_orphan_veth(node: &Node, name: &str, peer: &str) {
+    ip(&[
+        "-n",
+        node.name(),
+        "link",
+        "add",
+        name,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        peer,
+    ]);
+}
+
 #[test]
 fn add_while_the_agent_is_down_is_code_11_and_says_how_to_start_it() {
-    if !can_run() {
+    let Some((mut node, pod)) = node_and_pod() else {
         return;
-    }
-    let mut node = Node::new();
+    };
     node.stop();
-    let pod = Pod::new();
     let msg = node
         .cni("ADD", &pod, "down1", "eth0", &node.conf("1.0.0"))
         .fails_with(11);
@@ -24,24 +38,21 @@ fn add_while_the_agent_is_down_is_code_11_and_says_how_to_start_it() {
         "message does not say how to start the agent: {msg}"
     );
     assert!(node.tern_links_settled().is_empty());
-    assert!(!pod.links().contains(&"eth0".to_string()));
+    assert!(!pod.has_link("eth0"));
 }
 
 #[test]
 fn del_while_the_agent_is_down_is_journaled_and_replayed_at_start() {
-    if !can_run() {
+    let Some((mut node, pod)) = node_and_pod() else {
         return;
-    }
-    let mut node = Node::new();
-    let pod = Pod::new();
+    };
     let conf = node.conf("1.0.0");
-    let r = node.add(&pod, "journal1", &conf);
-    let (ip, host_if) = (result_ip(&r), result_host_if(&r));
+    let (_, ip, host_if) = node.add_pod(&pod, "journal1", &conf);
     node.stop();
 
     node.cni("DEL", &pod, "journal1", "eth0", &conf).ok();
     assert!(
-        !node.links().contains(&host_if),
+        !node.has_link(&host_if),
         "the plugin did not remove {host_if} itself"
     );
     let files = node.journal_files();
@@ -58,22 +69,14 @@ fn del_while_the_agent_is_down_is_journaled_and_replayed_at_start() {
         "journal not replayed at start: {:?}",
         node.journal_files()
     );
-    assert!(
-        node.allocated_to("journal1").is_empty(),
-        "address not released by the replay"
-    );
-    assert!(
-        node.endpoints_of("journal1").is_empty(),
-        "endpoint not deleted by the replay"
-    );
+    node.assert_unclaimed("journal1", "by the replay");
 }
 
 #[test]
 fn status_is_code_50_when_the_agent_is_down_and_ok_when_up() {
-    if !can_run() {
+    let Some((mut node, _)) = node_and_pod() else {
         return;
-    }
-    let mut node = Node::new();
+    };
     let conf = node.conf("1.1.0");
     let out = node.cni_global("STATUS", &conf);
     out.ok();
@@ -86,49 +89,27 @@ fn status_is_code_50_when_the_agent_is_down_and_ok_when_up() {
 
 #[test]
 fn start_up_reconciliation_releases_dead_pods_and_orphans() {
-    if !can_run() {
+    let Some((mut node, mut a)) = node_and_pod() else {
         return;
-    }
-    let mut node = Node::new();
+    };
     let conf = node.conf("1.0.0");
-    let mut a = Pod::new();
     let b = Pod::new();
-    let ra = node.add(&a, "recona", &conf);
-    let rb = node.add(&b, "reconb", &conf);
-    let (host_a, host_b) = (result_host_if(&ra), result_host_if(&rb));
-    let ip_b = result_ip(&rb);
+    let (_, _, host_a) = node.add_pod(&a, "recona", &conf);
+    let (_, ip_b, host_b) = node.add_pod(&b, "reconb", &conf);
     node.stop();
 
     a.ns.delete();
     // The veth dies with its namespace, asynchronously.
     assert!(
-        wait_until(Duration::from_secs(5), || !node.links().contains(&host_a)),
+        wait_until(Duration::from_secs(5), || !node.has_link(&host_a)),
         "{host_a} outlived its pod"
     );
-    ip(&[
-        "-n",
-        node.name(),
-        "link",
-        "add",
-        "tern00000000000",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "orphpeer0",
-    ]);
+    add_orphan_veth(&node, "tern00000000000", "orphpeer0");
     assert_eq!(node.allocated_to("recona").len(), 1);
 
     node.start();
     // The start-up pass runs before the socket is served, so this holds right away.
-    assert!(
-        node.allocated_to("recona").is_empty(),
-        "pod A's address not released"
-    );
-    assert!(
-        node.endpoints_of("recona").is_empty(),
-        "pod A's endpoint not deleted"
-    );
+    node.assert_unclaimed("recona", "at start-up (pod A)");
     let links = node.links();
     assert!(
         !links.contains(&"tern00000000000".to_string()),
@@ -144,42 +125,26 @@ fn start_up_reconciliation_releases_dead_pods_and_orphans() {
 
 #[test]
 fn periodic_reconciliation_removes_an_orphan_while_running() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let node = Node::new();
-    let pod = Pod::new();
+    };
     let r = node.add(&pod, "periodic", &node.conf("1.0.0"));
-    ip(&[
-        "-n",
-        node.name(),
-        "link",
-        "add",
-        "tern00000000001",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "orphpeer1",
-    ]);
+    add_orphan_veth(&node, "tern00000000001", "orphpeer1");
     // --resync-seconds 1.
     assert!(
-        wait_until(Duration::from_secs(5), || !node
-            .links()
-            .contains(&"tern00000000001".to_string())),
+        wait_until(Duration::from_secs(5), || !node.has_link("tern00000000001")),
         "orphan not removed by the periodic pass"
     );
-    assert!(node.links().contains(&result_host_if(&r)));
+    assert!(node.has_link(&result_host_if(&r)));
     node.cni("CHECK", &pod, "periodic", "eth0", &node.conf("1.0.0"))
         .ok();
 }
 
 #[test]
 fn gc_releases_attachments_that_are_not_valid() {
-    if !can_run() {
+    let Some((node, _)) = node_and_pod() else {
         return;
-    }
-    let node = Node::new();
+    };
     let conf = node.conf("1.1.0");
     let pods: Vec<Pod> = (0..3).map(|_| Pod::new()).collect();
     let results: Vec<_> = pods
@@ -195,18 +160,7 @@ fn gc_releases_attachments_that_are_not_valid() {
     node.cni_global("GC", &gc_conf).ok();
 
     let links = node.links();
-    assert!(
-        !links.contains(&result_host_if(&results[2])),
-        "gc2's veth survived GC: {links:?}"
-    );
-    assert!(
-        node.allocated_to("gc2").is_empty(),
-        "gc2's address survived GC"
-    );
-    assert!(
-        node.endpoints_of("gc2").is_empty(),
-        "gc2's endpoint survived GC"
-    );
+    node.assert_released("gc2", &result_host_if(&results[2]));
     for (i, r) in results.iter().enumerate().take(2) {
         let cid = format!("gc{i}");
         assert!(links.contains(&result_host_if(r)));
@@ -220,15 +174,12 @@ fn gc_releases_attachments_that_are_not_valid() {
 /// derived name: the plugin deletes it only when its peer is CNI_IFNAME inside CNI_NETNS.
 #[test]
 fn del_while_down_deletes_only_its_own_sandboxs_veth() {
-    if !can_run() {
+    let Some((mut node, pod)) = node_and_pod() else {
         return;
-    }
-    let mut node = Node::new();
-    let pod = Pod::new();
+    };
     let old_sandbox = Pod::new();
     let conf = node.conf("1.0.0");
-    let r = node.add(&pod, "sandbox-b", &conf);
-    let host_if = result_host_if(&r);
+    let (_, _, host_if) = node.add_pod(&pod, "sandbox-b", &conf);
     node.stop();
     let tern = tern_bin();
     let stdin = conf.to_string();
@@ -238,7 +189,7 @@ fn del_while_down_deletes_only_its_own_sandboxs_veth() {
         let out = node.run_plugin(&tern, &env, stdin.as_bytes());
         assert_eq!(out.status, 0, "{}", out.stderr);
         assert!(
-            node.links().contains(&host_if),
+            node.has_link(&host_if),
             "a stale sandbox's DEL (netns {netns:?}) deleted {host_if}"
         );
     }
@@ -252,14 +203,14 @@ fn del_while_down_deletes_only_its_own_sandboxs_veth() {
         node.agent_log()
     );
     assert!(
-        node.links().contains(&host_if),
+        node.has_link(&host_if),
         "the replay of the stale DEL deleted {host_if}"
     );
     // B's own DEL (ternd down again; its netns holds the peer) deletes it.
     node.stop();
     node.cni("DEL", &pod, "sandbox-b", "eth0", &conf).ok();
     assert!(
-        !node.links().contains(&host_if),
+        !node.has_link(&host_if),
         "the plugin did not remove {host_if} for its own sandbox"
     );
 }
@@ -268,11 +219,9 @@ fn del_while_down_deletes_only_its_own_sandboxs_veth() {
 /// devices is refused with code 7 naming the field, before anything is named or deleted.
 #[test]
 fn a_bad_interface_prefix_is_code_7_naming_the_field() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let node = Node::new();
-    let pod = Pod::new();
+    };
     for bad in ["veth", "mycluster-pod-", "Tern", ""] {
         let mut conf = node.conf("1.0.0");
         conf["interface_prefix"] = json!(bad);

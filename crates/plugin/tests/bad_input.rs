@@ -14,31 +14,21 @@ fn add_with_env(
     overrides: &[(&'static str, &str)],
     stdin: &[u8],
 ) -> Out {
-    let mut env = node.env("ADD", &pod.path(), cid, "eth0", pod.name());
-    for (k, v) in overrides {
-        env.retain(|(name, _)| name != k);
-        if !v.is_empty() {
-            env.push((k, v.to_string()));
-        }
-    }
+    let env = node.env_with("ADD", pod, cid, overrides);
     node.run_plugin(&tern_bin(), &env, stdin)
 }
 
 /// Nothing of `cid` exists: no address, no endpoint, no host veth, no pod interface.
 fn assert_nothing_left(node: &Node, pod: &Pod, cid: &str) {
     node.assert_nothing_left(cid);
-    assert!(
-        !pod.links().contains(&"eth0".to_string()),
-        "eth0 left in the pod"
-    );
+    assert!(!pod.has_link("eth0"), "eth0 left in the pod");
 }
 
 #[test]
 fn malformed_json_is_code_6() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let (node, pod) = (Node::new(), Pod::new());
+    };
     let out = add_with_env(
         &node,
         &pod,
@@ -62,10 +52,7 @@ fn refused(
     code: u64,
     culprit: &str,
 ) -> Option<String> {
-    if !can_run() {
-        return None;
-    }
-    let (node, pod) = (Node::new(), Pod::new());
+    let (node, pod) = node_and_pod()?;
     let mut conf = node.conf(version);
     edit(&mut conf);
     let msg =
@@ -99,10 +86,9 @@ fn too_long_ifname_is_code_4_naming_cni_ifname() {
 
 #[test]
 fn container_id_with_a_slash_is_code_4() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let (node, pod) = (Node::new(), Pod::new());
+    };
     let conf = node.conf("1.0.0").to_string();
     let msg = add_with_env(
         &node,
@@ -140,10 +126,9 @@ fn netns_that_does_not_exist_is_code_4_naming_cni_netns() {
 
 #[test]
 fn interface_already_in_the_pod_fails_and_leaves_nothing() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let (node, pod) = (Node::new(), Pod::new());
+    };
     ip(&[
         "-n",
         pod.name(),
@@ -157,30 +142,15 @@ fn interface_already_in_the_pod_fails_and_leaves_nothing() {
         "x0",
     ]);
     let out = node.cni("ADD", &pod, "dup1", "eth0", &node.conf("1.0.0"));
-    assert_ne!(
-        out.status, 0,
-        "ADD over an existing eth0 succeeded: {}",
-        out.json
-    );
-    let msg = out.message();
+    let msg = out.fails("ADD over an existing eth0");
     assert!(
         msg.contains("eth0"),
         "message does not name the interface: {msg}"
     );
     assert!(out.code().is_some_and(|c| c != 0), "{}", out.json);
-    assert!(
-        node.allocated_to("dup1").is_empty(),
-        "the failed ADD kept {:?}",
-        node.allocated_to("dup1")
-    );
-    assert!(node.endpoints_of("dup1").is_empty());
-    assert!(
-        node.tern_links_settled().is_empty(),
-        "host veth left: {:?}",
-        node.tern_links()
-    );
+    node.assert_nothing_left("dup1");
     // The pre-existing interface is the pod's and stays.
-    assert!(pod.links().contains(&"eth0".to_string()));
+    assert!(pod.has_link("eth0"));
 }
 
 #[test]
@@ -213,7 +183,7 @@ fn pool_exhaustion_is_code_100_and_leaves_nothing() {
     assert!(node.allocated_to("full4").is_empty());
     assert!(node.endpoints_of("full4").is_empty());
     assert_eq!(node.tern_links().len(), 4, "{:?}", node.tern_links());
-    assert!(!pods[4].links().contains(&"eth0".to_string()));
+    assert!(!pods[4].has_link("eth0"));
     assert_eq!(node.allocations().len(), 4);
 
     // Releasing one makes room again.

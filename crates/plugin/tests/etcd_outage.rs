@@ -15,7 +15,7 @@ use common::*;
 use std::fs::File;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tern_store::etcd::harness::{etcd_available, etcd_binary};
+use tern_store::etcd::harness::etcd_binary;
 use tern_store::etcd::{EtcdStore, Timeouts};
 
 /// etcd's client port inside a node namespace. Each node is a fresh namespace with nothing else
@@ -149,59 +149,45 @@ impl Drop for NsEtcd {
     }
 }
 
-/// Root, and an etcd binary to run, as tern-testkit's `require` (fails under strict mode).
-fn can_run_etcd() -> bool {
-    can_run()
-        && tern_testkit::require(
-            "an etcd binary",
-            etcd_available(),
-            tern_testkit::install_hint("etcd"),
-        )
-}
-
-/// A node whose ternd runs on an etcd in the node's underlay, both started. The node comes
-/// first in the pair so that, bound as `let (node, etcd)`, etcd is dropped (killed) before the
-/// node's namespace goes.
-fn started_on_etcd() -> (Node, NsEtcd) {
+/// After [`can_run_etcd`], a node whose ternd runs on an etcd in the node's underlay, both
+/// started; `None` when the test cannot run. The node comes first in the pair so that, bound
+/// as `let (node, etcd)`, etcd is dropped (killed) before the node's namespace goes.
+fn started_on_etcd() -> Option<(Node, NsEtcd)> {
+    if !can_run_etcd() {
+        return None;
+    }
     let mut node = Node::unstarted_with_store(&etcd_url());
     let mut etcd = NsEtcd::new(&node);
     etcd.start();
     node.start();
-    (node, etcd)
+    Some((node, etcd))
 }
 
 #[test]
 fn etcd_outage_del_is_journaled_add_is_code_11_and_the_journal_is_replayed() {
-    if !can_run_etcd() {
+    let Some((node, mut etcd)) = started_on_etcd() else {
         return;
-    }
-    let (node, mut etcd) = started_on_etcd();
+    };
     let conf = node.conf("1.0.0");
 
     let pod_a = Pod::new();
-    let r = node.add(&pod_a, "outage-a", &conf);
-    let (ip_a, host_a) = (result_ip(&r), result_host_if(&r));
+    let (_, ip_a, host_a) = node.add_pod(&pod_a, "outage-a", &conf);
     assert_eq!(node.allocated_to("outage-a"), vec![ip_a]);
     assert_eq!(node.endpoints_of("outage-a").len(), 1);
 
     etcd.kill();
 
     // DEL must succeed: the runtime would otherwise retry forever and leak the sandbox.
-    let started = Instant::now();
-    let del = node.cni("DEL", &pod_a, "outage-a", "eth0", &conf);
-    let del_took = started.elapsed();
+    let (del, del_took) = timed(|| node.cni("DEL", &pod_a, "outage-a", "eth0", &conf));
     del.ok();
     eprintln!("DEL with etcd down took {del_took:?}");
     assert!(del_took < BOUND, "DEL with etcd down took {del_took:?}");
     assert!(
-        wait_until(Duration::from_secs(5), || !node.links().contains(&host_a)),
+        wait_until(Duration::from_secs(5), || !node.has_link(&host_a)),
         "host veth {host_a} survived the DEL: {:?}",
         node.links()
     );
-    assert!(
-        !pod_a.links().contains(&"eth0".to_string()),
-        "pod interface survived the DEL"
-    );
+    assert!(!pod_a.has_link("eth0"), "pod interface survived the DEL");
     let journal = node.journal_files();
     assert_eq!(journal.len(), 1, "journal after DEL: {journal:?}");
     let entry = std::fs::read_to_string(&journal[0]).expect("reading the journal entry");
@@ -212,20 +198,12 @@ fn etcd_outage_del_is_journaled_add_is_code_11_and_the_journal_is_replayed() {
 
     // ADD must fail fast with "try again later" (code 11), saying why, and leave nothing.
     let pod_b = Pod::new();
-    let started = Instant::now();
-    let add = node.cni("ADD", &pod_b, "outage-b", "eth0", &conf);
-    let add_took = started.elapsed();
+    let (add, add_took) = timed(|| node.cni("ADD", &pod_b, "outage-b", "eth0", &conf));
     eprintln!("ADD with etcd down took {add_took:?}: {}", add.json);
     let msg = add.fails_with(11);
     assert!(add_took < BOUND, "ADD with etcd down took {add_took:?}");
-    assert!(
-        msg.contains("datastore is unreachable"),
-        "message does not say the datastore is unreachable: {msg}"
-    );
-    assert!(
-        !pod_b.links().contains(&"eth0".to_string()),
-        "a failed ADD left eth0 in the pod"
-    );
+    assert_store_unreachable(&msg);
+    assert!(!pod_b.has_link("eth0"), "a failed ADD left eth0 in the pod");
     assert!(
         node.tern_links_settled().is_empty(),
         "a failed ADD left host veths: {:?}",
@@ -306,16 +284,17 @@ fn ternctl_on_an_etcd_that_refuses_connections_fails_fast_and_clearly() {
     }
     // A fresh namespace: nothing listens on 127.0.0.1:1 there, so the connection is refused.
     let ns = Netns::new();
-    let started = Instant::now();
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .arg(ternctl_bin())
-        .args(["--store", "etcd://127.0.0.1:1", "ipam", "show"])
-        .env_remove("TERN_STORE")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running ternctl");
-    let took = started.elapsed();
+    let ternctl = ternctl_bin();
+    let (out, took) = timed(|| {
+        Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(&ternctl)
+            .args(["--store", "etcd://127.0.0.1:1", "ipam", "show"])
+            .env_remove("TERN_STORE")
+            .stdin(Stdio::null())
+            .output()
+            .expect("running ternctl")
+    });
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("ternctl took {took:?}: {stderr}");
     assert!(!out.status.success(), "ternctl succeeded without a store");
@@ -340,26 +319,20 @@ fn ternctl_on_an_etcd_that_refuses_connections_fails_fast_and_clearly() {
 /// connection), so ADD answers code 11 well within 10 s.
 #[test]
 fn etcd_that_hangs_add_is_code_11_in_bounded_time_and_works_after() {
-    if !can_run_etcd() {
+    let Some((node, mut etcd)) = started_on_etcd() else {
         return;
-    }
-    let (node, mut etcd) = started_on_etcd();
+    };
     let conf = node.conf("1.0.0");
     let pod = Pod::new();
 
     // Connections are accepted by the kernel but nothing answers: only timeouts help.
     etcd.signal(libc::SIGSTOP);
-    let started = Instant::now();
-    let add = node.cni("ADD", &pod, "hung-etcd", "eth0", &conf);
-    let took = started.elapsed();
+    let (add, took) = timed(|| node.cni("ADD", &pod, "hung-etcd", "eth0", &conf));
     eprintln!("ADD with a hung etcd took {took:?}: {}", add.json);
     etcd.signal(libc::SIGCONT);
     let msg = add.fails_with(11);
     assert!(took < BOUND, "ADD with a hung etcd took {took:?}");
-    assert!(
-        msg.contains("datastore is unreachable"),
-        "message does not say the datastore is unreachable: {msg}"
-    );
+    assert_store_unreachable(&msg);
     assert!(
         node.tern_links_settled().is_empty(),
         "a failed ADD left host veths: {:?}",

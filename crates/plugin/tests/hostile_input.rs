@@ -100,7 +100,7 @@ fn bad_cni_netns_is_code_4_and_never_hangs() {
         node.assert_nothing_left(&cid);
     }
     assert!(
-        !node.links().contains(&"eth0".to_string()),
+        !node.has_link("eth0"),
         "eth0 was created in the node: {:?}",
         node.links()
     );
@@ -168,10 +168,7 @@ fn undecodable_prev_results_leave_nothing_behind() {
         let msg = out.message();
         assert!(msg.contains("prevResult"), "{prev}: {msg}");
         node.assert_nothing_left(&cid);
-        assert!(
-            !pod.links().contains(&"eth0".to_string()),
-            "{prev}: eth0 left"
-        );
+        assert!(!pod.has_link("eth0"), "{prev}: eth0 left");
     }
     // A valid prevResult is merged: ours come after its interfaces.
     let mut conf = node.conf("1.0.0");

@@ -15,66 +15,67 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use common::*;
+use serde_json::{Value, json};
 use tern_model::Kind;
 
 fn nested_parens(n: usize) -> String {
     format!("{}a == 'x'{}", "(".repeat(n), ")".repeat(n))
 }
 
+/// A raw document (key, JSON) of `kind` named `name`, with `spec` and, when given, one
+/// annotation `a` of that value.
+fn document(kind: Kind, name: &str, annotation: Option<String>, spec: Value) -> (String, String) {
+    let mut metadata = json!({"name": name});
+    if let Some(a) = annotation {
+        metadata["annotations"] = json!({ "a": a });
+    }
+    let doc = json!({
+        "apiVersion": "tern.dev/v1",
+        "kind": kind.document_kind(),
+        "metadata": metadata,
+        "spec": spec,
+    });
+    (tern_model::resource_key(kind, None, name), doc.to_string())
+}
+
 /// The raw documents (key, JSON) that bypass validation.
 fn hostile_documents() -> Vec<(String, String)> {
     let gnp = |name: &str, selector: &str| {
-        (
-            tern_model::resource_key(Kind::GlobalNetworkPolicy, None, name),
-            serde_json::json!({
-                "apiVersion": "tern.dev/v1",
-                "kind": "GlobalNetworkPolicy",
-                "metadata": {"name": name},
-                "spec": {
-                    "selector": selector,
-                    "ingress": [{"action": "Allow", "source": {"selector": selector}}],
-                },
-            })
-            .to_string(),
+        document(
+            Kind::GlobalNetworkPolicy,
+            name,
+            None,
+            json!({
+                "selector": selector,
+                "ingress": [{"action": "Allow", "source": {"selector": selector}}],
+            }),
         )
     };
     let chain = (0..3000)
         .map(|i| format!("k{i} == 'v'"))
         .collect::<Vec<_>>()
         .join(" || ");
-    let pool = (
-        tern_model::resource_key(Kind::IpPool, None, "evil-pool"),
-        serde_json::json!({
-            "apiVersion": "tern.dev/v1",
-            "kind": "IPPool",
-            "metadata": {"name": "evil-pool"},
-            "spec": {
-                "cidr": "10.99.0.0/16",
-                "nodeSelector": format!("{}all()", "!".repeat(3000)),
-            },
-        })
-        .to_string(),
+    let pool = document(
+        Kind::IpPool,
+        "evil-pool",
+        None,
+        json!({
+            "cidr": "10.99.0.0/16",
+            "nodeSelector": format!("{}all()", "!".repeat(3000)),
+        }),
     );
-    let fat = (
-        tern_model::resource_key(Kind::GlobalNetworkPolicy, None, "evil-fat"),
-        serde_json::json!({
-            "apiVersion": "tern.dev/v1",
-            "kind": "GlobalNetworkPolicy",
-            "metadata": {"name": "evil-fat", "annotations": {"a": "x".repeat(1_200_000)}},
-            "spec": {"selector": "all()"},
-        })
-        .to_string(),
+    let fat = document(
+        Kind::GlobalNetworkPolicy,
+        "evil-fat",
+        Some("x".repeat(1_200_000)),
+        json!({"selector": "all()"}),
     );
     // Over the resource limit in the IPAM path too: every ADD lists the pools.
-    let fat_pool = (
-        tern_model::resource_key(Kind::IpPool, None, "evil-fat-pool"),
-        serde_json::json!({
-            "apiVersion": "tern.dev/v1",
-            "kind": "IPPool",
-            "metadata": {"name": "evil-fat-pool", "annotations": {"a": "x".repeat(1_200_000)}},
-            "spec": {"cidr": "10.98.0.0/16"},
-        })
-        .to_string(),
+    let fat_pool = document(
+        Kind::IpPool,
+        "evil-fat-pool",
+        Some("x".repeat(1_200_000)),
+        json!({"cidr": "10.98.0.0/16"}),
     );
     vec![
         gnp("evil-parens", &nested_parens(1500)),

@@ -45,7 +45,7 @@ fn colliding_names_get_distinct_handles_and_veths() {
             node.agent_log()
         );
         got.push((result_ip(&out.json), result_host_if(&out.json)));
-        assert!(pod.links().contains(&ifname.to_string()));
+        assert!(pod.has_link(ifname));
     }
     let veths: std::collections::HashSet<&String> = got.iter().map(|g| &g.1).collect();
     assert_eq!(veths.len(), 4, "{got:?}");
@@ -92,8 +92,8 @@ fn colliding_names_get_distinct_handles_and_veths() {
             vec![got[i].0],
             "{cid} lost its address"
         );
-        assert!(node.links().contains(&got[i].1), "{cid} lost its veth");
-        assert!(pods[i].links().contains(&ifname.to_string()));
+        assert!(node.has_link(&got[i].1), "{cid} lost its veth");
+        assert!(pods[i].has_link(ifname));
     }
     for i in [1, 3] {
         assert!(node.allocated_to(cases[i].1).is_empty());
@@ -113,7 +113,7 @@ fn agent_down_del_and_replay_leave_a_bridge_of_that_name() {
     let out = node.cni("DEL", &pod, "br1", "eth0", &node.conf("1.0.0"));
     assert_eq!(out.status, 0, "{}", out.json);
     assert!(
-        node.links().contains(&name),
+        node.has_link(&name),
         "the agent-down DEL deleted bridge {name}"
     );
     assert_eq!(node.journal_files().len(), 1);
@@ -127,7 +127,7 @@ fn agent_down_del_and_replay_leave_a_bridge_of_that_name() {
         node.agent_log()
     );
     assert!(
-        node.links().contains(&name),
+        node.has_link(&name),
         "the journal replay deleted bridge {name}"
     );
     assert!(

@@ -197,11 +197,9 @@ fn policy_on_a_named_port_allows_only_that_port() {
 
 #[test]
 fn bad_named_ports_fail_with_code_7_and_create_nothing() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let node = Node::new();
-    let pod = Pod::new();
+    };
     let cases = [
         (
             json!([{"name": "http", "containerPort": 80}, {"name": "big", "containerPort": 70000}]),
@@ -227,13 +225,7 @@ fn bad_named_ports_fail_with_code_7_and_create_nothing() {
         );
         let msg = out.fails_with(7);
         assert!(msg.contains(want), "{msg:?} does not name {want:?}");
-        assert!(node.allocated_to(&cid).is_empty(), "{cid} got an address");
-        assert!(node.endpoints_of(&cid).is_empty(), "{cid} has an endpoint");
-        assert!(
-            node.tern_links_settled().is_empty(),
-            "{:?}",
-            node.tern_links()
-        );
-        assert!(!pod.links().contains(&"eth0".to_string()));
+        node.assert_nothing_left(&cid);
+        assert!(!pod.has_link("eth0"));
     }
 }

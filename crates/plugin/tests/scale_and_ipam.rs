@@ -74,11 +74,9 @@ fn thirty_parallel_adds_then_thirty_parallel_dels() {
 
 #[test]
 fn delegated_host_local_ipam() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let node = Node::new();
-    let pod = Pod::new();
+    };
     let data_dir = node.dir.path().join("host-local");
     let mut conf = node.conf("1.0.0");
     conf["ipam"] = json!({"type": "host-local", "subnet": "10.77.0.0/24", "dataDir": data_dir});
@@ -119,11 +117,9 @@ fn delegated_host_local_ipam() {
 
 #[test]
 fn tern_ipam_under_the_reference_ptp_plugin() {
-    if !can_run() {
+    let Some((node, pod)) = node_and_pod() else {
         return;
-    }
-    let node = Node::new();
-    let pod = Pod::new();
+    };
     let conf = json!({
         "cniVersion": "1.0.0",
         "name": "ptpnet",
@@ -181,5 +177,5 @@ fn tern_ipam_under_the_reference_ptp_plugin() {
         node.allocated_to("ptp1").is_empty(),
         "tern-ipam did not release {ip}"
     );
-    assert!(!pod.links().contains(&"eth0".to_string()));
+    assert!(!pod.has_link("eth0"));
 }

@@ -79,6 +79,28 @@ pub struct Incremental {
     dirty_sets: BTreeSet<String>,
 }
 
+/// Marks dirty (in `dirty`: chains, sets) every chain and set that differs between `old` and
+/// `new`, present in either.
+fn mark_changes(
+    dirty: (&mut BTreeSet<String>, &mut BTreeSet<String>),
+    old: &Ruleset,
+    new: &Ruleset,
+) {
+    fn changed<V: PartialEq>(
+        old: &BTreeMap<String, V>,
+        new: &BTreeMap<String, V>,
+        dirty: &mut BTreeSet<String>,
+    ) {
+        for n in old.keys().chain(new.keys()) {
+            if old.get(n) != new.get(n) {
+                dirty.insert(n.clone());
+            }
+        }
+    }
+    changed(&old.chains, &new.chains, dirty.0);
+    changed(&old.sets, &new.sets, dirty.1);
+}
+
 fn is_local(ep: &Endpoint, node: &str) -> bool {
     ep.node == node && !ep.interface.is_empty()
 }
@@ -137,16 +159,11 @@ impl Incremental {
 
     /// Replaces the chains and sets other components own in the shared table.
     pub fn set_extra(&mut self, extra: Ruleset) {
-        for n in self.extra.chains.keys().chain(extra.chains.keys()) {
-            if self.extra.chains.get(n) != extra.chains.get(n) {
-                self.dirty_chains.insert(n.clone());
-            }
-        }
-        for n in self.extra.sets.keys().chain(extra.sets.keys()) {
-            if self.extra.sets.get(n) != extra.sets.get(n) {
-                self.dirty_sets.insert(n.clone());
-            }
-        }
+        mark_changes(
+            (&mut self.dirty_chains, &mut self.dirty_sets),
+            &self.extra,
+            &extra,
+        );
         self.extra = extra;
     }
 
@@ -198,16 +215,11 @@ impl Incremental {
         }
         crate::compile::sync_forward_chain(&mut c.rs);
         let new = c.rs;
-        for n in self.rs.chains.keys().chain(new.chains.keys()) {
-            if self.rs.chains.get(n) != new.chains.get(n) {
-                self.dirty_chains.insert(n.clone());
-            }
-        }
-        for n in self.rs.sets.keys().chain(new.sets.keys()) {
-            if self.rs.sets.get(n) != new.sets.get(n) {
-                self.dirty_sets.insert(n.clone());
-            }
-        }
+        mark_changes(
+            (&mut self.dirty_chains, &mut self.dirty_sets),
+            &self.rs,
+            &new,
+        );
         let mut refs = HashMap::new();
         for names in policy_sets.values() {
             for n in names {

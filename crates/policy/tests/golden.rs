@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde_norway::Value;
 use tern_model::{Kind, Resource};
 use tern_policy::{Incremental, PolicySet};
+use tern_testkit::golden;
 
 fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
     v.as_mapping()?.get(Value::from(key))
@@ -65,12 +66,9 @@ fn step(out: &mut String, title: &str, inc: &mut Incremental) {
 }
 
 fn run(dir: &Path) -> String {
-    let read = |f: &str| {
-        let p = dir.join(f);
-        let t = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        let v: Value =
-            serde_norway::from_str(&t).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        (p.display().to_string(), v)
+    let read = |f: &str| -> (String, Value) {
+        let v = golden::parse(dir, f, |t| serde_norway::from_str(t));
+        (dir.join(f).display().to_string(), v)
     };
     let (cfg_name, cfg) = read("config.yaml");
     let mut inc = Incremental::new(&text(&cfg, "node", &cfg_name), PolicySet::new());
@@ -113,44 +111,5 @@ fn run(dir: &Path) -> String {
 #[test]
 fn policy_scenarios_match_golden_outputs() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let update = std::env::var("TERN_GOLDEN_UPDATE").is_ok_and(|v| v == "1");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
-    assert!(
-        cases.len() >= 4,
-        "policy cases missing in {}",
-        root.display()
-    );
-    let mut failures = Vec::new();
-    for case in &cases {
-        let got = run(case);
-        let expected = case.join("output.nft");
-        if update {
-            std::fs::write(&expected, &got).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&expected).unwrap_or_default();
-        if got != want {
-            let (g, w): (Vec<&str>, Vec<&str>) = (got.lines().collect(), want.lines().collect());
-            let i = (0..g.len().max(w.len()))
-                .find(|&i| g.get(i) != w.get(i))
-                .unwrap_or(0);
-            failures.push(format!(
-                "{}:{}: got {:?}, want {:?}",
-                expected.display(),
-                i + 1,
-                g.get(i).unwrap_or(&"<end>"),
-                w.get(i).unwrap_or(&"<end>")
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "golden mismatch (rerun with TERN_GOLDEN_UPDATE=1 after checking the change):\n{}",
-        failures.join("\n")
-    );
+    golden::check(&root, "output.nft", 4, run);
 }

@@ -197,15 +197,22 @@ fn apply_script(ns: &Netns, inc: &mut Incremental) {
     inc.commit(&s);
 }
 
+/// After [`kernel_netns`], an empty node state applied there, then the local endpoint x/a
+/// (not applied yet).
+fn kernel_incremental(tag: &str) -> Option<(Netns, Incremental)> {
+    let ns = kernel_netns(tag)?;
+    let mut inc = Incremental::new("n1", PolicySet::new());
+    apply_script(&ns, &mut inc);
+    inc.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
+    Some((ns, inc))
+}
+
 #[test]
 fn every_delta_applies_to_a_real_kernel() {
-    let Some(ns) = kernel_netns("inc") else {
+    let Some((ns, mut inc)) = kernel_incremental("inc") else {
         return;
     };
-    let mut inc = Incremental::new("n1", PolicySet::new());
     let apply = |inc: &mut Incremental| apply_script(&ns, inc);
-    apply(&mut inc);
-    inc.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
     apply(&mut inc);
     for r in resources(POLICIES) {
         inc.apply(&r).unwrap();
@@ -353,13 +360,10 @@ apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: narrow, 
 
 #[test]
 fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
-    let Some(ns) = kernel_netns("fp") else {
+    let Some((ns, mut inc)) = kernel_incremental("fp") else {
         return;
     };
-    let mut inc = Incremental::new("n1", PolicySet::new());
     let apply = |inc: &mut Incremental| apply_script(&ns, inc);
-    apply(&mut inc);
-    inc.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
     let docs = resources(IPBLOCKS);
     // The wide policy alone, then the narrow one overlapping it (the set's elements are
     // re-cut into disjoint boxes: a delta that must delete before it adds), then back.

@@ -1,9 +1,10 @@
 //! The behaviour every [`Store`] backend must show, as plain functions that panic on a violation.
 //!
-//! Compiled always (not only under `cfg(test)`) so each backend's tests, in this crate or another,
-//! call [`run_all`] with a factory of fresh stores. Checks use relative revisions and keys under
-//! their own prefix, so a factory may hand out stores that share data (one etcd, several prefixes
-//! of work) as long as nothing else writes under `/conformance/`.
+//! Behind the `test-support` feature (not `cfg(test)`) so each backend's tests, in this crate or
+//! another, call [`run_all`] with a factory of fresh stores; production builds leave it out.
+//! Checks use relative revisions and keys under their own prefix, so a factory may hand out
+//! stores that share data (one etcd, several prefixes of work) as long as nothing else writes
+//! under `/conformance/`.
 //!
 //! [`watch_compacted`] is not part of [`run_all`]: how much history a backend keeps is its own
 //! setting, so its tests call it with a store configured for a short history.
@@ -398,6 +399,19 @@ pub fn revision_monotonic(s: &dyn Store) {
         assert_eq!(s.revision().unwrap(), r);
         last = r;
     }
+}
+
+/// Checks the end of a CAS race of [`cas_increments`] (threads or processes): the counter at
+/// `key` of `s` is `total`, it was written `total` times, and no two increments share a
+/// revision (`revs`, every increment's revision).
+pub fn assert_cas_total(s: &dyn Store, key: &str, total: usize, mut revs: Vec<i64>) {
+    let kv = s.get(key).unwrap().expect("the counter exists");
+    assert_eq!(String::from_utf8(kv.value).unwrap(), total.to_string());
+    assert_eq!(kv.version, total as i64);
+    assert_eq!(revs.len(), total, "increments reported");
+    revs.sort_unstable();
+    revs.dedup();
+    assert_eq!(revs.len(), total, "two increments share a revision");
 }
 
 /// Increments the integer stored at `key` `n` times with get + CAS retry loops; returns the

@@ -7,16 +7,20 @@
 //!
 //! Backends: [`mem::MemStore`] (in-process, for unit tests), [`sqlite::SqliteStore`] (embedded,
 //! safe across processes on one host), [`etcd::EtcdStore`] (an etcd v3 cluster). All of
-//! them pass [`conformance`].
+//! them pass `conformance`, the suite that tests enable with the `test-support` feature (with
+//! `etcd::harness`, throw-away etcd processes); production builds carry neither.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "test-support")]
 pub mod conformance;
 pub mod etcd;
 pub mod keys;
 pub mod mem;
 pub mod sqlite;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 /// A stored key and its metadata, as etcd reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,11 +1,10 @@
 //! The conformance suite and the failure behaviour of the etcd backend, against real `etcd`
 //! processes (one per test, on free loopback ports, killed on drop).
 //!
-//! Cross-process tests re-execute this test binary with `TERN_ETCD_CHILD_ROLE` set; the
-//! `child_role` test does nothing without it.
+//! Cross-process tests re-execute this test binary in a role (`tern_testkit::child`); the
+//! `child_role` test does nothing without one.
 
 use std::env;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -13,8 +12,8 @@ use std::time::{Duration, Instant};
 use tern_store::etcd::harness::{EtcdServer, TestCerts};
 use tern_store::etcd::{self, EtcdStore, Timeouts, TlsFiles};
 use tern_store::{EventKind, Op, Result, Store, StoreError, Txn, Watch, conformance};
+use tern_testkit::child;
 
-const ROLE: &str = "TERN_ETCD_CHILD_ROLE";
 const URL: &str = "TERN_ETCD_CHILD_URL";
 const COUNT: &str = "TERN_ETCD_CHILD_COUNT";
 
@@ -198,14 +197,10 @@ fn open_by_url_and_config_errors() {
 
 #[test]
 fn tls_with_client_certificates() {
-    let certs = match TestCerts::generate() {
-        Ok(c) => c,
-        Err(e) => {
-            let how = format!("{} ({e})", tern_testkit::install_hint("openssl"));
-            tern_testkit::require("test certificates made with openssl", false, how);
-            return;
-        }
-    };
+    if !tern_testkit::require_binary("openssl") {
+        return;
+    }
+    let certs = TestCerts::generate().expect("test certificates made with openssl");
     let etcd = EtcdServer::start_tls(&certs).expect("start TLS etcd");
     let url = etcd.url();
     let s = etcd::open_with_tls(
@@ -255,58 +250,37 @@ fn cross_process_cas_loses_no_update() {
     let (procs, per) = (3, 30);
     let children: Vec<_> = (0..procs)
         .map(|_| {
-            Command::new(env::current_exe().unwrap())
-                .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
-                .env(ROLE, "cas")
-                .env(URL, etcd.url())
-                .env(COUNT, per.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            child::spawn(
+                "child_role",
+                "cas",
+                &[(URL, etcd.url()), (COUNT, per.to_string())],
+            )
         })
         .collect();
     let mut revs: Vec<i64> = Vec::new();
     for c in children {
-        let out = c.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "child failed: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let before = revs.len();
-        for l in stdout.lines() {
-            if let Some(i) = l.find("CHILD ") {
-                revs.push(l[i + 6..].trim().parse().unwrap());
-            }
-        }
-        assert_eq!(revs.len() - before, per, "child output:\n{stdout}");
+        let lines = child::output("cas child", c);
+        assert_eq!(lines.len(), per, "child output:\n{lines:?}");
+        revs.extend(lines.iter().map(|l| l.trim().parse::<i64>().unwrap()));
     }
     let s = etcd.store().unwrap();
-    let kv = s.get("/race/counter").unwrap().unwrap();
-    assert_eq!(
-        String::from_utf8(kv.value).unwrap(),
-        (procs * per).to_string()
-    );
-    assert_eq!(kv.version, (procs * per) as i64);
-    revs.sort_unstable();
-    revs.dedup();
-    assert_eq!(revs.len(), procs * per, "two increments share a revision");
+    conformance::assert_cas_total(&s, "/race/counter", procs * per, revs);
 }
 
 /// The body of every child process; a no-op when run as an ordinary test.
 #[test]
 fn child_role() {
-    let Ok(role) = env::var(ROLE) else {
-        return;
-    };
+    child::serve(run_role);
+}
+
+/// One child's role, on the etcd the parent named.
+fn run_role(role: &str) {
     let s = tern_store::open(&env::var(URL).unwrap()).unwrap();
     let count: usize = env::var(COUNT).unwrap().parse().unwrap();
-    match role.as_str() {
+    match role {
         "cas" => {
             for rev in conformance::cas_increments(&*s, "/race/counter", count) {
-                println!("CHILD {rev}");
+                child::emit(rev);
             }
         }
         other => panic!("unknown child role {other}"),

@@ -1,19 +1,17 @@
 //! The conformance suite against the SQLite backend, in one process and across processes.
 //!
-//! Cross-process tests re-execute this test binary (`current_exe() --exact <child> --nocapture`)
-//! with `TERN_STORE_CHILD_ROLE` and `TERN_STORE_CHILD_DB` set; the `child_*` tests do nothing
-//! unless those variables are present.
+//! Cross-process tests re-execute this test binary in a role (`tern_testkit::child`) with
+//! `TERN_STORE_CHILD_DB` set; the `child_role` test does nothing without a role.
 
 use std::env;
-use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tern_store::sqlite::{SqliteOptions, SqliteStore};
 use tern_store::{Compare, EventKind, Op, Store, StoreError, Txn, conformance};
+use tern_testkit::child;
 
-const ROLE: &str = "TERN_STORE_CHILD_ROLE";
 const DB: &str = "TERN_STORE_CHILD_DB";
 const COUNT: &str = "TERN_STORE_CHILD_COUNT";
 const AFTER: &str = "TERN_STORE_CHILD_AFTER";
@@ -142,36 +140,11 @@ fn open_by_url() {
     assert!(err("sqlite://relative.db").contains("absolute"));
 }
 
-/// Spawns this test binary running the test `child` in `role`.
-fn spawn_child(child: &str, role: &str, db: &str, extra: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new(env::current_exe().unwrap());
-    cmd.args(["--exact", child, "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env(DB, db)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
-}
-
-fn check_child(name: &str, out: &Output) -> Vec<String> {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{name} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // libtest's own output shares stdout (its "test child_role ... " has no newline before our
-    // first line); only our lines carry the marker.
-    let lines: Vec<String> = stdout
-        .lines()
-        .filter_map(|l| l.find("CHILD ").map(|i| l[i + 6..].to_string()))
-        .collect();
-    assert!(!lines.is_empty(), "{name} did not run its role:\n{stdout}");
-    lines
+/// Starts this test binary as a child running `child_role` in `role` on the database `db`.
+fn spawn_child(role: &str, db: &str, extra: &[(&str, String)]) -> std::process::Child {
+    let mut env = vec![(DB, db.to_string())];
+    env.extend(extra.iter().cloned());
+    child::spawn("child_role", role, &env)
 }
 
 #[test]
@@ -182,25 +155,16 @@ fn cross_process_cas_loses_no_update() {
     SqliteStore::open(&db).unwrap();
     let (procs, per) = (4, 100);
     let children: Vec<_> = (0..procs)
-        .map(|_| spawn_child("child_role", "cas", &db, &[(COUNT, per.to_string())]))
+        .map(|_| spawn_child("cas", &db, &[(COUNT, per.to_string())]))
         .collect();
     let mut revs: Vec<i64> = Vec::new();
     for c in children {
-        let out = c.wait_with_output().unwrap();
-        for line in check_child("cas child", &out) {
+        for line in child::output("cas child", c) {
             revs.push(line.parse().unwrap());
         }
     }
     let s = SqliteStore::open(&db).unwrap();
-    let kv = s.get("/race/counter").unwrap().unwrap();
-    assert_eq!(
-        String::from_utf8(kv.value).unwrap(),
-        (procs * per).to_string()
-    );
-    assert_eq!(kv.version, (procs * per) as i64);
-    revs.sort_unstable();
-    revs.dedup();
-    assert_eq!(revs.len(), procs * per, "two increments share a revision");
+    conformance::assert_cas_total(&s, "/race/counter", procs * per, revs);
 }
 
 #[test]
@@ -212,16 +176,15 @@ fn cross_process_watch_sees_every_event() {
     let base = s.revision().unwrap();
     let events = 60;
     let watcher = spawn_child(
-        "child_role",
         "watch",
         &db,
         &[(COUNT, events.to_string()), (AFTER, base.to_string())],
     );
     // Let the watcher start polling so that it follows the writes live.
     std::thread::sleep(Duration::from_millis(200));
-    let writer = spawn_child("child_role", "write", &db, &[(COUNT, events.to_string())]);
-    let written = check_child("writer", &writer.wait_with_output().unwrap());
-    let seen = check_child("watcher", &watcher.wait_with_output().unwrap());
+    let writer = spawn_child("write", &db, &[(COUNT, events.to_string())]);
+    let written = child::output("writer", writer);
+    let seen = child::output("watcher", watcher);
     assert_eq!(written.len(), events);
     assert_eq!(seen, written);
 }
@@ -229,16 +192,18 @@ fn cross_process_watch_sees_every_event() {
 /// The body of every child process; a no-op when run as an ordinary test.
 #[test]
 fn child_role() {
-    let Ok(role) = env::var(ROLE) else {
-        return;
-    };
+    child::serve(run_role);
+}
+
+/// One child's role, on the database the parent named.
+fn run_role(role: &str) {
     let db = env::var(DB).unwrap();
     let count: usize = env::var(COUNT).unwrap().parse().unwrap();
     let s = SqliteStore::open(&db).unwrap();
-    match role.as_str() {
+    match role {
         "cas" => {
             for rev in conformance::cas_increments(&s, "/race/counter", count) {
-                println!("CHILD {rev}");
+                child::emit(rev);
             }
         }
         "write" => {
@@ -271,7 +236,7 @@ fn child_role() {
                 i += 1;
             }
             for l in lines {
-                println!("CHILD {l}");
+                child::emit(l);
             }
         }
         "watch" => {
@@ -287,7 +252,7 @@ fn child_role() {
                     EventKind::Put => "Put",
                     EventKind::Delete => "Delete",
                 };
-                println!("CHILD {kind} {} {}", e.kv.key, e.kv.mod_revision);
+                child::emit(format!("{kind} {} {}", e.kv.key, e.kv.mod_revision));
             }
         }
         other => panic!("unknown child role {other}"),

@@ -14,6 +14,10 @@
 //!   allowed in strict mode: [`kernel_limit`] prints `SKIP (kernel limit) <test>: <reason>` and
 //!   logs it, never panicking, so `scripts/test.sh` can count them in its summary.
 //!
+//! [`child`] runs part of a test in child processes (the test binary re-executed in a role);
+//! [`golden`] is the shared runner of the golden replay tests (cases in folders, expected
+//! outputs compared line by line, rewritten with `TERN_GOLDEN_UPDATE=1`).
+//!
 //! ```no_run
 //! #[test]
 //! fn needs_root_and_etcd() {
@@ -27,6 +31,9 @@
 use std::fmt::Display;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+pub mod child;
+pub mod golden;
 
 /// The variable that turns a missing precondition into a test failure (`1`, `true` or `yes`).
 pub const STRICT_ENV: &str = "TERN_TEST_STRICT";
@@ -294,7 +301,8 @@ mod tests {
         }
     }
 
-    fn panic_message(e: Box<dyn std::any::Any + Send>) -> String {
+    /// The message of a caught panic.
+    pub(crate) fn panic_message(e: Box<dyn std::any::Any + Send>) -> String {
         e.downcast_ref::<String>()
             .cloned()
             .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
@@ -449,5 +457,34 @@ mod tests {
                 .contains("tests::child_guard: cannot run: needs the binary `tern-no-such-binary`"),
             "{stdout}"
         );
+    }
+}
+
+/// Applies fuzzing edits to `bytes`, each `(at, byte, op)`: op 0 overwrites the byte at
+/// `at % (len + 1)` with `byte`, op 1 inserts `byte` there, op 2 removes the byte there (an
+/// overwrite or removal past the end does nothing). The fuzz tests mutate valid inputs with it
+/// (edits drawn by proptest as `vec((any::<usize>(), any::<u8>(), 0u8..3), ..)`).
+pub fn apply_byte_edits(bytes: &mut Vec<u8>, edits: &[(usize, u8, u8)]) {
+    for &(at, byte, op) in edits {
+        let i = at % (bytes.len() + 1);
+        match op {
+            0 if i < bytes.len() => bytes[i] = byte,
+            1 => bytes.insert(i, byte),
+            _ if i < bytes.len() => {
+                bytes.remove(i);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod byte_edit_tests {
+    #[test]
+    fn edits_overwrite_insert_and_remove() {
+        let mut b = b"abc".to_vec();
+        super::apply_byte_edits(&mut b, &[(0, b'x', 0), (3, b'!', 1), (1, 0, 2), (99, 0, 2)]);
+        // overwrite a -> xbc; insert at 3 -> xbc!; remove at 1 -> xc!; 99 % 4 = 3 -> xc! (3 is the end: nothing)
+        assert_eq!(b, b"xc!".to_vec());
     }
 }

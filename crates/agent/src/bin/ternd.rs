@@ -171,34 +171,14 @@ fn store_unavailable(e: &anyhow::Error) -> bool {
 /// gracefully ([`Agent::shutdown`]: BGP sessions close without NOTIFICATION so the peers keep
 /// this node's routes during the restart) and the process exits with status 0.
 fn handle_termination(agent: Arc<OnceLock<Arc<Agent>>>) -> std::io::Result<()> {
-    // SAFETY: the sigset is initialised by sigemptyset before use; pthread_sigmask only reads
-    // it and changes the calling thread's mask.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            return Err(std::io::Error::from_raw_os_error(rc));
-        }
-        set
-    };
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `set` is a valid, initialised sigset; `sig` is a valid out pointer.
-            let rc = unsafe { libc::sigwait(&set, &mut sig) };
-            if rc != 0 {
-                log::warn!("sigwait failed: {}", std::io::Error::from_raw_os_error(rc));
-                return;
-            }
+    tern_linux::signals::on_termination(move |sig| match sig {
+        Ok(sig) => {
             log::info!("signal {sig} received: shutting down");
             if let Some(a) = agent.get() {
                 a.shutdown();
             }
             std::process::exit(0);
-        })?;
-    Ok(())
+        }
+        Err(e) => log::warn!("sigwait failed: {e}"),
+    })
 }

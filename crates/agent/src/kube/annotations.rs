@@ -371,6 +371,15 @@ mod tests {
             .collect()
     }
 
+    /// Pod prod/web's annotations `kv` read, in a namespace without any.
+    fn parse_pod(kv: &[(&str, &str)]) -> Result<PodIpam, String> {
+        parse_pod_map(&m(kv))
+    }
+
+    fn parse_pod_map(pod: &BTreeMap<String, String>) -> Result<PodIpam, String> {
+        parse("prod", "web", pod, &m(&[]))
+    }
+
     #[test]
     fn pod_pools_override_the_namespace_per_family() {
         let ns = m(&[
@@ -395,20 +404,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.v4_pools.unwrap().value, vec!["ns-v4"]);
-        assert!(parse("prod", "web", &m(&[]), &m(&[])).unwrap().is_empty());
+        assert!(parse_pod(&[]).unwrap().is_empty());
     }
 
     #[test]
     fn addresses_parse_and_bad_ones_name_pod_and_annotation() {
-        let p = parse(
-            "prod",
-            "web",
-            &m(&[(
-                "cni.projectcalico.org/ipAddrs",
-                r#"["10.244.1.7", "fd00::7"]"#,
-            )]),
-            &m(&[]),
-        )
+        let p = parse_pod(&[(
+            "cni.projectcalico.org/ipAddrs",
+            r#"["10.244.1.7", "fd00::7"]"#,
+        )])
         .unwrap();
         assert_eq!(
             p.ip_addrs.unwrap().value,
@@ -438,7 +442,7 @@ mod tests {
             (("cni.projectcalico.org/ipv4pools", r#"[""]"#), "is empty"),
             (("cni.projectcalico.org/ipv6pools", "{}"), "JSON list"),
         ] {
-            let e = parse("prod", "web", &m(&[ann]), &m(&[])).unwrap_err();
+            let e = parse_pod(&[ann]).unwrap_err();
             assert!(e.starts_with("pod prod/web: annotation "), "{e}");
             assert!(e.contains(ann.0), "{e} does not name {}", ann.0);
             assert!(e.contains(want), "{e} does not say {want}");
@@ -459,13 +463,13 @@ mod tests {
             ("cni.projectcalico.org/ipAddrs", r#"["10.0.0.1"]"#),
             ("cni.projectcalico.org/ipAddrsNoIpam", r#"["10.0.0.1"]"#),
         ]);
-        let e = parse("prod", "web", &both, &m(&[])).unwrap_err();
+        let e = parse_pod_map(&both).unwrap_err();
         assert!(e.contains("cannot be used together"), "{e}");
         let with_pools = m(&[
             ("cni.projectcalico.org/ipAddrs", r#"["10.0.0.1"]"#),
             ("cni.projectcalico.org/ipv4pools", r#"["a"]"#),
         ]);
-        let e = parse("prod", "web", &with_pools, &m(&[])).unwrap_err();
+        let e = parse_pod_map(&with_pools).unwrap_err();
         assert!(
             e.contains("ipAddrs and cni.projectcalico.org/ipv4pools"),
             "{e}"
@@ -484,12 +488,12 @@ mod tests {
             ("cni.projectcalico.org/ipAddrs", r#"["10.0.0.1"]"#),
             ("tern.dev/ipAddrs", r#"[ "10.0.0.1" ]"#),
         ]);
-        assert!(parse("prod", "web", &same, &m(&[])).is_ok());
+        assert!(parse_pod_map(&same).is_ok());
         let differ = m(&[
             ("cni.projectcalico.org/ipAddrs", r#"["10.0.0.1"]"#),
             ("tern.dev/ipAddrs", r#"["10.0.0.2"]"#),
         ]);
-        let e = parse("prod", "web", &differ, &m(&[])).unwrap_err();
+        let e = parse_pod_map(&differ).unwrap_err();
         assert!(e.contains("tern.dev/ipAddrs"), "{e}");
         assert!(e.starts_with("pod prod/web"), "{e}");
     }
@@ -537,7 +541,7 @@ mod tests {
 
         // An unknown pool, or one of the other family, is code 7 naming pod and annotation.
         for v in [r#"["nope"]"#, r#"["v6"]"#] {
-            let p = parse("prod", "web", &m(&[("tern.dev/ipv4pools", v)]), &m(&[])).unwrap();
+            let p = parse_pod(&[("tern.dev/ipv4pools", v)]).unwrap();
             let (code, msg) =
                 apply("prod", "web", &p, &mut add_req(), false, &pool_list).unwrap_err();
             assert_eq!(code, 7);
@@ -552,13 +556,7 @@ mod tests {
         }
 
         let mut req = add_req();
-        let p = parse(
-            "prod",
-            "web",
-            &m(&[("cni.projectcalico.org/ipAddrs", r#"["10.1.0.9"]"#)]),
-            &m(&[]),
-        )
-        .unwrap();
+        let p = parse_pod(&[("cni.projectcalico.org/ipAddrs", r#"["10.1.0.9"]"#)]).unwrap();
         let no_pools = || -> Result<Vec<PoolRef>, (u32, String)> { panic!("pools read") };
         assert_eq!(
             apply("prod", "web", &p, &mut req, false, &no_pools),
@@ -585,13 +583,7 @@ mod tests {
 
     #[test]
     fn no_ipam_is_gated() {
-        let p = parse(
-            "prod",
-            "web",
-            &m(&[("cni.projectcalico.org/ipAddrsNoIpam", r#"["192.0.2.5"]"#)]),
-            &m(&[]),
-        )
-        .unwrap();
+        let p = parse_pod(&[("cni.projectcalico.org/ipAddrsNoIpam", r#"["192.0.2.5"]"#)]).unwrap();
         let mut req = add_req();
         let (code, msg) = apply("prod", "web", &p, &mut req, false, &pool_list).unwrap_err();
         assert_eq!(code, 7);

@@ -50,7 +50,7 @@ pub use slim::{NodeInfo, PodInfo};
 pub use wep::SERVICE_ACCOUNT_LABEL;
 
 use crate::endpoints::Endpoint;
-use crate::policy::PolicyEngine;
+use crate::external::ExternalObjects;
 use ::kube::api::{Api, Patch, PatchParams};
 use ::kube::runtime::WatchStreamExt;
 use ::kube::runtime::watcher;
@@ -114,7 +114,7 @@ const NODES: &str = "nodes";
 struct Inner {
     settings: KubeSettings,
     store: Arc<dyn Store>,
-    policy: Option<Arc<PolicyEngine>>,
+    policy: Option<Arc<dyn ExternalObjects>>,
     pods: Mutex<HashMap<(String, String), PodInfo>>,
     /// Every namespace's IPAM annotations ([`annotations::relevant`]), for pool defaults.
     ns_annotations: Mutex<HashMap<String, BTreeMap<String, String>>>,
@@ -149,11 +149,13 @@ pub struct Kube {
 impl Kube {
     /// Checks the kubeconfig and seeds the policy engine with the last snapshot (without
     /// applying it: the first apply of the engine then includes it, so the rules of the
-    /// previous run stay in force). Call [`Kube::spawn`] to start watching.
+    /// previous run stay in force). `policy` is where namespaces and NetworkPolicies go (the
+    /// policy engine, which the root hands over; `None` without the dataplane). Call
+    /// [`Kube::spawn`] to start watching.
     pub fn new(
         settings: KubeSettings,
         store: Arc<dyn Store>,
-        policy: Option<Arc<PolicyEngine>>,
+        policy: Option<Arc<dyn ExternalObjects>>,
     ) -> Result<Kube, KubeError> {
         if let Some(p) = &settings.kubeconfig {
             ::kube::config::Kubeconfig::read_from(p).map_err(|e| KubeError::Kubeconfig {
@@ -195,24 +197,11 @@ impl Kube {
     /// Starts the `kubernetes` thread (its own current-thread runtime).
     pub fn spawn(&self) -> Result<(), KubeError> {
         let inner = self.inner.clone();
-        std::thread::Builder::new()
-            .name("kubernetes".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        log::error!("kubernetes: cannot build the runtime: {e}");
-                        return;
-                    }
-                };
-                let _ = inner.handle.set(rt.handle().clone());
-                rt.block_on(run(inner));
-            })
-            .map(|_| ())
-            .map_err(KubeError::Thread)
+        crate::runtime::spawn_current_thread("kubernetes", "kubernetes", move |handle| {
+            let _ = inner.handle.set(handle.clone());
+            run(inner)
+        })
+        .map_err(KubeError::Thread)
     }
 
     /// Asks the watches to stop (tests; the agent's process exit ends them otherwise).
@@ -433,7 +422,7 @@ impl Kube {
 pub fn from_config(
     cfg: &crate::config::AgentConfig,
     store: &Arc<dyn Store>,
-    policy: &Option<Arc<PolicyEngine>>,
+    policy: Option<Arc<dyn ExternalObjects>>,
 ) -> Result<Option<Kube>, KubeError> {
     if !cfg.kubernetes {
         return Ok(None);
@@ -445,7 +434,7 @@ pub fn from_config(
         node_gc_grace: Duration::from_secs(cfg.node_gc_grace_seconds),
         lease_duration: gc::DEFAULT_LEASE_DURATION,
     };
-    Kube::new(settings, store.clone(), policy.clone()).map(Some)
+    Kube::new(settings, store.clone(), policy).map(Some)
 }
 
 /// Puts what the API server says about `pod` into a new endpoint: labels (tern's derived
@@ -501,9 +490,7 @@ impl Inner {
             })
             .collect();
         let n = objects.len();
-        if let Err(e) =
-            policy.external_replace(&[Kind::Namespace, Kind::K8sNetworkPolicy], objects, false)
-        {
+        if let Err(e) = policy.replace(&[Kind::Namespace, Kind::K8sNetworkPolicy], objects, false) {
             log::warn!("kubernetes: seeding the policy engine: {e}");
         }
         log::info!(
@@ -517,7 +504,7 @@ impl Inner {
             return;
         };
         let docs: Vec<serde_json::Value> = policy
-            .external_objects()
+            .objects()
             .iter()
             .filter_map(|r| serde_json::to_value(r).ok())
             .collect();
@@ -536,42 +523,49 @@ impl Inner {
         }
     }
 
-    fn get_pod(&self, ns: &str, name: &str) -> Result<Option<PodInfo>, String> {
+    /// Runs one GET on the source's runtime and waits for it (at most [`GET_TIMEOUT`]): the
+    /// API's answer, or why there is none (no client yet, timed out).
+    fn get<T, F, Fut>(&self, request: F) -> Result<Result<T, ::kube::Error>, String>
+    where
+        F: FnOnce(::kube::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ::kube::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
         let (Some(h), Some(c)) = (self.handle.get(), self.client.get()) else {
             return Err("no client for the API server yet".into());
         };
-        let api: Api<SlimPod> = Api::namespaced(c.clone(), ns);
+        let fut = request(c.clone());
         let (tx, rx) = std::sync::mpsc::channel();
-        let name = name.to_string();
         h.spawn(async move {
-            let r = tokio::time::timeout(GET_TIMEOUT, api.get_opt(&name)).await;
+            let r = tokio::time::timeout(GET_TIMEOUT, fut).await;
             let _ = tx.send(r);
         });
         match rx.recv_timeout(GET_TIMEOUT + Duration::from_secs(1)) {
-            Ok(Ok(Ok(p))) => Ok(p.map(|p| PodInfo::from_pod(&p))),
-            Ok(Ok(Err(e))) => Err(describe_client_error("get", PODS, &e)),
+            Ok(Ok(r)) => Ok(r),
             Ok(Err(_)) | Err(_) => Err(format!("GET timed out after {GET_TIMEOUT:?}")),
+        }
+    }
+
+    fn get_pod(&self, ns: &str, name: &str) -> Result<Option<PodInfo>, String> {
+        let (ns, name) = (ns.to_string(), name.to_string());
+        let got = self
+            .get(move |c| async move { Api::<SlimPod>::namespaced(c, &ns).get_opt(&name).await })?;
+        match got {
+            Ok(p) => Ok(p.map(|p| PodInfo::from_pod(&p))),
+            Err(e) => Err(describe_client_error("get", PODS, &e)),
         }
     }
 
     /// One GET of a namespace's metadata; a namespace that does not exist has no annotations.
     fn get_namespace_annotations(&self, ns: &str) -> Result<BTreeMap<String, String>, String> {
-        let (Some(h), Some(c)) = (self.handle.get(), self.client.get()) else {
-            return Err("no client for the API server yet".into());
-        };
-        let api: Api<Namespace> = Api::all(c.clone());
-        let (tx, rx) = std::sync::mpsc::channel();
         let name = ns.to_string();
-        h.spawn(async move {
-            let r = tokio::time::timeout(GET_TIMEOUT, api.get_metadata_opt(&name)).await;
-            let _ = tx.send(r);
-        });
-        match rx.recv_timeout(GET_TIMEOUT + Duration::from_secs(1)) {
-            Ok(Ok(Ok(m))) => Ok(m
+        let got = self
+            .get(move |c| async move { Api::<Namespace>::all(c).get_metadata_opt(&name).await })?;
+        match got {
+            Ok(m) => Ok(m
                 .map(|m| annotations::relevant(m.metadata.annotations.as_ref()))
                 .unwrap_or_default()),
-            Ok(Ok(Err(e))) => Err(describe_client_error("get", NAMESPACES, &e)),
-            Ok(Err(_)) | Err(_) => Err(format!("GET timed out after {GET_TIMEOUT:?}")),
+            Err(e) => Err(describe_client_error("get", NAMESPACES, &e)),
         }
     }
 
@@ -841,12 +835,12 @@ impl Inner {
             watcher::Event::InitDone => {
                 let all = buf.take().unwrap_or_default();
                 log::info!("kubernetes: {} {} objects listed", all.len(), kind.as_str());
-                let r = policy.external_replace(&[kind], all, true);
+                let r = policy.replace(&[kind], all, true);
                 synced.store(true, Ordering::Relaxed);
                 r
             }
             watcher::Event::Apply(r) => match converted(r) {
-                Some(r) => policy.external_apply(r),
+                Some(r) => policy.apply(r),
                 None => Ok(()),
             },
             watcher::Event::Delete(r) => {
@@ -854,7 +848,7 @@ impl Inner {
                     Ok(r) => (r.namespace().map(str::to_string), r.name().to_string()),
                     Err((ns, name, _)) => (ns.clone(), name.clone()),
                 };
-                policy.external_remove(kind, ns.as_deref(), &name)
+                policy.remove(kind, ns.as_deref(), &name)
             }
         };
         if let Err(e) = result {
@@ -1127,29 +1121,20 @@ fn rfc3339_now() -> String {
 }
 
 fn rfc3339(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    // The jiff of k8s-openapi, whose own `Time` is a `jiff::Timestamp`.
+    let t = i64::try_from(secs)
+        .ok()
+        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::label;
+    use crate::testutil::port;
+    use tern_model::Protocol;
 
     #[test]
     fn rfc3339_dates() {
@@ -1195,11 +1180,7 @@ mod tests {
                 ("tern.dev/orchestrator".to_string(), "k8s".to_string()),
                 ("cni".to_string(), "x".to_string()),
             ]),
-            ports: vec![tern_model::EndpointPort {
-                name: "cni".into(),
-                protocol: tern_model::Protocol::Tcp,
-                port: 1,
-            }],
+            ports: vec![port("cni", 1, Protocol::Tcp)],
             delegated_ipam: false,
         };
         let pod = PodInfo {
@@ -1208,120 +1189,15 @@ mod tests {
             uid: "u1".into(),
             labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
             service_account: "default".into(),
-            ports: vec![tern_model::EndpointPort {
-                name: "http".into(),
-                protocol: tern_model::Protocol::Tcp,
-                port: 8080,
-            }],
+            ports: vec![port("http", 8080, Protocol::Tcp)],
             annotations: BTreeMap::new(),
         };
         apply_pod(&mut ep, &pod);
         assert_eq!(ep.ports, pod.ports);
         assert_eq!(ep.attachment.pod.as_ref().unwrap().uid, "u1");
-        assert_eq!(ep.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(label(&ep.labels, "app"), Some("web"));
         assert_eq!(ep.labels.get("cni"), None);
-        assert_eq!(
-            ep.labels.get("tern.dev/orchestrator").map(String::as_str),
-            Some("k8s")
-        );
-        assert_eq!(
-            ep.labels.get(SERVICE_ACCOUNT_LABEL).map(String::as_str),
-            Some("default")
-        );
-    }
-}
-
-#[cfg(test)]
-mod engine_tests {
-    use super::*;
-
-    fn pol_chains(p: &PolicyEngine) -> usize {
-        p.desired()
-            .render_full()
-            .lines()
-            .filter(|l| l.starts_with("add chain inet tern pol-"))
-            .count()
-    }
-
-    /// The objects this source feeds survive the engine's store resync, and a full list
-    /// replaces only the kinds it covers.
-    #[test]
-    fn external_objects_survive_a_store_reload_and_lists_replace_them() {
-        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
-        let engine = Arc::new(PolicyEngine::load(store.clone(), "n1").unwrap());
-        // A local endpoint the policy selects.
-        let mut inc_ep = tern_policy::Endpoint {
-            namespace: "prod".into(),
-            name: "n1-k8s-web-eth0".into(),
-            node: "n1".into(),
-            interface: "tern0123456789a".into(),
-            labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
-            ips: vec!["10.244.0.5".parse().unwrap()],
-            ports: vec![],
-        };
-        inc_ep.labels.insert(
-            crate::policy::NAMESPACE_LABEL.to_string(),
-            "prod".to_string(),
-        );
-        let ep = Resource::WorkloadEndpoint({
-            let mut w = tern_model::WorkloadEndpoint::new(
-                inc_ep.name.clone(),
-                tern_model::WorkloadEndpointSpec {
-                    node: "n1".into(),
-                    orchestrator: "k8s".into(),
-                    pod: "web".into(),
-                    container_id: "c1".into(),
-                    endpoint: "eth0".into(),
-                    interface_name: inc_ep.interface.clone(),
-                    mac: String::new(),
-                    ip_networks: vec!["10.244.0.5/32".into()],
-                    network: "k8s-pod-network".into(),
-                    profiles: vec![],
-                    service_account_name: None,
-                    ports: vec![],
-                },
-            );
-            w.metadata.namespace = Some("prod".into());
-            w.metadata.labels = inc_ep.labels.clone();
-            w
-        });
-        tern_model::put_resource(&*store, &ep).unwrap();
-        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "deny", "namespace": "prod"},
-                "spec": {"podSelector": {"matchLabels": {"app": "web"}},
-                         "policyTypes": ["Ingress"]}
-            }))
-            .unwrap();
-        let r = slim::network_policy_resource(&np).unwrap();
-        engine
-            .external_replace(&[Kind::K8sNetworkPolicy], vec![r.clone()], false)
-            .unwrap();
-        // What a store reload (the maintenance resync) computes keeps the external policy.
-        let reloaded = crate::policy::load_policy_set(&*store).unwrap();
-        let mut set = reloaded;
-        for o in engine.external_objects() {
-            set.apply(&o).unwrap();
-        }
-        let inc = tern_policy::Incremental::new("n1", set);
-        assert!(
-            inc.desired()
-                .render_full()
-                .lines()
-                .any(|l| l.starts_with("add chain inet tern pol-")),
-            "external policy lost on reload"
-        );
-        assert_eq!(engine.external_objects(), vec![r]);
-        assert!(pol_chains(&engine) > 0);
-        // A namespace list does not touch policies; an empty policy list removes them.
-        engine
-            .external_replace(&[Kind::Namespace], vec![], false)
-            .unwrap();
-        assert!(pol_chains(&engine) > 0);
-        engine
-            .external_replace(&[Kind::K8sNetworkPolicy], vec![], false)
-            .unwrap();
-        assert_eq!(pol_chains(&engine), 0);
-        assert!(engine.external_objects().is_empty());
+        assert_eq!(label(&ep.labels, "tern.dev/orchestrator"), Some("k8s"));
+        assert_eq!(label(&ep.labels, SERVICE_ACCOUNT_LABEL), Some("default"));
     }
 }

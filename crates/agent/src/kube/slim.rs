@@ -55,24 +55,32 @@ pub struct SlimPort {
     pub protocol: Option<String>,
 }
 
-impl k8s_openapi::Resource for SlimPod {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Pod";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "pods";
-    type Scope = k8s_openapi::NamespaceResourceScope;
+/// Makes a slim type a `core/v1` resource for kube-rs's typed API (as k8s-openapi does for
+/// the full type): its kind, URL segment, scope, and its `metadata` field.
+macro_rules! core_v1_resource {
+    ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
+        impl k8s_openapi::Resource for $ty {
+            const API_VERSION: &'static str = "v1";
+            const GROUP: &'static str = "";
+            const KIND: &'static str = $kind;
+            const VERSION: &'static str = "v1";
+            const URL_PATH_SEGMENT: &'static str = $plural;
+            type Scope = $scope;
+        }
+
+        impl k8s_openapi::Metadata for $ty {
+            type Ty = ObjectMeta;
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
 }
 
-impl k8s_openapi::Metadata for SlimPod {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+core_v1_resource!(SlimPod, "Pod", "pods", k8s_openapi::NamespaceResourceScope);
 
 /// What tern keeps of one pod of this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -166,24 +174,7 @@ pub struct SlimNodeAddress {
     pub address: String,
 }
 
-impl k8s_openapi::Resource for SlimNode {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Node";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "nodes";
-    type Scope = k8s_openapi::ClusterResourceScope;
-}
-
-impl k8s_openapi::Metadata for SlimNode {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+core_v1_resource!(SlimNode, "Node", "nodes", k8s_openapi::ClusterResourceScope);
 
 /// What tern keeps of one Kubernetes node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -287,6 +278,7 @@ fn parse_validated(doc: &serde_json::Value) -> Result<Resource, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::port;
     use tern_model::Kind;
 
     #[test]
@@ -326,16 +318,8 @@ mod tests {
         assert_eq!(
             i.ports,
             vec![
-                EndpointPort {
-                    name: "http".into(),
-                    protocol: Protocol::Tcp,
-                    port: 8080
-                },
-                EndpointPort {
-                    name: "dns".into(),
-                    protocol: Protocol::Udp,
-                    port: 53
-                },
+                port("http", 8080, Protocol::Tcp),
+                port("dns", 53, Protocol::Udp)
             ]
         );
     }

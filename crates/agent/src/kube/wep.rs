@@ -43,7 +43,7 @@ pub fn desired_labels(
         }
     }
     l.insert(
-        crate::policy::NAMESPACE_LABEL.to_string(),
+        crate::endpoints::NAMESPACE_LABEL.to_string(),
         pod.namespace.clone(),
     );
     if !pod.service_account.is_empty() {
@@ -192,6 +192,7 @@ pub fn sync_node(
 mod tests {
     use super::*;
     use crate::endpoints::{Endpoint, Endpoints};
+    use crate::testutil::label;
     use std::sync::Arc;
     use tern_api::{Attachment, PodRef};
     use tern_model::Protocol;
@@ -214,7 +215,7 @@ mod tests {
             host_ifname: "tern0123456789a".into(),
             mac: String::new(),
             ip_networks: vec!["10.244.0.5/32".into()],
-            labels: crate::policy::workload_labels(
+            labels: crate::endpoints::workload_labels(
                 &Attachment {
                     pod: Some(PodRef {
                         namespace: "prod".into(),
@@ -240,11 +241,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             service_account: "sa".into(),
-            ports: vec![EndpointPort {
-                name: "http".into(),
-                protocol: Protocol::Tcp,
-                port: 8080,
-            }],
+            ports: vec![crate::testutil::port("http", 8080, Protocol::Tcp)],
             annotations: BTreeMap::new(),
         }
     }
@@ -266,23 +263,17 @@ mod tests {
         assert_eq!(sync_pod(&*store, "n-1", &p).unwrap(), 1);
         eps.refresh().unwrap();
         let got = eps.get(&ep("web", "u1").attachment).unwrap();
-        assert_eq!(got.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(label(&got.labels, "app"), Some("web"));
         assert_eq!(
             got.labels.get("old"),
             None,
             "labels the pod lost are removed"
         );
-        assert_eq!(
-            got.labels.get("tern.dev/namespace").map(String::as_str),
-            Some("prod")
-        );
-        assert_eq!(
-            got.labels.get(SERVICE_ACCOUNT_LABEL).map(String::as_str),
-            Some("sa")
-        );
+        assert_eq!(label(&got.labels, "tern.dev/namespace"), Some("prod"));
+        assert_eq!(label(&got.labels, SERVICE_ACCOUNT_LABEL), Some("sa"));
         assert_eq!(got.ports, p.ports);
         let other = eps.get(&ep("web-x", "u9").attachment).unwrap();
-        assert_eq!(other.labels.get("old").map(String::as_str), Some("x"));
+        assert_eq!(label(&other.labels, "old"), Some("x"));
         // Idempotent: nothing to write the second time.
         assert_eq!(sync_pod(&*store, "n-1", &p).unwrap(), 0);
 
@@ -297,6 +288,6 @@ mod tests {
         eps.refresh().unwrap();
         let got = eps.get(&ep("db", "").attachment).unwrap();
         assert_eq!(got.attachment.pod.unwrap().uid, "u5");
-        assert_eq!(got.labels.get("app").map(String::as_str), Some("db"));
+        assert_eq!(label(&got.labels, "app"), Some("db"));
     }
 }

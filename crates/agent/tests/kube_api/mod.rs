@@ -9,11 +9,14 @@
 
 #![allow(dead_code)]
 
+use super::common::{Netns, Ternd, in_netns, wait_until};
+use serde_json::{Value, json};
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::io::Write;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where `scripts/k8s-components.sh` puts the binaries (overridable with `TERN_K8S_BIN`).
 pub const DEFAULT_BIN: &str = "/var/cache/tern/k8s/v1.34.4/bin";
@@ -22,64 +25,39 @@ pub const ETCD_PORT: u16 = 2379;
 /// Port of kube-apiserver's secure port on the namespace's loopback.
 pub const API_PORT: u16 = 6443;
 
-/// Directory of the Kubernetes binaries; panics (the test fails) naming the command that
-/// builds them when one is missing.
+const K8S_BINARIES: [&str; 3] = ["etcd", "kube-apiserver", "kubectl"];
+
+/// Directory of the Kubernetes binaries: `TERN_K8S_BIN`, else [`DEFAULT_BIN`].
 pub fn bin_dir() -> PathBuf {
-    let dir = PathBuf::from(std::env::var("TERN_K8S_BIN").unwrap_or_else(|_| DEFAULT_BIN.into()));
-    let missing: Vec<&str> = ["etcd", "kube-apiserver", "kubectl"]
+    PathBuf::from(std::env::var("TERN_K8S_BIN").unwrap_or_else(|_| DEFAULT_BIN.into()))
+}
+
+/// What these tests need, through tern-testkit (a failure under `TERN_TEST_STRICT=1`, a
+/// visible skip otherwise): root, the `openssl` CLI and the Kubernetes binaries, naming the
+/// command that builds them.
+pub fn require_k8s() -> bool {
+    if !tern_testkit::require_root() || !tern_testkit::require_binary("openssl") {
+        return false;
+    }
+    let dir = bin_dir();
+    let missing: Vec<&str> = K8S_BINARIES
         .into_iter()
         .filter(|b| !dir.join(b).is_file())
         .collect();
-    assert!(
+    let ok = tern_testkit::require(
+        &format!("the Kubernetes binaries {missing:?} in {}", dir.display()),
         missing.is_empty(),
-        "Kubernetes binaries {missing:?} are missing in {} (set TERN_K8S_BIN to another \
-         directory). Build them with:\n    scripts/k8s-components.sh\n(from the repository \
-         root; it needs Go 1.24+ and prints the directory it filled)",
-        dir.display()
+        "build them with `scripts/k8s-components.sh` (from the repository root; it needs Go \
+         1.24+ and prints the directory it filled), or set TERN_K8S_BIN to another directory",
     );
-    dir
-}
-
-/// Runs `f` on a fresh thread inside the network namespace at `ns_path`.
-pub fn in_netns<T: Send + 'static>(ns_path: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = ns_path.to_string();
-    std::thread::spawn(move || {
-        let file = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
-        // SAFETY: setns on a descriptor we own; it only changes this thread's namespace.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns({path}): {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("namespace thread panicked")
-}
-
-/// Polls `cond` every 100 ms until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    if ok {
+        eprintln!("kubernetes binaries: {}", dir.display());
     }
+    ok
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("running openssl (is the openssl CLI installed?)");
-    assert!(
-        out.status.success(),
-        "openssl {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tern_store::etcd::harness::openssl(dir, args).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A certificate authority in `dir` (`ca.crt`, `ca.key`) that signs server and client certs.
@@ -124,39 +102,14 @@ impl Ca {
     /// Signs a key pair `<name>.crt`/`<name>.key` for `subject` with the given extensions
     /// (an `openssl x509 -extfile` body).
     pub fn issue(&self, name: &str, subject: &str, ext: &str) -> (PathBuf, PathBuf) {
-        let key = format!("{name}.key");
-        let csr = format!("{name}.csr");
-        let crt = format!("{name}.crt");
-        let extf = format!("{name}.ext");
-        std::fs::write(self.dir.join(&extf), ext).unwrap();
-        openssl(
+        tern_store::etcd::harness::sign_with_ca(
             &self.dir,
-            &[
-                "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
-                subject,
-            ],
-        );
-        openssl(
-            &self.dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                &extf,
-            ],
-        );
-        (self.dir.join(crt), self.dir.join(key))
+            name,
+            &["-newkey", "rsa:2048", "-nodes"],
+            subject,
+            ext,
+        )
+        .unwrap_or_else(|e| panic!("issuing {name}: {e}"))
     }
 
     /// A client certificate for user `cn` in groups `orgs`.
@@ -187,6 +140,15 @@ pub struct KubeApi {
     apiserver: Option<Child>,
     apiserver_starts: usize,
     admin: PathBuf,
+    /// kubectl's `--request-timeout`.
+    pub request_timeout: Duration,
+}
+
+/// Outcome of one kubectl run.
+pub struct KubectlOut {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 impl KubeApi {
@@ -220,6 +182,7 @@ impl KubeApi {
             apiserver: None,
             apiserver_starts: 0,
             admin: PathBuf::new(),
+            request_timeout: Duration::from_secs(10),
         };
         api.admin = api.kubeconfig("admin", "admin", &["system:masters"]);
         api.start_etcd();
@@ -363,15 +326,28 @@ impl KubeApi {
         self.kubectl_in(args, None)
     }
 
-    /// Admin `kubectl ARGS` with `stdin` (e.g. `apply -f -`).
+    /// Admin `kubectl ARGS` with `stdin` (e.g. `apply -f -`): stdout, or stderr on failure.
     pub fn kubectl_in(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        use std::io::Write;
+        let out = self.kubectl_out(args, stdin);
+        if out.ok {
+            Ok(out.stdout)
+        } else {
+            Err(out.stderr)
+        }
+    }
+
+    /// Admin `kubectl ARGS` with `stdin`, keeping both outputs (warnings are on stderr, `auth
+    /// can-i`'s "no" on stdout with exit status 1).
+    pub fn kubectl_out(&self, args: &[&str], stdin: Option<&str>) -> KubectlOut {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.netns])
             .arg(self.bin.join("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.admin)
-            .arg("--request-timeout=10s")
+            .arg(format!(
+                "--request-timeout={}s",
+                self.request_timeout.as_secs()
+            ))
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -384,10 +360,10 @@ impl KubeApi {
         }
         drop(input);
         let out = child.wait_with_output().expect("kubectl");
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        KubectlOut {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         }
     }
 
@@ -396,6 +372,19 @@ impl KubeApi {
         if let Err(e) = self.kubectl_in(&["apply", "-f", "-"], Some(yaml)) {
             panic!("kubectl apply failed: {e}\n{yaml}");
         }
+    }
+
+    /// The UID the API server gave pod `ns/name`.
+    pub fn pod_uid(&self, ns: &str, name: &str) -> String {
+        self.must(&[
+            "get",
+            "pod",
+            "-n",
+            ns,
+            name,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
     }
 
     /// `kubectl ARGS` that must succeed.
@@ -412,5 +401,206 @@ impl Drop for KubeApi {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// ternd's ClusterRole and its binding to the user `tern-agent` (the kubeconfig of
+/// [`KubeApi::kubeconfig`]`("tern-agent", "tern-agent", &[])`).
+pub const AGENT_RBAC: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tern-node}
+rules:
+- apiGroups: [""]
+  resources: [pods, namespaces, nodes]
+  verbs: [get, list, watch]
+- apiGroups: ["networking.k8s.io"]
+  resources: [networkpolicies]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [nodes/status]
+  verbs: [patch, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tern-node}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tern-node}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: tern-agent}
+"#;
+
+/// Where the reference CNI plugins (host-local) are installed.
+pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+/// The network name of the test configurations.
+pub const NETWORK: &str = "k8s-pod-network";
+
+/// A node with the API server: its namespace (underlay address `node_ip`), etcd and
+/// kube-apiserver in it, the test's files; dropped API server first, then the namespace.
+pub struct KubeNode {
+    pub api: KubeApi,
+    pub netns: Netns,
+    pub tmp: tempfile::TempDir,
+}
+
+impl KubeNode {
+    /// Starts the API server in a fresh node namespace with ternd's RBAC applied.
+    pub fn start(node_ip: &str) -> KubeNode {
+        let tmp = tempfile::Builder::new().prefix("tk-").tempdir().unwrap();
+        let netns = Netns::with_underlay("n", node_ip);
+        let api = KubeApi::start(&netns.name, &tmp.path().join("k8s"), node_ip);
+        KubeNode { api, netns, tmp }
+    }
+
+    /// ternd for `node` in the node namespace, authenticated as `tern-agent` with `--kubeconfig`,
+    /// its files under `<tmp>/node`, with `extra` arguments; not started.
+    pub fn ternd(&self, node: &str, extra: &[&str]) -> Ternd {
+        let kubeconfig = self.api.kubeconfig("tern-agent", "tern-agent", &[]);
+        let kubeconfig = format!("--kubeconfig={}", kubeconfig.display());
+        let mut args = vec![
+            kubeconfig.as_str(),
+            "--default-ipv4-pool=10.244.0.0/16",
+            "--log-level=debug",
+        ];
+        args.extend_from_slice(extra);
+        Ternd::new(&self.netns.name, &self.tmp.path().join("node"), node, &args)
+    }
+}
+
+/// A pod as the runtime sees it: its Kubernetes identity, a sandbox network namespace, the
+/// UID passed in CNI_ARGS (none when empty), and its address once added.
+pub struct KubePod {
+    pub namespace: String,
+    pub name: String,
+    /// The sandbox's container ID (unique per sandbox, as a runtime's).
+    pub cid: String,
+    pub uid: String,
+    pub ns: Netns,
+    pub ip: Option<IpAddr>,
+}
+
+impl KubePod {
+    pub fn new(namespace: &str, name: &str) -> KubePod {
+        let ns = Netns::new("p");
+        KubePod {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            cid: format!("sandbox-{}", ns.name),
+            uid: String::new(),
+            ns,
+            ip: None,
+        }
+    }
+
+    /// Whether the sandbox has an `eth0`.
+    pub fn has_eth0(&self) -> bool {
+        self.ns.links().contains(": eth0@")
+    }
+}
+
+/// ternd's records and the `tern` plugin, for the Kubernetes tests.
+impl Ternd {
+    /// The node's WorkloadEndpoint documents.
+    pub fn endpoints(&self) -> Vec<Value> {
+        let (kvs, _) = self
+            .store()
+            .range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))
+            .unwrap();
+        kvs.iter()
+            .map(|kv| serde_json::from_slice(&kv.value).unwrap())
+            .collect()
+    }
+
+    /// The WorkloadEndpoint of pod `ns/pod`, if any.
+    pub fn endpoint(&self, ns: &str, pod: &str) -> Option<Value> {
+        self.endpoints()
+            .into_iter()
+            .find(|v| v["metadata"]["namespace"] == ns && v["spec"]["pod"] == pod)
+    }
+
+    /// IPAM allocations recorded for pod `ns/pod`.
+    pub fn allocations(&self, ns: &str, pod: &str) -> Vec<IpAddr> {
+        tern_ipam::Ipam::new(self.store())
+            .allocations(None)
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.attrs.namespace == ns && a.attrs.pod == pod)
+            .map(|a| a.ip)
+            .collect()
+    }
+
+    /// Runs the `tern` plugin in the node namespace for `pod` (none: STATUS) as containerd
+    /// does, `K8S_POD_*` in CNI_ARGS; `extra` is merged into the configuration. The exit
+    /// status and the JSON it printed.
+    pub fn cni(
+        &self,
+        plugin: &Path,
+        cmd: &str,
+        pod: Option<&KubePod>,
+        extra: &Value,
+    ) -> (i32, Value) {
+        let mut conf = json!({
+            "cniVersion": "1.0.0",
+            "name": NETWORK,
+            "type": "tern",
+            "agent_socket": self.socket(),
+            "state_dir": self.state_dir(),
+            "ipam": {"type": "tern-ipam"},
+        });
+        if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &self.netns])
+            .arg(plugin)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", cmd)
+            .env(
+                "CNI_PATH",
+                format!("{}:{REFERENCE_PLUGINS}", plugin.parent().unwrap().display()),
+            );
+        if let Some(p) = pod {
+            let mut args = format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};\
+                 K8S_POD_INFRA_CONTAINER_ID={}",
+                p.namespace, p.name, p.cid
+            );
+            if !p.uid.is_empty() {
+                args.push_str(&format!(";K8S_POD_UID={}", p.uid));
+            }
+            command
+                .env("CNI_CONTAINERID", &p.cid)
+                .env("CNI_NETNS", p.ns.path())
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_ARGS", args);
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning tern");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let v = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout).unwrap_or(Value::String(stdout.into_owned()))
+        };
+        (out.status.code().unwrap_or(-1), v)
+    }
+
+    /// CNI STATUS (version 1.1.0) through the plugin.
+    pub fn cni_status(&self, plugin: &Path) -> (i32, Value) {
+        self.cni(plugin, "STATUS", None, &json!({"cniVersion": "1.1.0"}))
     }
 }

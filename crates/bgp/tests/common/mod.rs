@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
-use tern_bgp::codec::{self, Framer, Message};
+use tern_bgp::codec::{self, Framer, Message, Notification};
 use tern_bgp::driver::{RouteEvent, SpeakerHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -153,5 +153,17 @@ impl RawPeer {
             }
             self.framer.push(&buf[..n]);
         }
+    }
+
+    /// The last NOTIFICATION received before the peer closed the connection (each message
+    /// within `secs`); panics when none came.
+    pub async fn last_notification(&mut self, secs: u64) -> Notification {
+        let mut n = None;
+        while let Some(m) = self.recv(secs).await {
+            if let Message::Notification(x) = m {
+                n = Some(x);
+            }
+        }
+        n.expect("a NOTIFICATION")
     }
 }

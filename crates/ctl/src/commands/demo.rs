@@ -19,6 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use tern_lab::kube::pods::{self, KubePod};
 use tern_lab::process::{netns_exec, netns_with_prefix, output};
 use tern_lab::traffic::Proto;
 use tern_lab::{Encap, LabState, StoreKind, state};
@@ -626,85 +627,22 @@ fn ipam_and_bgp(ternctl: &Path, s: &LabState, o: &DemoOptions, v: &mut Verdict) 
 /// Pods of the demo's Deployment: a busybox `nc` answering TCP with the pod's name, and the
 /// probe image answering UDP with it; spread evenly over the nodes.
 fn deployment(replicas: usize) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: demo
-spec:
-  replicas: {replicas}
-  selector:
-    matchLabels: {{app: demo}}
-  template:
-    metadata:
-      labels: {{app: demo}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      topologySpreadConstraints:
-      - maxSkew: 1
-        topologyKey: kubernetes.io/hostname
-        whenUnsatisfiable: DoNotSchedule
-        labelSelector:
-          matchLabels: {{app: demo}}
-      containers:
-      - name: web
-        image: tern-busybox:1
-        imagePullPolicy: Never
-        command: ["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]
-      - name: udp
-        image: localhost/tern/probe:1
-        imagePullPolicy: Never
-        command: ["/probe", "serve-udp", "8081"]
-"#
-    )
-}
-
-/// A pod of the Deployment as `kubectl get pod` reports it.
-struct KubePod {
-    name: String,
-    ip: String,
-    node: String,
+    pods::echo_deployment("demo", replicas, false)
 }
 
 /// Waits until exactly `n` pods of the Deployment are Running with an address.
 fn wait_kube_pods(k: &tern_lab::kube::KubeState, n: usize) -> Result<Vec<KubePod>, String> {
-    let t = Instant::now();
-    let mut last = String::new();
-    loop {
-        let out = tern_lab::kube::kubectl(
-            k,
-            &[
-                "get",
-                "pods",
-                "-l",
-                "app=demo",
-                "-o",
-                r#"jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.status.podIP} {.spec.nodeName} {.metadata.deletionTimestamp}{"\n"}{end}"#,
-            ],
-        );
-        if let Ok(out) = out {
-            let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
-            let running: Vec<KubePod> = lines
-                .iter()
-                .filter_map(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    (f.len() == 4 && f[1] == "Running").then(|| KubePod {
-                        name: f[0].into(),
-                        ip: f[2].into(),
-                        node: f[3].into(),
-                    })
-                })
-                .collect();
-            if running.len() == n && lines.len() == n {
-                return Ok(running);
-            }
-            last = out;
-        }
-        if t.elapsed() > Duration::from_secs(180) {
-            return Err(format!("not {n} pods Running after 180 s:\n{last}"));
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let list = [
+        "get",
+        "pods",
+        "-l",
+        "app=demo",
+        "-o",
+        pods::POD_LINES_JSONPATH,
+    ];
+    pods::wait_running(n, Duration::from_secs(180), || {
+        tern_lab::kube::kubectl(k, &list).map_err(|e| e.to_string())
+    })
 }
 
 /// Prints `kubectl ARGS` (run in the control-plane namespace with the admin kubeconfig).

@@ -1,7 +1,11 @@
 //! `ternctl get KIND [NAME] [-n NS] -o table|yaml|json`.
 
 use anyhow::bail;
-use tern_model::{Kind, Resource};
+use tern_model::{
+    BgpConfigurationSpec, BgpPeerSpec, Document, GlobalNetworkPolicySpec, IpPoolSpec,
+    IpReservationSpec, IpamConfigSpec, K8sNetworkPolicySpec, Kind, NamespaceSpec,
+    NetworkPolicySpec, NodeSpec, Resource, WorkloadEndpointSpec,
+};
 use tern_store::Store;
 
 use crate::cli::Output;
@@ -69,255 +73,224 @@ pub fn render(kind: Kind, resources: &[Resource], output: Output, single: bool) 
     }
 }
 
+/// One column of a kind's table: its header and how a document of the kind fills it.
+type Column<S> = (&'static str, fn(&Document<S>) -> String);
+
+/// A spec whose documents `get` tabulates: picks them out of the resources.
+trait Tabulated: Sized {
+    fn pick(r: &Resource) -> Option<&Document<Self>>;
+}
+
+macro_rules! tabulated {
+    ($($variant:ident: $spec:ty),+ $(,)?) => {$(
+        impl Tabulated for $spec {
+            fn pick(r: &Resource) -> Option<&Document<$spec>> {
+                match r {
+                    Resource::$variant(d) => Some(d),
+                    _ => None,
+                }
+            }
+        }
+    )+};
+}
+
+tabulated! {
+    IpPool: IpPoolSpec,
+    WorkloadEndpoint: WorkloadEndpointSpec,
+    Node: NodeSpec,
+    IpReservation: IpReservationSpec,
+    IpamConfig: IpamConfigSpec,
+    NetworkPolicy: NetworkPolicySpec,
+    GlobalNetworkPolicy: GlobalNetworkPolicySpec,
+    K8sNetworkPolicy: K8sNetworkPolicySpec,
+    Namespace: NamespaceSpec,
+    BgpConfiguration: BgpConfigurationSpec,
+    BgpPeer: BgpPeerSpec,
+}
+
+/// The table of the documents of spec `S` among `resources`, one row each, in `columns`.
+fn columns<S: Tabulated>(resources: &[Resource], columns: &[Column<S>]) -> String {
+    let headers: Vec<&str> = columns.iter().map(|(h, _)| *h).collect();
+    let rows: Vec<Vec<String>> = resources
+        .iter()
+        .filter_map(S::pick)
+        .map(|d| columns.iter().map(|(_, cell)| cell(d)).collect())
+        .collect();
+    table::plain(&headers, &rows)
+}
+
+/// The NAME column's cell.
+fn name<S>(d: &Document<S>) -> String {
+    d.metadata.name.clone()
+}
+
+/// The NAMESPACE column's cell (empty for a document without one).
+fn namespace<S>(d: &Document<S>) -> String {
+    d.metadata.namespace.clone().unwrap_or_default()
+}
+
+/// A policy's order as calicoctl prints it (empty when unset).
+fn order(o: Option<f64>) -> String {
+    o.map(|o| o.to_string()).unwrap_or_default()
+}
+
 fn render_table(kind: Kind, resources: &[Resource]) -> String {
-    let (headers, rows): (&[&str], Vec<Vec<String>>) = match kind {
-        Kind::IpPool => (
-            &["NAME", "CIDR", "SELECTOR"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::IpPool(p) => Some(vec![
-                        p.metadata.name.clone(),
-                        p.spec.cidr.clone(),
-                        p.spec.node_selector.clone(),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
-        ),
-        Kind::WorkloadEndpoint => (
+    let r = resources;
+    match kind {
+        Kind::IpPool => columns::<IpPoolSpec>(
+            r,
             &[
-                "NAMESPACE",
-                "NAME",
-                "WORKLOAD",
-                "NODE",
-                "NETWORKS",
-                "INTERFACE",
+                ("NAME", name),
+                ("CIDR", |p| p.spec.cidr.clone()),
+                ("SELECTOR", |p| p.spec.node_selector.clone()),
             ],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::WorkloadEndpoint(w) => Some(vec![
-                        w.metadata.namespace.clone().unwrap_or_default(),
-                        w.metadata.name.clone(),
-                        w.spec.pod.clone(),
-                        w.spec.node.clone(),
-                        w.spec.ip_networks.join(","),
-                        w.spec.interface_name.clone(),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
         ),
-        Kind::Node => (
-            &["NAME", "ADDRESSES"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::Node(n) => {
-                        let mut addrs: Vec<String> =
-                            n.spec.addresses.iter().map(|a| a.address.clone()).collect();
-                        if addrs.is_empty()
-                            && let Some(a) =
-                                n.spec.bgp.as_ref().and_then(|b| b.ipv4_address.clone())
-                        {
-                            addrs.push(a);
-                        }
-                        Some(vec![n.metadata.name.clone(), addrs.join(",")])
-                    }
-                    _ => None,
-                })
-                .collect(),
+        Kind::WorkloadEndpoint => columns::<WorkloadEndpointSpec>(
+            r,
+            &[
+                ("NAMESPACE", namespace),
+                ("NAME", name),
+                ("WORKLOAD", |w| w.spec.pod.clone()),
+                ("NODE", |w| w.spec.node.clone()),
+                ("NETWORKS", |w| w.spec.ip_networks.join(",")),
+                ("INTERFACE", |w| w.spec.interface_name.clone()),
+            ],
         ),
-        Kind::IpReservation => (
-            &["NAME", "RESERVED CIDRS"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::IpReservation(x) => Some(vec![
-                        x.metadata.name.clone(),
-                        x.spec.reserved_cidrs.join(","),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
+        Kind::Node => columns::<NodeSpec>(r, &[("NAME", name), ("ADDRESSES", node_addresses)]),
+        Kind::IpReservation => columns::<IpReservationSpec>(
+            r,
+            &[
+                ("NAME", name),
+                ("RESERVED CIDRS", |x| x.spec.reserved_cidrs.join(",")),
+            ],
         ),
-        Kind::IpamConfig => (
-            &["NAME", "STRICTAFFINITY", "MAXBLOCKSPERHOST"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::IpamConfig(c) => Some(vec![
-                        c.metadata.name.clone(),
-                        c.spec.strict_affinity.to_string(),
-                        c.spec.max_blocks_per_host.to_string(),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
+        Kind::IpamConfig => columns::<IpamConfigSpec>(
+            r,
+            &[
+                ("NAME", name),
+                ("STRICTAFFINITY", |c| c.spec.strict_affinity.to_string()),
+                ("MAXBLOCKSPERHOST", |c| {
+                    c.spec.max_blocks_per_host.to_string()
+                }),
+            ],
         ),
-        Kind::NetworkPolicy => (
-            &["NAMESPACE", "NAME"],
-            resources
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.namespace().unwrap_or_default().to_string(),
-                        r.name().to_string(),
-                    ]
-                })
-                .collect(),
+        Kind::NetworkPolicy => {
+            columns::<NetworkPolicySpec>(r, &[("NAMESPACE", namespace), ("NAME", name)])
+        }
+        Kind::GlobalNetworkPolicy => columns::<GlobalNetworkPolicySpec>(r, &[("NAME", name)]),
+        Kind::K8sNetworkPolicy => columns::<K8sNetworkPolicySpec>(
+            r,
+            &[
+                ("NAMESPACE", namespace),
+                ("NAME", name),
+                ("POD-SELECTOR", |p| label_selector(&p.spec.pod_selector)),
+            ],
         ),
-        Kind::GlobalNetworkPolicy => (
-            &["NAME"],
-            resources
-                .iter()
-                .map(|r| vec![r.name().to_string()])
-                .collect(),
+        Kind::Namespace => columns::<NamespaceSpec>(
+            r,
+            &[("NAME", name), ("LABELS", |n| labels(&n.metadata.labels))],
         ),
-        Kind::K8sNetworkPolicy => (
-            &["NAMESPACE", "NAME", "POD-SELECTOR"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::K8sNetworkPolicy(p) => Some(vec![
-                        p.metadata.namespace.clone().unwrap_or_default(),
-                        p.metadata.name.clone(),
-                        label_selector(&p.spec.pod_selector),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
+        Kind::BgpConfiguration => columns::<BgpConfigurationSpec>(
+            r,
+            &[
+                ("NAME", name),
+                ("LOGSEVERITY", |c| {
+                    c.spec
+                        .log_severity_screen
+                        .clone()
+                        .unwrap_or_else(|| "Info".to_string())
+                }),
+                ("MESHENABLED", |c| {
+                    c.spec.node_to_node_mesh_enabled.to_string()
+                }),
+                ("ASNUMBER", |c| c.spec.as_number().to_string()),
+            ],
         ),
-        Kind::Namespace => (
-            &["NAME", "LABELS"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::Namespace(n) => {
-                        Some(vec![n.metadata.name.clone(), labels(&n.metadata.labels)])
-                    }
-                    _ => None,
-                })
-                .collect(),
+        Kind::BgpPeer => columns::<BgpPeerSpec>(
+            r,
+            &[
+                ("NAME", name),
+                ("PEERIP", |p| {
+                    p.spec
+                        .peer_ip
+                        .clone()
+                        .or_else(|| p.spec.peer_selector.clone())
+                        .unwrap_or_default()
+                }),
+                ("NODE", |p| {
+                    p.spec
+                        .node
+                        .clone()
+                        .or_else(|| p.spec.node_selector.clone())
+                        .unwrap_or_else(|| "(global)".to_string())
+                }),
+                ("ASN", |p| {
+                    p.spec.as_number.map(|a| a.to_string()).unwrap_or_default()
+                }),
+            ],
         ),
-        Kind::BgpConfiguration => (
-            &["NAME", "LOGSEVERITY", "MESHENABLED", "ASNUMBER"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::BgpConfiguration(c) => Some(vec![
-                        c.metadata.name.clone(),
-                        c.spec
-                            .log_severity_screen
-                            .clone()
-                            .unwrap_or_else(|| "Info".to_string()),
-                        c.spec.node_to_node_mesh_enabled.to_string(),
-                        c.spec.as_number().to_string(),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
-        ),
-        Kind::BgpPeer => (
-            &["NAME", "PEERIP", "NODE", "ASN"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::BgpPeer(p) => Some(vec![
-                        p.metadata.name.clone(),
-                        p.spec
-                            .peer_ip
-                            .clone()
-                            .or_else(|| p.spec.peer_selector.clone())
-                            .unwrap_or_default(),
-                        p.spec
-                            .node
-                            .clone()
-                            .or_else(|| p.spec.node_selector.clone())
-                            .unwrap_or_else(|| "(global)".to_string()),
-                        p.spec.as_number.map(|a| a.to_string()).unwrap_or_default(),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
-        ),
-    };
-    table::plain(headers, &rows)
+    }
+}
+
+/// A node's addresses, or its BGP IPv4 address when it lists none.
+fn node_addresses(n: &Document<NodeSpec>) -> String {
+    let mut addrs: Vec<String> = n.spec.addresses.iter().map(|a| a.address.clone()).collect();
+    if addrs.is_empty()
+        && let Some(a) = n.spec.bgp.as_ref().and_then(|b| b.ipv4_address.clone())
+    {
+        addrs.push(a);
+    }
+    addrs.join(",")
+}
+
+/// A pool's spec field by its document name, as `-o wide` shows it: a string or a boolean as
+/// written, `default` when unset.
+fn pool_field(p: &Document<IpPoolSpec>, key: &str, default: &str) -> String {
+    let spec = serde_json::to_value(&p.spec).unwrap_or_default();
+    match &spec[key] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Bool(b) => b.to_string(),
+        _ => default.to_string(),
+    }
 }
 
 /// `-o wide` for the kinds with extra columns (calicoctl's): pools show their encapsulation
 /// and NAT, policies their order and selector. `None` for kinds whose wide table is the plain
 /// one.
 fn render_wide(kind: Kind, resources: &[Resource]) -> Option<String> {
-    let order = |o: Option<f64>| o.map(|o| o.to_string()).unwrap_or_default();
-    let (headers, rows): (&[&str], Vec<Vec<String>>) = match kind {
-        Kind::IpPool => (
+    let r = resources;
+    Some(match kind {
+        Kind::IpPool => columns::<IpPoolSpec>(
+            r,
             &[
-                "NAME",
-                "CIDR",
-                "NAT",
-                "IPIPMODE",
-                "VXLANMODE",
-                "DISABLED",
-                "SELECTOR",
+                ("NAME", name),
+                ("CIDR", |p| p.spec.cidr.clone()),
+                ("NAT", |p| pool_field(p, "natOutgoing", "false")),
+                ("IPIPMODE", |p| pool_field(p, "ipipMode", "Never")),
+                ("VXLANMODE", |p| pool_field(p, "vxlanMode", "Never")),
+                ("DISABLED", |p| pool_field(p, "disabled", "false")),
+                ("SELECTOR", |p| p.spec.node_selector.clone()),
             ],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::IpPool(p) => {
-                        let spec = serde_json::to_value(&p.spec).unwrap_or_default();
-                        let text = |k: &str, default: &str| match &spec[k] {
-                            serde_json::Value::String(s) => s.clone(),
-                            serde_json::Value::Bool(b) => b.to_string(),
-                            _ => default.to_string(),
-                        };
-                        Some(vec![
-                            p.metadata.name.clone(),
-                            p.spec.cidr.clone(),
-                            text("natOutgoing", "false"),
-                            text("ipipMode", "Never"),
-                            text("vxlanMode", "Never"),
-                            text("disabled", "false"),
-                            p.spec.node_selector.clone(),
-                        ])
-                    }
-                    _ => None,
-                })
-                .collect(),
         ),
-        Kind::NetworkPolicy => (
-            &["NAMESPACE", "NAME", "ORDER", "SELECTOR"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::NetworkPolicy(p) => Some(vec![
-                        p.metadata.namespace.clone().unwrap_or_default(),
-                        p.metadata.name.clone(),
-                        order(p.spec.order),
-                        p.spec.selector.clone(),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
+        Kind::NetworkPolicy => columns::<NetworkPolicySpec>(
+            r,
+            &[
+                ("NAMESPACE", namespace),
+                ("NAME", name),
+                ("ORDER", |p| order(p.spec.order)),
+                ("SELECTOR", |p| p.spec.selector.clone()),
+            ],
         ),
-        Kind::GlobalNetworkPolicy => (
-            &["NAME", "ORDER", "SELECTOR"],
-            resources
-                .iter()
-                .filter_map(|r| match r {
-                    Resource::GlobalNetworkPolicy(p) => Some(vec![
-                        p.metadata.name.clone(),
-                        order(p.spec.0.order),
-                        p.spec.0.selector.clone(),
-                    ]),
-                    _ => None,
-                })
-                .collect(),
+        Kind::GlobalNetworkPolicy => columns::<GlobalNetworkPolicySpec>(
+            r,
+            &[
+                ("NAME", name),
+                ("ORDER", |p| order(p.spec.0.order)),
+                ("SELECTOR", |p| p.spec.0.selector.clone()),
+            ],
         ),
         _ => return None,
-    };
-    Some(table::plain(headers, &rows))
+    })
 }
 
 /// A Kubernetes label selector as kubectl prints it (`app=web,tier in (a,b),!debug`);
@@ -359,47 +332,39 @@ fn labels(l: &std::collections::BTreeMap<String, String>) -> String {
 /// serialised spec by their document names, so tunnel fields added to the model later
 /// (`ipv4IPIPTunnelAddr`) show up without a change here.
 fn render_nodes_wide(resources: &[Resource]) -> String {
-    let field = |spec: &serde_json::Value, path: &[&str]| -> String {
-        let mut v = spec;
-        for p in path {
-            v = &v[*p];
-        }
-        v.as_str().unwrap_or("-").to_string()
-    };
-    let rows: Vec<Vec<String>> = resources
-        .iter()
-        .filter_map(|r| match r {
-            Resource::Node(n) => {
-                let spec = serde_json::to_value(&n.spec).unwrap_or_default();
+    columns::<NodeSpec>(
+        resources,
+        &[
+            ("NAME", name),
+            ("ADDRESSES", |n| {
                 let addrs: Vec<String> =
                     n.spec.addresses.iter().map(|a| a.address.clone()).collect();
-                Some(vec![
-                    n.metadata.name.clone(),
-                    if addrs.is_empty() {
-                        "-".to_string()
-                    } else {
-                        addrs.join(",")
-                    },
-                    field(&spec, &["bgp", "ipv4Address"]),
-                    field(&spec, &["ipv4VXLANTunnelAddr"]),
-                    field(&spec, &["vxlanTunnelMACAddr"]),
-                    field(&spec, &["ipv4IPIPTunnelAddr"]),
-                ])
-            }
-            _ => None,
-        })
-        .collect();
-    table::plain(
-        &[
-            "NAME",
-            "ADDRESSES",
-            "IPV4",
-            "VXLAN TUNNEL ADDR",
-            "VXLAN MAC",
-            "IPIP TUNNEL ADDR",
+                if addrs.is_empty() {
+                    "-".to_string()
+                } else {
+                    addrs.join(",")
+                }
+            }),
+            ("IPV4", |n| node_field(n, &["bgp", "ipv4Address"])),
+            ("VXLAN TUNNEL ADDR", |n| {
+                node_field(n, &["ipv4VXLANTunnelAddr"])
+            }),
+            ("VXLAN MAC", |n| node_field(n, &["vxlanTunnelMACAddr"])),
+            ("IPIP TUNNEL ADDR", |n| {
+                node_field(n, &["ipv4IPIPTunnelAddr"])
+            }),
         ],
-        &rows,
     )
+}
+
+/// The string at `path` in a node's serialised spec; `-` when there is none.
+fn node_field(n: &Document<NodeSpec>, path: &[&str]) -> String {
+    let spec = serde_json::to_value(&n.spec).unwrap_or_default();
+    let mut v = &spec;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_str().unwrap_or("-").to_string()
 }
 
 #[cfg(test)]

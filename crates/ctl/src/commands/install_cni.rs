@@ -202,33 +202,14 @@ pub fn wait_ready(url: &str, timeout: Option<std::time::Duration>) -> anyhow::Re
 /// for which signals without a handler are ignored: a pod's termination would otherwise wait
 /// for the grace period and SIGKILL. Call it before starting other threads.
 pub fn exit_on_termination() -> anyhow::Result<()> {
-    // SAFETY: the sigset is initialised by sigemptyset before use; pthread_sigmask only reads
-    // it and changes the calling thread's mask.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        if rc != 0 {
-            bail!("pthread_sigmask: {}", std::io::Error::from_raw_os_error(rc));
+    tern_linux::signals::on_termination(|sig| {
+        if let Ok(sig) = sig {
+            eprintln!("signal {sig} received: exiting");
         }
-        set
-    };
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `set` is a valid, initialised sigset; `sig` is a valid out pointer.
-            let rc = unsafe { libc::sigwait(&set, &mut sig) };
-            if rc == 0 {
-                eprintln!("signal {sig} received: exiting");
-            }
-            let _ = std::io::stdout().flush();
-            std::process::exit(0);
-        })
-        .context("cannot start the signal thread")?;
-    Ok(())
+        let _ = std::io::stdout().flush();
+        std::process::exit(0);
+    })
+    .context("cannot start the signal thread")
 }
 
 #[cfg(test)]

@@ -170,6 +170,18 @@ fn modes(e: Encap) -> (&'static str, &'static str) {
     (name(v), name(i))
 }
 
+/// The fields of a container that runs the image's ternctl (replaces `@TERNCTL@`, before
+/// `@IMAGE@` is replaced).
+const TERNCTL: &str = "image: @IMAGE@
+        imagePullPolicy: IfNotPresent
+        command: [/usr/local/bin/ternctl]";
+
+/// The arguments of `ternctl install-cni` into the node's CNI directories, as mounted
+/// (replaces `@INSTALL_CNI@`).
+const INSTALL_CNI: &str = "- install-cni
+        - --bin-dir=/host/opt/cni/bin
+        - --conf-dir=/host/etc/cni/net.d";
+
 /// The manifest. Placeholders `@NAME@` are replaced by [`render`].
 const TEMPLATE: &str = r#"# tern: a Kubernetes pod network. Install with
 #   ctr -n k8s.io images import tern-node.tar   # on every node (scripts/k8s/tern-image.sh)
@@ -290,22 +302,16 @@ spec:
       initContainers:
       # The plugins, each copied to a temporary name and renamed. No conflist yet.
       - name: install-cni
-        image: @IMAGE@
-        imagePullPolicy: IfNotPresent
-        command: [/usr/local/bin/ternctl]
+        @TERNCTL@
         args:
-        - install-cni
-        - --bin-dir=/host/opt/cni/bin
-        - --conf-dir=/host/etc/cni/net.d
+        @INSTALL_CNI@
         - --skip-conflist
         volumeMounts:
         - {name: cni-bin-dir, mountPath: /host/opt/cni/bin}
         - {name: cni-net-dir, mountPath: /host/etc/cni/net.d}
       # The default pool (CIDR, encapsulation) from tern-config into the store.
       - name: apply-ippool
-        image: @IMAGE@
-        imagePullPolicy: IfNotPresent
-        command: [/usr/local/bin/ternctl]
+        @TERNCTL@
         args: [apply, -f, /etc/tern/ippool.yaml]
         env:
         - name: TERN_STORE
@@ -359,13 +365,9 @@ spec:
         - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
       # The conflist, once ternd answers /readiness; then waits for SIGTERM. Kept on restart.
       - name: cni-conf
-        image: @IMAGE@
-        imagePullPolicy: IfNotPresent
-        command: [/usr/local/bin/ternctl]
+        @TERNCTL@
         args:
-        - install-cni
-        - --bin-dir=/host/opt/cni/bin
-        - --conf-dir=/host/etc/cni/net.d
+        @INSTALL_CNI@
         - --conflist-only
         - --wait-ready=http://@HEALTH_ADDR@/readiness
         - --stay
@@ -433,6 +435,8 @@ pub fn render(o: &ManifestOptions) -> anyhow::Result<String> {
         .map(|(_, p)| p)
         .unwrap_or("9099");
     Ok(TEMPLATE
+        .replace("@TERNCTL@", TERNCTL)
+        .replace("@INSTALL_CNI@", INSTALL_CNI)
         .replace("@ARGS@", &args_line(o))
         .replace("@STORE@", &o.store)
         .replace("@BGP@", if o.bgp { "true" } else { "false" })

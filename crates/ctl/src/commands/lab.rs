@@ -140,13 +140,22 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             match command {
                 NodeCommand::Add => {
                     let n = tern_lab::node_add(&mut st, AGENT_TIMEOUT)?;
+                    // Joining a Kubernetes lab may have replaced the host ternd.
+                    let n = st.node(&n.name)?.clone();
+                    let agent = match (n.ternd_pid, tern_lab::kube::agent_status(&st)) {
+                        (None, Some(ds)) => ds,
+                        (p, _) => format!("ternd pid {}", p.map_or("-".into(), |p| p.to_string())),
+                    };
                     println!(
-                        "node {} joined: netns {}, eth0 {}, ternd pid {}",
-                        n.name,
-                        n.netns,
-                        n.address,
-                        n.ternd_pid.map_or("-".into(), |p| p.to_string())
+                        "node {} joined: netns {}, eth0 {}, {agent}",
+                        n.name, n.netns, n.address
                     );
+                    if let Some(k) = &st.kube {
+                        println!("node {} joined the Kubernetes cluster: Ready", n.name);
+                        if k.manifest.is_some() {
+                            print!("{}", tern_lab::kube::daemonset::status(k));
+                        }
+                    }
                 }
                 NodeCommand::Del { node } => {
                     for line in tern_lab::node_del(&mut st, node)? {

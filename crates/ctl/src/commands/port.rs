@@ -223,12 +223,12 @@ mod tests {
             "old-",
         ])
         .unwrap();
-        let crate::cli::Command::Port {
+        let crate::cli::Command::Port(crate::cli::Changes {
             kind,
             name,
             changes,
             namespace,
-        } = cli.command
+        }) = cli.command
         else {
             panic!("not the port command: {:?}", cli.command)
         };

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use tern_lab::{LabState, mesh};
 
+pub mod kube_lab;
+
 /// The ternctl under test (built by cargo for this test binary).
 pub fn ternctl() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ternctl"))

@@ -136,6 +136,21 @@ pub fn issue(dir: &Path, name: &str, ca: &CertPair, spec: &CertSpec<'_>) -> Resu
     Ok(pair)
 }
 
+/// The API server's serving certificate (`apiserver.crt`/`.key` in `dir`), for the names and
+/// addresses in `sans` (`IP:...`, `DNS:...`).
+pub fn issue_apiserver(dir: &Path, ca: &CertPair, sans: &[String]) -> Result<CertPair> {
+    issue(
+        dir,
+        "apiserver",
+        ca,
+        &CertSpec {
+            cn: "kube-apiserver",
+            sans,
+            ..CertSpec::default()
+        },
+    )
+}
+
 /// The service-account signing key pair (`sa.key`, `sa.pub`).
 pub fn service_account_keys(dir: &Path) -> Result<CertPair> {
     let pair = CertPair {
@@ -179,17 +194,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca = ca(dir.path()).unwrap();
         let sans = vec!["IP:198.18.0.3".to_string(), "DNS:kubernetes".to_string()];
-        let server = issue(
-            dir.path(),
-            "apiserver",
-            &ca,
-            &CertSpec {
-                cn: "kube-apiserver",
-                sans: &sans,
-                ..CertSpec::default()
-            },
-        )
-        .unwrap();
+        let server = issue_apiserver(dir.path(), &ca, &sans).unwrap();
         let client = issue(
             dir.path(),
             "node1",

@@ -132,16 +132,7 @@ fn pki(k: &KubeState) -> Result<()> {
         "DNS:kubernetes.default.svc.cluster.local".into(),
     ]
     .into();
-    certs::issue(
-        &dir,
-        "apiserver",
-        &ca,
-        &CertSpec {
-            cn: "kube-apiserver",
-            sans: &sans,
-            ..CertSpec::default()
-        },
-    )?;
+    certs::issue_apiserver(&dir, &ca, &sans)?;
     certs::service_account_keys(&dir)?;
     let server = format!("https://{}:{APISERVER_PORT}", k.cp_address);
     let clients: [(&str, &str, &[&str], Option<&Path>); 5] = [

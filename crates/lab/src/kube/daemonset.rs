@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use super::pods::TERN_NODE_PODS;
 use super::{KubeState, kubectl, write};
 use crate::process;
 use crate::state::{LabState, StoreKind};
@@ -88,12 +89,142 @@ pub fn build_image(st: &LabState, k: &KubeState) -> Result<PathBuf> {
 pub fn replace_host_agents(st: &mut LabState) -> Result<()> {
     let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
     for n in &names {
-        crate::topology::kill_agent(st, n)?;
-        if let Some(x) = st.nodes.iter_mut().find(|x| &x.name == n) {
-            x.socket = node_socket(&x.state_dir.join("k8s"));
-        }
+        replace_host_agent(st, n)?;
+    }
+    Ok(())
+}
+
+/// [`replace_host_agents`] for one node (one joining a running lab).
+pub fn replace_host_agent(st: &mut LabState, node: &str) -> Result<()> {
+    crate::topology::kill_agent(st, node)?;
+    if let Some(x) = st.nodes.iter_mut().find(|x| x.name == node) {
+        x.socket = node_socket(&x.state_dir.join("k8s"));
     }
     st.save()
+}
+
+/// One tern-node pod as `kubectl` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodePod {
+    /// The node it runs on.
+    pub node: String,
+    /// The pod's name.
+    pub name: String,
+    /// Its phase (`Pending`, `Running`, ...).
+    pub phase: String,
+    /// Containers ready, of all its containers (ternd and cni-conf).
+    pub ready: (usize, usize),
+    /// Restarts of its containers, summed.
+    pub restarts: u64,
+}
+
+impl NodePod {
+    /// Running with every container ready.
+    pub fn healthy(&self) -> bool {
+        self.phase == "Running" && self.ready.1 > 0 && self.ready.0 == self.ready.1
+    }
+}
+
+/// The jsonpath of [`node_pods`]: node, pod, phase, readiness and restarts of each container.
+const NODE_PODS_JSONPATH: &str = r#"jsonpath={range .items[*]}{.spec.nodeName}|{.metadata.name}|{.status.phase}|{.status.containerStatuses[*].ready}|{.status.containerStatuses[*].restartCount}{"\n"}{end}"#;
+
+/// Parses the output of [`NODE_PODS_JSONPATH`].
+fn parse_node_pods(out: &str) -> Vec<NodePod> {
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            let [node, name, phase, ready, restarts] = f[..] else {
+                return None;
+            };
+            let ready: Vec<&str> = ready.split_whitespace().collect();
+            Some(NodePod {
+                node: node.to_string(),
+                name: name.to_string(),
+                phase: phase.to_string(),
+                ready: (ready.iter().filter(|r| **r == "true").count(), ready.len()),
+                restarts: restarts
+                    .split_whitespace()
+                    .filter_map(|r| r.parse::<u64>().ok())
+                    .sum(),
+            })
+        })
+        .collect()
+}
+
+/// The tern-node pods of the cluster, from the API server.
+pub fn node_pods(k: &KubeState) -> Result<Vec<NodePod>> {
+    // `--request-timeout`: `lab status` must not hang on an API server that does not answer.
+    let out = kubectl(
+        k,
+        &[
+            &["--request-timeout=5s"],
+            TERN_NODE_PODS,
+            &["-o", NODE_PODS_JSONPATH],
+        ]
+        .concat(),
+    )?;
+    Ok(parse_node_pods(&out))
+}
+
+/// Waits until the tern-node pod of `node` runs with every container ready.
+pub fn wait_node_pod(k: &KubeState, node: &str, timeout: Duration) -> Result<NodePod> {
+    super::wait_for(
+        &format!("the tern-node pod of {node} Running and ready"),
+        timeout,
+        None,
+        || {
+            node_pods(k)
+                .ok()?
+                .into_iter()
+                .find(|p| p.node == node && p.healthy())
+        },
+    )
+}
+
+/// ternd's `/readiness` on a node (its health listener on the node's 127.0.0.1:9099, the
+/// manifest's `TERN_HEALTH_ADDR`): `Ok("ready")`, or the reasons it gives or why it cannot
+/// be asked.
+pub fn ternd_readiness(netns: &str) -> std::result::Result<String, String> {
+    let mut c = process::netns_exec(netns, Path::new("curl"));
+    c.args(["-s", "--max-time", "3", "-w", "\n%{http_code}"])
+        .arg("http://127.0.0.1:9099/readiness");
+    match c.output() {
+        Err(e) => Err(format!("cannot run curl: {e}")),
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let (body, code) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
+            match code.trim() {
+                "200" => Ok(body.trim().to_string()),
+                "000" | "" => Err("no answer on 127.0.0.1:9099".to_string()),
+                c => Err(format!("HTTP {c}: {}", body.trim().replace('\n', "; "))),
+            }
+        }
+    }
+}
+
+/// `lab status` lines of the DaemonSet: per node its tern-node pod (phase, containers ready,
+/// restarts) and what its ternd answers on `/readiness`; a node without a pod says so.
+pub fn status(k: &KubeState) -> String {
+    let pods = match node_pods(k) {
+        Ok(p) => p,
+        Err(e) => return format!("  tern-node pods: cannot ask the API server: {e}\n"),
+    };
+    let mut out = String::new();
+    for n in &k.nodes {
+        let pod = match pods.iter().find(|p| p.node == n.name) {
+            Some(p) => format!(
+                "{} {} ({}/{} ready, {} restarts)",
+                p.name, p.phase, p.ready.0, p.ready.1, p.restarts
+            ),
+            None => "NO tern-node pod".to_string(),
+        };
+        let health = match ternd_readiness(&n.netns) {
+            Ok(r) => format!("ternd {r}"),
+            Err(e) => format!("ternd NOT ready: {e}"),
+        };
+        out.push_str(&format!("  {}: tern-node pod {pod}; {health}\n", n.name));
+    }
+    out
 }
 
 /// Renders the manifest for this lab (its store, pool, encapsulation, BGP), applies it and
@@ -130,20 +261,7 @@ pub fn install(st: &LabState, k: &KubeState) -> Result<PathBuf> {
         ],
     )
     .map_err(|e| {
-        let pods = kubectl(
-            k,
-            &[
-                "-n",
-                "kube-system",
-                "get",
-                "pods",
-                "-l",
-                "k8s-app=tern-node",
-                "-o",
-                "wide",
-            ],
-        )
-        .unwrap_or_default();
+        let pods = kubectl(k, &[TERN_NODE_PODS, &["-o", "wide"]].concat()).unwrap_or_default();
         LabError::Invalid(format!(
             "the tern-node DaemonSet did not roll out: {e}\n{pods}"
         ))
@@ -211,5 +329,38 @@ pub fn uninstall(k: &KubeState, manifest: &Path, done: &mut Vec<String>, errors:
     ) && !e.to_string().contains("no matching resources")
     {
         errors.push(e.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_pods_are_parsed_from_kubectl() {
+        let out = "node1|tern-node-abcde|Running|true true|0 2\n\
+                   node2|tern-node-fghij|Pending|false false|0 0\n\
+                   node3|tern-node-klmno|Pending||\n\
+                   garbage\n";
+        let p = parse_node_pods(out);
+        assert_eq!(p.len(), 3);
+        assert_eq!(
+            p[0],
+            NodePod {
+                node: "node1".into(),
+                name: "tern-node-abcde".into(),
+                phase: "Running".into(),
+                ready: (2, 2),
+                restarts: 2,
+            }
+        );
+        assert!(p[0].healthy());
+        assert_eq!(p[1].ready, (0, 2));
+        assert!(!p[1].healthy());
+        assert_eq!(p[2].ready, (0, 0));
+        assert!(
+            !p[2].healthy(),
+            "a pod with no container status is not healthy"
+        );
     }
 }

@@ -28,13 +28,12 @@ pub mod certs;
 pub mod control;
 pub mod daemonset;
 pub mod node;
+pub mod pods;
 pub mod relay;
 pub mod sys;
 
-use std::fs::File;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -56,6 +55,12 @@ pub const BUSYBOX_IMAGE: &str = "docker.io/library/tern-busybox:1";
 pub const PROBE_IMAGE: &str = "localhost/tern/probe:1";
 /// The image tarballs (in the images directory) every node's containerd imports.
 pub const IMAGE_TARBALLS: [&str; 3] = ["pause.tar", "busybox.tar", "probe.tar"];
+/// Image tarballs every node imports when they exist (built by `scripts/k8s-e2e.sh`, not
+/// needed by the cluster itself).
+pub const OPTIONAL_IMAGE_TARBALLS: [&str; 1] = ["agnhost.tar"];
+/// The upstream e2e image (`agnhost.tar`), tagged as k8s.io/kubernetes v1.34.4's
+/// test/utils/image/manifest.go names it, so the e2e specs and our tests never pull it.
+pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.56";
 /// The Service CIDR (the first address is the `kubernetes` Service).
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// ClusterIP of the `kubernetes` Service.
@@ -249,22 +254,7 @@ fn write(p: &Path, text: &str) -> Result<()> {
 
 /// Starts `cmd` in its own process group with stdout and stderr to `log`; returns the record.
 pub(crate) fn spawn(name: &str, mut cmd: Command, marker: &str, log: &Path) -> Result<Proc> {
-    let f = File::options()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| LabError::io(format!("cannot open {}", log.display()), e))?;
-    let f2 = f
-        .try_clone()
-        .map_err(|e| LabError::io(format!("cannot reopen {}", log.display()), e))?;
-    cmd.stdin(Stdio::null())
-        .stdout(f)
-        .stderr(f2)
-        .process_group(0);
-    let child = cmd.spawn().map_err(|e| LabError::Spawn {
-        command: process::describe(&cmd),
-        source: e,
-    })?;
+    let child = process::spawn_logged(&mut cmd, log, true)?;
     Ok(Proc {
         name: name.to_string(),
         pid: child.id(),
@@ -473,15 +463,47 @@ pub fn teardown(st: &mut LabState, done: &mut Vec<String>, errors: &mut Vec<Stri
     }
 }
 
+/// Checks that a node can join this lab's cluster (nothing to check for other labs), before
+/// anything of it is created: with tern as a DaemonSet every node's ternd must reach one
+/// store, which a SQLite lab keeps in its single node's private `/var/lib/tern`.
+pub fn check_node_add(st: &LabState) -> Result<()> {
+    match &st.kube {
+        Some(k) if k.manifest.is_some() && st.store != crate::state::StoreKind::Etcd => {
+            Err(LabError::Invalid(format!(
+                "lab {} runs tern as a DaemonSet with the {} store of its first node; a node \
+                 can join only a lab with --store etcd (or --host-ternd)",
+                st.name,
+                st.store_url()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// How long a joining node has to become Ready: containerd, kubelet, kube-proxy and, with the
+/// DaemonSet, the tern-node pod's init containers and ternd's readiness.
+pub const NODE_JOIN_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// Brings a node that joined a Kubernetes lab into the cluster (nothing for other labs) and
-/// waits until it is Ready.
+/// waits until it is Ready. With tern as a DaemonSet the lab's host ternd of the new node is
+/// replaced by the tern-node pod the DaemonSet controller starts there once the kubelet
+/// registered (the node's socket then points at that pod's ternd), as at `lab up`; Ready
+/// then means that pod's ternd answered `/readiness` and its conflist is in place.
 pub fn node_joined(st: &mut LabState, node: &str) -> Result<()> {
-    let Some(timeout) = st.kube.as_ref().map(|_| Duration::from_secs(120)) else {
+    let Some(k) = st.kube.clone() else {
         return Ok(());
     };
+    if k.manifest.is_some() {
+        daemonset::replace_host_agent(st, node)?;
+    }
     node::up(st, node)?;
     let k = st.kube.clone().expect("checked above");
-    node::wait_ready(&k, node, timeout)
+    node::wait_ready(&k, node, NODE_JOIN_TIMEOUT)?;
+    if k.manifest.is_some() {
+        // Ready already implies the conflist; this names the pod in the error otherwise.
+        daemonset::wait_node_pod(&k, node, NODE_JOIN_TIMEOUT)?;
+    }
+    Ok(())
 }
 
 /// Takes a leaving node out of a Kubernetes lab (nothing for other labs): deletes its Node
@@ -526,6 +548,15 @@ pub fn sweep_cgroups(name: &str, done: &mut Vec<String>, errors: &mut Vec<String
     }
 }
 
+/// The agent part of a node's `lab status` line when tern runs as the DaemonSet (the lab
+/// starts no ternd there); `None` otherwise.
+pub fn agent_status(st: &LabState) -> Option<String> {
+    st.kube
+        .as_ref()
+        .filter(|k| k.manifest.is_some())
+        .map(|_| "ternd in the tern-node DaemonSet (see below)".to_string())
+}
+
 /// Lines for `lab status`.
 pub fn status(k: &KubeState) -> String {
     let mut out = format!(
@@ -554,6 +585,16 @@ pub fn status(k: &KubeState) -> String {
             })
             .collect();
         out.push_str(&format!("  {}: {}\n", n.name, procs.join(", ")));
+    }
+    if k.manifest.is_some() {
+        if k.control
+            .iter()
+            .any(|p| p.name == "kube-apiserver" && p.alive())
+        {
+            out.push_str(&daemonset::status(k));
+        } else {
+            out.push_str("  tern-node pods: unknown, the API server is NOT running\n");
+        }
     }
     if k.relay_port.is_some() {
         out.push_str(&format!("export KUBECONFIG={}\n", k.kubeconfig().display()));

@@ -153,6 +153,13 @@ pub fn up(st: &mut LabState, name: &str) -> Result<()> {
     if k.manifest.is_some() {
         tarballs.push(k.dir.join(super::daemonset::IMAGE_TARBALL));
     }
+    // The e2e images (scripts/k8s-e2e.sh) only where they were built.
+    tarballs.extend(
+        super::OPTIONAL_IMAGE_TARBALLS
+            .iter()
+            .map(|i| k.images.join(i))
+            .filter(|p| p.is_file()),
+    );
     for tarball in tarballs {
         process::run(
             Command::new(k.k8s_bin.join("ctr"))
@@ -583,18 +590,9 @@ fn copy_reference_plugins(bin: &Path) -> Result<()> {
 }
 
 /// The baseline network: Debian's `bridge` with `host-local` on the Node's podCIDR (allocated
-/// by kube-controller-manager), `portmap` chained, as the CNI reference configuration.
+/// by kube-controller-manager), with the plugins tern's conflist chains (`bandwidth`, then
+/// `portmap`), so that a comparison differs only in the main plugin and its IPAM.
 fn install_reference_cni(k: &KubeState, name: &str, dir: &Path) -> Result<()> {
-    let bin = dir.join("cni/bin");
-    for p in ["loopback", "bridge", "host-local", "portmap"] {
-        let src = Path::new(REFERENCE_CNI_DIR).join(p);
-        std::fs::copy(&src, bin.join(p)).map_err(|e| {
-            LabError::io(
-                format!("cannot copy {} into {}", src.display(), bin.display()),
-                e,
-            )
-        })?;
-    }
     let cidr = wait_for(
         &format!("the podCIDR of {name}"),
         Duration::from_secs(30),
@@ -605,9 +603,36 @@ fn install_reference_cni(k: &KubeState, name: &str, dir: &Path) -> Result<()> {
                 .filter(|c| !c.trim().is_empty())
         },
     )?;
+    install_reference_conflist(dir, "reference", cidr.trim(), "10-reference.conflist")
+}
+
+/// Copies the reference plugins into the node's CNI bin directory (`<node>/k8s/cni/bin`) and
+/// installs a `bridge` + `host-local` conflist named `network` on `subnet`, chained like
+/// tern's (`bandwidth`, `portmap`), as `file` in its conf directory.
+pub(super) fn install_reference_conflist(
+    dir: &Path,
+    network: &str,
+    subnet: &str,
+    file: &str,
+) -> Result<()> {
+    let bin = dir.join("cni/bin");
+    for p in ["loopback", "bridge", "host-local", "bandwidth", "portmap"] {
+        let src = Path::new(REFERENCE_CNI_DIR).join(p);
+        // Copied beside and renamed over: containerd may be executing the one there
+        // (overwriting a running binary fails with ETXTBSY).
+        let tmp = bin.join(format!(".{p}.tmp"));
+        std::fs::copy(&src, &tmp)
+            .and_then(|_| std::fs::rename(&tmp, bin.join(p)))
+            .map_err(|e| {
+                LabError::io(
+                    format!("cannot copy {} into {}", src.display(), bin.display()),
+                    e,
+                )
+            })?;
+    }
     let conf = serde_json::json!({
         "cniVersion": "1.0.0",
-        "name": "reference",
+        "name": network,
         "plugins": [
             {
                 "type": "bridge",
@@ -617,20 +642,21 @@ fn install_reference_cni(k: &KubeState, name: &str, dir: &Path) -> Result<()> {
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": cidr.trim()}]],
+                    "ranges": [[{"subnet": subnet}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                     "dataDir": dir.join("host-local").display().to_string(),
                 },
             },
-            {"type": "portmap", "capabilities": {"portMappings": true}},
+            {"type": "bandwidth", "capabilities": {"bandwidth": true}},
+            {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}},
         ],
     });
     // Written next to its final name (libcni ignores the .tmp suffix) and renamed: containerd
     // notices a rename within the directory, not one from elsewhere.
-    let tmp = dir.join("cni/net.d/.10-reference.conflist.tmp");
+    let tmp = dir.join(format!("cni/net.d/.{file}.tmp"));
     write(&tmp, &format!("{conf:#}\n"))?;
-    std::fs::rename(&tmp, dir.join("cni/net.d/10-reference.conflist"))
-        .map_err(|e| LabError::io("cannot install the reference conflist", e))
+    std::fs::rename(&tmp, dir.join("cni/net.d").join(file))
+        .map_err(|e| LabError::io(format!("cannot install the reference conflist {file}"), e))
 }
 
 /// The Ready condition of a Node (`True`, `False`, `Unknown`) and its message.

@@ -6,7 +6,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnet::IpNet;
 
 use super::route::*;
-use super::{Handle, Scope, check_ifname, family_of, ip_bytes, parse_ip, parse_link, parse_route};
+use super::{
+    Handle, Scope, check_ifname, deleted, family_of, ip_bytes, parse_ip, parse_link, parse_route,
+};
 use crate::error::{LinuxError, Result};
 
 /// `RTN_BLACKHOLE`.
@@ -116,8 +118,9 @@ impl Handle {
         m
     }
 
-    /// Installs or replaces a route of any [`RouteKind`], honouring `onlink`.
-    pub fn replace_route_full(&mut self, r: &Route) -> Result<()> {
+    /// Sends `RTM_NEWROUTE` for `r` with `NLM_F_CREATE` and `flags` (`verb` names the
+    /// operation in errors), after refusing a gateway of another family than the destination.
+    fn new_route_full(&mut self, r: &Route, flags: u16, verb: &str) -> Result<()> {
         if r.gateway
             .is_some_and(|g| g.is_ipv4() != r.dst.addr().is_ipv4())
         {
@@ -126,9 +129,14 @@ impl Handle {
                 r.dst
             )));
         }
-        let mut m = self.full_route_msg(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, r);
+        let mut m = self.full_route_msg(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | flags, r);
         self.sock
-            .request_ack(&mut m, &|| format!("replace route {}", describe(r)))
+            .request_ack(&mut m, &|| format!("{verb} route {}", describe(r)))
+    }
+
+    /// Installs or replaces a route of any [`RouteKind`], honouring `onlink`.
+    pub fn replace_route_full(&mut self, r: &Route) -> Result<()> {
+        self.new_route_full(r, NLM_F_REPLACE, "replace")
     }
 
     /// Installs a route only when the kernel has none with the same destination, table, TOS
@@ -136,30 +144,16 @@ impl Handle {
     /// [`LinuxError::is_already_exists`] recognises. For callers that must never replace a
     /// route someone else installed.
     pub fn add_route_full(&mut self, r: &Route) -> Result<()> {
-        if r.gateway
-            .is_some_and(|g| g.is_ipv4() != r.dst.addr().is_ipv4())
-        {
-            return Err(LinuxError::InvalidArgument(format!(
-                "route {} has a gateway of another address family",
-                r.dst
-            )));
-        }
-        let mut m = self.full_route_msg(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, r);
-        self.sock
-            .request_ack(&mut m, &|| format!("add route {}", describe(r)))
+        self.new_route_full(r, NLM_F_EXCL, "add")
     }
 
     /// Deletes a route; `Ok(false)` when absent.
     pub fn delete_route_full(&mut self, r: &Route) -> Result<bool> {
         let mut m = self.full_route_msg(RTM_DELROUTE, NLM_F_ACK, r);
-        match self
-            .sock
-            .request_ack(&mut m, &|| format!("delete route {}", describe(r)))
-        {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        deleted(
+            self.sock
+                .request_ack(&mut m, &|| format!("delete route {}", describe(r))),
+        )
     }
 
     /// Unicast and blackhole routes of `table` (cache clones excluded).

@@ -650,26 +650,31 @@ mod tests {
         m.attr(1, &vec![0u8; 65531]);
         let bytes = m.finish().unwrap();
         assert_eq!(u16::from_ne_bytes([bytes[16], bytes[17]]), u16::MAX);
+        // `finish` of what `build` wrote fails with an error containing `want`.
+        let refused = |build: &dyn Fn(&mut MsgBuilder), want: &str| {
+            let mut m = MsgBuilder::new(16, 0);
+            build(&mut m);
+            let e = m.finish().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        };
         // One byte more would wrap to a 0-byte length with `as u16`.
-        let mut m = MsgBuilder::new(16, 0);
-        m.attr(7, &vec![0u8; 65532]);
-        m.attr(1, b"later attributes are ignored");
-        let e = m.finish().unwrap_err().to_string();
-        assert!(
-            e.contains("attribute type 7 would be 65536 bytes, more than the 65535"),
-            "{e}"
+        refused(
+            &|m| {
+                m.attr(7, &vec![0u8; 65532]);
+                m.attr(1, b"later attributes are ignored");
+            },
+            "attribute type 7 would be 65536 bytes, more than the 65535",
         );
         // A nest whose content overflows: each attribute fits, together they do not.
-        let mut m = MsgBuilder::new(16, 0);
-        m.begin_nest(3);
-        for _ in 0..3 {
-            m.attr(1, &vec![0u8; 30000]);
-        }
-        m.end_nest();
-        let e = m.finish().unwrap_err().to_string();
-        assert!(
-            e.contains("nested netlink attribute type 3 would be"),
-            "{e}"
+        refused(
+            &|m| {
+                m.begin_nest(3);
+                for _ in 0..3 {
+                    m.attr(1, &vec![0u8; 30000]);
+                }
+                m.end_nest();
+            },
+            "nested netlink attribute type 3 would be",
         );
         // An unbalanced nest is an error too, not a panic.
         let mut m = MsgBuilder::new(16, 0);

@@ -139,6 +139,50 @@ fn parse_ip(data: &[u8]) -> Option<IpAddr> {
     }
 }
 
+/// A delete's outcome: `Ok(true)` when it deleted, `Ok(false)` when there was nothing to delete
+/// ([`LinuxError::is_not_found`]).
+fn deleted(r: Result<()>) -> Result<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// One entry of a neighbour dump (`RTM_GETNEIGH`): the `ndmsg` header's fields and the
+/// `NDA_DST` and `NDA_LLADDR` attributes.
+struct NeighRow {
+    family: u8,
+    index: u32,
+    state: u16,
+    dst: Option<IpAddr>,
+    mac: Option<[u8; 6]>,
+}
+
+/// The entries of a neighbour dump's replies; replies too short for an `ndmsg` are skipped.
+fn parse_neighbours(replies: &[framing::Reply]) -> Vec<NeighRow> {
+    let mut out = Vec::new();
+    for r in replies.iter().filter(|r| r.payload.len() >= 12) {
+        let p = &r.payload;
+        let mut row = NeighRow {
+            family: p[0],
+            index: u32::from_ne_bytes(p[4..8].try_into().unwrap()),
+            state: u16::from_ne_bytes(p[8..10].try_into().unwrap()),
+            dst: None,
+            mac: None,
+        };
+        for (kind, data) in attrs(&p[12..]) {
+            match kind {
+                NDA_DST => row.dst = parse_ip(data),
+                NDA_LLADDR => row.mac = parse_mac(data),
+                _ => {}
+            }
+        }
+        out.push(row);
+    }
+    out
+}
+
 fn parse_mac(data: &[u8]) -> Option<[u8; 6]> {
     <[u8; 6]>::try_from(data).ok()
 }
@@ -404,28 +448,20 @@ impl Handle {
         let mut m = Msg::new(RTM_DELLINK, NLM_F_ACK);
         m.raw(&ifinfomsg(libc::AF_UNSPEC as u8, 0, 0, 0));
         m.attr_str(IFLA_IFNAME, name);
-        match self
-            .sock
-            .request_ack(&mut m, &|| format!("delete link {name}"))
-        {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        deleted(
+            self.sock
+                .request_ack(&mut m, &|| format!("delete link {name}")),
+        )
     }
 
     /// Deletes the link with index `index`; `Ok(false)` when it does not exist.
     pub fn delete_link_by_index(&mut self, index: u32) -> Result<bool> {
         let mut m = Msg::new(RTM_DELLINK, NLM_F_ACK);
         m.raw(&ifinfomsg(libc::AF_UNSPEC as u8, index as i32, 0, 0));
-        match self
-            .sock
-            .request_ack(&mut m, &|| format!("delete link index {index}"))
-        {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        deleted(
+            self.sock
+                .request_ack(&mut m, &|| format!("delete link index {index}")),
+        )
     }
 
     fn set_link(
@@ -614,13 +650,9 @@ impl Handle {
         let mut m = Msg::new(RTM_DELNEIGH, NLM_F_ACK);
         m.raw(&ndmsg(family_of(&ip), index, 0, 0));
         m.attr(NDA_DST, &ip_bytes(&ip));
-        match self.sock.request_ack(&mut m, &|| {
+        deleted(self.sock.request_ack(&mut m, &|| {
             format!("delete neighbour {ip} on link index {index}")
-        }) {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        }))
     }
 
     /// Neighbour entries (IPv4 and IPv6) of one link or of all.
@@ -630,36 +662,19 @@ impl Handle {
         let replies = self
             .sock
             .request_dump(&mut m, &|| "list neighbours".to_string())?;
-        let mut out = Vec::new();
-        for r in replies.iter().filter(|r| r.payload.len() >= 12) {
-            let p = &r.payload;
-            let family = p[0];
-            if family != libc::AF_INET as u8 && family != libc::AF_INET6 as u8 {
-                continue;
-            }
-            let ifindex = u32::from_ne_bytes(p[4..8].try_into().unwrap());
-            if index.is_some_and(|i| i != ifindex) {
-                continue;
-            }
-            let state = u16::from_ne_bytes(p[8..10].try_into().unwrap());
-            let (mut ip, mut mac) = (None, None);
-            for (kind, data) in attrs(&p[12..]) {
-                match kind {
-                    NDA_DST => ip = parse_ip(data),
-                    NDA_LLADDR => mac = parse_mac(data),
-                    _ => {}
-                }
-            }
-            if let Some(ip) = ip {
-                out.push(Neighbour {
-                    index: ifindex,
-                    ip,
-                    mac,
-                    state,
-                });
-            }
-        }
-        Ok(out)
+        Ok(parse_neighbours(&replies)
+            .into_iter()
+            .filter(|n| n.family == libc::AF_INET as u8 || n.family == libc::AF_INET6 as u8)
+            .filter(|n| index.is_none_or(|i| i == n.index))
+            .filter_map(|n| {
+                Some(Neighbour {
+                    index: n.index,
+                    ip: n.dst?,
+                    mac: n.mac,
+                    state: n.state,
+                })
+            })
+            .collect())
     }
 
     /// Adds or replaces a permanent FDB entry `mac -> dst` on a VXLAN device (`NTF_SELF`).
@@ -687,16 +702,12 @@ impl Handle {
         m.raw(&ndmsg(libc::AF_BRIDGE as u8, index, 0, NTF_SELF));
         m.attr(NDA_LLADDR, &mac);
         m.attr(NDA_DST, &ip_bytes(&dst));
-        match self.sock.request_ack(&mut m, &|| {
+        deleted(self.sock.request_ack(&mut m, &|| {
             format!(
                 "delete fdb {} dst {dst} on link index {index}",
                 format_mac(&mac)
             )
-        }) {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        }))
     }
 
     /// FDB entries of one device (`bridge fdb show dev X`), including those with a remote dst.
@@ -706,30 +717,17 @@ impl Handle {
         let replies = self
             .sock
             .request_dump(&mut m, &|| format!("list fdb of link index {index}"))?;
-        let mut out = Vec::new();
-        for r in replies.iter().filter(|r| r.payload.len() >= 12) {
-            let p = &r.payload;
-            let ifindex = u32::from_ne_bytes(p[4..8].try_into().unwrap());
-            if p[0] != libc::AF_BRIDGE as u8 || ifindex != index {
-                continue;
-            }
-            let (mut mac, mut dst) = (None, None);
-            for (kind, data) in attrs(&p[12..]) {
-                match kind {
-                    NDA_DST => dst = parse_ip(data),
-                    NDA_LLADDR => mac = parse_mac(data),
-                    _ => {}
-                }
-            }
-            if let Some(mac) = mac {
-                out.push(FdbEntry {
-                    index: ifindex,
-                    mac,
-                    dst,
-                });
-            }
-        }
-        Ok(out)
+        Ok(parse_neighbours(&replies)
+            .into_iter()
+            .filter(|n| n.family == libc::AF_BRIDGE as u8 && n.index == index)
+            .filter_map(|n| {
+                Some(FdbEntry {
+                    index: n.index,
+                    mac: n.mac?,
+                    dst: n.dst,
+                })
+            })
+            .collect())
     }
 }
 

@@ -241,6 +241,7 @@ pub(crate) fn validate_peer(p: &BgpPeer) -> Result<(), FieldError> {
 
 #[cfg(test)]
 mod tests {
+    use super::BgpPeer;
     use crate::{Resource, parse_documents};
 
     fn parse(text: &str) -> Result<Resource, String> {
@@ -249,6 +250,21 @@ mod tests {
         r.fill_defaults();
         r.validate().map_err(|e| e.to_string())?;
         Ok(r)
+    }
+
+    /// [`parse`] of a BGPPeer named `name` whose spec is `spec` (the YAML after `spec:`).
+    fn parse_peer(name: &str, spec: &str) -> Result<Resource, String> {
+        parse(&format!(
+            "apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {{name: {name}}}\nspec:{spec}\n"
+        ))
+    }
+
+    /// A valid BGPPeer named `name` whose spec is `spec`.
+    fn peer(name: &str, spec: &str) -> BgpPeer {
+        match parse_peer(name, spec).unwrap_or_else(|e| panic!("{e}")) {
+            Resource::BgpPeer(p) => p,
+            r => panic!("{r:?}"),
+        }
     }
 
     #[test]
@@ -282,44 +298,36 @@ mod tests {
 
     #[test]
     fn peer_fields_and_validation() {
-        let r = parse(
-            "apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {name: tor}\nspec:\n  peerIP: 198.18.0.250:1179\n  asNumber: 65001\n  nodeSelector: rack == 'a'\n  password: s3cret\n  keepOriginalNextHop: true\n",
-        )
-        .unwrap();
-        let Resource::BgpPeer(p) = r else {
-            panic!("{r:?}")
-        };
+        let p = peer(
+            "tor",
+            "\n  peerIP: 198.18.0.250:1179\n  asNumber: 65001\n  nodeSelector: rack == 'a'\n  password: s3cret\n  keepOriginalNextHop: true",
+        );
         assert_eq!(
             p.spec.peer_address().unwrap(),
             Some("198.18.0.250:1179".parse().unwrap())
         );
         assert_eq!(p.spec.password.as_deref(), Some("s3cret"));
         assert!(p.spec.keep_original_next_hop);
-        let e = parse("apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {name: x}\nspec: {peerIP: 198.18.0.1}\n")
-            .unwrap_err();
-        assert!(e.contains("spec.asNumber: required with peerIP"), "{e}");
-        let e = parse(
-            "apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {name: x}\nspec: {asNumber: 1}\n",
-        )
-        .unwrap_err();
-        assert!(e.contains("one of peerIP or peerSelector"), "{e}");
-        let e = parse("apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {name: x}\nspec: {peerIP: nope, asNumber: 1}\n")
-            .unwrap_err();
-        assert!(e.contains("spec.peerIP"), "{e}");
-        let e = parse("apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {name: x}\nspec: {peerSelector: 'a ==', asNumber: 1}\n")
-            .unwrap_err();
-        assert!(e.contains("spec.peerSelector"), "{e}");
+        for (spec, want) in [
+            (
+                " {peerIP: 198.18.0.1}",
+                "spec.asNumber: required with peerIP",
+            ),
+            (" {asNumber: 1}", "one of peerIP or peerSelector"),
+            (" {peerIP: nope, asNumber: 1}", "spec.peerIP"),
+            (" {peerSelector: 'a ==', asNumber: 1}", "spec.peerSelector"),
+        ] {
+            let e = parse_peer("x", spec).unwrap_err();
+            assert!(e.contains(want), "{spec}: {e}");
+        }
     }
 
     #[test]
     fn accept_prefixes_are_validated_and_match_like_a_roa() {
-        let r = parse(
-            "apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {name: tor}\nspec:\n  peerIP: 198.18.0.250\n  asNumber: 65001\n  acceptPrefixes:\n  - cidr: 0.0.0.0/0\n  - {cidr: 10.99.0.0/16, maxLength: 24}\n",
-        )
-        .unwrap();
-        let Resource::BgpPeer(p) = r else {
-            panic!("{r:?}")
-        };
+        let p = peer(
+            "tor",
+            "\n  peerIP: 198.18.0.250\n  asNumber: 65001\n  acceptPrefixes:\n  - cidr: 0.0.0.0/0\n  - {cidr: 10.99.0.0/16, maxLength: 24}",
+        );
         let [dflt, ext] = &p.spec.accept_prefixes[..] else {
             panic!("{:?}", p.spec.accept_prefixes)
         };
@@ -332,7 +340,7 @@ mod tests {
         // Round trip through the stored JSON keeps the list.
         let back = Resource::from_json(Resource::BgpPeer(p.clone()).to_json().as_bytes()).unwrap();
         assert_eq!(back, Resource::BgpPeer(p));
-        let head = "apiVersion: tern.dev/v1\nkind: BGPPeer\nmetadata: {name: x}\nspec:\n  peerIP: 198.18.0.1\n  asNumber: 1\n  acceptPrefixes:\n";
+        let head = "\n  peerIP: 198.18.0.1\n  asNumber: 1\n  acceptPrefixes:\n";
         for (entry, want) in [
             (
                 "  - cidr: nope\n",
@@ -349,13 +357,13 @@ mod tests {
             ("  - {cidr: 10.0.0.0/8, maxLength: 33}\n", "maxLength 33"),
             ("  - {cidr: 10.0.0.0/8, le: 9}\n", "le"),
         ] {
-            let e = parse(&format!("{head}{entry}")).unwrap_err();
+            let e = parse_peer("x", &format!("{head}{entry}")).unwrap_err();
             assert!(e.contains(want), "{entry}: {e}");
         }
         let many: String = (0..65)
             .map(|i| format!("  - cidr: 10.{i}.0.0/16\n"))
             .collect();
-        let e = parse(&format!("{head}{many}")).unwrap_err();
+        let e = parse_peer("x", &format!("{head}{many}")).unwrap_err();
         assert!(
             e.contains("spec.acceptPrefixes: 65 entries; at most 64"),
             "{e}"

@@ -13,7 +13,7 @@ use crate::document::Document;
 use crate::kinds::shared::{IntOrString, PolicyType, Protocol};
 use crate::limits::MAX_EXPANDED_RULES_PER_DIRECTION;
 use crate::selector::Selector;
-use crate::validate::{FieldError, parse_rule_cidr, validate_port_name};
+use crate::validate::{FieldError, listed_once, parse_rule_cidr, validate_port_name};
 
 /// `apiVersion` of Kubernetes NetworkPolicy documents.
 pub const K8S_NETWORKING_API_VERSION: &str = "networking.k8s.io/v1";
@@ -135,6 +135,34 @@ pub struct K8sNetworkPolicySpec {
     /// has rules.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policy_types: Vec<PolicyType>,
+}
+
+/// One direction's rules, each as its peers and ports.
+type RuleSides<'a> = Vec<(&'a [K8sPeer], &'a [K8sPort])>;
+
+impl K8sNetworkPolicySpec {
+    /// Both directions as (direction, the field of its peers, its rules): `ingress` with
+    /// `from`, `egress` with `to`.
+    fn rule_sides(&self) -> [(&'static str, &'static str, RuleSides<'_>); 2] {
+        [
+            (
+                "ingress",
+                "from",
+                self.ingress
+                    .iter()
+                    .map(|r| (&r.from[..], &r.ports[..]))
+                    .collect(),
+            ),
+            (
+                "egress",
+                "to",
+                self.egress
+                    .iter()
+                    .map(|r| (&r.to[..], &r.ports[..]))
+                    .collect(),
+            ),
+        ]
+    }
 }
 
 /// Defaults the API server fills: `policyTypes` and each port's protocol.
@@ -332,25 +360,10 @@ pub fn check_k8s_expansion(s: &K8sNetworkPolicySpec) -> Result<(), FieldError> {
             .map(|p| 1 + p.ip_block.as_ref().map_or(0, |b| b.except.len()))
             .fold(0usize, usize::saturating_add)
     };
-    for (dir, rules) in [
-        (
-            "ingress",
-            s.ingress
-                .iter()
-                .map(|r| (weight(&r.from), r.ports.len()))
-                .collect::<Vec<_>>(),
-        ),
-        (
-            "egress",
-            s.egress
-                .iter()
-                .map(|r| (weight(&r.to), r.ports.len()))
-                .collect(),
-        ),
-    ] {
+    for (dir, _, rules) in s.rule_sides() {
         let expanded = rules
             .iter()
-            .map(|(w, ports)| w.saturating_mul((*ports).max(1)))
+            .map(|(peers, ports)| weight(peers).saturating_mul(ports.len().max(1)))
             .fold(0usize, usize::saturating_add);
         if expanded > MAX_EXPANDED_RULES_PER_DIRECTION {
             return Err((
@@ -373,30 +386,17 @@ pub fn validate_k8s_spec(s: &K8sNetworkPolicySpec) -> Result<(), FieldError> {
     s.pod_selector.validate("spec.podSelector")?;
     // First: it is cheap, and bounds the work of every check after it.
     check_k8s_expansion(s)?;
-    for (i, r) in s.ingress.iter().enumerate() {
-        for (j, p) in r.from.iter().enumerate() {
-            validate_k8s_peer(p, &format!("spec.ingress[{i}].from[{j}]"))?;
-        }
-        for (j, p) in r.ports.iter().enumerate() {
-            validate_k8s_port(p, &format!("spec.ingress[{i}].ports[{j}]"))?;
-        }
-    }
-    for (i, r) in s.egress.iter().enumerate() {
-        for (j, p) in r.to.iter().enumerate() {
-            validate_k8s_peer(p, &format!("spec.egress[{i}].to[{j}]"))?;
-        }
-        for (j, p) in r.ports.iter().enumerate() {
-            validate_k8s_port(p, &format!("spec.egress[{i}].ports[{j}]"))?;
+    for (dir, side, rules) in s.rule_sides() {
+        for (i, (peers, ports)) in rules.into_iter().enumerate() {
+            for (j, p) in peers.iter().enumerate() {
+                validate_k8s_peer(p, &format!("spec.{dir}[{i}].{side}[{j}]"))?;
+            }
+            for (j, p) in ports.iter().enumerate() {
+                validate_k8s_port(p, &format!("spec.{dir}[{i}].ports[{j}]"))?;
+            }
         }
     }
-    let mut seen = Vec::new();
-    for t in &s.policy_types {
-        if seen.contains(t) {
-            return Err(("spec.policyTypes".into(), format!("{t:?} is listed twice")));
-        }
-        seen.push(*t);
-    }
-    Ok(())
+    listed_once(&s.policy_types, "spec.policyTypes")
 }
 
 /// Write-time checks of a [`K8sNetworkPolicy`].

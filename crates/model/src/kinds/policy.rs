@@ -9,7 +9,7 @@ use crate::document::Document;
 use crate::kinds::shared::{PolicyType, Port, Protocol};
 use crate::limits::{MAX_NETS_PER_RULE, MAX_PORTS_PER_RULE, MAX_RULES_PER_DIRECTION};
 use crate::selector::Selector;
-use crate::validate::{FieldError, at_most, parse_rule_cidr};
+use crate::validate::{FieldError, at_most, listed_once, parse_rule_cidr};
 
 /// A tern (Calico-style) namespaced NetworkPolicy.
 pub type NetworkPolicy = Document<NetworkPolicySpec>;
@@ -207,14 +207,7 @@ pub fn validate_tern_spec(s: &NetworkPolicySpec) -> Result<(), FieldError> {
             }
         }
     }
-    let mut seen = Vec::new();
-    for t in &s.types {
-        if seen.contains(t) {
-            return Err(("spec.types".into(), format!("{t:?} is listed twice")));
-        }
-        seen.push(*t);
-    }
-    Ok(())
+    listed_once(&s.types, "spec.types")
 }
 
 /// Checks of a [`NetworkPolicy`] on write and on read; the count limits are

@@ -33,6 +33,39 @@ pub fn can_run() -> bool {
     tern_testkit::require_root()
 }
 
+/// Root, and an etcd binary to run, as tern-testkit's `require` (fails under strict mode).
+pub fn can_run_etcd() -> bool {
+    can_run()
+        && tern_testkit::require(
+            "an etcd binary",
+            tern_store::etcd::harness::etcd_available(),
+            tern_testkit::install_hint("etcd"),
+        )
+}
+
+/// A node with ternd running and one pod, after [`can_run`]: `None` when the test cannot run
+/// (the kit has printed the skip, or failed the test in strict mode), so a test starts with
+/// `let Some((node, pod)) = node_and_pod() else { return };`.
+pub fn node_and_pod() -> Option<(Node, Pod)> {
+    can_run().then(|| (Node::new(), Pod::new()))
+}
+
+/// Runs `f` and returns its value and how long it took.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let t0 = Instant::now();
+    let v = f();
+    (v, t0.elapsed())
+}
+
+/// Asserts that a failed ADD's message says the datastore is unreachable.
+#[track_caller]
+pub fn assert_store_unreachable(msg: &str) {
+    assert!(
+        msg.contains("datastore is unreachable"),
+        "message does not say the datastore is unreachable: {msg}"
+    );
+}
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// A name unique in this machine: `tpt-<pid>-<n>` (at most 15 bytes for netns names in practice).
@@ -178,6 +211,11 @@ impl Pod {
     /// Names of the pod's links.
     pub fn links(&self) -> Vec<String> {
         link_names(self.name())
+    }
+
+    /// Whether the pod has a link named `ifname`.
+    pub fn has_link(&self, ifname: &str) -> bool {
+        self.links().iter().any(|l| l == ifname)
     }
 
     /// IPv4 routes of the pod's main table.
@@ -338,6 +376,14 @@ impl Out {
             self.json, self.stderr
         );
         &self.json
+    }
+
+    /// Asserts a failure (with any code: `what` says what must not have succeeded); returns
+    /// the message.
+    #[track_caller]
+    pub fn fails(&self, what: &str) -> String {
+        assert_ne!(self.status, 0, "{what} succeeded: {}", self.json);
+        self.message()
     }
 
     /// Asserts a failure with the CNI `code`; returns the message.
@@ -639,6 +685,25 @@ impl Node {
         ]
     }
 
+    /// [`Node::env`] for `pod` (CNI_NETNS = its path, eth0), with `overrides` replacing
+    /// variables; an override with an empty value removes the variable.
+    pub fn env_with(
+        &self,
+        cmd: &str,
+        pod: &Pod,
+        cid: &str,
+        overrides: &[(&'static str, &str)],
+    ) -> Vec<(&'static str, String)> {
+        let mut env = self.env(cmd, &pod.path(), cid, "eth0", pod.name());
+        for (k, v) in overrides {
+            env.retain(|(name, _)| name != k);
+            if !v.is_empty() {
+                env.push((k, v.to_string()));
+            }
+        }
+        env
+    }
+
     /// Runs `tern` for `cmd` on `pod` (CNI_NETNS = the pod's path).
     pub fn cni(&self, cmd: &str, pod: &Pod, container_id: &str, ifname: &str, conf: &Value) -> Out {
         let env = self.env(cmd, &pod.path(), container_id, ifname, pod.name());
@@ -649,6 +714,14 @@ impl Node {
     pub fn cni_global(&self, cmd: &str, conf: &Value) -> Out {
         let env = vec![("CNI_COMMAND", cmd.to_string()), ("CNI_PATH", cni_path())];
         self.run_plugin(&tern_bin(), &env, conf.to_string().as_bytes())
+    }
+
+    /// [`Node::add`] of eth0 that must succeed; returns the result, the pod address and the
+    /// host veth.
+    pub fn add_pod(&self, pod: &Pod, container_id: &str, conf: &Value) -> (Value, IpAddr, String) {
+        let r = self.add(pod, container_id, conf);
+        let (ip, host_if) = (result_ip(&r), result_host_if(&r));
+        (r, ip, host_if)
     }
 
     /// ADD that must succeed; returns the result.
@@ -667,6 +740,32 @@ impl Node {
     /// Names of the node's links.
     pub fn links(&self) -> Vec<String> {
         link_names(self.name())
+    }
+
+    /// Whether the node has a link named `ifname`.
+    pub fn has_link(&self, ifname: &str) -> bool {
+        self.links().iter().any(|l| l == ifname)
+    }
+
+    /// Asserts that `cid`'s DEL released everything: its host veth `host_if` is gone, and it
+    /// holds no address and no endpoint.
+    #[track_caller]
+    pub fn assert_released(&self, cid: &str, host_if: &str) {
+        assert!(!self.has_link(host_if), "{host_if} survived DEL");
+        self.assert_unclaimed(cid, "by DEL");
+    }
+
+    /// Asserts that the store holds no address and no endpoint of `cid` (released `how`).
+    #[track_caller]
+    pub fn assert_unclaimed(&self, cid: &str, how: &str) {
+        assert!(
+            self.allocated_to(cid).is_empty(),
+            "address of {cid} not released {how}"
+        );
+        assert!(
+            self.endpoints_of(cid).is_empty(),
+            "endpoint of {cid} not deleted {how}"
+        );
     }
 
     /// The node's host veths (`tern*`).

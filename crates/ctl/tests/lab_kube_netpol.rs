@@ -1,0 +1,1147 @@
+//! NetworkPolicy on a real cluster, driven only through kubectl (issue 13): one
+//! `ternctl lab up --nodes 2 --kubernetes` cluster (tern installed as its DaemonSet) for the
+//! whole test binary, then
+//!
+//! 1. **Conformance**: every case of `/work/shared/conformance/netpol_cases.yaml` (the
+//!    upstream e2e truth tables: namespaces x/y/z, pods a/b/c, ports 80 and 81). The
+//!    namespaces and pods are created with `kubectl apply` (pods round-robin over the nodes,
+//!    so every namespace has pods on both), each case's policies applied with
+//!    `kubectl apply -f`, its relabelling done with `kubectl label`, and every pair probed
+//!    from inside the pods with `kubectl exec`, over TCP and UDP (SCTP where the kernel has
+//!    it), both to the server pod's address and, as upstream's probes do, to a ClusterIP
+//!    Service in front of it (policy evaluated after kube-proxy's DNAT). Between cases every
+//!    policy is deleted and every label restored, and the matrix must be open again. Prints a
+//!    line per case with its pass count.
+//! 2. **Policy on Service traffic**: a ClusterIP Service over two backends (one per node)
+//!    and one over the node2 backend only, protected by an ingress policy: allowed clients on
+//!    both nodes reach both backends through the Service, denied clients on both nodes reach
+//!    neither (nor the pods directly); a client whose egress policy allows only the backend
+//!    pods reaches them through the ClusterIP (egress evaluated on the DNATed destination)
+//!    and nothing else.
+//!
+//! The servers and probes are the upstream e2e image `agnhost` (`netexec`: HTTP and UDP
+//! servers, and `/dial`, which probes from inside the pod); `scripts/k8s-e2e.sh` builds it
+//! and the lab imports it on every node. Needs root, the components of
+//! `scripts/k8s-components.sh` and the agnhost image; without them the test FAILS naming what
+//! is missing. The lab has a unique name and is removed by a guard, also when an assertion
+//! fails.
+//!
+//! `cargo test -p tern-ctl --test lab_kube_netpol -- --nocapture`
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_norway::Value;
+use tern_lab::kube;
+use tern_lab::netpol;
+
+mod common;
+use common::ternctl;
+
+const CASES: &str = "/work/shared/conformance/netpol_cases.yaml";
+/// Nodes of the cluster; pods are spread round-robin.
+const NODES: usize = 2;
+/// How long one probe waits for its answer (`timeout` around the in-pod request; a denied
+/// probe costs this much, all probes of a round run at once).
+const PROBE_SECS: u32 = 2;
+/// How long a step may take to show its expected matrices (kubectl apply, the API server,
+/// both nodes' ternd watches, nftables).
+const STEP_DEADLINE: Duration = Duration::from_secs(25);
+
+/// The cluster, removed when dropped.
+struct Cluster {
+    name: String,
+    k8s: PathBuf,
+    kubeconfig: PathBuf,
+    cache: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Err(e) = tern_lab::down(&self.name) {
+            eprintln!("teardown of lab {}: {e}", self.name);
+        }
+    }
+}
+
+impl Cluster {
+    fn kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(self.k8s.join("kubectl"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args)
+            .output()
+            .map_err(|e| format!("kubectl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    fn must(&self, args: &[&str]) -> String {
+        self.kubectl(args)
+            .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()))
+    }
+
+    /// `kubectl apply -f <file>` of `yaml`.
+    fn apply(&self, what: &str, yaml: &str) -> Result<String, String> {
+        let p = self.cache.path().join(format!("{what}.yaml"));
+        std::fs::write(&p, yaml).map_err(|e| format!("{}: {e}", p.display()))?;
+        self.kubectl(&["apply", "-f", p.to_str().unwrap()])
+    }
+
+    fn must_apply(&self, what: &str, yaml: &str) {
+        self.apply(what, yaml)
+            .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()));
+    }
+
+    /// The tern-node pods and their ternd logs, the nodes' component logs.
+    fn diagnostics(&self) -> String {
+        let mut out = String::from("\n");
+        out.push_str(
+            &self
+                .kubectl(&["get", "pods", "-A", "-o", "wide"])
+                .unwrap_or_else(|e| e),
+        );
+        out.push_str(
+            &self
+                .kubectl(&[
+                    "-n",
+                    "kube-system",
+                    "logs",
+                    "-l",
+                    "k8s-app=tern-node",
+                    "-c",
+                    "ternd",
+                    "--tail",
+                    "15",
+                ])
+                .unwrap_or_else(|e| e),
+        );
+        if let Ok(Some(st)) = tern_lab::LabState::load(&self.name)
+            && let Some(k) = &st.kube
+        {
+            for n in &k.nodes {
+                for p in &n.procs {
+                    let _ = write!(out, "\n--- {} {} ---\n{}", n.name, p.name, p.log_tail(6));
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits until every pod of `namespace` is Ready.
+    fn wait_pods(&self, namespace: &str) {
+        self.kubectl(&[
+            "-n",
+            namespace,
+            "wait",
+            "--for=condition=Ready",
+            "pod",
+            "--all",
+            "--timeout=180s",
+        ])
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}{}",
+                self.kubectl(&["-n", namespace, "describe", "pods"])
+                    .unwrap_or_default(),
+                self.diagnostics()
+            )
+        });
+    }
+
+    /// `namespace/name address` of every pod (or Service: `kind` "svc", ClusterIP) of the
+    /// namespaces.
+    fn addresses(&self, kind: &str, namespaces: &[&str]) -> BTreeMap<String, String> {
+        let path = if kind == "svc" {
+            "{.spec.clusterIP}"
+        } else {
+            "{.status.podIP}"
+        };
+        let mut out = BTreeMap::new();
+        for ns in namespaces {
+            let text = self.must(&[
+                "-n",
+                ns,
+                "get",
+                kind,
+                "-o",
+                &format!(r#"jsonpath={{range .items[*]}}{{.metadata.name}} {path}{{"\n"}}{{end}}"#),
+            ]);
+            for l in text.lines() {
+                let (name, ip) = l.split_once(' ').unwrap_or((l, ""));
+                assert!(!ip.is_empty(), "{kind} {ns}/{name} has no address");
+                out.insert(format!("{ns}/{name}"), ip.to_string());
+            }
+        }
+        out
+    }
+
+    /// Runs the probes of `reqs` from pod `ns/pod` (container `container`, whose netexec
+    /// listens on `local_port`), all at once: `(protocol, host, port)` with protocol `http`,
+    /// `udp` or `sctp`, each one netexec `/dial` with one try, given [`PROBE_SECS`]. The answer
+    /// of each (`None`: no answer).
+    fn probe(
+        &self,
+        from: &str,
+        container: &str,
+        local_port: u16,
+        reqs: &[(&str, String, u16)],
+    ) -> Result<Vec<Option<String>>, String> {
+        let (ns, pod) = from.split_once('/').unwrap();
+        let mut script = format!(
+            "p() {{ r=$(timeout {PROBE_SECS} wget -qO- \"http://127.0.0.1:{local_port}/dial?request=hostname&protocol=$2&host=$3&port=$4&tries=1\" 2>/dev/null); echo \"$1 $r\"; }}\n"
+        );
+        for (i, (proto, host, port)) in reqs.iter().enumerate() {
+            let _ = writeln!(script, "p {i} {proto} {host} {port} &");
+        }
+        script.push_str("wait\n");
+        let out = self.kubectl(&[
+            "-n", ns, "exec", pod, "-c", container, "--", "sh", "-c", &script,
+        ])?;
+        let mut answers = vec![None; reqs.len()];
+        for l in out.lines() {
+            let (i, rest) = l.split_once(' ').unwrap_or((l, ""));
+            let Ok(i) = i.parse::<usize>() else { continue };
+            // netexec answers {"responses":["<hostname>"]} or {"errors":[...]}.
+            let v: serde_json::Value = serde_json::from_str(rest).unwrap_or_default();
+            if let Some(r) = v["responses"].as_array().and_then(|a| a.first())
+                && i < answers.len()
+            {
+                answers[i] = Some(r.as_str().unwrap_or_default().to_string());
+            }
+        }
+        Ok(answers)
+    }
+}
+
+fn yaml_labels(v: &Value) -> BTreeMap<String, String> {
+    v.as_mapping()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().unwrap().to_string(),
+                        v.as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `s` as a YAML scalar that stays a string (`y` is a boolean to kubectl's YAML 1.1).
+fn q(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+/// Labels as a YAML flow map of quoted strings.
+fn flow(labels: &BTreeMap<String, String>) -> String {
+    let items: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{}: {}", serde_json::json!(k), serde_json::json!(v)))
+        .collect();
+    format!("{{{}}}", items.join(", "))
+}
+
+/// A transport of the truth tables and how netexec's `/dial` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum L4 {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl L4 {
+    fn parse(s: &str) -> L4 {
+        match s {
+            "TCP" => L4::Tcp,
+            "UDP" => L4::Udp,
+            "SCTP" => L4::Sctp,
+            other => panic!("unknown protocol {other}"),
+        }
+    }
+    fn dial(self) -> &'static str {
+        match self {
+            L4::Tcp => "http",
+            L4::Udp => "udp",
+            L4::Sctp => "sctp",
+        }
+    }
+    fn k8s(self) -> &'static str {
+        match self {
+            L4::Tcp => "TCP",
+            L4::Udp => "UDP",
+            L4::Sctp => "SCTP",
+        }
+    }
+}
+
+/// The x/y/z model on the cluster.
+struct Model {
+    /// Pod ids (`ns/name`) in matrix-column order.
+    cols: Vec<String>,
+    pod_ip: BTreeMap<String, String>,
+    svc_ip: BTreeMap<String, String>,
+    ns_labels: BTreeMap<String, BTreeMap<String, String>>,
+    pod_labels: BTreeMap<String, BTreeMap<String, String>>,
+    node_of: BTreeMap<String, String>,
+    l4s: Vec<L4>,
+}
+
+/// A server pod: one netexec container per port, serving HTTP (TCP), UDP (and SCTP) there,
+/// with the model's named container ports. The pod shares one PID namespace, so the pause
+/// process is PID 1 and reaps what the probes orphan (busybox `timeout` leaves its watcher
+/// child behind; netexec as PID 1 would keep it a zombie, and thousands of them exhaust the
+/// machine's PIDs).
+fn model_pod(
+    ns: &str,
+    name: &str,
+    node: &str,
+    labels: &BTreeMap<String, String>,
+    ports: &[(String, u16, L4)],
+    l4s: &[L4],
+) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\n  namespace: {}\n  labels: {}\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  shareProcessNamespace: true\n  containers:\n",
+        q(name),
+        q(ns),
+        flow(labels)
+    );
+    for port in [80u16, 81] {
+        let mut args = format!("[netexec, --http-port={port}, --udp-port={port}");
+        if l4s.contains(&L4::Sctp) {
+            let _ = write!(args, ", --sctp-port={port}");
+        }
+        args.push(']');
+        let _ = write!(
+            y,
+            "  - name: c{port}\n    image: {}\n    imagePullPolicy: Never\n    args: {args}\n    ports:\n",
+            kube::AGNHOST_IMAGE
+        );
+        for (pname, p, l4) in ports {
+            if *p == port && l4s.contains(l4) {
+                let _ = writeln!(
+                    y,
+                    "    - {{name: {pname}, containerPort: {p}, protocol: {}}}",
+                    l4.k8s()
+                );
+            }
+        }
+    }
+    y
+}
+
+/// The ClusterIP Service in front of one model pod (all its ports).
+fn model_service(ns: &str, name: &str, l4s: &[L4]) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {}\n  namespace: {}\nspec:\n  selector: {{pod: {}}}\n  ports:\n",
+        q(name),
+        q(ns),
+        q(name)
+    );
+    for l4 in l4s {
+        for port in [80, 81] {
+            let _ = writeln!(
+                y,
+                "  - {{name: {}-{port}, port: {port}, targetPort: {port}, protocol: {}}}",
+                l4.dial(),
+                l4.k8s()
+            );
+        }
+    }
+    y
+}
+
+fn build_model(c: &Cluster, model: &Value, l4s: &[L4]) -> Model {
+    let mut ns_labels = BTreeMap::new();
+    let mut namespaces = Vec::new();
+    for ns in model["namespaces"].as_sequence().unwrap() {
+        let name = ns["name"].as_str().unwrap().to_string();
+        let l = yaml_labels(&ns["labels"]);
+        c.must_apply(
+            &format!("ns-{name}"),
+            &format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n  labels: {}\n",
+                q(&name),
+                flow(&l)
+            ),
+        );
+        ns_labels.insert(name.clone(), l);
+        namespaces.push(name);
+    }
+    // Pods are created in a namespace only once its default ServiceAccount exists.
+    for ns in &namespaces {
+        common::wait_until(
+            &format!("the default ServiceAccount of {ns}"),
+            60,
+            String::new,
+            || {
+                c.kubectl(&["-n", ns, "get", "serviceaccount", "default"])
+                    .err()
+            },
+        );
+    }
+    let ports: Vec<(String, u16, L4)> = model["container_ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["containerPort"].as_u64().unwrap() as u16,
+                L4::parse(p["protocol"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    let mut pod_labels = BTreeMap::new();
+    let mut node_of = BTreeMap::new();
+    let mut all = String::new();
+    for (i, p) in model["pods"].as_sequence().unwrap().iter().enumerate() {
+        let ns = p["namespace"].as_str().unwrap();
+        let name = p["name"].as_str().unwrap();
+        let node = format!("node{}", i % NODES + 1);
+        let labels = yaml_labels(&p["labels"]);
+        all.push_str("---\n");
+        all.push_str(&model_pod(ns, name, &node, &labels, &ports, l4s));
+        all.push_str("---\n");
+        all.push_str(&model_service(ns, name, l4s));
+        pod_labels.insert(format!("{ns}/{name}"), labels);
+        node_of.insert(format!("{ns}/{name}"), node);
+    }
+    c.must_apply("model", &all);
+    let nss: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    for ns in &nss {
+        c.wait_pods(ns);
+    }
+    let cols: Vec<String> = model["matrix_columns"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    Model {
+        pod_ip: c.addresses("pod", &nss),
+        svc_ip: c.addresses("svc", &nss),
+        cols,
+        ns_labels,
+        pod_labels,
+        node_of,
+        l4s: l4s.to_vec(),
+    }
+}
+
+/// One truth table: `(l4, port)` and `want[from][to]`.
+struct Table {
+    l4: L4,
+    port: u16,
+    want: Vec<Vec<bool>>,
+}
+
+/// A round's results: per table, `[from][to]` to the pod address and to its Service.
+struct Round {
+    pod: Vec<Vec<Vec<bool>>>,
+    svc: Vec<Vec<Vec<bool>>>,
+}
+
+/// One round of probes: every source pod (in parallel) probes every destination, for every
+/// table, at the pod address and the Service address.
+fn probe_round(c: &Cluster, m: &Model, tables: &[Table]) -> Result<Round, String> {
+    let n = m.cols.len();
+    let mut reqs = Vec::new();
+    for t in tables {
+        for to in &m.cols {
+            reqs.push((t.l4.dial(), m.pod_ip[to].clone(), t.port));
+            reqs.push((t.l4.dial(), m.svc_ip[to].clone(), t.port));
+        }
+    }
+    let answers: Vec<Result<Vec<Option<String>>, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = m
+            .cols
+            .iter()
+            .map(|from| {
+                let reqs = &reqs;
+                s.spawn(move || c.probe(from, "c80", 80, reqs))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut r = Round {
+        pod: vec![vec![vec![false; n]; n]; tables.len()],
+        svc: vec![vec![vec![false; n]; n]; tables.len()],
+    };
+    for (i, a) in answers.into_iter().enumerate() {
+        let a = a?;
+        for t in 0..tables.len() {
+            for j in 0..n {
+                r.pod[t][i][j] = a[(t * n + j) * 2].is_some();
+                r.svc[t][i][j] = a[(t * n + j) * 2 + 1].is_some();
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// Probes until the round matches `tables` or [`STEP_DEADLINE`] passes. Returns the
+/// differences of the last round (empty: matched), the number of matching probes and the
+/// number of probes. The diagonal (a pod to itself) is expected open at its own address
+/// (the packet never leaves the pod) and not asserted through its Service (a hairpin,
+/// which upstream does not assert either).
+fn wait_tables(c: &Cluster, m: &Model, tables: &[Table]) -> (Vec<String>, usize, usize) {
+    let t0 = Instant::now();
+    loop {
+        let mut diffs = Vec::new();
+        let (mut ok, mut total) = (0, 0);
+        match probe_round(c, m, tables) {
+            Err(e) => diffs.push(format!("probe round failed: {e}")),
+            Ok(r) => {
+                for (ti, t) in tables.iter().enumerate() {
+                    for (i, from) in m.cols.iter().enumerate() {
+                        for (j, to) in m.cols.iter().enumerate() {
+                            let want = i == j || t.want[i][j];
+                            total += 1;
+                            if r.pod[ti][i][j] == want {
+                                ok += 1;
+                            } else {
+                                diffs.push(format!(
+                                    "{}/{} {from} -> {to} ({}): want {}, got {}",
+                                    t.l4.k8s(),
+                                    t.port,
+                                    m.pod_ip[to],
+                                    verdict(want),
+                                    verdict(r.pod[ti][i][j])
+                                ));
+                            }
+                            if i == j {
+                                continue;
+                            }
+                            total += 1;
+                            if r.svc[ti][i][j] == t.want[i][j] {
+                                ok += 1;
+                            } else {
+                                diffs.push(format!(
+                                    "{}/{} {from} -> Service {to} ({}): want {}, got {}",
+                                    t.l4.k8s(),
+                                    t.port,
+                                    m.svc_ip[to],
+                                    verdict(t.want[i][j]),
+                                    verdict(r.svc[ti][i][j])
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if diffs.is_empty() || t0.elapsed() > STEP_DEADLINE {
+            return (diffs, ok, total);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn verdict(open: bool) -> &'static str {
+    if open { "allowed" } else { "denied" }
+}
+
+/// The truth tables of a step, for the transports probed.
+fn step_tables(step: &Value, m: &Model) -> Vec<Table> {
+    let mut out = Vec::new();
+    for (pp, rows) in step["expected"].as_mapping().unwrap() {
+        let (proto, port) = pp.as_str().unwrap().split_once('/').unwrap();
+        let l4 = L4::parse(proto);
+        if !m.l4s.contains(&l4) {
+            continue;
+        }
+        let n = m.cols.len();
+        let mut want = vec![vec![true; n]; n];
+        for (from, row) in rows.as_mapping().unwrap() {
+            let i = m
+                .cols
+                .iter()
+                .position(|c| c == from.as_str().unwrap())
+                .unwrap();
+            for (j, g) in row.as_str().unwrap().chars().enumerate() {
+                want[i][j] = g == '.';
+            }
+        }
+        out.push(Table {
+            l4,
+            port: port.parse().unwrap(),
+            want,
+        });
+    }
+    out
+}
+
+fn open_tables(m: &Model) -> Vec<Table> {
+    let n = m.cols.len();
+    m.l4s
+        .iter()
+        .flat_map(|&l4| [80, 81].map(|port| (l4, port)))
+        .map(|(l4, port)| Table {
+            l4,
+            port,
+            want: vec![vec![true; n]; n],
+        })
+        .collect()
+}
+
+/// What a case changed besides its policies.
+#[derive(Default)]
+struct Touched {
+    ns: Vec<String>,
+    pods: Vec<String>,
+}
+
+fn apply_action(c: &Cluster, m: &Model, t: &mut Touched, action: &Value) -> Result<(), String> {
+    let (kind, arg) = action.as_mapping().unwrap().iter().next().unwrap();
+    match kind.as_str().unwrap() {
+        "create_policy" | "update_policy" => {
+            // As JSON: kubectl reads YAML 1.1, where the namespace `y` is a boolean.
+            let mut text = serde_json::to_string(arg).map_err(|e| e.to_string())?;
+            for (id, ip) in &m.pod_ip {
+                text = text.replace(&format!("{{{{ip:{id}}}}}"), ip);
+            }
+            c.apply("policy", &text)?;
+        }
+        "delete_all_policies" => {
+            c.kubectl(&["delete", "networkpolicy", "--all", "--all-namespaces"])?;
+        }
+        "add_namespace_labels" => {
+            let ns = arg["namespace"].as_str().unwrap();
+            let mut args = vec!["label", "--overwrite", "namespace", ns];
+            let kv: Vec<String> = yaml_labels(&arg["labels"])
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            args.extend(kv.iter().map(String::as_str));
+            c.kubectl(&args)?;
+            t.ns.push(ns.to_string());
+        }
+        "add_pod_labels" => {
+            let pod = arg["pod"].as_str().unwrap();
+            let (ns, name) = pod.split_once('/').unwrap();
+            let mut args = vec!["-n", ns, "label", "--overwrite", "pod", name];
+            let kv: Vec<String> = yaml_labels(&arg["labels"])
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            args.extend(kv.iter().map(String::as_str));
+            c.kubectl(&args)?;
+            t.pods.push(pod.to_string());
+        }
+        other => return Err(format!("unknown action {other}")),
+    }
+    Ok(())
+}
+
+/// `kubectl label` arguments that turn `now` back into `want`.
+fn relabel(now: &BTreeMap<String, String>, want: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out: Vec<String> = now
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .map(|k| format!("{k}-"))
+        .collect();
+    out.extend(
+        want.iter()
+            .filter(|(k, v)| now.get(*k) != Some(v))
+            .map(|(k, v)| format!("{k}={v}")),
+    );
+    out
+}
+
+fn current_labels(c: &Cluster, args: &[&str]) -> Result<BTreeMap<String, String>, String> {
+    let mut a = args.to_vec();
+    a.extend(["-o", "jsonpath={.metadata.labels}"]);
+    let text = c.kubectl(&a)?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{text}: {e}"))?;
+    Ok(v.as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Deletes every policy and restores the labels a case changed.
+fn reset(c: &Cluster, m: &Model, t: &mut Touched) -> Result<(), String> {
+    c.kubectl(&["delete", "networkpolicy", "--all", "--all-namespaces"])?;
+    for ns in t.ns.drain(..) {
+        let now = current_labels(c, &["get", "namespace", &ns])?;
+        // The API server's own label stays as it is.
+        let mut want = m.ns_labels[&ns].clone();
+        if let Some(v) = now.get("kubernetes.io/metadata.name") {
+            want.insert("kubernetes.io/metadata.name".into(), v.clone());
+        }
+        let kv = relabel(&now, &want);
+        if !kv.is_empty() {
+            let mut args = vec!["label", "--overwrite", "namespace", &ns];
+            args.extend(kv.iter().map(String::as_str));
+            c.kubectl(&args)?;
+        }
+    }
+    for pod in t.pods.drain(..) {
+        let (ns, name) = pod.split_once('/').unwrap();
+        let now = current_labels(c, &["-n", ns, "get", "pod", name])?;
+        let kv = relabel(&now, &m.pod_labels[&pod]);
+        if !kv.is_empty() {
+            let mut args = vec!["-n", ns, "label", "--overwrite", "pod", name];
+            args.extend(kv.iter().map(String::as_str));
+            c.kubectl(&args)?;
+        }
+    }
+    Ok(())
+}
+
+/// Part 1; the failed cases' reports.
+fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
+    let open = open_tables(m);
+    let t0 = Instant::now();
+    let (diffs, ok, total) = wait_tables(c, m, &open);
+    assert!(
+        diffs.is_empty(),
+        "without policies every pod must reach every pod and Service ({ok}/{total} after {:?}):\n{}{}",
+        t0.elapsed(),
+        diffs.join("\n"),
+        c.diagnostics()
+    );
+    println!(
+        "netpol: open matrix {ok}/{total} probes in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    let cases = doc["cases"].as_sequence().unwrap();
+    let mut failed = Vec::new();
+    let (mut probes_ok, mut probes) = (0, 0);
+    let started = Instant::now();
+    for case in cases {
+        let id = case["id"].as_str().unwrap();
+        let t1 = Instant::now();
+        let mut touched = Touched::default();
+        let mut problems = Vec::new();
+        let (mut case_ok, mut case_total) = (0, 0);
+        for (si, step) in case["steps"].as_sequence().unwrap().iter().enumerate() {
+            for a in step["actions"].as_sequence().unwrap() {
+                if let Err(e) = apply_action(c, m, &mut touched, a) {
+                    problems.push(format!("  step {si}: {e}"));
+                }
+            }
+            let (diffs, ok, total) = wait_tables(c, m, &step_tables(step, m));
+            case_ok += ok;
+            case_total += total;
+            problems.extend(diffs.into_iter().map(|d| format!("  step {si}: {d}")));
+        }
+        if let Err(e) = reset(c, m, &mut touched) {
+            problems.push(format!("  reset: {e}"));
+        }
+        // Open again before the next case, so its first round does not see this one.
+        let (diffs, _, _) = wait_tables(c, m, &open);
+        problems.extend(diffs.into_iter().map(|d| format!("  after reset: {d}")));
+        probes_ok += case_ok;
+        probes += case_total;
+        println!(
+            "netpol {} {id} {case_ok}/{case_total} ({:.1}s) {}",
+            if problems.is_empty() { "PASS" } else { "FAIL" },
+            t1.elapsed().as_secs_f64(),
+            case["name"].as_str().unwrap_or("")
+        );
+        if !problems.is_empty() {
+            let shown = problems.len().min(12);
+            failed.push(format!(
+                "{id}:\n{}{}",
+                problems[..shown].join("\n"),
+                if problems.len() > shown {
+                    format!("\n  ... {} more", problems.len() - shown)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+    }
+    println!(
+        "netpol conformance through kubectl: {} cases, {} passed, {} failed; {probes_ok}/{probes} probes as expected; {:.1}s",
+        cases.len(),
+        cases.len() - failed.len(),
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    failed
+}
+
+// ---------------------------------------------------------------- part 2
+
+const SVC_NS: &str = "svc";
+
+/// A netexec pod in [`SVC_NS`]: servers on `port` (HTTP and UDP).
+fn svc_pod(name: &str, node: &str, labels: &str, port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {SVC_NS}\n  labels: {labels}\nspec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  shareProcessNamespace: true\n  containers:\n  - name: c\n    image: {}\n    imagePullPolicy: Never\n    args: [netexec, --http-port={port}, --udp-port={port}]\n",
+        kube::AGNHOST_IMAGE
+    )
+}
+
+fn svc(name: &str, selector: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {SVC_NS}\nspec:\n  selector: {selector}\n  ports:\n  - {{name: tcp, port: 80, targetPort: 80, protocol: TCP}}\n  - {{name: udp, port: 80, targetPort: 80, protocol: UDP}}\n"
+    )
+}
+
+/// Only `access: "yes"` pods may reach the backends, on TCP and UDP 80.
+const BACKEND_POLICY: &str = r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: backends, namespace: svc}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {access: "yes"}}
+    ports:
+    - {protocol: TCP, port: 80}
+    - {protocol: UDP, port: 80}
+"#;
+
+/// `egress: web-only` pods may send only to the backends (by pod selector: a ClusterIP
+/// passes only if egress is evaluated on the DNATed destination).
+const EGRESS_POLICY: &str = r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-only, namespace: svc}
+spec:
+  podSelector: {matchLabels: {egress: web-only}}
+  policyTypes: [Egress]
+  egress:
+  - to:
+    - podSelector: {matchLabels: {app: web}}
+    ports:
+    - {protocol: TCP, port: 80}
+    - {protocol: UDP, port: 80}
+"#;
+
+/// Tries per client and destination: enough that a two-backend Service shows both (a miss
+/// of one has probability 2^-15).
+const SVC_TRIES: usize = 16;
+
+/// What one client must see at one destination: the backends (pod names) that answer.
+struct Expect {
+    from: &'static str,
+    proto: &'static str,
+    host: String,
+    port: u16,
+    what: String,
+    want: Vec<String>,
+}
+
+fn expect(
+    from: &'static str,
+    proto: &'static str,
+    host: &str,
+    port: u16,
+    what: &str,
+    want: &[&str],
+) -> Expect {
+    Expect {
+        from,
+        proto,
+        host: host.to_string(),
+        port,
+        what: what.to_string(),
+        want: want.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Probes every expectation ([`SVC_TRIES`] times; one `kubectl exec` per client, all
+/// clients at once) until all hold or [`STEP_DEADLINE`] passes; the ones that do not.
+fn check(c: &Cluster, phase: &str, expect: &[Expect]) -> Vec<String> {
+    let mut clients: Vec<&'static str> = expect.iter().map(|e| e.from).collect();
+    clients.sort();
+    clients.dedup();
+    let t0 = Instant::now();
+    loop {
+        let answers: BTreeMap<&str, Result<Vec<Option<String>>, String>> =
+            std::thread::scope(|s| {
+                let hs: Vec<_> = clients
+                    .iter()
+                    .map(|&from| {
+                        let reqs: Vec<(&str, String, u16)> = expect
+                            .iter()
+                            .filter(|e| e.from == from)
+                            .flat_map(|e| (0..SVC_TRIES).map(|_| (e.proto, e.host.clone(), e.port)))
+                            .collect();
+                        s.spawn(move || {
+                            (from, c.probe(&format!("{SVC_NS}/{from}"), "c", 8080, &reqs))
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+        let mut bad = Vec::new();
+        let mut next: BTreeMap<&str, usize> = BTreeMap::new();
+        for e in expect {
+            let i = next.entry(e.from).or_default();
+            let got = match &answers[e.from] {
+                Err(err) => {
+                    bad.push(format!("{phase}: {} -> {}: {err}", e.from, e.what));
+                    continue;
+                }
+                Ok(a) => {
+                    let mut g: Vec<String> =
+                        a[*i..*i + SVC_TRIES].iter().flatten().cloned().collect();
+                    g.sort();
+                    g.dedup();
+                    g
+                }
+            };
+            *i += SVC_TRIES;
+            if got != e.want {
+                bad.push(format!(
+                    "{phase}: {} -> {} over {}: want {:?}, got {got:?}",
+                    e.from, e.what, e.proto, e.want
+                ));
+            }
+        }
+        if bad.is_empty() || t0.elapsed() > STEP_DEADLINE {
+            return bad;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Part 2. Returns the lines to print or the problems.
+fn service_policy(c: &Cluster) -> Result<Vec<String>, Vec<String>> {
+    c.must_apply(
+        "svc-ns",
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {SVC_NS}\n"),
+    );
+    common::wait_until("the default ServiceAccount of svc", 60, String::new, || {
+        c.kubectl(&["-n", SVC_NS, "get", "serviceaccount", "default"])
+            .err()
+    });
+    let mut all = String::new();
+    for (name, node, labels, port) in [
+        ("web-1", "node1", "{app: web}", 80),
+        ("web-2", "node2", "{app: web, tier: far}", 80),
+        ("ok-1", "node1", "{access: \"yes\"}", 8080),
+        ("ok-2", "node2", "{access: \"yes\"}", 8080),
+        ("no-1", "node1", "{access: \"no\"}", 8080),
+        ("no-2", "node2", "{}", 8080),
+        ("eg-1", "node1", "{access: \"yes\", egress: web-only}", 8080),
+    ] {
+        all.push_str("---\n");
+        all.push_str(&svc_pod(name, node, labels, port));
+    }
+    for (name, sel) in [("web", "{app: web}"), ("far", "{tier: far}")] {
+        all.push_str("---\n");
+        all.push_str(&svc(name, sel));
+    }
+    c.must_apply("svc-objects", &all);
+    c.wait_pods(SVC_NS);
+    let pods = c.addresses("pod", &[SVC_NS]);
+    let svcs = c.addresses("svc", &[SVC_NS]);
+    let web = &svcs["svc/web"];
+    let far = &svcs["svc/far"];
+    let web2 = &pods["svc/web-2"];
+    let ok2 = &pods["svc/ok-2"];
+    let clients = ["ok-1", "ok-2", "no-1", "no-2", "eg-1"];
+    let both = ["web-1", "web-2"];
+    let mut lines = Vec::new();
+    let mut problems = Vec::new();
+
+    // Before any policy: every client reaches both backends through `web`, web-2 through
+    // `far` and directly; eg-1 reaches ok-2's server.
+    let mut open = Vec::new();
+    for cl in clients {
+        for proto in ["http", "udp"] {
+            open.push(expect(
+                cl,
+                proto,
+                web,
+                80,
+                &format!("Service web {web}"),
+                &both,
+            ));
+            open.push(expect(
+                cl,
+                proto,
+                far,
+                80,
+                &format!("Service far {far}"),
+                &["web-2"],
+            ));
+            open.push(expect(
+                cl,
+                proto,
+                web2,
+                80,
+                &format!("pod web-2 {web2}"),
+                &["web-2"],
+            ));
+        }
+    }
+    for proto in ["http", "udp"] {
+        open.push(expect(
+            "eg-1",
+            proto,
+            ok2,
+            8080,
+            &format!("pod ok-2 {ok2}:8080"),
+            &["ok-2"],
+        ));
+    }
+    let t0 = Instant::now();
+    let bad = check(c, "no policy", &open);
+    if !bad.is_empty() {
+        problems.extend(bad);
+        problems.push(c.diagnostics());
+        return Err(problems);
+    }
+    lines.push(format!(
+        "service policy: without policies {} clients reach both backends of web and the node2 backend of far over TCP and UDP ({:.1}s)",
+        clients.len(),
+        t0.elapsed().as_secs_f64()
+    ));
+
+    // The backends' ingress policy; the egress-restricted client's policy.
+    if let Err(e) = c.apply(
+        "svc-policies",
+        &format!("{BACKEND_POLICY}---\n{EGRESS_POLICY}"),
+    ) {
+        return Err(vec![e]);
+    }
+    let t0 = Instant::now();
+    let mut with = Vec::new();
+    for cl in clients {
+        let allowed = cl.starts_with("ok") || cl.starts_with("eg");
+        let (b, f): (&[&str], &[&str]) = if allowed {
+            (&both, &["web-2"])
+        } else {
+            (&[], &[])
+        };
+        for proto in ["http", "udp"] {
+            with.push(expect(cl, proto, web, 80, &format!("Service web {web}"), b));
+            with.push(expect(cl, proto, far, 80, &format!("Service far {far}"), f));
+            // Directly too: the Service is no way around the policy.
+            with.push(expect(cl, proto, web2, 80, &format!("pod web-2 {web2}"), f));
+        }
+    }
+    // The egress-restricted client reaches nothing but the backends: not ok-2's server.
+    for proto in ["http", "udp"] {
+        with.push(expect(
+            "eg-1",
+            proto,
+            ok2,
+            8080,
+            &format!("pod ok-2 {ok2}:8080"),
+            &[],
+        ));
+    }
+    let bad = check(c, "with policies", &with);
+    if bad.is_empty() {
+        lines.push(format!(
+            "service policy: allowed clients on node1 and node2 reach both backends (one per node) through ClusterIP {web} and the node2 backend through {far}, over TCP and UDP; denied clients reach none, through the Services or directly; the egress-restricted client reaches the backends through the ClusterIPs and not ok-2 ({:.1}s after kubectl apply)",
+            t0.elapsed().as_secs_f64()
+        ));
+    }
+    problems.extend(bad);
+
+    // Deleting the policies opens everything again.
+    if let Err(e) = c.kubectl(&["-n", SVC_NS, "delete", "networkpolicy", "--all"]) {
+        problems.push(e);
+    }
+    problems.extend(check(c, "policies deleted", &open));
+    if problems.is_empty() {
+        Ok(lines)
+    } else {
+        problems.push(c.diagnostics());
+        Err(problems)
+    }
+}
+
+#[test]
+fn netpol_conformance_and_service_policy_through_kubectl() {
+    let k8s = common::kube_preconditions("lab_kube_netpol");
+    let agnhost = kube::images_dir(&k8s).join("agnhost.tar");
+    assert!(
+        agnhost.is_file(),
+        "lab_kube_netpol needs the agnhost image {} (build it with `bash scripts/k8s-e2e.sh`)",
+        agnhost.display()
+    );
+    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
+    let name = common::lab_name("knp");
+    let mut c = Cluster {
+        name: name.clone(),
+        k8s: k8s.clone(),
+        kubeconfig: PathBuf::new(),
+        cache: tempfile::tempdir().expect("tempdir"),
+    };
+    let t0 = Instant::now();
+    let out = Command::new(ternctl())
+        .env_remove("TERN_STORE")
+        .args(["lab", "--name", &name, "--bin-dir"])
+        .arg(common::fresh_binaries())
+        .args(["up", "--nodes", &NODES.to_string(), "--kubernetes"])
+        .arg("--k8s-bin-dir")
+        .arg(&k8s)
+        .output()
+        .expect("ternctl runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "lab up --kubernetes failed:\n{stdout}\n{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        c.diagnostics()
+    );
+    let export = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("export KUBECONFIG="))
+        .unwrap_or_else(|| panic!("no `export KUBECONFIG=` in:\n{stdout}"));
+    c.kubeconfig = PathBuf::from(export.trim());
+    println!(
+        "netpol: lab up --nodes {NODES} --kubernetes in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    let st = tern_lab::LabState::load(&name).unwrap().unwrap();
+    let sctp = tern_lab::netns::in_netns(&st.nodes[0].netns, netpol::sctp_available).unwrap();
+    let l4s = match &sctp {
+        Ok(()) => vec![L4::Tcp, L4::Udp, L4::Sctp],
+        Err(why) => {
+            tern_testkit::kernel_limit("sctp", format!("probing TCP and UDP only: {why}"));
+            vec![L4::Tcp, L4::Udp]
+        }
+    };
+    let t1 = Instant::now();
+    let m = build_model(&c, &doc["model"], &l4s);
+    println!(
+        "netpol: 9 pods and 9 Services in x/y/z on {NODES} nodes in {:.1}s ({})",
+        t1.elapsed().as_secs_f64(),
+        m.cols
+            .iter()
+            .map(|p| format!("{p} {} {}", m.node_of[p], m.pod_ip[p]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut problems = conformance(&c, &m, &doc);
+    match service_policy(&c) {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(p) => problems.extend(p),
+    }
+    println!("netpol: total {:.1}s", t0.elapsed().as_secs_f64());
+    assert!(
+        problems.is_empty(),
+        "{} problems:\n{}{}",
+        problems.len(),
+        problems.join("\n"),
+        c.diagnostics()
+    );
+}

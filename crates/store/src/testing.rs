@@ -1,0 +1,141 @@
+//! A store for tests that watches or disturbs the calls of the code under test: [`Hooked`]
+//! forwards every call to an inner store after asking its [`Hook`], which may count the call,
+//! fail it, or let it apply and then lose the answer (an ambiguous write, as after a timeout).
+//!
+//! Behind the `test-support` feature, like the conformance suite.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{KeyValue, Result, Store, StoreError, Txn, TxnResponse, Watch};
+
+/// A call of a [`Hooked`] store that its hook sees before it is forwarded.
+#[derive(Debug)]
+pub enum Call<'a> {
+    /// [`Store::get`] of this key.
+    Get(&'a str),
+    /// [`Store::range`] of this prefix.
+    Range(&'a str),
+    /// [`Store::txn`] (every write goes through it).
+    Txn(&'a Txn),
+}
+
+/// What a [`Hook`] makes of a call.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Forward it to the inner store.
+    Forward,
+    /// Fail with this error without forwarding.
+    Fail(StoreError),
+    /// Forward it, then report this error instead of the answer (when forwarding itself
+    /// succeeded).
+    ApplyThenFail(StoreError),
+}
+
+/// Decides about each get, range and txn of a [`Hooked`] store; keeps whatever the test reads
+/// back (counters, armed faults).
+pub trait Hook: Send + Sync {
+    /// Called before `call` is forwarded.
+    fn before(&self, call: &Call<'_>) -> Verdict;
+}
+
+/// A store forwarding to `inner`, with `hook` consulted before each get, range and txn; the
+/// other calls (revision, watches, leases) are forwarded as they are.
+pub struct Hooked<H> {
+    /// The store calls are forwarded to.
+    pub inner: Arc<dyn Store>,
+    /// The test's hook, readable while the store is in use.
+    pub hook: H,
+}
+
+impl<H: Hook> Hooked<H> {
+    /// A hooked store over `inner`, shareable as `Arc<dyn Store>`.
+    pub fn new(inner: Arc<dyn Store>, hook: H) -> Arc<Hooked<H>> {
+        Arc::new(Hooked { inner, hook })
+    }
+
+    fn through<T>(&self, call: Call<'_>, forward: impl FnOnce() -> Result<T>) -> Result<T> {
+        match self.hook.before(&call) {
+            Verdict::Forward => forward(),
+            Verdict::Fail(e) => Err(e),
+            Verdict::ApplyThenFail(e) => forward().and(Err(e)),
+        }
+    }
+}
+
+impl<H: Hook> Store for Hooked<H> {
+    fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        self.through(Call::Get(key), || self.inner.get(key))
+    }
+    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
+        self.through(Call::Range(prefix), || self.inner.range(prefix))
+    }
+    fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        match self.hook.before(&Call::Txn(&txn)) {
+            Verdict::Forward => self.inner.txn(txn),
+            Verdict::Fail(e) => Err(e),
+            Verdict::ApplyThenFail(e) => self.inner.txn(txn).and(Err(e)),
+        }
+    }
+    fn revision(&self) -> Result<i64> {
+        self.inner.revision()
+    }
+    fn watch(&self, prefix: &str, after_revision: i64) -> Result<Box<dyn Watch>> {
+        self.inner.watch(prefix, after_revision)
+    }
+    fn lease_grant(&self, ttl: Duration) -> Result<i64> {
+        self.inner.lease_grant(ttl)
+    }
+    fn lease_keepalive(&self, lease: i64) -> Result<()> {
+        self.inner.lease_keepalive(lease)
+    }
+    fn lease_revoke(&self, lease: i64) -> Result<()> {
+        self.inner.lease_revoke(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::mem::MemStore;
+
+    /// Counts txns and loses the answer of every put under `/lost/` after applying it.
+    #[derive(Default)]
+    struct Lossy(AtomicUsize);
+    impl Hook for Lossy {
+        fn before(&self, call: &Call<'_>) -> Verdict {
+            match call {
+                Call::Txn(t) => {
+                    self.0.fetch_add(1, Ordering::SeqCst);
+                    let lost = t.success.iter().any(
+                        |op| matches!(op, crate::Op::Put { key, .. } if key.starts_with("/lost/")),
+                    );
+                    if lost {
+                        Verdict::ApplyThenFail(StoreError::Ambiguous("lost".into()))
+                    } else {
+                        Verdict::Forward
+                    }
+                }
+                Call::Get(k) if k.starts_with("/down/") => {
+                    Verdict::Fail(StoreError::Unavailable("down".into()))
+                }
+                _ => Verdict::Forward,
+            }
+        }
+    }
+
+    #[test]
+    fn the_hook_counts_fails_and_loses_answers() {
+        let s = Hooked::new(Arc::new(MemStore::new()), Lossy::default());
+        s.put("/a", b"1").unwrap();
+        assert!(matches!(
+            s.put("/lost/b", b"2"),
+            Err(StoreError::Ambiguous(_))
+        ));
+        assert_eq!(s.get("/lost/b").unwrap().unwrap().value, b"2", "applied");
+        assert!(matches!(s.get("/down/x"), Err(StoreError::Unavailable(_))));
+        assert_eq!(s.hook.0.load(Ordering::SeqCst), 2);
+    }
+}

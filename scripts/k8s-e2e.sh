@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# Build the upstream Kubernetes e2e test binary for the network specs, the ginkgo CLI and the
+# agnhost image the specs run, into the same cache as scripts/k8s-components.sh
+# (/var/cache/tern/k8s/<version>/). Idempotent: each artefact is rebuilt only when its recipe
+# changed, so a warm run takes seconds. The last line printed is the bin directory.
+#
+# - e2e.test: `go test -c` of a small suite package of ours (written below) that is
+#   k8s.io/kubernetes/test/e2e's e2e_test.go with only the network test sources imported
+#   (test/e2e/network, which brings test/e2e/network/netpol, and test/e2e/common, which holds
+#   "[sig-network] Networking Granular Checks"). It runs upstream's RunE2ETests, framework and
+#   specs unchanged; what is left out are the other SIGs' specs (storage, apps, node, ...), which
+#   would triple the build on 2 cores and are focused out anyway. The module recipe is
+#   k8s-components.sh's: a throwaway module requiring k8s.io/kubernetes with every k8s.io/*
+#   staging module (read from k8s.io/kubernetes's own go.mod) pinned to its release.
+# - ginkgo: github.com/onsi/ginkgo/v2/ginkgo at the version the suite links (only needed for
+#   parallel runs; `e2e.test` alone runs the specs serially).
+# - agnhost image: k8s.io/kubernetes/test/images/agnhost (static, CGO_ENABLED=0) packed with
+#   Debian's busybox-static (sh, wget, ... that specs run inside agnhost containers; upstream
+#   bases it on alpine, which we cannot pull) and the machine's curl and netcat-openbsd (with
+#   their shared libraries) as an OCI tarball tagged exactly as
+#   test/utils/image/manifest.go names it (registry.k8s.io/e2e-test-images/agnhost:<version>),
+#   so the lab imports it and the specs never pull. /agnhost is the entrypoint, `pause` the cmd.
+#
+# `bash scripts/k8s-e2e.sh --run` then also runs the specs on a lab cluster of its own: it
+# builds the above, brings up `ternctl lab up --nodes ${E2E_NODES:-2} --kubernetes` under a
+# unique name (tern installed as its DaemonSet, agnhost imported on every node), runs
+# e2e.test (through ginkgo with E2E_PROCS > 1) with the focus and skip below, prints one line
+# per spec and the counts, and takes the lab down (also on failure or Ctrl-C). Results:
+# $E2E_OUT (default /tmp/tern-e2e-<lab>): report.json (ginkgo), junit, e2e.log.
+#
+# Environment: TERN_K8S_CACHE (default /var/cache/tern); for --run: TERN_BIN_DIR (the
+# workspace's binaries, default <repo>/target/debug), E2E_FOCUS, E2E_SKIP, E2E_PROCS
+# (default 1), E2E_NODES, E2E_OUT, E2E_TIMEOUT (ginkgo's suite timeout, default 90m).
+set -euo pipefail
+RUN=0
+[ "${1:-}" = "--run" ] && RUN=1
+
+K8S_VERSION=v1.34.4
+STAGING_VERSION=v0.34.4
+K8S_BUILD_DATE=2026-02-10T12:53:36Z
+
+CACHE_ROOT=${TERN_K8S_CACHE:-/var/cache/tern}
+ROOT="$CACHE_ROOT/k8s/$K8S_VERSION"
+BIN="$ROOT/bin"
+IMAGES="$ROOT/images"
+SRC="$ROOT/src"
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+export GOPATH="$CACHE_ROOT/go/path"
+export GOMODCACHE="$GOPATH/pkg/mod"
+export GOCACHE="$CACHE_ROOT/go/cache"
+export GOTOOLCHAIN=local
+export GOFLAGS=-buildvcs=false
+export CGO_ENABLED=0
+
+log() { echo "k8s-e2e: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  PATH="/usr/local/go/bin:$PATH"
+fi
+command -v go >/dev/null 2>&1 || die "go not found in PATH or /usr/local/go/bin (Go 1.24+ is needed)"
+GO_VERSION=$(go env GOVERSION)
+mkdir -p "$BIN" "$IMAGES" "$SRC" "$GOPATH" "$GOCACHE"
+
+up_to_date() {
+  [ -x "$BIN/$1" ] && [ -f "$BIN/.$1.recipe" ] && [ "$(cat "$BIN/.$1.recipe")" = "$2" ]
+}
+mark() { printf '%s' "$2" >"$BIN/.$1.recipe"; }
+
+KMOD="$GOMODCACHE/k8s.io/kubernetes@$K8S_VERSION"
+if [ ! -f "$KMOD/go.mod" ]; then
+  log "go mod download k8s.io/kubernetes@$K8S_VERSION"
+  mkdir -p "$SRC/k8s-dl"
+  [ -f "$SRC/k8s-dl/go.mod" ] || printf 'module tern.local/k8s-dl\n\ngo 1.24.0\n' >"$SRC/k8s-dl/go.mod"
+  (cd "$SRC/k8s-dl" && go mod download k8s.io/kubernetes@"$K8S_VERSION")
+fi
+
+# The agnhost tag the e2e framework asks for (configs[Agnhost] in manifest.go).
+AGNHOST_VERSION=$(sed -n 's/.*configs\[Agnhost\] = Config{list.PromoterE2eRegistry, "agnhost", "\([^"]*\)"}.*/\1/p' \
+  "$KMOD/test/utils/image/manifest.go")
+[ -n "$AGNHOST_VERSION" ] || die "agnhost version not found in $KMOD/test/utils/image/manifest.go"
+AGNHOST_TAG="registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION"
+GINKGO_VERSION=$(sed -n 's#^[[:space:]]*github.com/onsi/ginkgo/v2 \(v[^ ]*\)$#\1#p' "$KMOD/go.mod")
+[ -n "$GINKGO_VERSION" ] || die "ginkgo version not found in $KMOD/go.mod"
+
+# ---------------------------------------------------------------- the module
+DIR="$SRC/e2e"
+staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#\1#p' "$KMOD/go.mod")
+[ -n "$staging" ] || die "no staging replace directives found in $KMOD/go.mod"
+GOMOD="module tern.local/k8s-e2e
+
+go 1.24.0
+
+require (
+	k8s.io/kubernetes $K8S_VERSION
+	github.com/onsi/ginkgo/v2 $GINKGO_VERSION
+)
+
+replace ("
+for m in $staging; do GOMOD+="
+	$m => $m $STAGING_VERSION"; done
+GOMOD+="
+)"
+
+# The suite: upstream e2e_test.go's TestMain and TestE2E, network sources only.
+SUITE='package netsuite
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+
+	"k8s.io/component-base/version"
+	conformancetestdata "k8s.io/kubernetes/test/conformance/testdata"
+	"k8s.io/kubernetes/test/e2e"
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+	"k8s.io/kubernetes/test/e2e/framework/testfiles"
+	e2etestingmanifests "k8s.io/kubernetes/test/e2e/testing-manifests"
+	testfixtures "k8s.io/kubernetes/test/fixtures"
+
+	_ "k8s.io/kubernetes/test/e2e/feature"
+
+	// Test sources: the network SIG only.
+	_ "k8s.io/kubernetes/test/e2e/common"
+	_ "k8s.io/kubernetes/test/e2e/network"
+
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/metrics/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "k8s.io/kubernetes/test/utils/format"
+)
+
+func TestMain(m *testing.M) {
+	var versionFlag bool
+	flag.CommandLine.BoolVar(&versionFlag, "version", false, "Displays version information.")
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	if versionFlag {
+		fmt.Printf("%s\n", version.Get())
+		os.Exit(0)
+	}
+	if flag.CommandLine.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "unknown additional command line arguments: %s", flag.CommandLine.Args())
+		os.Exit(1)
+	}
+	testfiles.AddFileSource(e2etestingmanifests.GetE2ETestingManifestsFS())
+	testfiles.AddFileSource(testfixtures.GetTestFixturesFS())
+	testfiles.AddFileSource(conformancetestdata.GetConformanceTestdataFS())
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	os.Exit(m.Run())
+}
+
+func TestE2E(t *testing.T) {
+	e2e.RunE2ETests(t)
+}
+'
+TOOLS='//go:build tools
+
+// Package tools pins the main packages this throwaway module builds.
+package tools
+
+import (
+	_ "github.com/onsi/ginkgo/v2/ginkgo"
+	_ "k8s.io/kubernetes/test/images/agnhost"
+)
+'
+want=$(printf '%s\n%s\n%s\n' "$GOMOD" "$SUITE" "$TOOLS" | sha256sum | cut -c1-16)
+mkdir -p "$DIR/netsuite"
+if ! { [ -f "$DIR/.recipe" ] && [ "$(cat "$DIR/.recipe")" = "$want" ] && [ -f "$DIR/go.sum" ]; }; then
+  log "resolving modules (go mod tidy) ..."
+  printf '%s\n' "$GOMOD" >"$DIR/go.mod"
+  printf '%s' "$SUITE" >"$DIR/netsuite/netsuite_test.go"
+  printf '%s' "$TOOLS" >"$DIR/tools.go"
+  rm -f "$DIR/go.sum"
+  (cd "$DIR" && go mod tidy)
+  printf '%s' "$want" >"$DIR/.recipe"
+fi
+MODHASH=$(sha256sum "$DIR/go.mod" | cut -c1-16)
+
+major=${K8S_VERSION#v}; major=${major%%.*}
+minor=${K8S_VERSION#v*.}; minor=${minor%%.*}
+LD=""
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  LD+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor"
+  LD+=" -X $p.gitCommit=module-$K8S_VERSION -X $p.gitTreeState=clean -X $p.buildDate=$K8S_BUILD_DATE"
+done
+
+# ---------------------------------------------------------------- e2e.test
+recipe="netsuite|$LD|$GO_VERSION|$want|$MODHASH"
+if up_to_date e2e.test "$recipe"; then
+  log "e2e.test: up to date"
+else
+  log "e2e.test: go test -c (network suite) ..."
+  start=$SECONDS
+  (cd "$DIR" && nice -n 10 go test -c -trimpath -ldflags "-s -w $LD" -o "$BIN/e2e.test.tmp" ./netsuite)
+  mv -f "$BIN/e2e.test.tmp" "$BIN/e2e.test"
+  mark e2e.test "$recipe"
+  log "e2e.test: built in $((SECONDS - start)) s ($(du -h "$BIN/e2e.test" | cut -f1))"
+fi
+
+# ---------------------------------------------------------------- ginkgo
+recipe="github.com/onsi/ginkgo/v2/ginkgo@$GINKGO_VERSION|$GO_VERSION|$MODHASH"
+if up_to_date ginkgo "$recipe"; then
+  log "ginkgo: up to date"
+else
+  start=$SECONDS
+  (cd "$DIR" && nice -n 10 go build -trimpath -ldflags "-s -w" -o "$BIN/ginkgo.tmp" github.com/onsi/ginkgo/v2/ginkgo)
+  mv -f "$BIN/ginkgo.tmp" "$BIN/ginkgo"
+  mark ginkgo "$recipe"
+  log "ginkgo: built in $((SECONDS - start)) s"
+fi
+
+# ---------------------------------------------------------------- agnhost
+recipe="agnhost|$AGNHOST_TAG|$GO_VERSION|$MODHASH"
+if up_to_date agnhost "$recipe"; then
+  log "agnhost: up to date"
+else
+  start=$SECONDS
+  (cd "$DIR" && nice -n 10 go build -trimpath -ldflags "-s -w $LD" -o "$BIN/agnhost.tmp" k8s.io/kubernetes/test/images/agnhost)
+  mv -f "$BIN/agnhost.tmp" "$BIN/agnhost"
+  mark agnhost "$recipe"
+  log "agnhost: built in $((SECONDS - start)) s"
+fi
+bb=/bin/busybox
+[ -x "$bb" ] || die "$bb not found (Debian package busybox-static; scripts/deps.sh installs it)"
+# The specs exec `curl` and netcat-openbsd's `nc -w 1 -u` in agnhost containers; busybox has
+# neither (its nc has no -u). The machine's own binaries go in, with their libraries, and
+# bash is /bin/sh: Debian's busybox ash runs its applets (its nc) before looking at PATH.
+extras=()
+for spec in /usr/bin/curl:/usr/bin/curl /bin/nc.openbsd:/usr/bin/nc /usr/bin/bash:/bin/sh \
+  /usr/bin/bash:/bin/bash; do
+  if [ -x "${spec%%:*}" ]; then
+    extras+=("$spec")
+  else
+    log "warning: ${spec%%:*} not found (Debian packages curl, netcat-openbsd, bash): the Networking specs that exec it will fail"
+  fi
+done
+img_recipe="$recipe|$(sha256sum "$BIN/agnhost" "$bb" "$REPO_DIR/scripts/k8s/agnhost_image.py" "${extras[@]%%:*}" | cut -c1-16 | tr '\n' ' ')"
+if [ -f "$IMAGES/agnhost.tar" ] && [ -f "$IMAGES/.agnhost.recipe" ] &&
+  [ "$(cat "$IMAGES/.agnhost.recipe")" = "$img_recipe" ]; then
+  log "agnhost image: up to date"
+else
+  python3 "$REPO_DIR/scripts/k8s/agnhost_image.py" "$BIN/agnhost" "$bb" "$IMAGES/agnhost.tar.tmp" "$AGNHOST_TAG" \
+    "${extras[@]}" >/dev/null
+  mv -f "$IMAGES/agnhost.tar.tmp" "$IMAGES/agnhost.tar"
+  printf '%s' "$img_recipe" >"$IMAGES/.agnhost.recipe"
+  log "agnhost image: $IMAGES/agnhost.tar ($AGNHOST_TAG)"
+fi
+[ "$RUN" = 1 ] || { echo "$BIN"; exit 0; }
+
+# ---------------------------------------------------------------- --run
+# The specs that cannot run in the lab, and why:
+# - SCTP / Feature:SCTPConnectivity: this kernel has no sctp module.
+# - Feature:Networking-IPv4/IPv6/DNS ("should provide Internet connection"): need the internet
+#   (and CoreDNS, which the lab does not deploy) - the lab never routes out of its namespaces.
+# - Feature:Networking-Performance (iperf2): needs iperf in agnhost (alpine's), not packed.
+# - Disruptive, Serial, Slow: need SSH to the nodes / the whole cluster / long timeouts.
+FOCUS=${E2E_FOCUS:-'\[sig-network\].*(NetworkPolicy|Networking).*'}
+SKIP=${E2E_SKIP:-'SCTP|Feature:Networking-IPv4|Feature:Networking-IPv6|Feature:Networking-DNS|Feature:Networking-Performance|Disruptive|Serial|Slow'}
+PROCS=${E2E_PROCS:-1}
+BIN_DIR=${TERN_BIN_DIR:-$REPO_DIR/target/debug}
+[ -x "$BIN_DIR/ternctl" ] || die "$BIN_DIR/ternctl not found (cargo build --bins, or set TERN_BIN_DIR)"
+[ "$(id -u)" = 0 ] || die "--run needs root (the lab's namespaces, cgroups, mounts)"
+LAB="e2e$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
+OUT=${E2E_OUT:-/tmp/tern-e2e-$LAB}
+mkdir -p "$OUT"
+down() { "$BIN_DIR/ternctl" lab --name "$LAB" --bin-dir "$BIN_DIR" down >"$OUT/lab-down.log" 2>&1 || log "lab down failed: see $OUT/lab-down.log"; }
+trap down EXIT
+trap 'exit 130' INT TERM
+log "lab $LAB: up --nodes ${E2E_NODES:-2} --kubernetes ..."
+start=$SECONDS
+env -u TERN_STORE "$BIN_DIR/ternctl" lab --name "$LAB" --bin-dir "$BIN_DIR" up --nodes "${E2E_NODES:-2}" \
+  --kubernetes --k8s-bin-dir "$BIN" >"$OUT/lab-up.log" 2>&1 || { cat "$OUT/lab-up.log" >&2; die "lab up failed"; }
+KUBECONFIG=$(sed -n 's/^export KUBECONFIG=//p' "$OUT/lab-up.log" | tail -1)
+[ -f "$KUBECONFIG" ] || die "no kubeconfig in $OUT/lab-up.log"
+log "lab $LAB up in $((SECONDS - start)) s; e2e.test (procs $PROCS) ..."
+args=(--provider=local --kubeconfig="$KUBECONFIG" --kubectl-path="$BIN/kubectl"
+  --num-nodes="${E2E_NODES:-2}" --report-dir="$OUT" --disable-log-dump --minStartupPods=0
+  --ginkgo.focus="$FOCUS" --ginkgo.skip="$SKIP" --ginkgo.timeout="${E2E_TIMEOUT:-90m}"
+  --ginkgo.json-report="$OUT/report.json")
+start=$SECONDS
+rc=0
+if [ "$PROCS" -gt 1 ]; then
+  # ginkgo's own flags go before the binary, without the ginkgo. prefix.
+  gargs=()
+  for a in "${args[@]}"; do case $a in --ginkgo.*) gargs+=("--${a#--ginkgo.}") ;; esac; done
+  targs=()
+  for a in "${args[@]}"; do case $a in --ginkgo.*) ;; *) targs+=("$a") ;; esac; done
+  PATH="$BIN:$PATH" "$BIN/ginkgo" --procs="$PROCS" "${gargs[@]}" "$BIN/e2e.test" -- "${targs[@]}" \
+    >"$OUT/e2e.log" 2>&1 || rc=$?
+else
+  PATH="$BIN:$PATH" "$BIN/e2e.test" "${args[@]}" >"$OUT/e2e.log" 2>&1 || rc=$?
+fi
+log "e2e.test exited $rc after $((SECONDS - start)) s"
+python3 - "$OUT/report.json" <<'PY'
+import json, sys
+counts = {}
+for suite in json.load(open(sys.argv[1])):
+    for s in suite.get("SpecReports") or []:
+        if s.get("LeafNodeType") != "It":
+            continue
+        state = s["State"]
+        counts[state] = counts.get(state, 0) + 1
+        if state == "skipped" and not s.get("Failure"):
+            continue  # not focused, or skipped by --ginkgo.skip
+        name = " ".join(s["ContainerHierarchyTexts"] + [s["LeafNodeText"]])
+        secs = s.get("RunTime", 0) / 1e9
+        print(f"e2e {state.upper()} ({secs:.0f}s) {name}")
+        msg = (s.get("Failure") or {}).get("Message", "").strip()
+        if state != "passed" and msg:
+            print("    " + msg.splitlines()[0][:300])
+print("e2e: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+PY
+echo "$OUT"
+exit "$rc"
