@@ -26,21 +26,11 @@
 # Environment: TERN_K8S_CACHE (default /var/cache/tern), BUSYBOX_IMAGE_TOOL (mk_busybox_image.py).
 set -euo pipefail
 
-K8S_VERSION=v1.34.4
-STAGING_VERSION=v0.34.4
-ETCD_VERSION=v3.6.16
-CONTAINERD_VERSION=v2.2.9
-CRITOOLS_VERSION=v1.34.0
-# Release date of k8s.io/kubernetes v1.34.4 (from the module proxy's .info): a fixed buildDate
-# keeps builds reproducible and the recipe stamp stable.
-K8S_BUILD_DATE=2026-02-10T12:53:36Z
-
-CACHE_ROOT=${TERN_K8S_CACHE:-/var/cache/tern}
-ROOT="$CACHE_ROOT/k8s/$K8S_VERSION"
-BIN="$ROOT/bin"
-IMAGES="$ROOT/images"
-SRC="$ROOT/src"
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LOG_TAG=k8s-components
+# The pinned versions (K8S_VERSION, ...), the cache's layout and the Go environment.
+# shellcheck source=k8s/go-env.sh
+. "$REPO_DIR/scripts/k8s/go-env.sh"
 # The project's shared/ folder sits beside the clone (CI lays a copy there).
 if [ -z "${BUSYBOX_IMAGE_TOOL:-}" ]; then
   BUSYBOX_IMAGE_TOOL=/work/shared/tools/mk_busybox_image.py
@@ -48,28 +38,6 @@ if [ -z "${BUSYBOX_IMAGE_TOOL:-}" ]; then
     BUSYBOX_IMAGE_TOOL=$(cd "$REPO_DIR/../shared/tools" && pwd)/mk_busybox_image.py
 fi
 
-export GOPATH="$CACHE_ROOT/go/path"
-export GOMODCACHE="$GOPATH/pkg/mod"
-export GOCACHE="$CACHE_ROOT/go/cache"
-export GOTOOLCHAIN=local
-export GOFLAGS=-buildvcs=false
-export CGO_ENABLED=0
-
-log() { echo "k8s-components: $*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
-  PATH="/usr/local/go/bin:$PATH"
-fi
-command -v go >/dev/null 2>&1 || die "go not found in PATH or /usr/local/go/bin (Go 1.24+ is needed)"
-GO_VERSION=$(go env GOVERSION)
-mkdir -p "$BIN" "$IMAGES" "$SRC" "$GOPATH" "$GOCACHE"
-
-# up_to_date NAME RECIPE: true when $BIN/NAME exists and was built from exactly RECIPE.
-up_to_date() {
-  [ -x "$BIN/$1" ] && [ -f "$BIN/.$1.recipe" ] && [ "$(cat "$BIN/.$1.recipe")" = "$2" ]
-}
-mark() { printf '%s' "$2" >"$BIN/.$1.recipe"; }
 
 # gobuild MODDIR NAME PKG LDFLAGS [TAGS]: build PKG into $BIN/NAME unless its recipe is unchanged.
 gobuild() {

@@ -35,38 +35,11 @@ set -euo pipefail
 RUN=0
 [ "${1:-}" = "--run" ] && RUN=1
 
-K8S_VERSION=v1.34.4
-STAGING_VERSION=v0.34.4
-K8S_BUILD_DATE=2026-02-10T12:53:36Z
-
-CACHE_ROOT=${TERN_K8S_CACHE:-/var/cache/tern}
-ROOT="$CACHE_ROOT/k8s/$K8S_VERSION"
-BIN="$ROOT/bin"
-IMAGES="$ROOT/images"
-SRC="$ROOT/src"
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-export GOPATH="$CACHE_ROOT/go/path"
-export GOMODCACHE="$GOPATH/pkg/mod"
-export GOCACHE="$CACHE_ROOT/go/cache"
-export GOTOOLCHAIN=local
-export GOFLAGS=-buildvcs=false
-export CGO_ENABLED=0
-
-log() { echo "k8s-e2e: $*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
-  PATH="/usr/local/go/bin:$PATH"
-fi
-command -v go >/dev/null 2>&1 || die "go not found in PATH or /usr/local/go/bin (Go 1.24+ is needed)"
-GO_VERSION=$(go env GOVERSION)
-mkdir -p "$BIN" "$IMAGES" "$SRC" "$GOPATH" "$GOCACHE"
-
-up_to_date() {
-  [ -x "$BIN/$1" ] && [ -f "$BIN/.$1.recipe" ] && [ "$(cat "$BIN/.$1.recipe")" = "$2" ]
-}
-mark() { printf '%s' "$2" >"$BIN/.$1.recipe"; }
+LOG_TAG=k8s-e2e
+# shellcheck source=k8s/go-env.sh
+. "$REPO_DIR/scripts/k8s/go-env.sh"
 
 KMOD="$GOMODCACHE/k8s.io/kubernetes@$K8S_VERSION"
 if [ ! -f "$KMOD/go.mod" ]; then

@@ -50,6 +50,10 @@ if step k8s-components bash -c 'bash scripts/k8s-components.sh > "$1"' _ "$k8s_o
   echo "Kubernetes components: $TERN_K8S_BIN"
 fi
 rm -f "$k8s_out"
+# The upstream e2e binary and the agnhost image (scripts/k8s-e2e.sh, same cache): the
+# NetworkPolicy conformance test through kubectl (crates/ctl/tests/lab_kube_netpol.rs) runs
+# its pods on agnhost, as upstream's e2e does. A few minutes on a new machine, seconds after.
+step k8s-e2e-build bash -c 'bash scripts/k8s-e2e.sh >/dev/null'
 
 build_ok=1
 test_skip_log=$(mktemp)

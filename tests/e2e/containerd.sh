@@ -48,20 +48,10 @@ cleanup() {
     kill -9 "$CTRD_PID" 2>/dev/null; wait "$CTRD_PID" 2>/dev/null
   fi
   stop_ternd
-  # Unmount everything below the temp dir (snapshots, ...) before removing it; the tmpfs and
-  # overlay mounts over system paths vanish with this private mount namespace.
-  grep -o " $T[^ ]* " /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m"; done
+  unmount_below "$T"
   rm -rf "$T"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# finish: prints the counts and exits with the right status (cleanup runs from the EXIT trap).
-finish() { report_counts; [ "$FAILED" -eq 0 ]; exit $?; }
-
-log "mode=$PLUGIN tmp=$T shared=$SHARED"
-make_private_mounts "$T"
-setup_node_netns
+begin_node
 mkdir -p /opt/cni/bin
 
 # --- network configuration -----------------------------------------------------------------------

@@ -22,16 +22,10 @@ cleanup() {
   local n
   for n in "${NETNAMES[@]}"; do ip netns del "$n" 2>/dev/null; done
   stop_ternd
-  grep -o " $T[^ ]* " /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m"; done
+  unmount_below "$T"
   rm -rf "$T"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-finish() { report_counts; [ "$FAILED" -eq 0 ]; exit $?; }
-
-log "mode=$PLUGIN tmp=$T shared=$SHARED"
-make_private_mounts "$T"
-setup_node_netns
+begin_node
 HOSTLOCAL_DIR="$T/host-local"
 NET=e2e-libcni
 

@@ -57,15 +57,12 @@ fn identity(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("state/identity")).unwrap()
 }
 
-/// A node with two pods added by its running ternd, and their veths.
-struct WithPods {
-    n: Node,
-    /// The pods' sandboxes: a veth lives as long as its peer's namespace.
-    _pods: Vec<Netns>,
-    veths: Vec<String>,
-}
-
-fn node_with_pods() -> WithPods {
+/// A node with two pods added by its running ternd: the node, its two pods' host veths and the pods' sandboxes (a veth lives as long as its
+/// peer's namespace); `None` (the test returns) when the test cannot run here.
+fn node_with_pods() -> Option<(Node, Vec<String>, Vec<Netns>)> {
+    if !tern_testkit::require_root() {
+        return None;
+    }
     let mut n = node();
     n.ternd.start();
     let pods: Vec<Netns> = (0..2).map(|_| Netns::new("p")).collect();
@@ -74,23 +71,14 @@ fn node_with_pods() -> WithPods {
     }
     let veths = n.ns.tern_veths();
     assert_eq!(veths.len(), 2, "{veths:?}");
-    WithPods {
-        n,
-        _pods: pods,
-        veths,
-    }
+    Some((n, veths, pods))
 }
 
 #[test]
 fn truncated_store_is_refused_and_pods_survive() {
-    if !tern_testkit::require_root() {
+    let Some((mut n, veths, _pods)) = node_with_pods() else {
         return;
-    }
-    let WithPods {
-        mut n,
-        veths,
-        _pods,
-    } = node_with_pods();
+    };
     let dir = n.dir.path();
     let id = identity(dir);
     n.ternd.kill(); // SIGKILL: the agent is down
@@ -143,14 +131,9 @@ fn truncated_store_is_refused_and_pods_survive() {
 
 #[test]
 fn store_deleted_under_running_ternd_is_noticed_and_pods_survive() {
-    if !tern_testkit::require_root() {
+    let Some((mut n, veths, _pods)) = node_with_pods() else {
         return;
-    }
-    let WithPods {
-        mut n,
-        veths,
-        _pods,
-    } = node_with_pods();
+    };
     let dir = n.dir.path();
     assert_eq!(n.ternd.http_get("/readiness").0, 200, "{}", n.ternd.log());
     for f in store_files(dir) {

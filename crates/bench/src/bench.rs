@@ -68,16 +68,9 @@ pub enum BenchError {
         #[source]
         source: std::io::Error,
     },
-    /// An external command (`ip`, `strip`) exited unsuccessfully.
-    #[error("`{command}` failed ({status}): {stderr}")]
-    Command {
-        /// The command line.
-        command: String,
-        /// Its exit status.
-        status: String,
-        /// What it printed on stderr.
-        stderr: String,
-    },
+    /// An external command (`ip`, `strip`) could not run or exited unsuccessfully.
+    #[error(transparent)]
+    Command(#[from] tern_lab::LabError),
     /// The harness would act on the machine's own network namespace.
     #[error(
         "still in the host network namespace (net ns inode {0}); refusing to change it — \
@@ -345,19 +338,7 @@ pub fn ensure_isolated() -> Result<(), BenchError> {
 }
 
 fn run(program: &str, args: &[&str]) -> Result<(), BenchError> {
-    let command = format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(io_err(format!("run `{command}`")))?;
-    if !out.status.success() {
-        return Err(BenchError::Command {
-            command,
-            status: out.status.to_string(),
-            stderr: snippet(&out.stderr),
-        });
-    }
+    tern_lab::process::run(Command::new(program).args(args))?;
     Ok(())
 }
 
@@ -717,6 +698,29 @@ impl ResultCache {
     pub fn remove(&self, plugin: &Plugin, pod: &Pod) {
         let _ = std::fs::remove_file(self.file(plugin.network_name(), &pod.container_id));
     }
+
+    /// What a runtime passes before `command` (untimed): a DEL gets the cached ADD result as
+    /// `prevResult`.
+    fn before(&self, plugin: &Plugin, pod: &Pod, command: CniCommand) -> Option<Value> {
+        match command {
+            CniCommand::Del => self.load(plugin, pod),
+            CniCommand::Add => None,
+        }
+    }
+
+    /// What a runtime records after `command` (untimed): a successful ADD's result is cached,
+    /// a successful DEL forgets it.
+    fn after(&self, plugin: &Plugin, pod: &Pod, command: CniCommand, invocation: &Invocation) {
+        match (command, &invocation.outcome) {
+            (CniCommand::Add, Ok(result)) => {
+                if let Err(e) = self.store(plugin, pod, &result.raw) {
+                    log::warn!("{e}");
+                }
+            }
+            (CniCommand::Del, Ok(_)) => self.remove(plugin, pod),
+            _ => {}
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -829,20 +833,9 @@ fn sequential(
 
 /// One execution plus the runtime's cache bookkeeping, which is outside the timed span.
 fn run_one(plugin: &Plugin, cache: &ResultCache, pod: &Pod, command: CniCommand) -> Invocation {
-    let prev = match command {
-        CniCommand::Del => cache.load(plugin, pod),
-        CniCommand::Add => None,
-    };
+    let prev = cache.before(plugin, pod, command);
     let invocation = invoke(plugin, command, pod, prev.as_ref());
-    match (command, &invocation.outcome) {
-        (CniCommand::Add, Ok(result)) => {
-            if let Err(e) = cache.store(plugin, pod, &result.raw) {
-                log::warn!("{e}");
-            }
-        }
-        (CniCommand::Del, Ok(_)) => cache.remove(plugin, pod),
-        _ => {}
-    }
+    cache.after(plugin, pod, command, &invocation);
     invocation
 }
 
@@ -862,10 +855,7 @@ fn concurrent(
                 .map(|pod| {
                     let barrier = &barrier;
                     scope.spawn(move || {
-                        let prev = match command {
-                            CniCommand::Del => cache.load(plugin, pod),
-                            CniCommand::Add => None,
-                        };
+                        let prev = cache.before(plugin, pod, command);
                         barrier.wait();
                         let start = Instant::now();
                         let invocation = invoke(plugin, command, pod, prev.as_ref());
@@ -880,15 +870,7 @@ fn concurrent(
                 .unzip()
         });
     for (pod, invocation) in pods.iter().zip(&invocations) {
-        match (command, &invocation.outcome) {
-            (CniCommand::Add, Ok(result)) => {
-                if let Err(e) = cache.store(plugin, pod, &result.raw) {
-                    log::warn!("{e}");
-                }
-            }
-            (CniCommand::Del, Ok(_)) => cache.remove(plugin, pod),
-            _ => {}
-        }
+        cache.after(plugin, pod, command, invocation);
     }
     let first = spans.iter().map(|s| s.0).min();
     let last = spans.iter().map(|s| s.1).max();

@@ -366,33 +366,17 @@ fn hand_built(name: &str, vxlan: bool) -> Result<(HandBuilt, String, String, Str
                 "dst",
                 &node_ip(j),
             ]))?;
-            ip_in(
-                &node,
-                &[
-                    "route",
-                    "add",
-                    &format!("{}/32", pod_ip(j)),
-                    "via",
-                    &vtep_ip(j),
-                    "dev",
-                    "vxlan.hand",
-                    "onlink",
-                ],
-            )?;
-        } else {
-            ip_in(
-                &node,
-                &[
-                    "route",
-                    "add",
-                    &format!("{}/32", pod_ip(j)),
-                    "via",
-                    &node_ip(j),
-                    "dev",
-                    "eth0",
-                ],
-            )?;
         }
+        // The other node's pod: through the tunnel (on-link via its VTEP) or the underlay.
+        let (via, dev, onlink): (String, &str, &[&str]) = if vxlan {
+            (vtep_ip(j), "vxlan.hand", &["onlink"])
+        } else {
+            (node_ip(j), "eth0", &[])
+        };
+        let dst = format!("{}/32", pod_ip(j));
+        let mut route = vec!["route", "add", &dst, "via", &via, "dev", dev];
+        route.extend(onlink);
+        ip_in(&node, &route)?;
     }
     // The node answers ARP for 169.254.1.1 on the pod side: it owns that address there.
     Ok((

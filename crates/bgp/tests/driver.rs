@@ -32,6 +32,14 @@ fn cfg(n: u8) -> SpeakerConfig {
     c
 }
 
+/// The event of `prefix` installed via `next_hop`.
+fn install(prefix: &str, next_hop: IpAddr) -> RouteEvent {
+    RouteEvent::Install {
+        prefix: net(prefix),
+        next_hop,
+    }
+}
+
 fn lo(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))
 }
@@ -74,10 +82,7 @@ fn two_speakers_exchange_ipv4_and_ipv6_routes_and_withdraw() {
         assert_eq!(
             got,
             vec![
-                RouteEvent::Install {
-                    prefix: net("10.244.1.0/26"),
-                    next_hop: lo(1)
-                },
+                install("10.244.1.0/26", lo(1)),
                 RouteEvent::Install {
                     prefix: net("fd10:1::/64"),
                     next_hop: ip("fd00::1")
@@ -86,10 +91,7 @@ fn two_speakers_exchange_ipv4_and_ipv6_routes_and_withdraw() {
         );
         assert_eq!(
             next_event(&mut ev_a, 10).await,
-            RouteEvent::Install {
-                prefix: net("10.244.2.0/26"),
-                next_hop: lo(2)
-            }
+            install("10.244.2.0/26", lo(2))
         );
 
         a.withdraw(net("fd10:1::/64")).await.unwrap();
@@ -139,10 +141,7 @@ fn both_sides_active_collide_and_settle_on_one_session() {
         established(&b, lo(1)).await;
         assert_eq!(
             next_event(&mut ev_a, 10).await,
-            RouteEvent::Install {
-                prefix: net("10.244.2.0/26"),
-                next_hop: lo(2)
-            }
+            install("10.244.2.0/26", lo(2))
         );
         // Stable: still up a little later, on one connection.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -268,10 +267,7 @@ fn malformed_messages_get_the_right_notification_and_the_speaker_survives() {
         raw.send(&Message::Update(update)).await;
         assert_eq!(
             next_event(&mut ev, 5).await,
-            RouteEvent::Install {
-                prefix: net("10.244.7.0/26"),
-                next_hop: lo(2)
-            }
+            install("10.244.7.0/26", lo(2))
         );
         a.shutdown().await;
         // Administrative shutdown reaches the peer as Cease.
@@ -366,10 +362,7 @@ fn tcp_md5_between_two_speakers() {
         established(&b, lo(1)).await;
         assert_eq!(
             next_event(&mut ev_b, 10).await,
-            RouteEvent::Install {
-                prefix: net("10.244.1.0/26"),
-                next_hop: lo(1)
-            }
+            install("10.244.1.0/26", lo(1))
         );
         // A mismatched key never gets past the TCP handshake.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -445,13 +438,7 @@ fn import_filter_and_malformed_update_from_a_hostile_peer() {
             .iter()
             .filter(|e| matches!(e, RouteEvent::Install { .. }))
             .collect();
-        assert_eq!(
-            installed,
-            vec![&RouteEvent::Install {
-                prefix: net("10.244.7.0/26"),
-                next_hop: lo(2)
-            }]
-        );
+        assert_eq!(installed, vec![&install("10.244.7.0/26", lo(2))]);
         let mut rejected: Vec<IpNet> = got
             .iter()
             .filter_map(|e| match e {
@@ -495,10 +482,7 @@ fn import_filter_and_malformed_update_from_a_hostile_peer() {
         raw.send(&Message::Update(update(&["10.244.7.0/26"]))).await;
         assert_eq!(
             next_event(&mut ev, 5).await,
-            RouteEvent::Install {
-                prefix: net("10.244.7.0/26"),
-                next_hop: lo(2)
-            }
+            install("10.244.7.0/26", lo(2))
         );
         a.shutdown().await;
     });

@@ -38,11 +38,8 @@ spec:
   nodeName: node1
   terminationGracePeriodSeconds: 1
   containers:
-  - name: web
-    image: tern-busybox:1
-    imagePullPolicy: Never
-    command: ["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]
-    ports: [{containerPort: 8080, hostPort: 18080}]
+  - {name: web, image: tern-busybox:1, imagePullPolicy: Never, ports: [{containerPort: 8080, hostPort: 18080}],
+     command: ["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]}
   - name: sink
     image: localhost/tern/probe:1
     imagePullPolicy: Never

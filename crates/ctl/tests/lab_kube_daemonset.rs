@@ -103,25 +103,35 @@ impl LabExt for Lab {
     }
 }
 
-/// A pod on `node` answering TCP :8080 with its name; `labels` and `annotations` as YAML
-/// flow maps.
-fn server(name: &str, node: &str, labels: &str, annotations: &str) -> String {
+/// A busybox pod bound to `node`: `metadata` and `spec` are extra lines of those sections
+/// (indented two spaces), `command` the container's command as a YAML flow list.
+fn busybox_pod(name: &str, node: &str, metadata: &str, spec: &str, command: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
-  labels: {labels}
-  annotations: {annotations}
-spec:
+{metadata}spec:
   nodeName: {node}
   terminationGracePeriodSeconds: 1
-  containers:
-  - name: web
+{spec}  containers:
+  - name: main
     image: tern-busybox:1
     imagePullPolicy: Never
-    command: ["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]
+    command: {command}
 "#
+    )
+}
+
+/// A pod on `node` answering TCP :8080 with its name; `labels` and `annotations` as YAML
+/// flow maps.
+fn server(name: &str, node: &str, labels: &str, annotations: &str) -> String {
+    busybox_pod(
+        name,
+        node,
+        &format!("  labels: {labels}\n  annotations: {annotations}\n"),
+        "",
+        r#"["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]"#,
     )
 }
 
@@ -129,21 +139,12 @@ spec:
 /// a restart).
 fn shell_pod(name: &str, node: &str, script: &str) -> String {
     let script = serde_json::to_string(script).unwrap();
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  nodeName: {node}
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: sh
-    image: tern-busybox:1
-    imagePullPolicy: Never
-    command: ["sh", "-c", {script}]
-"#
+    busybox_pod(
+        name,
+        node,
+        "",
+        "  restartPolicy: Never\n",
+        &format!(r#"["sh", "-c", {script}]"#),
     )
 }
 

@@ -30,8 +30,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_norway::Value;
@@ -39,9 +37,8 @@ use tern_lab::kube;
 use tern_lab::netpol;
 
 mod common;
-use common::ternctl;
+use common::kube_lab::KubeLab;
 
-const CASES: &str = "/work/shared/conformance/netpol_cases.yaml";
 /// Nodes of the cluster; pods are spread round-robin.
 const NODES: usize = 2;
 /// How long one probe waits for its answer (`timeout` around the in-pod request; a denied
@@ -51,96 +48,19 @@ const PROBE_SECS: u32 = 2;
 /// both nodes' ternd watches, nftables).
 const STEP_DEADLINE: Duration = Duration::from_secs(25);
 
-/// The cluster, removed when dropped.
-struct Cluster {
-    name: String,
-    k8s: PathBuf,
-    kubeconfig: PathBuf,
-    cache: tempfile::TempDir,
-}
+/// The cluster (removed when dropped) and what these cases ask of it.
+struct Cluster(KubeLab);
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if let Err(e) = tern_lab::down(&self.name) {
-            eprintln!("teardown of lab {}: {e}", self.name);
-        }
+impl std::ops::Deref for Cluster {
+    type Target = KubeLab;
+    fn deref(&self) -> &KubeLab {
+        &self.0
     }
 }
 
 impl Cluster {
-    fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(self.k8s.join("kubectl"))
-            .env("KUBECONFIG", &self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.cache.path())
-            .args(args)
-            .output()
-            .map_err(|e| format!("kubectl: {e}"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    }
-
-    fn must(&self, args: &[&str]) -> String {
-        self.kubectl(args)
-            .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()))
-    }
-
-    /// `kubectl apply -f <file>` of `yaml`.
-    fn apply(&self, what: &str, yaml: &str) -> Result<String, String> {
-        let p = self.cache.path().join(format!("{what}.yaml"));
-        std::fs::write(&p, yaml).map_err(|e| format!("{}: {e}", p.display()))?;
-        self.kubectl(&["apply", "-f", p.to_str().unwrap()])
-    }
-
-    fn must_apply(&self, what: &str, yaml: &str) {
-        self.apply(what, yaml)
-            .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()));
-    }
-
-    /// The tern-node pods and their ternd logs, the nodes' component logs.
-    fn diagnostics(&self) -> String {
-        let mut out = String::from("\n");
-        out.push_str(
-            &self
-                .kubectl(&["get", "pods", "-A", "-o", "wide"])
-                .unwrap_or_else(|e| e),
-        );
-        out.push_str(
-            &self
-                .kubectl(&[
-                    "-n",
-                    "kube-system",
-                    "logs",
-                    "-l",
-                    "k8s-app=tern-node",
-                    "-c",
-                    "ternd",
-                    "--tail",
-                    "15",
-                ])
-                .unwrap_or_else(|e| e),
-        );
-        if let Ok(Some(st)) = tern_lab::LabState::load(&self.name)
-            && let Some(k) = &st.kube
-        {
-            for n in &k.nodes {
-                for p in &n.procs {
-                    let _ = write!(out, "\n--- {} {} ---\n{}", n.name, p.name, p.log_tail(6));
-                }
-            }
-        }
-        out
-    }
-
     /// Waits until every pod of `namespace` is Ready.
-    fn wait_pods(&self, namespace: &str) {
+    fn wait_namespace_ready(&self, namespace: &str) {
         self.kubectl(&[
             "-n",
             namespace,
@@ -225,20 +145,7 @@ impl Cluster {
     }
 }
 
-fn yaml_labels(v: &Value) -> BTreeMap<String, String> {
-    v.as_mapping()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| {
-                    (
-                        k.as_str().unwrap().to_string(),
-                        v.as_str().unwrap().to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use tern_testkit::conformance::labels as yaml_labels;
 
 /// `s` as a YAML scalar that stays a string (`y` is a boolean to kubectl's YAML 1.1).
 fn q(s: &str) -> String {
@@ -369,7 +276,7 @@ fn build_model(c: &Cluster, model: &Value, l4s: &[L4]) -> Model {
     for ns in model["namespaces"].as_sequence().unwrap() {
         let name = ns["name"].as_str().unwrap().to_string();
         let l = yaml_labels(&ns["labels"]);
-        c.must_apply(
+        c.apply(
             &format!("ns-{name}"),
             &format!(
                 "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n  labels: {}\n",
@@ -419,17 +326,12 @@ fn build_model(c: &Cluster, model: &Value, l4s: &[L4]) -> Model {
         pod_labels.insert(format!("{ns}/{name}"), labels);
         node_of.insert(format!("{ns}/{name}"), node);
     }
-    c.must_apply("model", &all);
+    c.apply("model", &all);
     let nss: Vec<&str> = namespaces.iter().map(String::as_str).collect();
     for ns in &nss {
-        c.wait_pods(ns);
+        c.wait_namespace_ready(ns);
     }
-    let cols: Vec<String> = model["matrix_columns"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
+    let cols = tern_testkit::conformance::matrix_columns(model);
     Model {
         pod_ip: c.addresses("pod", &nss),
         svc_ip: c.addresses("svc", &nss),
@@ -508,35 +410,27 @@ fn wait_tables(c: &Cluster, m: &Model, tables: &[Table]) -> (Vec<String>, usize,
                 for (ti, t) in tables.iter().enumerate() {
                     for (i, from) in m.cols.iter().enumerate() {
                         for (j, to) in m.cols.iter().enumerate() {
-                            let want = i == j || t.want[i][j];
-                            total += 1;
-                            if r.pod[ti][i][j] == want {
-                                ok += 1;
-                            } else {
-                                diffs.push(format!(
-                                    "{}/{} {from} -> {to} ({}): want {}, got {}",
-                                    t.l4.k8s(),
-                                    t.port,
-                                    m.pod_ip[to],
-                                    verdict(want),
-                                    verdict(r.pod[ti][i][j])
-                                ));
-                            }
-                            if i == j {
-                                continue;
-                            }
-                            total += 1;
-                            if r.svc[ti][i][j] == t.want[i][j] {
-                                ok += 1;
-                            } else {
-                                diffs.push(format!(
-                                    "{}/{} {from} -> Service {to} ({}): want {}, got {}",
-                                    t.l4.k8s(),
-                                    t.port,
-                                    m.svc_ip[to],
-                                    verdict(t.want[i][j]),
-                                    verdict(r.svc[ti][i][j])
-                                ));
+                            // A pod always reaches itself at its own address; through its
+                            // Service only as the table says (a self-probe is not counted).
+                            let cells = [
+                                ("", &m.pod_ip[to], i == j || t.want[i][j], r.pod[ti][i][j]),
+                                ("Service ", &m.svc_ip[to], t.want[i][j], r.svc[ti][i][j]),
+                            ];
+                            for (via, ip, want, got) in
+                                cells.into_iter().take(if i == j { 1 } else { 2 })
+                            {
+                                total += 1;
+                                if got == want {
+                                    ok += 1;
+                                } else {
+                                    diffs.push(format!(
+                                        "{}/{} {from} -> {via}{to} ({ip}): want {}, got {}",
+                                        t.l4.k8s(),
+                                        t.port,
+                                        verdict(want),
+                                        verdict(got)
+                                    ));
+                                }
                             }
                         }
                     }
@@ -613,37 +507,41 @@ fn apply_action(c: &Cluster, m: &Model, t: &mut Touched, action: &Value) -> Resu
             for (id, ip) in &m.pod_ip {
                 text = text.replace(&format!("{{{{ip:{id}}}}}"), ip);
             }
-            c.apply("policy", &text)?;
+            c.try_apply("policy", &text)?;
         }
         "delete_all_policies" => {
             c.kubectl(&["delete", "networkpolicy", "--all", "--all-namespaces"])?;
         }
         "add_namespace_labels" => {
             let ns = arg["namespace"].as_str().unwrap();
-            let mut args = vec!["label", "--overwrite", "namespace", ns];
-            let kv: Vec<String> = yaml_labels(&arg["labels"])
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            args.extend(kv.iter().map(String::as_str));
-            c.kubectl(&args)?;
+            label(
+                c,
+                &["label", "--overwrite", "namespace", ns],
+                &arg["labels"],
+            )?;
             t.ns.push(ns.to_string());
         }
         "add_pod_labels" => {
             let pod = arg["pod"].as_str().unwrap();
             let (ns, name) = pod.split_once('/').unwrap();
-            let mut args = vec!["-n", ns, "label", "--overwrite", "pod", name];
-            let kv: Vec<String> = yaml_labels(&arg["labels"])
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            args.extend(kv.iter().map(String::as_str));
-            c.kubectl(&args)?;
+            let cmd = ["-n", ns, "label", "--overwrite", "pod", name];
+            label(c, &cmd, &arg["labels"])?;
             t.pods.push(pod.to_string());
         }
         other => return Err(format!("unknown action {other}")),
     }
     Ok(())
+}
+
+/// `kubectl CMD k=v...` with the case's `labels`.
+fn label(c: &Cluster, cmd: &[&str], labels: &Value) -> Result<String, String> {
+    let kv: Vec<String> = yaml_labels(labels)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let mut args = cmd.to_vec();
+    args.extend(kv.iter().map(String::as_str));
+    c.kubectl(&args)
 }
 
 /// `kubectl label` arguments that turn `now` back into `want`.
@@ -919,7 +817,7 @@ fn check(c: &Cluster, phase: &str, expect: &[Expect]) -> Vec<String> {
 
 /// Part 2. Returns the lines to print or the problems.
 fn service_policy(c: &Cluster) -> Result<Vec<String>, Vec<String>> {
-    c.must_apply(
+    c.apply(
         "svc-ns",
         &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {SVC_NS}\n"),
     );
@@ -944,8 +842,8 @@ fn service_policy(c: &Cluster) -> Result<Vec<String>, Vec<String>> {
         all.push_str("---\n");
         all.push_str(&svc(name, sel));
     }
-    c.must_apply("svc-objects", &all);
-    c.wait_pods(SVC_NS);
+    c.apply("svc-objects", &all);
+    c.wait_namespace_ready(SVC_NS);
     let pods = c.addresses("pod", &[SVC_NS]);
     let svcs = c.addresses("svc", &[SVC_NS]);
     let web = &svcs["svc/web"];
@@ -1012,7 +910,7 @@ fn service_policy(c: &Cluster) -> Result<Vec<String>, Vec<String>> {
     ));
 
     // The backends' ingress policy; the egress-restricted client's policy.
-    if let Err(e) = c.apply(
+    if let Err(e) = c.try_apply(
         "svc-policies",
         &format!("{BACKEND_POLICY}---\n{EGRESS_POLICY}"),
     ) {
@@ -1076,42 +974,15 @@ fn netpol_conformance_and_service_policy_through_kubectl() {
         "lab_kube_netpol needs the agnhost image {} (build it with `bash scripts/k8s-e2e.sh`)",
         agnhost.display()
     );
-    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
-    let name = common::lab_name("knp");
-    let mut c = Cluster {
-        name: name.clone(),
-        k8s: k8s.clone(),
-        kubeconfig: PathBuf::new(),
-        cache: tempfile::tempdir().expect("tempdir"),
-    };
+    let doc: Value = tern_testkit::conformance::netpol_cases();
     let t0 = Instant::now();
-    let out = Command::new(ternctl())
-        .env_remove("TERN_STORE")
-        .args(["lab", "--name", &name, "--bin-dir"])
-        .arg(common::fresh_binaries())
-        .args(["up", "--nodes", &NODES.to_string(), "--kubernetes"])
-        .arg("--k8s-bin-dir")
-        .arg(&k8s)
-        .output()
-        .expect("ternctl runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "lab up --kubernetes failed:\n{stdout}\n{}{}",
-        String::from_utf8_lossy(&out.stderr),
-        c.diagnostics()
-    );
-    let export = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("export KUBECONFIG="))
-        .unwrap_or_else(|| panic!("no `export KUBECONFIG=` in:\n{stdout}"));
-    c.kubeconfig = PathBuf::from(export.trim());
+    let c = Cluster(KubeLab::up("knp", &k8s, &["--nodes", &NODES.to_string()]));
     println!(
         "netpol: lab up --nodes {NODES} --kubernetes in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
 
-    let st = tern_lab::LabState::load(&name).unwrap().unwrap();
+    let st = c.state();
     let sctp = tern_lab::netns::in_netns(&st.nodes[0].netns, netpol::sctp_available).unwrap();
     let l4s = match &sctp {
         Ok(()) => vec![L4::Tcp, L4::Udp, L4::Sctp],

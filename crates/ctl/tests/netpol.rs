@@ -22,9 +22,8 @@ use tern_lab::netns::in_netns;
 use tern_lab::netpol::{self, K8sPod, L4, Matrix};
 use tern_lab::traffic::Proto;
 use tern_lab::{Encap, mesh};
-use tern_model::{EndpointPort, Kind, Protocol};
+use tern_model::{EndpointPort, Kind};
 
-const CASES: &str = "/work/shared/conformance/netpol_cases.yaml";
 /// Timeout of one probe; expected denials cost this much, so it is short.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long a step may take to reach its expected matrices (policy propagates through the
@@ -34,20 +33,7 @@ const STEP_DEADLINE: Duration = Duration::from_secs(3);
 mod common;
 use common::Lab;
 
-fn labels(v: &Value) -> BTreeMap<String, String> {
-    v.as_mapping()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| {
-                    (
-                        k.as_str().unwrap().to_string(),
-                        v.as_str().unwrap().to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use tern_testkit::conformance::labels;
 
 /// The x/y/z model in the lab, with what a case may change and must be reset afterwards.
 struct Model {
@@ -65,20 +51,8 @@ fn build_model(lab: &mut Lab, model: &Value, l4s: &[L4]) -> Model {
         netpol::put_namespace(&lab.st, name, &l).unwrap();
         ns_labels.insert(name.to_string(), l);
     }
-    let ports: Vec<EndpointPort> = model["container_ports"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|p| EndpointPort {
-            name: p["name"].as_str().unwrap().into(),
-            protocol: match p["protocol"].as_str().unwrap() {
-                "TCP" => Protocol::Tcp,
-                "UDP" => Protocol::Udp,
-                _ => Protocol::Sctp,
-            },
-            port: p["containerPort"].as_u64().unwrap() as u16,
-        })
-        .collect();
+    let ports: Vec<EndpointPort> =
+        serde_json::from_value(tern_testkit::conformance::endpoint_ports(model)).unwrap();
     let nodes = lab.st.nodes.len();
     let mut pods = Vec::new();
     let mut pod_labels = BTreeMap::new();
@@ -95,12 +69,7 @@ fn build_model(lab: &mut Lab, model: &Value, l4s: &[L4]) -> Model {
         pods.push(pod);
     }
     // The model lists pods in matrix_columns order; keep the columns' order explicitly.
-    let cols: Vec<String> = model["matrix_columns"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
+    let cols = tern_testkit::conformance::matrix_columns(model);
     pods.sort_by_key(|p| cols.iter().position(|c| *c == p.id()).unwrap());
     Model {
         pods,
@@ -467,7 +436,7 @@ fn netpol_proofs_in_three_node_lab() {
     let Some(dir) = common::lab_ready() else {
         return;
     };
-    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
+    let doc: Value = tern_testkit::conformance::netpol_cases();
     let name = common::lab_name("np");
     let mut o = tern_lab::UpOptions::new(&name, dir);
     o.nodes = 3;

@@ -30,6 +30,7 @@ impl Hook for Calls {
             Call::Get(_) => &self.gets,
             Call::Range(_) => &self.ranges,
             Call::Txn(_) => &self.txns,
+            Call::Watch(..) => return Verdict::Forward,
         };
         n.fetch_add(1, Ordering::SeqCst);
         Verdict::Forward

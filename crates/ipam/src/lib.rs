@@ -1388,11 +1388,7 @@ impl Ipam {
                     compare.push(Compare::ModRevision(keys::block(&cs), 0));
                 }
             }
-            let resp = self.store.txn(Txn {
-                compare,
-                success,
-                failure: vec![],
-            })?;
+            let resp = self.store.txn(Txn::when(compare, success))?;
             if resp.succeeded {
                 if let Some(b) = written {
                     self.cache_block(&b, resp.revision);
@@ -1485,11 +1481,7 @@ impl Ipam {
                     Op::put(hkey, encode(&h))
                 });
             }
-            let resp = self.store.txn(Txn {
-                compare,
-                success,
-                failure: vec![],
-            })?;
+            let resp = self.store.txn(Txn::when(compare, success))?;
             if resp.succeeded {
                 self.cache_block(&b, resp.revision);
                 return Ok(freed.into_iter().map(|(o, _)| b.ip(o)).collect());

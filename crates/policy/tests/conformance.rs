@@ -9,22 +9,7 @@ use serde_norway::Value;
 use tern_model::{EndpointPort, Protocol, Resource};
 use tern_policy::{Endpoint, Flow, PolicyKey, PolicySet};
 
-const CASES: &str = "/work/shared/conformance/netpol_cases.yaml";
-
-fn labels(v: &Value) -> BTreeMap<String, String> {
-    v.as_mapping()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| {
-                    (
-                        k.as_str().unwrap().to_string(),
-                        v.as_str().unwrap().to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use tern_testkit::conformance::labels;
 
 struct Cluster {
     set: PolicySet,
@@ -38,20 +23,8 @@ impl Cluster {
         for ns in model["namespaces"].as_sequence().unwrap() {
             set.upsert_namespace(ns["name"].as_str().unwrap(), labels(&ns["labels"]));
         }
-        let ports: Vec<EndpointPort> = model["container_ports"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .map(|p| EndpointPort {
-                name: p["name"].as_str().unwrap().into(),
-                protocol: match p["protocol"].as_str().unwrap() {
-                    "TCP" => Protocol::Tcp,
-                    "UDP" => Protocol::Udp,
-                    _ => Protocol::Sctp,
-                },
-                port: p["containerPort"].as_u64().unwrap() as u16,
-            })
-            .collect();
+        let ports: Vec<EndpointPort> =
+            serde_json::from_value(tern_testkit::conformance::endpoint_ports(model)).unwrap();
         let mut ips = BTreeMap::new();
         for p in model["pods"].as_sequence().unwrap() {
             let ns = p["namespace"].as_str().unwrap();
@@ -127,13 +100,8 @@ impl Cluster {
 
 #[test]
 fn evaluator_matches_upstream_truth_tables() {
-    let doc: Value = serde_norway::from_str(&std::fs::read_to_string(CASES).unwrap()).unwrap();
-    let cols: Vec<String> = doc["model"]["matrix_columns"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
+    let doc: Value = tern_testkit::conformance::netpol_cases();
+    let cols = tern_testkit::conformance::matrix_columns(&doc["model"]);
     let (mut cells, mut failures) = (0usize, Vec::new());
     let cases = doc["cases"].as_sequence().unwrap();
     assert!(cases.len() >= 40, "expected the full case list");

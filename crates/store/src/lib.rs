@@ -86,6 +86,17 @@ pub struct Txn {
     pub failure: Vec<Op>,
 }
 
+impl Txn {
+    /// The usual compare-and-swap: apply `success` if every compare holds, else nothing.
+    pub fn when(compare: Vec<Compare>, success: Vec<Op>) -> Txn {
+        Txn {
+            compare,
+            success,
+            failure: vec![],
+        }
+    }
+}
+
 /// Outcome of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxnResponse {

@@ -18,6 +18,8 @@ pub enum Call<'a> {
     Range(&'a str),
     /// [`Store::txn`] (every write goes through it).
     Txn(&'a Txn),
+    /// [`Store::watch`] of this prefix after this revision.
+    Watch(&'a str, i64),
 }
 
 /// What a [`Hook`] makes of a call.
@@ -32,15 +34,15 @@ pub enum Verdict {
     ApplyThenFail(StoreError),
 }
 
-/// Decides about each get, range and txn of a [`Hooked`] store; keeps whatever the test reads
+/// Decides about each get, range, txn and watch of a [`Hooked`] store; keeps whatever the test reads
 /// back (counters, armed faults).
 pub trait Hook: Send + Sync {
     /// Called before `call` is forwarded.
     fn before(&self, call: &Call<'_>) -> Verdict;
 }
 
-/// A store forwarding to `inner`, with `hook` consulted before each get, range and txn; the
-/// other calls (revision, watches, leases) are forwarded as they are.
+/// A store forwarding to `inner`, with `hook` consulted before each get, range, txn and watch;
+/// the other calls (revision, leases) are forwarded as they are.
 pub struct Hooked<H> {
     /// The store calls are forwarded to.
     pub inner: Arc<dyn Store>,
@@ -81,7 +83,9 @@ impl<H: Hook> Store for Hooked<H> {
         self.inner.revision()
     }
     fn watch(&self, prefix: &str, after_revision: i64) -> Result<Box<dyn Watch>> {
-        self.inner.watch(prefix, after_revision)
+        self.through(Call::Watch(prefix, after_revision), || {
+            self.inner.watch(prefix, after_revision)
+        })
     }
     fn lease_grant(&self, ttl: Duration) -> Result<i64> {
         self.inner.lease_grant(ttl)

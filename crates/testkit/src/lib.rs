@@ -28,6 +28,8 @@
 //! }
 //! ```
 
+pub mod conformance;
+
 use std::fmt::Display;
 use std::io::Write;
 use std::path::{Path, PathBuf};

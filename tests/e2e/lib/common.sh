@@ -169,3 +169,23 @@ ip_allocated() {
     [ -n "$(find "${HOSTLOCAL_DIR:-/var/lib/cni/networks}" -name "$ip" 2>/dev/null)" ]
   fi
 }
+
+# unmount_below DIR: lazily unmounts every mount below DIR (snapshots, ...), deepest first, so
+# DIR can be removed; the tmpfs and overlay mounts over system paths vanish with the private
+# mount namespace.
+unmount_below() {
+  grep -o " $1[^ ]* " /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m"; done
+}
+
+# finish: prints the counts and exits with the right status (cleanup runs from the EXIT trap).
+finish() { report_counts; [ "$FAILED" -eq 0 ]; exit $?; }
+
+# begin_node: what every script does once its `cleanup` and temp dir $T exist: the traps (cleanup
+# on exit, also after Ctrl-C), the mode line, private mounts under $T and the node's netns.
+begin_node() {
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  log "mode=$PLUGIN tmp=$T shared=$SHARED"
+  make_private_mounts "$T"
+  setup_node_netns
+}

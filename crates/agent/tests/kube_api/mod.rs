@@ -68,28 +68,17 @@ pub struct Ca {
 impl Ca {
     pub fn new(dir: &Path) -> Ca {
         std::fs::create_dir_all(dir).unwrap();
-        openssl(
+        tern_store::etcd::harness::make_ca(
             dir,
+            &["-newkey", "rsa:2048", "-nodes"],
             &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=tern-test-ca",
                 "-addext",
                 "basicConstraints=critical,CA:TRUE",
                 "-addext",
                 "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
             ],
-        );
+        )
+        .unwrap_or_else(|e| panic!("making the CA: {e}"));
         Ca {
             dir: dir.to_path_buf(),
         }

@@ -111,11 +111,18 @@ impl KubeLab {
             .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()))
     }
 
-    /// `kubectl apply -f` of `yaml`, written to `<cache>/<name>.yaml`.
-    pub fn apply(&self, name: &str, yaml: &str) {
+    /// `kubectl apply -f` of `yaml`, written to `<cache>/<name>.yaml`: kubectl's output, or
+    /// an error with its stderr.
+    pub fn try_apply(&self, name: &str, yaml: &str) -> Result<String, String> {
         let p = self.cache.path().join(format!("{name}.yaml"));
-        std::fs::write(&p, yaml).unwrap();
-        self.must(&["apply", "-f", p.to_str().unwrap()]);
+        std::fs::write(&p, yaml).map_err(|e| format!("{}: {e}", p.display()))?;
+        self.kubectl(&["apply", "-f", p.to_str().unwrap()])
+    }
+
+    /// [`KubeLab::try_apply`], panicking with the diagnostics when it fails.
+    pub fn apply(&self, name: &str, yaml: &str) {
+        self.try_apply(name, yaml)
+            .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()));
     }
 
     /// For a failure message: the tern-node pods and their ternd logs, the nodes' component

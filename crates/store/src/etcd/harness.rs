@@ -69,6 +69,25 @@ pub fn openssl(dir: &Path, args: &[&str]) -> io::Result<()> {
     Ok(())
 }
 
+/// Makes a self-signed CA in `dir` (`ca.crt`, `ca.key`, valid two days) with `openssl req
+/// -x509`, `key_args` (e.g. `-newkey rsa:2048 -nodes`) and `extra` arguments (e.g. `-addext`).
+pub fn make_ca(dir: &Path, key_args: &[&str], extra: &[&str]) -> io::Result<()> {
+    let mut args = vec!["req", "-x509"];
+    args.extend(key_args);
+    args.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tern-test-ca",
+    ]);
+    args.extend(extra);
+    openssl(dir, &args)
+}
+
 /// Makes `<name>.key` with `openssl req` and `key_args` (e.g. `-newkey rsa:2048 -nodes`) and
 /// signs `<name>.crt` for `subject` with the CA in `dir` (`ca.crt`, `ca.key`), the certificate's
 /// extensions given as an `openssl x509 -extfile` body. Returns the certificate and key paths.
@@ -135,7 +154,6 @@ impl TestCerts {
     /// (P-256 keys) in a new directory. Fails when `openssl` is missing.
     pub fn generate() -> io::Result<TestCerts> {
         let dir = scratch_dir("etcd-certs")?;
-        let run = |args: &[&str]| openssl(&dir, args);
         let ec = [
             "-newkey",
             "ec",
@@ -143,19 +161,7 @@ impl TestCerts {
             "ec_paramgen_curve:prime256v1",
             "-nodes",
         ];
-        let mut ca_args = vec!["req", "-x509"];
-        ca_args.extend(ec);
-        ca_args.extend([
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tern-test-ca",
-        ]);
-        run(&ca_args)?;
+        make_ca(&dir, &ec, &[])?;
         for (name, usage, san) in [
             // etcd's gateway dials its own gRPC port with the server certificate, so the
             // server certificate needs client use too.
