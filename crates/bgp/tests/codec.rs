@@ -6,6 +6,14 @@ use ipnet::{IpNet, Ipv4Net};
 use tern_bgp::codec::*;
 
 /// Reads a fixture: hex octets, `#` starts a comment.
+/// An AS_PATH of one AS_SEQUENCE segment.
+fn as_sequence(asns: &[u32]) -> PathAttribute {
+    PathAttribute::AsPath(vec![AsSegment {
+        kind: SegmentType::AsSequence,
+        asns: asns.to_vec(),
+    }])
+}
+
 fn fixture(name: &str) -> Vec<u8> {
     let path = format!("{}/tests/fixtures/{name}.hex", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -203,10 +211,7 @@ fn update_mp_reach_ipv4_fixture() {
         withdrawn: vec![],
         attributes: vec![
             PathAttribute::Origin(Origin::Igp),
-            PathAttribute::AsPath(vec![AsSegment {
-                kind: SegmentType::AsSequence,
-                asns: vec![64513],
-            }]),
+            as_sequence(&[64513]),
             PathAttribute::MpReach(MpReach {
                 family: Family::IPV4_UNICAST,
                 next_hops: vec![IpAddr::V4(ip4("198.18.0.10"))],
@@ -239,10 +244,7 @@ fn extended_length_fixture() {
         withdrawn: vec![],
         attributes: vec![
             PathAttribute::Origin(Origin::Igp),
-            PathAttribute::AsPath(vec![AsSegment {
-                kind: SegmentType::AsSequence,
-                asns: vec![65010],
-            }]),
+            as_sequence(&[65010]),
             PathAttribute::NextHop(ip4("198.18.1.1")),
             PathAttribute::Communities((0..70).map(|i| 0xfde8_0000 + i).collect()),
         ],
@@ -257,10 +259,7 @@ fn two_octet_as_fixture() {
         withdrawn: vec![],
         attributes: vec![
             PathAttribute::Origin(Origin::Egp),
-            PathAttribute::AsPath(vec![AsSegment {
-                kind: SegmentType::AsSequence,
-                asns: vec![65001, u32::from(AS_TRANS)],
-            }]),
+            as_sequence(&[65001, u32::from(AS_TRANS)]),
             PathAttribute::NextHop(ip4("198.18.0.9")),
             PathAttribute::Aggregator {
                 asn: 65001,

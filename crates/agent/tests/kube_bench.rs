@@ -1,0 +1,337 @@
+//! Benchmark (issue 13): ternd's memory and policy propagation with the Kubernetes watch on,
+//! against a real etcd + kube-apiserver (no kubelet) in a node namespace.
+//!
+//! Prints ternd's RSS idle, with 110 pods on its node, and with 1,000 pods in the cluster (the
+//! others bound to fake Node objects: plain API objects), 200 namespaces and 500
+//! NetworkPolicies; then the time from `kubectl apply` of a NetworkPolicy to its chain in the
+//! node's `inet tern` table, and from `kubectl label pod` (peer membership) to the change of
+//! the rules, p50/p99 of 20 samples each. Figures only; it asserts that the rules appear.
+//!
+//! Remote pods need no `status.podIP`: ternd watches only its own node's pods
+//! (`spec.nodeName`); remote peers come from other nodes' WorkloadEndpoints in the store.
+//!
+//! `TERN_K8S_BIN=/var/cache/tern/k8s/v1.34.4/bin cargo test -p tern-agent --test kube_bench --
+//! --ignored --nocapture`
+
+mod common;
+mod kube_api;
+
+use common::{Ternd, wait_until};
+use kube_api::{AGENT_RBAC, KubeApi, KubeNode, KubePod};
+use serde_json::json;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "bench-node";
+const NODE_IP: &str = "198.18.0.20";
+const LOCAL_PODS: usize = 110;
+const CLUSTER_PODS: usize = 1000;
+const NAMESPACES: usize = 200;
+const POLICIES: usize = 500;
+const FAKE_NODES: usize = 9;
+const SAMPLES: usize = 20;
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn nft(t: &Ternd) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", &t.netns, "nft", "list", "table", "inet", "tern",
+        ])
+        .output()
+        .expect("nft");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn policy_chains(t: &Ternd) -> usize {
+    nft(t)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("chain pol-"))
+        .count()
+}
+
+/// Polls `cond` every ~5 ms for up to 10 s; the instant it first held.
+fn poll_until(mut cond: impl FnMut() -> bool) -> Option<Instant> {
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        if cond() {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+fn wait_ready(t: &Ternd, timeout: Duration) {
+    let mut last = String::new();
+    let ok = wait_until(timeout, || {
+        let (code, body) = t.http_get("/readiness");
+        last = body;
+        code == 200
+    });
+    assert!(
+        ok,
+        "ternd not ready within {timeout:?}: {last}\n{}",
+        t.log()
+    );
+}
+
+fn docs(objs: &[serde_json::Value]) -> String {
+    objs.iter()
+        .map(|o| o.to_string())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+/// `kubectl create -f -` of `objs` in `parallel` chunks at once.
+fn create_parallel(api: &KubeApi, objs: &[serde_json::Value], parallel: usize) {
+    let chunk = objs.len().div_ceil(parallel).max(1);
+    std::thread::scope(|s| {
+        for part in objs.chunks(chunk) {
+            s.spawn(move || {
+                let yaml = docs(part);
+                if let Err(e) = api.kubectl_in(&["create", "-f", "-"], Some(&yaml)) {
+                    panic!("kubectl create failed: {e}");
+                }
+            });
+        }
+    });
+}
+
+fn pod(ns: &str, name: &str, node: &str, labels: serde_json::Value) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"nodeName": node, "automountServiceAccountToken": false,
+                 "containers": [{"name": "c", "image": "pause"}]}
+    })
+}
+
+fn pctl(mut v: Vec<Duration>) -> (f64, f64, f64) {
+    v.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let p99 = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
+    (ms(v[v.len() / 2]), ms(v[p99]), ms(v[v.len() - 1]))
+}
+
+fn print_samples(what: &str, total: Vec<Duration>, kubectl: Vec<Duration>) {
+    let (p50, p99, max) = pctl(total);
+    let (k50, k99, _) = pctl(kubectl);
+    eprintln!(
+        "{what}: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms ({SAMPLES} samples; the \
+         kubectl process itself: p50 {k50:.1} ms, p99 {k99:.1} ms)"
+    );
+}
+
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn kube_watch_memory_and_propagation() {
+    assert!(
+        kube_api::require_k8s(),
+        "root, openssl and the Kubernetes binaries are needed"
+    );
+    let bench_start = Instant::now();
+    let plugin = common::tern_plugin();
+    let k = KubeNode::start(NODE_IP);
+    k.netns
+        .ip(&["route", "add", "default", "via", "198.18.0.1"]);
+    let mut ternd = k.ternd(NODE, &[]);
+    // Info, not the harness's debug logging: a benchmark measures ternd, not its log volume.
+    for a in ternd.args.iter_mut() {
+        if a.starts_with("--log-level=") {
+            *a = "--log-level=info".into();
+        }
+    }
+    let api = &k.api;
+    api.apply(AGENT_RBAC);
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n---\napiVersion: v1\nkind: \
+         Namespace\nmetadata: {{name: prod}}\n---\napiVersion: v1\nkind: \
+         ServiceAccount\nmetadata: {{name: default, namespace: prod}}\n"
+    ));
+    api.apply(&docs(&[
+        pod("prod", "web", NODE, json!({"app": "web"})),
+        pod("prod", "client", NODE, json!({})),
+    ]));
+    ternd.start();
+    wait_ready(&ternd, Duration::from_secs(60));
+
+    // Two wired pods: web (selected by the policies) and client (the peer relabelled).
+    let none = json!({});
+    let mut pods: Vec<KubePod> = ["web", "client"]
+        .iter()
+        .map(|p| KubePod::new("prod", p))
+        .collect();
+    for p in pods.iter_mut() {
+        p.uid = api.pod_uid("prod", &p.name);
+        let (st, out) = ternd.cni(&plugin, "ADD", Some(p), &none);
+        assert_eq!(st, 0, "ADD {}: {out}\n{}", p.name, ternd.log());
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_idle = rss_kib(ternd.pid());
+    eprintln!("ternd RSS idle, Kubernetes watch on (2 pods): {rss_idle} KiB");
+
+    // 110 pods on the node (API objects; the two above are wired).
+    let local: Vec<_> = (2..LOCAL_PODS)
+        .map(|i| {
+            pod(
+                "prod",
+                &format!("local-{i}"),
+                NODE,
+                json!({"app": "filler"}),
+            )
+        })
+        .collect();
+    let t0 = Instant::now();
+    create_parallel(api, &local, 2);
+    eprintln!("created {} local pods in {:?}", local.len(), t0.elapsed());
+    std::thread::sleep(Duration::from_secs(5));
+    let rss_local = rss_kib(ternd.pid());
+    eprintln!("ternd RSS with {LOCAL_PODS} pods on its node: {rss_local} KiB");
+
+    // The cluster: fake nodes, 200 namespaces, 1,000 pods, 500 NetworkPolicies.
+    let mut base: Vec<_> = (0..FAKE_NODES)
+        .map(|i| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": format!("fake-{i}")}}))
+        .collect();
+    base.extend((0..NAMESPACES).map(|i| {
+        json!({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": format!("bench-{i}"), "labels": {"team": format!("t{}", i % 10)}}})
+    }));
+    let remote: Vec<_> = (0..CLUSTER_PODS - LOCAL_PODS)
+        .map(|i| {
+            pod(
+                &format!("bench-{}", i % NAMESPACES),
+                &format!("remote-{i}"),
+                &format!("fake-{}", i % FAKE_NODES),
+                json!({"app": format!("a{}", i % 5), "tier": "x"}),
+            )
+        })
+        .collect();
+    let policies: Vec<_> = (0..POLICIES)
+        .map(|i| {
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                   "metadata": {"name": format!("np-{i}"), "namespace": format!("bench-{}", i % NAMESPACES)},
+                   "spec": {"podSelector": {"matchLabels": {"app": format!("a{}", i % 5)}},
+                            "policyTypes": ["Ingress"],
+                            "ingress": [{"from": [{"podSelector": {"matchLabels": {"tier": "x"}}},
+                                                  {"namespaceSelector": {"matchLabels": {"team": "t1"}}}],
+                                         "ports": [{"port": 8080 + (i % 7), "protocol": "TCP"}]}]}})
+        })
+        .collect();
+    let t0 = Instant::now();
+    create_parallel(api, &base, 2);
+    // No controller-manager: each namespace's `default` service account by hand.
+    let accounts: Vec<_> = (0..NAMESPACES)
+        .map(|i| {
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "default", "namespace": format!("bench-{i}")}})
+        })
+        .collect();
+    create_parallel(api, &accounts, 2);
+    let mut rest = remote.clone();
+    rest.extend(policies.iter().cloned());
+    create_parallel(api, &rest, 4);
+    eprintln!(
+        "created {} nodes+namespaces, {} remote pods, {} policies in {:?}",
+        base.len(),
+        remote.len(),
+        policies.len(),
+        t0.elapsed()
+    );
+    let counted = api.must(&["get", "pods", "-A", "--no-headers", "-o", "name"]);
+    assert_eq!(counted.lines().count(), CLUSTER_PODS, "pods in the cluster");
+    std::thread::sleep(Duration::from_secs(8));
+    wait_ready(&ternd, Duration::from_secs(30));
+    let rss_cluster = rss_kib(ternd.pid());
+    eprintln!(
+        "ternd RSS with {CLUSTER_PODS} pods, {NAMESPACES} namespaces, {POLICIES} policies: \
+         {rss_cluster} KiB ({:.1} MiB; target <= 40 MiB)",
+        rss_cluster as f64 / 1024.0
+    );
+
+    // Propagation 1: kubectl apply of a NetworkPolicy selecting web -> its chain in nft.
+    // The 500 bench policies have chains of their own; a new policy adds one.
+    let base_chains = policy_chains(&ternd);
+    eprintln!("policy chains in inet tern before the samples: {base_chains}");
+    let (mut total, mut kubectl) = (Vec::new(), Vec::new());
+    for i in 0..SAMPLES {
+        let yaml = format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: web-{i}, \
+             namespace: prod}}\nspec:\n  podSelector: {{matchLabels: {{app: web}}}}\n  \
+             policyTypes: [Ingress]\n  ingress: [{{from: [{{podSelector: {{matchLabels: {{role: \
+             client}}}}}}]}}]\n"
+        );
+        let start = Instant::now();
+        api.apply(&yaml);
+        let k_done = start.elapsed();
+        let seen = poll_until(|| policy_chains(&ternd) > base_chains)
+            .unwrap_or_else(|| panic!("policy web-{i}: no chain in 10 s\n{}", ternd.log()));
+        total.push(seen - start);
+        kubectl.push(k_done);
+        api.must(&["delete", "networkpolicy", "-n", "prod", &format!("web-{i}")]);
+        assert!(
+            poll_until(|| policy_chains(&ternd) == base_chains).is_some(),
+            "policy web-{i}'s chain stays after delete"
+        );
+    }
+    print_samples(
+        "kubectl apply NetworkPolicy -> chain in inet tern",
+        total,
+        kubectl,
+    );
+
+    // Propagation 2: kubectl label pod client role=client / role- -> the rules change.
+    api.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web-peer, \
+         namespace: prod}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  policyTypes: \
+         [Ingress]\n  ingress: [{from: [{podSelector: {matchLabels: {role: client}}}]}]\n",
+    );
+    assert!(poll_until(|| policy_chains(&ternd) > base_chains).is_some());
+    std::thread::sleep(Duration::from_millis(500));
+    let (mut total, mut kubectl) = (Vec::new(), Vec::new());
+    let mut states = std::collections::BTreeSet::new();
+    for i in 0..SAMPLES {
+        let before = nft(&ternd);
+        let label = if i % 2 == 0 { "role=client" } else { "role-" };
+        let start = Instant::now();
+        api.must(&["label", "pod", "-n", "prod", "client", label]);
+        let k_done = start.elapsed();
+        let mut after = String::new();
+        let seen = poll_until(|| {
+            after = nft(&ternd);
+            after != before
+        })
+        .unwrap_or_else(|| panic!("label {label}: rules unchanged in 10 s\n{}", ternd.log()));
+        total.push(seen - start);
+        kubectl.push(k_done);
+        states.insert(after);
+        // Let the change settle so the next baseline is the final state.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(states.len() >= 2, "labelling did not change the rules");
+    print_samples(
+        "kubectl label pod (peer membership) -> rules changed",
+        total,
+        kubectl,
+    );
+    eprintln!(
+        "ternd RSS at the end: {} KiB; benchmark took {:?}",
+        rss_kib(ternd.pid()),
+        bench_start.elapsed()
+    );
+    let up = Command::new("uptime")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    eprintln!("uptime: {}", String::from_utf8_lossy(&up).trim());
+    for p in pods.iter() {
+        let _ = ternd.cni(&plugin, "DEL", Some(p), &none);
+    }
+    drop(ternd);
+}
