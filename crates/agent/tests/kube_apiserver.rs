@@ -25,7 +25,6 @@ use kube_api::{AGENT_RBAC, KubeNode, KubePod};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -33,40 +32,11 @@ const NODE: &str = "itest-node";
 const NODE_IP: &str = "198.18.0.10";
 const PORT: u16 = 8080;
 
-/// Waits until ternd's `/readiness` answers 200.
-fn wait_ready(t: &Ternd, timeout: Duration) {
-    let mut last = String::new();
-    let ok = wait_until(timeout, || {
-        let (code, body) = t.http_get("/readiness");
-        last = body;
-        code == 200
-    });
-    assert!(
-        ok,
-        "ternd not ready within {timeout:?}: {last}\n{}",
-        t.log()
-    );
-}
-
 /// The labels of pod `prod/<pod>`'s WorkloadEndpoint.
 fn labels_of(t: &Ternd, pod: &str) -> BTreeMap<String, String> {
     t.endpoint("prod", pod)
         .and_then(|v| serde_json::from_value(v["metadata"]["labels"].clone()).ok())
         .unwrap_or_default()
-}
-
-/// Number of policy chains in the node's `inet tern` table.
-fn policy_chains(t: &Ternd) -> usize {
-    let out = Command::new("ip")
-        .args([
-            "netns", "exec", &t.netns, "nft", "list", "table", "inet", "tern",
-        ])
-        .output()
-        .expect("nft");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.trim_start().starts_with("chain pol-"))
-        .count()
 }
 
 /// Whether a UDP datagram from `from` reaches `to`:PORT and its echo comes back.
@@ -142,14 +112,6 @@ fn web_policy(name: &str, ingress: &str) -> String {
     )
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn ternd_follows_the_kubernetes_api() {
     if !kube_api::require_k8s() {
@@ -175,7 +137,7 @@ fn ternd_follows_the_kubernetes_api() {
         api.apply(&pod_yaml(name, &labels));
     }
     ternd.start();
-    wait_ready(&ternd, Duration::from_secs(30));
+    ternd.wait_ready(Duration::from_secs(30));
 
     // The Node condition.
     let cond = wait_until(Duration::from_secs(20), || {
@@ -193,17 +155,7 @@ fn ternd_follows_the_kubernetes_api() {
 
     // ADD: labels, service account, named ports and UID from the API server.
     let none = json!({});
-    let mut pods: Vec<KubePod> = ["web", "client", "other"]
-        .iter()
-        .map(|p| KubePod::new("prod", p))
-        .collect();
-    for p in pods.iter_mut() {
-        p.uid = api.pod_uid("prod", &p.name);
-        let (st, out) = ternd.cni(&plugin, "ADD", Some(p), &none);
-        assert_eq!(st, 0, "ADD {}: {out}\n{}", p.name, ternd.log());
-        let a = out["ips"][0]["address"].as_str().unwrap();
-        p.ip = Some(a.split('/').next().unwrap().parse().unwrap());
-    }
+    let pods = ternd.add_api_pods(&api, &plugin, "prod", &["web", "client", "other"]);
     let (web, client, other) = (&pods[0], &pods[1], &pods[2]);
     let web_uid = &web.uid;
     let w = &ternd.endpoint("prod", "web").expect("web's endpoint");
@@ -237,14 +189,14 @@ fn ternd_follows_the_kubernetes_api() {
     expect_traffic(other, web, true, "no policy", &ternd);
 
     // A NetworkPolicy with a named port, by kubectl apply.
-    assert_eq!(policy_chains(&ternd), 0);
+    assert_eq!(ternd.policy_chains(), 0);
     api.apply(&web_policy(
         "web-from-client",
         "[{from: [{podSelector: {matchLabels: {role: client}}}], ports: [{port: echo, protocol: UDP}]}]",
     ));
     expect_traffic(other, web, false, "web-from-client", &ternd);
     expect_traffic(client, web, true, "web-from-client", &ternd);
-    assert!(policy_chains(&ternd) > 0);
+    assert!(ternd.policy_chains() > 0);
 
     // kubectl label pod: the endpoint's labels follow and policy re-evaluates.
     api.must(&["label", "pod", "-n", "prod", "other", "role=client"]);
@@ -263,7 +215,7 @@ fn ternd_follows_the_kubernetes_api() {
     // Delete the policy: its rules go.
     api.must(&["delete", "networkpolicy", "-n", "prod", "web-from-client"]);
     expect_traffic(other, web, true, "policy deleted", &ternd);
-    assert!(wait_until(Duration::from_secs(5), || policy_chains(&ternd) == 0));
+    assert!(wait_until(Duration::from_secs(5), || ternd.policy_chains() == 0));
 
     // namespaceSelector follows the namespace's labels.
     api.apply(&web_policy(
@@ -284,7 +236,7 @@ fn ternd_follows_the_kubernetes_api() {
     // API server restart, and ternd restart while it is down: the rules stay in force.
     api.apply(&web_policy("web-deny", "[]"));
     expect_traffic(client, web, false, "web-deny", &ternd);
-    let rss_idle = rss_kib(ternd.pid());
+    let rss_idle = ternd.rss_kib();
     eprintln!("ternd RSS with the Kubernetes watch on (3 pods): {rss_idle} KiB");
 
     // Watch expiry: etcd moves on (other objects change) and the API server restarts while
@@ -354,7 +306,7 @@ fn ternd_follows_the_kubernetes_api() {
     expect_traffic(client, web, false, "API server down", &ternd);
     ternd.stop();
     ternd.start();
-    assert!(policy_chains(&ternd) > 0, "ternd restart dropped the rules");
+    assert!(ternd.policy_chains() > 0, "ternd restart dropped the rules");
     expect_traffic(
         client,
         web,
@@ -373,7 +325,7 @@ fn ternd_follows_the_kubernetes_api() {
     assert_eq!(st, 0, "DEL with the API server down: {out}");
 
     api.start_apiserver();
-    wait_ready(&ternd, Duration::from_secs(60));
+    ternd.wait_ready(Duration::from_secs(60));
     expect_traffic(
         client,
         web,
@@ -389,7 +341,7 @@ fn ternd_follows_the_kubernetes_api() {
         "web-deny deleted after the API server restart",
         &ternd,
     );
-    assert!(wait_until(Duration::from_secs(5), || policy_chains(&ternd) == 0));
+    assert!(wait_until(Duration::from_secs(5), || ternd.policy_chains() == 0));
 
     // The runtime retries the newcomer's ADD once the API server is back and the pod exists.
     api.apply(&pod_yaml("newcomer", &[("app", "newcomer")]));
@@ -435,11 +387,8 @@ fn ternd_follows_the_kubernetes_api() {
         "{out}"
     );
     api.apply(AGENT_RBAC);
-    wait_ready(&ternd, Duration::from_secs(90));
-    eprintln!(
-        "ternd RSS idle with the watch on: {} KiB",
-        rss_kib(ternd.pid())
-    );
+    ternd.wait_ready(Duration::from_secs(90));
+    eprintln!("ternd RSS idle with the watch on: {} KiB", ternd.rss_kib());
     if let Ok(p) = std::env::var("TERN_TEST_DUMP_LOGS") {
         std::fs::write(p, ternd.log()).unwrap();
     }

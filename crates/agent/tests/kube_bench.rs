@@ -16,8 +16,7 @@
 mod common;
 mod kube_api;
 
-use common::{Ternd, wait_until};
-use kube_api::{AGENT_RBAC, KubeApi, KubeNode, KubePod};
+use kube_api::{AGENT_RBAC, KubeApi, KubeNode};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -31,31 +30,6 @@ const POLICIES: usize = 500;
 const FAKE_NODES: usize = 9;
 const SAMPLES: usize = 20;
 
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn nft(t: &Ternd) -> String {
-    let out = Command::new("ip")
-        .args([
-            "netns", "exec", &t.netns, "nft", "list", "table", "inet", "tern",
-        ])
-        .output()
-        .expect("nft");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn policy_chains(t: &Ternd) -> usize {
-    nft(t)
-        .lines()
-        .filter(|l| l.trim_start().starts_with("chain pol-"))
-        .count()
-}
-
 /// Polls `cond` every ~5 ms for up to 10 s; the instant it first held.
 fn poll_until(mut cond: impl FnMut() -> bool) -> Option<Instant> {
     let end = Instant::now() + Duration::from_secs(10);
@@ -66,20 +40,6 @@ fn poll_until(mut cond: impl FnMut() -> bool) -> Option<Instant> {
         std::thread::sleep(Duration::from_millis(5));
     }
     None
-}
-
-fn wait_ready(t: &Ternd, timeout: Duration) {
-    let mut last = String::new();
-    let ok = wait_until(timeout, || {
-        let (code, body) = t.http_get("/readiness");
-        last = body;
-        code == 200
-    });
-    assert!(
-        ok,
-        "ternd not ready within {timeout:?}: {last}\n{}",
-        t.log()
-    );
 }
 
 fn docs(objs: &[serde_json::Value]) -> String {
@@ -160,21 +120,12 @@ fn kube_watch_memory_and_propagation() {
         pod("prod", "client", NODE, json!({})),
     ]));
     ternd.start();
-    wait_ready(&ternd, Duration::from_secs(60));
+    ternd.wait_ready(Duration::from_secs(60));
 
     // Two wired pods: web (selected by the policies) and client (the peer relabelled).
-    let none = json!({});
-    let mut pods: Vec<KubePod> = ["web", "client"]
-        .iter()
-        .map(|p| KubePod::new("prod", p))
-        .collect();
-    for p in pods.iter_mut() {
-        p.uid = api.pod_uid("prod", &p.name);
-        let (st, out) = ternd.cni(&plugin, "ADD", Some(p), &none);
-        assert_eq!(st, 0, "ADD {}: {out}\n{}", p.name, ternd.log());
-    }
+    let pods = ternd.add_api_pods(api, &plugin, "prod", &["web", "client"]);
     std::thread::sleep(Duration::from_secs(3));
-    let rss_idle = rss_kib(ternd.pid());
+    let rss_idle = ternd.rss_kib();
     eprintln!("ternd RSS idle, Kubernetes watch on (2 pods): {rss_idle} KiB");
 
     // 110 pods on the node (API objects; the two above are wired).
@@ -192,7 +143,7 @@ fn kube_watch_memory_and_propagation() {
     create_parallel(api, &local, 2);
     eprintln!("created {} local pods in {:?}", local.len(), t0.elapsed());
     std::thread::sleep(Duration::from_secs(5));
-    let rss_local = rss_kib(ternd.pid());
+    let rss_local = ternd.rss_kib();
     eprintln!("ternd RSS with {LOCAL_PODS} pods on its node: {rss_local} KiB");
 
     // The cluster: fake nodes, 200 namespaces, 1,000 pods, 500 NetworkPolicies.
@@ -247,8 +198,8 @@ fn kube_watch_memory_and_propagation() {
     let counted = api.must(&["get", "pods", "-A", "--no-headers", "-o", "name"]);
     assert_eq!(counted.lines().count(), CLUSTER_PODS, "pods in the cluster");
     std::thread::sleep(Duration::from_secs(8));
-    wait_ready(&ternd, Duration::from_secs(30));
-    let rss_cluster = rss_kib(ternd.pid());
+    ternd.wait_ready(Duration::from_secs(30));
+    let rss_cluster = ternd.rss_kib();
     eprintln!(
         "ternd RSS with {CLUSTER_PODS} pods, {NAMESPACES} namespaces, {POLICIES} policies: \
          {rss_cluster} KiB ({:.1} MiB; target <= 40 MiB)",
@@ -257,7 +208,7 @@ fn kube_watch_memory_and_propagation() {
 
     // Propagation 1: kubectl apply of a NetworkPolicy selecting web -> its chain in nft.
     // The 500 bench policies have chains of their own; a new policy adds one.
-    let base_chains = policy_chains(&ternd);
+    let base_chains = ternd.policy_chains();
     eprintln!("policy chains in inet tern before the samples: {base_chains}");
     let (mut total, mut kubectl) = (Vec::new(), Vec::new());
     for i in 0..SAMPLES {
@@ -270,13 +221,13 @@ fn kube_watch_memory_and_propagation() {
         let start = Instant::now();
         api.apply(&yaml);
         let k_done = start.elapsed();
-        let seen = poll_until(|| policy_chains(&ternd) > base_chains)
+        let seen = poll_until(|| ternd.policy_chains() > base_chains)
             .unwrap_or_else(|| panic!("policy web-{i}: no chain in 10 s\n{}", ternd.log()));
         total.push(seen - start);
         kubectl.push(k_done);
         api.must(&["delete", "networkpolicy", "-n", "prod", &format!("web-{i}")]);
         assert!(
-            poll_until(|| policy_chains(&ternd) == base_chains).is_some(),
+            poll_until(|| ternd.policy_chains() == base_chains).is_some(),
             "policy web-{i}'s chain stays after delete"
         );
     }
@@ -292,19 +243,19 @@ fn kube_watch_memory_and_propagation() {
          namespace: prod}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  policyTypes: \
          [Ingress]\n  ingress: [{from: [{podSelector: {matchLabels: {role: client}}}]}]\n",
     );
-    assert!(poll_until(|| policy_chains(&ternd) > base_chains).is_some());
+    assert!(poll_until(|| ternd.policy_chains() > base_chains).is_some());
     std::thread::sleep(Duration::from_millis(500));
     let (mut total, mut kubectl) = (Vec::new(), Vec::new());
     let mut states = std::collections::BTreeSet::new();
     for i in 0..SAMPLES {
-        let before = nft(&ternd);
+        let before = ternd.nft_table();
         let label = if i % 2 == 0 { "role=client" } else { "role-" };
         let start = Instant::now();
         api.must(&["label", "pod", "-n", "prod", "client", label]);
         let k_done = start.elapsed();
         let mut after = String::new();
         let seen = poll_until(|| {
-            after = nft(&ternd);
+            after = ternd.nft_table();
             after != before
         })
         .unwrap_or_else(|| panic!("label {label}: rules unchanged in 10 s\n{}", ternd.log()));
@@ -322,7 +273,7 @@ fn kube_watch_memory_and_propagation() {
     );
     eprintln!(
         "ternd RSS at the end: {} KiB; benchmark took {:?}",
-        rss_kib(ternd.pid()),
+        ternd.rss_kib(),
         bench_start.elapsed()
     );
     let up = Command::new("uptime")
@@ -331,7 +282,7 @@ fn kube_watch_memory_and_propagation() {
         .unwrap_or_default();
     eprintln!("uptime: {}", String::from_utf8_lossy(&up).trim());
     for p in pods.iter() {
-        let _ = ternd.cni(&plugin, "DEL", Some(p), &none);
+        let _ = ternd.cni(&plugin, "DEL", Some(p), &json!({}));
     }
     drop(ternd);
 }

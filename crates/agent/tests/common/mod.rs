@@ -326,6 +326,15 @@ impl Ternd {
         c.wait().unwrap();
     }
 
+    /// ternd's resident set (`VmRSS` of /proc/<pid>/status), in KiB; 0 when unreadable.
+    pub fn rss_kib(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("ternd running").id()
     }

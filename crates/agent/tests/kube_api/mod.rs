@@ -488,6 +488,67 @@ impl KubePod {
 
 /// ternd's records and the `tern` plugin, for the Kubernetes tests.
 impl Ternd {
+    /// Waits until ternd's `/readiness` answers 200; panics with its last answer and log.
+    pub fn wait_ready(&self, timeout: Duration) {
+        let mut last = String::new();
+        let ok = wait_until(timeout, || {
+            let (code, body) = self.http_get("/readiness");
+            last = body;
+            code == 200
+        });
+        assert!(
+            ok,
+            "ternd not ready within {timeout:?}: {last}\n{}",
+            self.log()
+        );
+    }
+
+    /// `nft list table inet tern` in the node's namespace.
+    pub fn nft_table(&self) -> String {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.netns,
+                "nft",
+                "list",
+                "table",
+                "inet",
+                "tern",
+            ])
+            .output()
+            .expect("nft");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// CNI ADD of API pods `ns/<name>` (with their UIDs from the API server, as a runtime
+    /// passes them): the pods with the addresses ternd gave them; panics on a failed ADD.
+    pub fn add_api_pods(
+        &self,
+        api: &KubeApi,
+        plugin: &Path,
+        ns: &str,
+        names: &[&str],
+    ) -> Vec<KubePod> {
+        let mut pods: Vec<KubePod> = names.iter().map(|p| KubePod::new(ns, p)).collect();
+        for p in pods.iter_mut() {
+            p.uid = api.pod_uid(ns, &p.name);
+            let (st, out) = self.cni(plugin, "ADD", Some(p), &json!({}));
+            assert_eq!(st, 0, "ADD {}: {out}\n{}", p.name, self.log());
+            let a = out["ips"][0]["address"].as_str().unwrap();
+            p.ip = Some(a.split('/').next().unwrap().parse().unwrap());
+        }
+        pods
+    }
+
+    /// Number of policy chains (`pol-…`) in the node's `inet tern` table.
+    pub fn policy_chains(&self) -> usize {
+        self.nft_table()
+            .lines()
+            .filter(|l| l.trim_start().starts_with("chain pol-"))
+            .count()
+    }
+
     /// The node's WorkloadEndpoint documents.
     pub fn endpoints(&self) -> Vec<Value> {
         let (kvs, _) = self
