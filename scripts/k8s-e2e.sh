@@ -25,8 +25,11 @@
 # builds the above, brings up `ternctl lab up --nodes ${E2E_NODES:-2} --kubernetes` under a
 # unique name (tern installed as its DaemonSet, agnhost imported on every node), runs
 # e2e.test (through ginkgo with E2E_PROCS > 1) with the focus and skip below, prints one line
-# per spec and the counts, and takes the lab down (also on failure or Ctrl-C). Results:
-# $E2E_OUT (default /tmp/tern-e2e-<lab>): report.json (ginkgo), junit, e2e.log.
+# per spec that ran (`ok - ...`, `not ok - ...` with the failure's message, `skip - ...` with
+# the reason) and then `# result: passed=N failed=N skipped=N` (the format of tests/e2e/, which
+# scripts/test.sh counts; specs not focused are not counted), and takes the lab down (also on
+# failure, Ctrl-C or SIGTERM). Exit status: e2e.test's. Results: $E2E_OUT (default
+# /tmp/tern-e2e-<lab>): report.json (ginkgo), junit, e2e.log, lab-up.log, lab-down.log.
 #
 # Environment: TERN_K8S_CACHE (default /var/cache/tern); for --run: TERN_BIN_DIR (the
 # workspace's binaries, default <repo>/target/debug), E2E_FOCUS, E2E_SKIP, E2E_PROCS
@@ -242,9 +245,20 @@ BIN_DIR=${TERN_BIN_DIR:-$REPO_DIR/target/debug}
 LAB="e2e$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"
 OUT=${E2E_OUT:-/tmp/tern-e2e-$LAB}
 mkdir -p "$OUT"
+# e2e.test (or ginkgo and its e2e.test processes) runs in a session of its own, in the
+# background, so that a signal to this script is handled at once (bash runs traps only between
+# foreground commands) and stops the whole group before the lab goes down.
+child=""
+stop_child() {
+  [ -n "$child" ] && kill -0 "$child" 2>/dev/null || return 0
+  kill -TERM -- "-$child" 2>/dev/null
+  for _ in $(seq 20); do kill -0 "$child" 2>/dev/null || return 0; sleep 0.5; done
+  kill -KILL -- "-$child" 2>/dev/null || true
+}
 down() { "$BIN_DIR/ternctl" lab --name "$LAB" --bin-dir "$BIN_DIR" down >"$OUT/lab-down.log" 2>&1 || log "lab down failed: see $OUT/lab-down.log"; }
-trap down EXIT
-trap 'exit 130' INT TERM
+trap 'stop_child; down' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 log "lab $LAB: up --nodes ${E2E_NODES:-2} --kubernetes ..."
 start=$SECONDS
 env -u TERN_STORE "$BIN_DIR/ternctl" lab --name "$LAB" --bin-dir "$BIN_DIR" up --nodes "${E2E_NODES:-2}" \
@@ -264,30 +278,52 @@ if [ "$PROCS" -gt 1 ]; then
   for a in "${args[@]}"; do case $a in --ginkgo.*) gargs+=("--${a#--ginkgo.}") ;; esac; done
   targs=()
   for a in "${args[@]}"; do case $a in --ginkgo.*) ;; *) targs+=("$a") ;; esac; done
-  PATH="$BIN:$PATH" "$BIN/ginkgo" --procs="$PROCS" "${gargs[@]}" "$BIN/e2e.test" -- "${targs[@]}" \
-    >"$OUT/e2e.log" 2>&1 || rc=$?
+  cmd=("$BIN/ginkgo" --procs="$PROCS" "${gargs[@]}" "$BIN/e2e.test" -- "${targs[@]}")
 else
-  PATH="$BIN:$PATH" "$BIN/e2e.test" "${args[@]}" >"$OUT/e2e.log" 2>&1 || rc=$?
+  cmd=("$BIN/e2e.test" "${args[@]}")
 fi
+PATH="$BIN:$PATH" setsid -w "${cmd[@]}" >"$OUT/e2e.log" 2>&1 &
+child=$!
+wait "$child" || rc=$?
+child=""
 log "e2e.test exited $rc after $((SECONDS - start)) s"
-python3 - "$OUT/report.json" <<'PY'
+# One line per spec that ran, and the counts (a missing or unreadable report is one failure).
+python3 - "$OUT/report.json" <<'PY' || true
 import json, sys
-counts = {}
-for suite in json.load(open(sys.argv[1])):
+FAILED = {"failed", "panicked", "timedout", "interrupted", "aborted"}
+passed = failed = skipped = unfocused = 0
+try:
+    suites = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print(f"not ok - upstream e2e: no report ({e})")
+    print("# result: passed=0 failed=1 skipped=0")
+    sys.exit(0)
+for suite in suites:
     for s in suite.get("SpecReports") or []:
         if s.get("LeafNodeType") != "It":
             continue
         state = s["State"]
-        counts[state] = counts.get(state, 0) + 1
-        if state == "skipped" and not s.get("Failure"):
-            continue  # not focused, or skipped by --ginkgo.skip
+        msg = (s.get("Failure") or {}).get("Message", "").strip()
+        if state == "skipped" and not msg:
+            unfocused += 1  # not focused, or skipped by --ginkgo.skip
+            continue
         name = " ".join(s["ContainerHierarchyTexts"] + [s["LeafNodeText"]])
         secs = s.get("RunTime", 0) / 1e9
-        print(f"e2e {state.upper()} ({secs:.0f}s) {name}")
-        msg = (s.get("Failure") or {}).get("Message", "").strip()
-        if state != "passed" and msg:
-            print("    " + msg.splitlines()[0][:300])
-print("e2e: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        first = msg.splitlines()[0][:300] if msg else ""
+        if state == "passed":
+            passed += 1
+            print(f"ok - {name} ({secs:.0f}s)")
+        elif state in FAILED:
+            failed += 1
+            print(f"not ok - {name} ({state}, {secs:.0f}s)")
+            for line in msg.splitlines()[:12]:
+                print("#     " + line[:300])
+        else:
+            skipped += 1
+            print(f"skip - {name}: {first}")
+print(f"# upstream e2e: {passed + failed + skipped} specs ran or were skipped at run time, "
+      f"{unfocused} not focused")
+print(f"# result: passed={passed} failed={failed} skipped={skipped}")
 PY
 echo "$OUT"
 exit "$rc"

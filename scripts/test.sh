@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # THE test command for tern: `bash scripts/test.sh`, as root, from the repository root (or anywhere).
 #
-# Steps: install missing Debian packages, rustfmt check, clippy (-D warnings), build the binaries,
-# the workspace's unit/kernel tests, then the end-to-end scripts under tests/e2e/. Every step runs
-# even when an earlier one failed (so one run reports everything), except that the e2e scripts need
-# the binaries and are counted as failed when the build failed.
+# Steps: install missing Debian packages, the Kubernetes components and upstream's e2e binary
+# (cached), rustfmt check, clippy (-D warnings), build the binaries, the workspace's unit/kernel
+# tests, the end-to-end scripts under tests/e2e/, and upstream Kubernetes' [sig-network] e2e
+# specs on a lab cluster (scripts/k8s-e2e.sh --run), which runs in the background from the end
+# of the build step until after the e2e scripts. Every step runs even when an earlier one failed
+# (so one run reports everything), except that the e2e scripts and upstream's specs need the
+# binaries and are counted as failed when the build failed.
 #
 # Environment:
 #   E2E_MODES   plugin modes for the e2e scripts, default "ref tern" (ref = Debian's reference
 #               ptp/host-local plugins, a baseline that proves the harness; tern = the product)
 #   E2E_SCRIPTS e2e scripts to run, default every tests/e2e/*.sh
+#   E2E_UPSTREAM=0 skip upstream's [sig-network] specs (default 1: run them)
+#   E2E_UPSTREAM_PROCS ginkgo processes for them (default 4)
 #   SKIP_CARGO=1 skip fmt/clippy/build/test (for iterating on the e2e scripts only)
-# The last line is exactly `e2e: N passed, N failed`; the exit status is non-zero on any failure.
+# The last line is exactly `e2e: N passed, N failed` (each upstream spec is one check); the
+# exit status is non-zero on any failure.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,7 +59,43 @@ rm -f "$k8s_out"
 # The upstream e2e binary and the agnhost image (scripts/k8s-e2e.sh, same cache): the
 # NetworkPolicy conformance test through kubectl (crates/ctl/tests/lab_kube_netpol.rs) runs
 # its pods on agnhost, as upstream's e2e does. A few minutes on a new machine, seconds after.
-step k8s-e2e-build bash -c 'bash scripts/k8s-e2e.sh >/dev/null'
+e2e_build_ok=1
+step k8s-e2e-build bash -c 'bash scripts/k8s-e2e.sh >/dev/null' || e2e_build_ok=0
+
+# Upstream Kubernetes' [sig-network] NetworkPolicy and Networking specs (about 66 of them) on a
+# lab cluster of its own (unique name; tern installed by its DaemonSet, on target/debug's
+# binaries), in the background: most of its time is spent waiting on probe timeouts, so it
+# overlaps the cargo tests instead of adding its ~10-19 minutes after them. The other Kubernetes
+# labs of the tests tolerate it (kubelet's kernel-wide sysctls are shared through
+# crates/lab/src/kube/sys.rs's registry; their checks account for other clusters).
+upstream_pid=""
+upstream_dir=""
+upstream_t0=0
+upstream_start() {
+  [ "${E2E_UPSTREAM:-1}" != 0 ] && [ -z "$upstream_dir" ] || return 0
+  upstream_dir=$(mktemp -d /tmp/tern-ci-upstream-e2e.XXXXXX)
+  if [ "$build_ok" != 1 ] || [ ! -x target/debug/ternctl ] || [ -z "${TERN_K8S_BIN:-}" ] ||
+    [ "$e2e_build_ok" != 1 ]; then
+    echo "# upstream e2e not run: no binaries (the build failed), or the Kubernetes components or the e2e binary failed to build" \
+      >"$upstream_dir/run.log"
+    return 0
+  fi
+  echo "=== background: upstream e2e (scripts/k8s-e2e.sh --run, procs ${E2E_UPSTREAM_PROCS:-4}), log $upstream_dir/run.log"
+  upstream_t0=$SECONDS
+  E2E_OUT=$upstream_dir E2E_PROCS=${E2E_UPSTREAM_PROCS:-4} E2E_TIMEOUT=${E2E_TIMEOUT:-45m} \
+    TERN_BIN_DIR=$REPO/target/debug bash scripts/k8s-e2e.sh --run >"$upstream_dir/run.log" 2>&1 &
+  upstream_pid=$!
+}
+# Interrupted (Ctrl-C, SIGTERM): the background run is stopped and its lab taken down.
+upstream_stop() {
+  if [ -n "$upstream_pid" ] && kill -0 "$upstream_pid" 2>/dev/null; then
+    kill -TERM "$upstream_pid" 2>/dev/null
+    wait "$upstream_pid" 2>/dev/null
+  fi
+}
+trap upstream_stop EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 build_ok=1
 test_skip_log=$(mktemp)
@@ -61,6 +103,7 @@ if [ "${SKIP_CARGO:-0}" != 1 ]; then
   step fmt cargo fmt --all --check
   step clippy cargo clippy --workspace --all-targets -- -D warnings
   step build cargo build --workspace --bins || build_ok=0
+  upstream_start
   # cargo runs one test binary at a time, so packages never race each other; tests inside one
   # binary may run in parallel and each kernel test owns a private network namespace.
   # Strict mode (crates/testkit): a test missing root, etcd, BIRD, nft or a binary fails instead
@@ -73,11 +116,34 @@ if [ "${SKIP_CARGO:-0}" != 1 ]; then
     step test cargo test --workspace --no-fail-fast
   fi
   unset TERN_TEST_STRICT TERN_TEST_SKIP_LOG
+else
+  upstream_start
 fi
 
 e2e_pass=0
 e2e_fail=0
 e2e_skip=0
+# count_result NAME RC LOG SECONDS: adds the `# result: passed=N failed=N skipped=N` line of
+# LOG to the totals; no such line, or a non-zero RC with no failure reported (e.g. a cleanup
+# error), is one failure.
+count_result() {
+  local name=$1 rc=$2 log=$3 secs=$4 counts p f k
+  counts=$(grep -E '^# result: passed=[0-9]+ failed=[0-9]+ skipped=[0-9]+$' "$log" | tail -1)
+  if [ -z "$counts" ]; then
+    echo "not ok - $name exited with status $rc without reporting its counts"
+    e2e_fail=$((e2e_fail + 1))
+    return
+  fi
+  p=$(sed -E 's/.*passed=([0-9]+).*/\1/' <<<"$counts")
+  f=$(sed -E 's/.*failed=([0-9]+).*/\1/' <<<"$counts")
+  k=$(sed -E 's/.*skipped=([0-9]+).*/\1/' <<<"$counts")
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    echo "not ok - $name exited with status $rc"
+    f=1
+  fi
+  echo "=== e2e done: $name passed=$p failed=$f skipped=$k (${secs}s)"
+  e2e_pass=$((e2e_pass + p)); e2e_fail=$((e2e_fail + f)); e2e_skip=$((e2e_skip + k))
+}
 modes=${E2E_MODES:-ref tern}
 scripts=${E2E_SCRIPTS:-$(ls tests/e2e/*.sh 2>/dev/null)}
 for s in $scripts; do
@@ -92,26 +158,35 @@ for s in $scripts; do
     log=$(mktemp)
     t0=$SECONDS
     PLUGIN=$mode bash "$s" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-    counts=$(grep -E '^# result: passed=[0-9]+ failed=[0-9]+ skipped=[0-9]+$' "$log" | tail -1)
+    count_result "$name" "${PIPESTATUS[0]}" "$log" "$((SECONDS - t0))"
     rm -f "$log"
-    if [ -z "$counts" ]; then
-      echo "not ok - $name exited with status $rc without reporting its counts"
-      e2e_fail=$((e2e_fail + 1))
-      continue
-    fi
-    p=$(sed -E 's/.*passed=([0-9]+).*/\1/' <<<"$counts")
-    f=$(sed -E 's/.*failed=([0-9]+).*/\1/' <<<"$counts")
-    k=$(sed -E 's/.*skipped=([0-9]+).*/\1/' <<<"$counts")
-    # A script that reports no failures but exits non-zero (e.g. a cleanup error) still fails.
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-      echo "not ok - $name exited with status $rc"
-      f=1
-    fi
-    echo "=== e2e done: $name passed=$p failed=$f skipped=$k ($((SECONDS - t0))s)"
-    e2e_pass=$((e2e_pass + p)); e2e_fail=$((e2e_fail + f)); e2e_skip=$((e2e_skip + k))
   done
 done
+
+# Upstream's specs: joined here, their output printed (a line per spec; the failures with
+# their messages) and every spec counted as one check.
+if [ -n "$upstream_dir" ]; then
+  name="k8s-upstream-e2e[sig-network]"
+  rc=1
+  if [ -n "$upstream_pid" ]; then
+    t0=$SECONDS
+    echo "=== e2e: $name (in the background for $((SECONDS - upstream_t0))s so far)"
+    wait "$upstream_pid"
+    rc=$?
+    upstream_pid=""
+    echo "=== e2e: $name waited $((SECONDS - t0))s after the other steps"
+  else
+    echo "=== e2e: $name"
+  fi
+  cat "$upstream_dir/run.log"
+  count_result "$name" "$rc" "$upstream_dir/run.log" "$((SECONDS - upstream_t0))"
+  # Kept for inspection (report.json, e2e.log, the lab's logs) only when something failed.
+  if [ "$rc" = 0 ] && grep -qE '^# result: passed=[0-9]+ failed=0 ' "$upstream_dir/run.log"; then
+    rm -rf "$upstream_dir"
+  else
+    echo "upstream e2e results kept in $upstream_dir"
+  fi
+fi
 
 if [ "${#failed_steps[@]}" -gt 0 ]; then
   echo "failed steps: ${failed_steps[*]}"

@@ -28,7 +28,11 @@
 //! next hop resolved through the kernel's table when it is not on a connected network.
 //! Prefixes inside pools that encapsulate (VXLAN, IPIP) stay with the route reconciler, and
 //! the reconciler leaves direct routes of unencapsulated pools to BGP
-//! ([`reconciler_owns`]): the two never write the same route.
+//! ([`reconciler_owns`]): the two never write the same route. The one hand-over: proto-85
+//! routes the speaker no longer routes, because a pool switched to VXLAN/IPIP or the agent
+//! now runs without `--bgp`, are left for the reconciler to replace in place
+//! (`Dataplane::adopt_bgp_routes`), so the switch from BGP to VXLAN leaves no destination
+//! unrouted and no stale BGP route behind.
 //!
 //! Restarts: proto-85 routes found at start mean the agent restarted; the speaker then sets
 //! the graceful-restart Restart State bit, keeps those routes while the sessions come back
@@ -283,6 +287,12 @@ pub fn originated(snap: &Snapshot, me: &str) -> BTreeSet<IpNet> {
             }
         }
     }
+    // `--use-pod-cidr`: the node's podCIDRs, as its blocks.
+    for pc in snap.routed_pod_cidrs() {
+        if pc.node == me {
+            out.insert(pc.cidr);
+        }
+    }
     out
 }
 
@@ -330,6 +340,9 @@ pub struct ImportPolicy {
     /// Peers that are route reflectors: they relay other nodes' routes, so they may announce
     /// any node's block and borrowed addresses.
     pub reflectors: BTreeSet<IpAddr>,
+    /// `--use-pod-cidr`: other nodes' podCIDRs and their node. Accepted exactly, inside or
+    /// outside a pool, from that node or a route reflector, as a block from its owner.
+    pub pod_cidrs: BTreeMap<IpNet, String>,
 }
 
 /// Another node's block as the import policy sees it.
@@ -449,6 +462,13 @@ impl ImportPolicy {
                 }
             }
         }
+        for pc in snap.routed_pod_cidrs() {
+            if pc.node == me {
+                p.own_blocks.push(pc.cidr);
+            } else {
+                p.pod_cidrs.insert(pc.cidr, pc.node.clone());
+            }
+        }
         for n in &snap.nodes {
             for a in &n.addresses {
                 p.node_addresses.insert(a.addr());
@@ -557,6 +577,14 @@ impl ImportPolicy {
         {
             return Err(Rejection::NodeAddress(*a));
         }
+        if let Some(owner) = self.pod_cidrs.get(&prefix) {
+            let from_owner = self.peer_nodes.get(&peer) == Some(owner)
+                || next_hop.is_some_and(|h| self.peer_nodes.get(&h) == Some(owner));
+            if self.reflectors.contains(&peer) || from_owner {
+                return Ok(());
+            }
+            return Err(Rejection::NotBlockOwner(prefix));
+        }
         let pool = self
             .pools
             .iter()
@@ -644,6 +672,8 @@ pub struct BgpSettings {
     pub node_name: String,
     /// `--node-ip`: the address written to `spec.bgp.ipv4Address` when unset.
     pub node_ip: Option<IpAddr>,
+    /// `--use-pod-cidr`: advertise this node's podCIDRs, accept the other nodes'.
+    pub use_pod_cidr: bool,
 }
 
 impl Bgp {
@@ -1061,7 +1091,8 @@ impl Runner {
                 _ => None,
             })
             .collect();
-        let snap = load_snapshot(store).map_err(BgpError::Store)?;
+        let mut snap = load_snapshot(store).map_err(BgpError::Store)?;
+        snap.use_pod_cidr = self.settings.use_pod_cidr;
         self.pools = snap.pools.clone();
         let ranges = tern_model::list_resources_warn(store, Kind::IpPool, "BGP")
             .map_err(st)?
@@ -1113,7 +1144,11 @@ impl Runner {
             RouteEvent::Remove { prefix } => {
                 self.learned.remove(&prefix);
                 self.conflicts.remove(&prefix);
-                if let Err(e) = uninstall(prefix) {
+                // In a pool that encapsulates, the reconciler replaces our old route in place
+                // (`Dataplane::adopt_bgp_routes`): removing it here would leave a gap.
+                if !reconciler_owns(&self.pools, &prefix)
+                    && let Err(e) = uninstall(prefix)
+                {
                     log::warn!("BGP: removing {prefix}: {e}");
                 }
             }
@@ -1216,7 +1251,10 @@ impl Runner {
             }
         }
         for p in have.keys() {
+            // Routes in pools that encapsulate (one switched from BGP to VXLAN) are left to the
+            // reconciler, which replaces them in place with its tunnel routes.
             if !want.contains_key(p)
+                && !reconciler_owns(&self.pools, p)
                 && let Err(e) = uninstall(*p)
             {
                 log::warn!("BGP: removing {p}: {e}");

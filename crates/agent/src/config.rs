@@ -49,6 +49,10 @@ pub struct AgentConfig {
     /// Run the BGP speaker (`--bgp`, see [`crate::bgp`]): routes to other nodes' blocks in
     /// unencapsulated pools are then learned over BGP instead of computed from the store.
     pub bgp: bool,
+    /// Route every node's Kubernetes podCIDRs (tern Node `spec.podCIDRs`) to it like a block
+    /// affine to it, and advertise this node's over BGP (`--use-pod-cidr`, for a delegated
+    /// host-local with `ipam.subnet: usePodCidr`; Calico's `USE_POD_CIDR`). Off by default.
+    pub use_pod_cidr: bool,
     /// Read pods, namespaces and NetworkPolicies from the Kubernetes API server
     /// (`--kubernetes`, or implied by `--kubeconfig`; see [`crate::kube`]).
     pub kubernetes: bool,
@@ -93,6 +97,7 @@ impl AgentConfig {
             node_ip: None,
             dataplane: true,
             bgp: false,
+            use_pod_cidr: false,
             kubernetes: false,
             kubeconfig: None,
             socket_group: 0,

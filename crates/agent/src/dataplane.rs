@@ -5,7 +5,9 @@
 //! Triggers: start-up, a store watch on `/tern/v1/` (debounced, so an event reaches the kernel
 //! within ~100 ms), and the periodic resync. Only tern-owned state is ever removed: routes with
 //! protocol 84 in the main table that do not go out of a tern veth (those are the endpoint
-//! code's per-pod routes), and neighbour / FDB entries on `vxlan.tern`.
+//! code's per-pod routes), neighbour / FDB entries on `vxlan.tern`, and tern's own BGP routes
+//! (protocol 85) once no speaker routes them (`Dataplane::adopt_bgp_routes`: the switch from
+//! BGP to VXLAN, or ternd restarted without `--bgp`).
 
 pub mod node;
 
@@ -23,8 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tern_ipam::Ipam;
-use tern_linux::TERN_ROUTE_PROTOCOL;
 use tern_linux::netlink::{Handle, MAIN_TABLE, Route, RouteKind, Scope};
+use tern_linux::{TERN_BGP_ROUTE_PROTOCOL, TERN_ROUTE_PROTOCOL};
 use tern_model::Kind;
 use tern_store::{Store, keys};
 
@@ -71,6 +73,8 @@ pub struct Dataplane {
     policy: Mutex<Option<Arc<dyn NatTable>>>,
     /// BGP routes the unencapsulated pools ([`Dataplane::set_bgp_routing`]).
     bgp: AtomicBool,
+    /// Route the nodes' podCIDRs ([`Dataplane::set_pod_cidr_routing`]).
+    pod_cidr: AtomicBool,
 }
 
 impl Dataplane {
@@ -91,6 +95,7 @@ impl Dataplane {
             nat_applied: Mutex::new(None),
             policy: Mutex::new(None),
             bgp: AtomicBool::new(false),
+            pod_cidr: AtomicBool::new(false),
             cfg,
         })
     }
@@ -104,6 +109,12 @@ impl Dataplane {
     /// the BGP speaker ([`crate::bgp`]); VXLAN / IPIP routes and own blackholes stay here.
     pub fn set_bgp_routing(&self, on: bool) {
         self.bgp.store(on, Ordering::Relaxed);
+    }
+
+    /// `--use-pod-cidr`: route every other node's Kubernetes podCIDRs (Node `spec.podCIDRs`) to
+    /// it like a block affine to it, and blackhole this node's own ([`crate::routes::compute`]).
+    pub fn set_pod_cidr_routing(&self, on: bool) {
+        self.pod_cidr.store(on, Ordering::Relaxed);
     }
 
     /// Number of completed syncs.
@@ -206,12 +217,14 @@ impl Dataplane {
             }
         };
         r.errors.append(&mut snap.errors);
+        snap.use_pod_cidr = self.pod_cidr.load(Ordering::Relaxed);
         match self.register(&snap) {
             Ok(_) => {
                 // Registration may have changed our own Node: re-read it for the VTEP.
                 if let Ok(s2) = load_snapshot(&*self.store) {
                     snap.nodes = s2.nodes;
                     snap.blocks = s2.blocks;
+                    snap.pod_cidrs = s2.pod_cidrs;
                 }
             }
             Err(e) => r.errors.push(format!("registering node: {e}")),
@@ -240,7 +253,7 @@ impl Dataplane {
         let me = snap.nodes.iter().find(|n| n.name == self.cfg.node_name);
         let vxlan_idx = self.sync_vxlan(&mut h, &desired, me, &mut r);
         let ipip_idx = self.sync_ipip(&mut h, &desired, &mut r);
-        self.sync_routes(&mut h, &desired, vxlan_idx, ipip_idx, &mut r);
+        self.sync_routes(&mut h, &desired, &snap, vxlan_idx, ipip_idx, &mut r);
         let policy = self.policy.lock().unwrap().clone();
         if let Some(engine) = policy {
             if let Err(e) = engine.replace_nat(crate::nat::chains(&snap.pools)) {
@@ -509,6 +522,7 @@ impl Dataplane {
         &self,
         h: &mut Handle,
         d: &Desired,
+        snap: &Snapshot,
         vxlan: Option<u32>,
         ipip: Option<u32>,
         r: &mut SyncReport,
@@ -540,6 +554,7 @@ impl Dataplane {
                 }
             }
         }
+        let have = self.adopt_bgp_routes(h, &want, have, snap, r);
         for op in plan::plan(&want, &have, &veths) {
             match op {
                 RouteOp::Delete(x) => match h.delete_route_full(&x) {
@@ -557,6 +572,95 @@ impl Dataplane {
                     want.dst, foreign.protocol
                 )),
             }
+        }
+    }
+
+    /// Takes over the proto-85 routes of tern's BGP speaker that no speaker routes any more:
+    /// all of them when ternd runs without `--bgp` (left in the kernel by an agent that ran
+    /// with it, for graceful restart: after a switch from BGP to VXLAN they would otherwise
+    /// stay for good, foreign to [`plan::owned`](crate::routes::plan::owned), and block the
+    /// tunnel routes), and with `--bgp` those inside pools that encapsulate (a pool switched to
+    /// VXLAN or IPIP: [`reconciler_owns`]). Each is replaced in place by the reconciler's route
+    /// for its destination (`NLM_F_REPLACE` keeps the destination routed throughout); kept
+    /// while its destination is another node's block the reconciler cannot route yet (that
+    /// node's VTEP not registered: the old route still carries its traffic meanwhile); deleted
+    /// otherwise. Returns `have` with the replaced routes as the reconciler's own and the
+    /// deleted ones gone, for [`crate::routes::plan::plan`].
+    fn adopt_bgp_routes(
+        &self,
+        h: &mut Handle,
+        want: &[Route],
+        have: Vec<Route>,
+        snap: &Snapshot,
+        r: &mut SyncReport,
+    ) -> Vec<Route> {
+        let bgp = self.bgp.load(Ordering::Relaxed);
+        let me = self.cfg.node_name.as_str();
+        let mut out = Vec::with_capacity(have.len());
+        for x in have {
+            let adopt = x.protocol == TERN_BGP_ROUTE_PROTOCOL
+                && x.table == MAIN_TABLE
+                && (!bgp || reconciler_owns(&snap.pools, &x.dst));
+            if !adopt {
+                out.push(x);
+                continue;
+            }
+            match want.iter().find(|w| w.dst == x.dst) {
+                Some(w) if w.kind == x.kind => match h.replace_route_full(w) {
+                    Ok(()) => {
+                        log::info!(
+                            "took over the BGP route {} (via {:?}): the reconciler's now (via {:?})",
+                            x.dst,
+                            x.gateway,
+                            w.gateway
+                        );
+                        r.routes_set += 1;
+                        out.push(w.clone());
+                    }
+                    Err(e) => {
+                        r.errors
+                            .push(format!("replacing the BGP route {}: {e}", x.dst));
+                        out.push(x);
+                    }
+                },
+                // Another type (a blackhole): deleted here, added by the plan.
+                Some(_) => self.delete_bgp_route(h, &x, r),
+                None => {
+                    // A remote block (or, with `--use-pod-cidr`, a remote node's podCIDR)
+                    // whose VXLAN endpoint is not registered yet: the old route still
+                    // carries its traffic until the plan can replace it.
+                    let remote_block =
+                        snap.blocks.iter().any(|b| {
+                            b.cidr == x.dst && b.affinity.as_deref().is_some_and(|a| a != me)
+                        }) || snap
+                            .routed_pod_cidrs()
+                            .iter()
+                            .any(|p| p.cidr == x.dst && p.node != me);
+                    if remote_block {
+                        out.push(x);
+                    } else {
+                        self.delete_bgp_route(h, &x, r);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Deletes a proto-85 route [`Dataplane::adopt_bgp_routes`] took over.
+    fn delete_bgp_route(&self, h: &mut Handle, x: &Route, r: &mut SyncReport) {
+        match h.delete_route_full(x) {
+            Ok(_) => {
+                log::info!(
+                    "removed the BGP route {} (via {:?}): no BGP speaker routes it",
+                    x.dst,
+                    x.gateway
+                );
+                r.routes_removed += 1;
+            }
+            Err(e) => r
+                .errors
+                .push(format!("removing the BGP route {}: {e}", x.dst)),
         }
     }
 

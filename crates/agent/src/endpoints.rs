@@ -93,7 +93,30 @@ pub fn key_of(a: &Attachment) -> AttachmentKey {
 pub struct Endpoints {
     store: Arc<dyn Store>,
     node: String,
-    cache: Mutex<HashMap<AttachmentKey, Endpoint>>,
+    cache: Mutex<Cache>,
+}
+
+/// The cache and what the agent itself wrote while a [`Endpoints::refresh`] was reading the
+/// store: a refresh lists the store first and replaces the cache after, so an ADD's endpoint
+/// written in between is not in the list, and dropping it would make the pod's veth look
+/// like an orphan to the reconciler, which deletes it (a live pod cut off and its address
+/// released: seen under the upstream e2e).
+#[derive(Default)]
+struct Cache {
+    map: HashMap<AttachmentKey, Endpoint>,
+    /// Incremented when a refresh starts.
+    epoch: u64,
+    /// Attachments written ([`Endpoints::put`]) or deleted ([`Endpoints::remove`]) by this
+    /// agent, with the epoch of the write; a refresh that started at or before that epoch
+    /// keeps the cache's entry (or its absence) for them.
+    touched: HashMap<AttachmentKey, u64>,
+}
+
+impl Cache {
+    fn touch(&mut self, k: AttachmentKey) {
+        let e = self.epoch;
+        self.touched.insert(k, e);
+    }
 }
 
 impl Endpoints {
@@ -102,33 +125,51 @@ impl Endpoints {
         let eps = Endpoints {
             store,
             node: node.to_string(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Cache::default()),
         };
         eps.refresh()?;
         Ok(eps)
     }
 
     /// Re-reads the node's endpoints from the store into the cache.
+    /// Endpoints this agent wrote or deleted while the list was read keep their cached state
+    /// (see [`Cache`]).
     pub fn refresh(&self) -> Result<(), StoreError> {
+        let start = {
+            let mut c = self.cache.lock().unwrap();
+            c.epoch += 1;
+            c.epoch
+        };
         let list = crate::endpoints::store_io::list(&*self.store, &self.node)?;
-        let mut cache = self.cache.lock().unwrap();
-        cache.clear();
-        for ep in list {
-            cache.insert(key_of(&ep.attachment), ep);
+        let mut c = self.cache.lock().unwrap();
+        let mut map: HashMap<AttachmentKey, Endpoint> = list
+            .into_iter()
+            .map(|ep| (key_of(&ep.attachment), ep))
+            .collect();
+        let Cache {
+            map: old, touched, ..
+        } = &mut *c;
+        touched.retain(|_, e| *e >= start);
+        for k in touched.keys() {
+            match old.get(k) {
+                Some(ep) => map.insert(k.clone(), ep.clone()),
+                None => map.remove(k),
+            };
         }
+        c.map = map;
         Ok(())
     }
 
     pub fn get(&self, a: &Attachment) -> Option<Endpoint> {
-        self.cache.lock().unwrap().get(&key_of(a)).cloned()
+        self.cache.lock().unwrap().map.get(&key_of(a)).cloned()
     }
 
     pub fn all(&self) -> Vec<Endpoint> {
-        self.cache.lock().unwrap().values().cloned().collect()
+        self.cache.lock().unwrap().map.values().cloned().collect()
     }
 
     pub fn len(&self) -> usize {
-        self.cache.lock().unwrap().len()
+        self.cache.lock().unwrap().map.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -140,10 +181,10 @@ impl Endpoints {
     /// gets the endpoint as written.
     pub fn put(&self, ep: Endpoint) -> Result<(), StoreError> {
         let ep = store_io::put(&*self.store, &ep)?;
-        self.cache
-            .lock()
-            .unwrap()
-            .insert(key_of(&ep.attachment), ep);
+        let mut c = self.cache.lock().unwrap();
+        let k = key_of(&ep.attachment);
+        c.touch(k.clone());
+        c.map.insert(k, ep);
         Ok(())
     }
 
@@ -166,7 +207,9 @@ impl Endpoints {
             // named by pod and interface, so it may be another sandbox's of the same pod.
             store_io::delete_if_attachment(&*self.store, &ep)?;
         }
-        self.cache.lock().unwrap().remove(&key_of(a));
+        let mut c = self.cache.lock().unwrap();
+        c.touch(key_of(a));
+        c.map.remove(&key_of(a));
         Ok(())
     }
 }
@@ -258,7 +301,7 @@ pub mod store_io {
         }
     }
 
-    fn key(ep: &Endpoint) -> String {
+    pub(super) fn key(ep: &Endpoint) -> String {
         tern_store::keys::namespaced_resource("WorkloadEndpoint", &ep.namespace(), &ep.name())
     }
 
@@ -439,6 +482,56 @@ mod tests {
             Resource::WorkloadEndpoint(w) => w,
             other => panic!("not a WorkloadEndpoint: {other:?}"),
         }
+    }
+
+    /// An ADD's endpoint written while a refresh reads the store (so the list misses it)
+    /// survives the refresh; a later refresh converges on the store again.
+    #[test]
+    fn an_endpoint_written_during_a_refresh_is_kept() {
+        use std::sync::OnceLock;
+        use tern_store::testing::{Call, Hook, Hooked, Verdict};
+        #[derive(Default)]
+        struct PutDuringList {
+            eps: OnceLock<Arc<Endpoints>>,
+            inner: OnceLock<Arc<dyn Store>>,
+            pending: Mutex<Option<Endpoint>>,
+        }
+        impl Hook for PutDuringList {
+            fn before(&self, call: &Call<'_>) -> Verdict {
+                if matches!(call, Call::Range(_))
+                    && let Some(ep) = self.pending.lock().unwrap().take()
+                {
+                    // The ADD's put (store and cache), then the key taken out of the store
+                    // underneath: the list about to run sees the store as it was before.
+                    let key = store_io::key(&ep);
+                    self.eps.get().unwrap().put(ep).unwrap();
+                    let txn = tern_store::Txn {
+                        compare: vec![],
+                        success: vec![tern_store::Op::delete(key)],
+                        failure: vec![],
+                    };
+                    self.inner.get().unwrap().txn(txn).unwrap();
+                }
+                Verdict::Forward
+            }
+        }
+        let inner: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let hooked = Hooked::new(inner.clone(), PutDuringList::default());
+        let store: Arc<dyn Store> = hooked.clone();
+        let eps = Arc::new(Endpoints::load(store, "n1").unwrap());
+        let _ = hooked.hook.eps.set(eps.clone());
+        let _ = hooked.hook.inner.set(inner);
+        let e = ep("c1", vec![]);
+        *hooked.hook.pending.lock().unwrap() = Some(e.clone());
+        eps.refresh().unwrap();
+        assert_eq!(
+            eps.get(&e.attachment),
+            Some(e.clone()),
+            "lost by the refresh"
+        );
+        // The next refresh reads a store without it and nothing wrote it since: gone.
+        eps.refresh().unwrap();
+        assert_eq!(eps.get(&e.attachment), None);
     }
 
     #[test]

@@ -322,24 +322,33 @@ impl Agent {
         // The path comes from the store: opened without blocking (a FIFO would hang the
         // maintenance thread and the start-up pass), and only a network namespace other than
         // the node's own is wired (the same checks as a namespace passed on the socket).
+        // Released only when the namespace is gone (no path, or nothing at it). A path that
+        // exists but is not a network namespace this agent can check (a mount that did not
+        // propagate into ternd's container, a permission problem) may still be a live pod:
+        // releasing its address would let another pod get it, so it is reported and kept.
         let ns = if a.netns_path.is_empty() {
             None
         } else {
+            let not_checked = |why: String, r: &mut Report| {
+                r.errors.push(format!(
+                    "not repairing or releasing {} of {}/{}: netns {}: {why}",
+                    ep.host_ifname, a.container_id, a.ifname, a.netns_path
+                ));
+            };
             match tern_linux::netns::open_nonblocking(ns_path) {
                 Ok(fd) => match crate::server::check_netns_fd(
                     std::os::fd::AsFd::as_fd(&fd),
                     &self.host_netns,
                 ) {
                     Ok(()) => Some(NetNs::from_fd(fd)),
-                    Err(why) => {
-                        r.errors.push(format!(
-                            "not repairing {} of {}/{}: netns {}: {why}",
-                            ep.host_ifname, a.container_id, a.ifname, a.netns_path
-                        ));
-                        None
-                    }
+                    Err(why) => return not_checked(why.to_string(), r),
                 },
-                Err(_) => None,
+                Err(tern_linux::netns::NsFileError::Open(e))
+                    if e.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    None
+                }
+                Err(e) => return not_checked(e.to_string(), r),
             }
         };
         if let Some(ns) = ns {
@@ -368,7 +377,15 @@ impl Agent {
                     r.endpoints_repaired += 1;
                     return;
                 }
-                Err(e) => r.errors.push(format!("repairing {}: {e}", ep.host_ifname)),
+                // The namespace is alive, so the pod may be: its address stays allocated
+                // (the next pass tries again; the pod's DEL releases it).
+                Err(e) => {
+                    r.errors.push(format!(
+                        "repairing {} (address kept: its network namespace is alive): {e}",
+                        ep.host_ifname
+                    ));
+                    return;
+                }
             }
         }
         match self.release_attachment(a, ep.delegated_ipam) {

@@ -1,12 +1,15 @@
 //! Desired dataplane state, computed purely from a store snapshot: the routes to remote blocks
 //! (direct, VXLAN, IPIP, CrossSubnet), blackholes for own blocks, `/32` routes for borrowed
-//! addresses, and the VXLAN neighbours (ARP + FDB) of remote VTEPs. No kernel access here:
+//! addresses, and the VXLAN neighbours (ARP + FDB) of remote VTEPs. With `--use-pod-cidr`
+//! ([`Snapshot::use_pod_cidr`]) every node's Kubernetes podCIDRs are routed like blocks affine
+//! to it: the encapsulation of the pool covering the podCIDR, direct routing when no pool
+//! covers it, a blackhole for the node's own. No kernel access here:
 //! [`plan`] diffs the routes against what the kernel reports, and the reconciler in
 //! `crate::dataplane` applies the resulting operations.
 
 pub mod plan;
 
-use crate::snapshot::{NodeInfo, PoolInfo, Snapshot};
+use crate::snapshot::{NodeInfo, PodCidr, PoolInfo, Snapshot};
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -146,8 +149,9 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
         }
     }
     let vtep_of = |node: &str| d.vteps.iter().find(|v| v.node == node).cloned();
-    // The route towards `dst` on `node` through `pool`, or why there is none.
-    let target = |dst: &IpNet, node: &str, pool: &PoolInfo| -> Result<Target, String> {
+    // The route towards `dst` on `node` through `pool` (none, for a podCIDR outside every
+    // pool: routed directly), or why there is none.
+    let target = |dst: &IpNet, node: &str, pool: Option<&PoolInfo>| -> Result<Target, String> {
         let n = nodes
             .get(node)
             .ok_or_else(|| format!("no Node resource for node {node} (owner of {dst})"))?;
@@ -155,7 +159,7 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
             .address_like(&dst.addr())
             .ok_or_else(|| format!("node {node} has no IPv{} address for {dst}", fam(dst)))?
             .addr();
-        let (mut encap, cross) = encap(pool);
+        let (mut encap, cross) = pool.map_or((Encap::None, false), encap);
         if cross && same_subnet(local_subnets, &addr) {
             encap = Encap::None;
         }
@@ -178,7 +182,7 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
             Some(a) if a == me => {
                 d.routes.insert(b.cidr, Target::Blackhole);
             }
-            Some(a) => match target(&b.cidr, a, pool) {
+            Some(a) => match target(&b.cidr, a, Some(pool)) {
                 Ok(t) => {
                     d.routes.insert(b.cidr, t);
                 }
@@ -192,7 +196,7 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
                 continue;
             }
             let dst = IpNet::from(*ip);
-            match target(&dst, by, pool) {
+            match target(&dst, by, Some(pool)) {
                 Ok(t) => {
                     d.routes.insert(dst, t);
                 }
@@ -200,7 +204,55 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
             }
         }
     }
+    for pc in s.routed_pod_cidrs() {
+        if let Err(e) = pod_cidr_usable(s, pc) {
+            d.errors.push(e);
+            continue;
+        }
+        // A tern block with the same CIDR is routed as the block (its affinity is the truth
+        // of tern's IPAM); the overlap is a misconfiguration worth reporting.
+        if d.routes.contains_key(&pc.cidr) {
+            d.errors.push(format!(
+                "podCIDR {} of node {} is also a tern IPAM block or address; routed as that",
+                pc.cidr, pc.node
+            ));
+            continue;
+        }
+        if pc.node == me {
+            d.routes.insert(pc.cidr, Target::Blackhole);
+            continue;
+        }
+        match target(&pc.cidr, &pc.node, pool_of(&pc.cidr)) {
+            Ok(t) => {
+                d.routes.insert(pc.cidr, t);
+            }
+            Err(e) => d.errors.push(e),
+        }
+    }
     d
+}
+
+/// Whether podCIDR `pc` may be routed: not a default route and not covering a node's underlay
+/// address (either would take the underlay's traffic away from it).
+fn pod_cidr_usable(s: &Snapshot, pc: &PodCidr) -> Result<(), String> {
+    if pc.cidr.prefix_len() == 0 {
+        return Err(format!(
+            "podCIDR {} of node {} not routed: a default route",
+            pc.cidr, pc.node
+        ));
+    }
+    for n in &s.nodes {
+        if let Some(a) = n.addresses.iter().find(|a| pc.cidr.contains(&a.addr())) {
+            return Err(format!(
+                "podCIDR {} of node {} not routed: it covers the underlay address {} of node {}",
+                pc.cidr,
+                pc.node,
+                a.addr(),
+                n.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn fam(n: &IpNet) -> u8 {
@@ -256,8 +308,22 @@ mod tests {
                 block("10.244.1.0/26", "b", &[("10.244.1.1", "b")]),
                 block("10.244.2.0/26", "c", &[("10.244.2.1", "c")]),
             ],
-            errors: vec![],
+            ..Snapshot::default()
         }
+    }
+
+    /// [`snap`] with podCIDRs 10.250.<i>.0/24 on a, b and c, routed (`--use-pod-cidr`).
+    fn with_pod_cidrs(mut s: Snapshot) -> Snapshot {
+        s.pod_cidrs = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, node)| PodCidr {
+                node: node.to_string(),
+                cidr: n(&format!("10.250.{i}.0/24")),
+            })
+            .collect();
+        s.use_pod_cidr = true;
+        s
     }
 
     fn local() -> Vec<IpNet> {
@@ -405,6 +471,189 @@ mod tests {
         s.blocks.push(block("10.99.0.0/26", "b", &[]));
         let d = compute(&s, "a", &local());
         assert!(!d.routes.contains_key(&n("10.99.0.0/26")));
+    }
+
+    #[test]
+    fn pod_cidrs_are_not_routed_unless_use_pod_cidr_is_set() {
+        let plain = snap(pool("10.244.0.0/16", EncapMode::Never, EncapMode::Never));
+        let mut s = with_pod_cidrs(plain.clone());
+        s.use_pod_cidr = false;
+        assert!(s.routed_pod_cidrs().is_empty());
+        let d = compute(&s, "a", &local());
+        assert_eq!(d, compute(&plain, "a", &local()));
+        assert!(!d.routes.keys().any(|r| n("10.250.0.0/16").contains(r)));
+    }
+
+    #[test]
+    fn pod_cidrs_outside_every_pool_route_directly_and_own_is_blackholed() {
+        // Even with a VXLAN pool elsewhere: a podCIDR no pool covers is routed directly.
+        for vx in [EncapMode::Never, EncapMode::Always] {
+            let s = with_pod_cidrs(snap(pool("10.244.0.0/16", vx, EncapMode::Never)));
+            let d = compute(&s, "a", &local());
+            assert_routes(
+                &d,
+                &[
+                    ("10.250.0.0/24", Target::Blackhole),
+                    ("10.250.1.0/24", Target::Direct(ip("198.18.0.2"))),
+                    ("10.250.2.0/24", Target::Direct(ip("198.18.5.3"))),
+                ],
+            );
+            assert!(d.errors.is_empty(), "{:?}", d.errors);
+            // The blocks are routed as before.
+            let blocks = compute(
+                &snap(pool("10.244.0.0/16", vx, EncapMode::Never)),
+                "a",
+                &local(),
+            );
+            for (dst, t) in &blocks.routes {
+                assert_eq!(d.routes.get(dst), Some(t), "{dst}");
+            }
+            assert_eq!(d.routes.len(), blocks.routes.len() + 3);
+        }
+    }
+
+    #[test]
+    fn pod_cidrs_take_the_encapsulation_of_the_pool_covering_them() {
+        let mut s = with_pod_cidrs(snap(pool(
+            "10.244.0.0/16",
+            EncapMode::Never,
+            EncapMode::Never,
+        )));
+        s.pools
+            .push(pool("10.250.0.0/16", EncapMode::Always, EncapMode::Never));
+        let d = compute(&s, "a", &local());
+        assert!(d.vxlan);
+        assert_routes(
+            &d,
+            &[
+                ("10.250.0.0/24", Target::Blackhole),
+                ("10.250.1.0/24", Target::Vxlan(ip("10.244.1.1"))),
+                ("10.250.2.0/24", Target::Vxlan(ip("10.244.2.1"))),
+                // The blocks of the unencapsulated pool stay direct.
+                ("10.244.1.0/26", Target::Direct(ip("198.18.0.2"))),
+            ],
+        );
+        let vteps: Vec<_> = d.vteps.iter().map(|v| v.node.as_str()).collect();
+        assert_eq!(vteps, ["b", "c"]);
+        // CrossSubnet: b shares a's subnet, c does not.
+        s.pools[1].vxlan = EncapMode::CrossSubnet;
+        let d = compute(&s, "a", &local());
+        assert_routes(
+            &d,
+            &[
+                ("10.250.1.0/24", Target::Direct(ip("198.18.0.2"))),
+                ("10.250.2.0/24", Target::Vxlan(ip("10.244.2.1"))),
+            ],
+        );
+        // A node without a VTEP yet: reported, its podCIDR not routed, the others are.
+        s.nodes[2].vxlan_tunnel_addr = None;
+        s.pools[1].vxlan = EncapMode::Always;
+        let d = compute(&s, "a", &local());
+        assert!(!d.routes.contains_key(&n("10.250.2.0/24")));
+        assert!(
+            d.errors
+                .iter()
+                .any(|e| e.contains("node c") && e.contains("10.250.2.0/24")),
+            "{:?}",
+            d.errors
+        );
+        assert!(d.routes.contains_key(&n("10.250.1.0/24")));
+    }
+
+    #[test]
+    fn a_pod_cidr_route_goes_with_the_pod_cidr_or_the_node() {
+        let base = with_pod_cidrs(snap(pool(
+            "10.244.0.0/16",
+            EncapMode::Never,
+            EncapMode::Never,
+        )));
+        let mut s = base.clone();
+        s.pod_cidrs.retain(|p| p.node != "b");
+        let d = compute(&s, "a", &local());
+        assert!(!d.routes.contains_key(&n("10.250.1.0/24")));
+        assert!(d.routes.contains_key(&n("10.250.2.0/24")));
+        // A podCIDR whose node has no Node resource (only possible in a hand-edited store):
+        // reported, not routed.
+        let mut s = base.clone();
+        s.nodes.retain(|n| n.name != "c");
+        let d = compute(&s, "a", &local());
+        assert!(!d.routes.contains_key(&n("10.250.2.0/24")));
+        assert!(
+            d.errors
+                .iter()
+                .any(|e| e.contains("no Node resource for node c (owner of 10.250.2.0/24)")),
+            "{:?}",
+            d.errors
+        );
+        // Several podCIDRs of one node (dual-stack style): each routed; an IPv6 one without
+        // an IPv6 node address is reported.
+        let mut s = base;
+        s.pod_cidrs.push(PodCidr {
+            node: "b".into(),
+            cidr: n("10.251.1.0/24"),
+        });
+        s.pod_cidrs.push(PodCidr {
+            node: "b".into(),
+            cidr: n("fd00:250:1::/64"),
+        });
+        let d = compute(&s, "a", &local());
+        assert_routes(&d, &[("10.251.1.0/24", Target::Direct(ip("198.18.0.2")))]);
+        assert!(
+            d.errors
+                .iter()
+                .any(|e| e.contains("node b has no IPv6 address for fd00:250:1::/64")),
+            "{:?}",
+            d.errors
+        );
+    }
+
+    #[test]
+    fn dangerous_or_overlapping_pod_cidrs_are_reported_not_routed() {
+        let mut s = with_pod_cidrs(snap(pool(
+            "10.244.0.0/16",
+            EncapMode::Never,
+            EncapMode::Never,
+        )));
+        let pc = |node: &str, cidr: &str| PodCidr {
+            node: node.into(),
+            cidr: n(cidr),
+        };
+        s.pod_cidrs = vec![
+            // A default route.
+            pc("b", "0.0.0.0/0"),
+            // Covers node c's underlay address (and a's own: no blackhole over the underlay).
+            pc("b", "198.18.5.0/25"),
+            pc("a", "198.18.0.0/28"),
+            // The same CIDR as c's tern block: the block's route stays.
+            pc("b", "10.244.2.0/26"),
+            // Fine.
+            pc("b", "10.250.1.0/24"),
+        ];
+        let d = compute(&s, "a", &local());
+        for bad in ["0.0.0.0/0", "198.18.5.0/25", "198.18.0.0/28"] {
+            assert!(!d.routes.contains_key(&n(bad)), "{bad}");
+            assert!(
+                d.errors
+                    .iter()
+                    .any(|e| e.contains(bad) && e.contains("not routed")),
+                "{bad}: {:?}",
+                d.errors
+            );
+        }
+        assert_routes(
+            &d,
+            &[
+                ("10.244.2.0/26", Target::Direct(ip("198.18.5.3"))),
+                ("10.250.1.0/24", Target::Direct(ip("198.18.0.2"))),
+            ],
+        );
+        assert!(
+            d.errors
+                .iter()
+                .any(|e| e.contains("podCIDR 10.244.2.0/26 of node b is also a tern IPAM block")),
+            "{:?}",
+            d.errors
+        );
     }
 
     #[test]

@@ -154,6 +154,7 @@ impl Agent {
             let settings = crate::bgp::BgpSettings {
                 node_name: cfg.node_name.clone(),
                 node_ip: cfg.node_ip,
+                use_pod_cidr: cfg.use_pod_cidr,
             };
             Some(crate::bgp::Bgp::start(settings, store.clone()).context("starting BGP")?)
         } else {
@@ -593,6 +594,7 @@ fn start_dataplane(
     .context("--node-ip")?;
     // Before the first sync: with BGP, direct routes must never be installed over BGP's.
     dp.set_bgp_routing(cfg.bgp);
+    dp.set_pod_cidr_routing(cfg.use_pod_cidr);
     if let Err(e) = dp.keepalive() {
         log::warn!("node liveness lease: {e}");
     }

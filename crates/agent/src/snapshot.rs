@@ -1,7 +1,8 @@
 //! The store snapshot the dataplane reconciler and the BGP speaker both compute from: its types
 //! (IP pools, nodes and allocation blocks as the dataplane sees them, the input of
 //! `routes::compute`, `mtu` and `nat`), their loading from the store, and which of the pools'
-//! routes belong to the reconciler rather than to BGP.
+//! routes belong to the reconciler rather than to BGP. With `--use-pod-cidr` the nodes'
+//! Kubernetes podCIDRs ([`PodCidr`]) are routed as blocks affine to their node are.
 
 use crate::host::parse_mac;
 use ipnet::IpNet;
@@ -60,6 +61,17 @@ pub struct BlockInfo {
     pub allocations: Vec<(IpAddr, String)>,
 }
 
+/// One of a node's Kubernetes podCIDRs (tern Node `spec.podCIDRs`, mirrored by the node's own
+/// agent from the Kubernetes Node): the range a delegated host-local (`ipam.subnet:
+/// usePodCidr`) takes that node's pod addresses from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodCidr {
+    /// The node.
+    pub node: String,
+    /// The podCIDR (host bits cleared).
+    pub cidr: IpNet,
+}
+
 /// Everything the route reconciler reads from the store.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -71,9 +83,29 @@ pub struct Snapshot {
     pub blocks: Vec<BlockInfo>,
     /// Problems found while reading (bad pools, bad nodes): reported, not fatal.
     pub errors: Vec<String>,
+    /// Every node's podCIDRs as the store has them, routed only with
+    /// [`Snapshot::use_pod_cidr`] (see [`Snapshot::routed_pod_cidrs`]).
+    pub pod_cidrs: Vec<PodCidr>,
+    /// `--use-pod-cidr`: route each node's podCIDRs to it like a block affine to it (and
+    /// advertise them over BGP). Not read from the store: the caller sets it from the agent's
+    /// configuration. Off by default, since a controller-manager that allocates podCIDRs from
+    /// a cluster CIDR overlapping tern's pools would otherwise get routes over tern's blocks.
+    pub use_pod_cidr: bool,
 }
 
-/// Reads the pools, nodes and blocks; a malformed pool or node is reported and skipped.
+impl Snapshot {
+    /// The podCIDRs to route: [`Snapshot::pod_cidrs`] with `use_pod_cidr` set, else none.
+    pub fn routed_pod_cidrs(&self) -> &[PodCidr] {
+        if self.use_pod_cidr {
+            &self.pod_cidrs
+        } else {
+            &[]
+        }
+    }
+}
+
+/// Reads the pools, nodes (with their podCIDRs) and blocks; a malformed pool or node is
+/// reported and skipped. `use_pod_cidr` is left off: the caller sets it.
 pub fn load_snapshot(store: &dyn Store) -> Result<Snapshot, String> {
     let mut s = Snapshot::default();
     let (kvs, _) = store
@@ -127,6 +159,20 @@ pub fn load_snapshot(store: &dyn Store) -> Result<Snapshot, String> {
                         .and_then(|a| a.split('/').next()?.parse().ok()),
                     vtep_mac: n.spec.vxlan_tunnel_mac_addr.as_deref().and_then(parse_mac),
                 });
+                for c in n.spec.pod_cidrs.iter().flatten() {
+                    // Validated on write (`spec.podCIDRs[i]`); a bad one written past the model
+                    // is reported, the node's other podCIDRs still count.
+                    match c.parse::<IpNet>() {
+                        Ok(cidr) => s.pod_cidrs.push(PodCidr {
+                            node: n.metadata.name.clone(),
+                            cidr: cidr.trunc(),
+                        }),
+                        Err(e) => s.errors.push(format!(
+                            "Node {}: spec.podCIDRs entry {c:?} ignored: {e}",
+                            n.metadata.name
+                        )),
+                    }
+                }
             }
             Ok(_) => {}
             Err(e) => s.errors.push(format!("Node at {} ignored: {e}", kv.key)),

@@ -6,8 +6,9 @@
 
 mod common;
 
-use common::Netns as Ns;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+// The harness's UDP and TCP echoes between namespaces.
+use common::{Netns as Ns, Underlay, tcp_echo as tcp, udp_echo as udp};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,20 +17,6 @@ use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_linux::netns::NetNs;
 use tern_model::{EncapMode, IpPool, IpPoolSpec, Kind, Resource};
 use tern_store::Store;
-
-/// The underlay: a bridge in its own namespace; nodes attach with a veth.
-struct Underlay {
-    ns: Ns,
-}
-
-impl Underlay {
-    fn new() -> Underlay {
-        let ns = Ns::new("u");
-        ns.ip(&["link", "add", "br0", "type", "bridge"]);
-        ns.ip(&["link", "set", "br0", "up"]);
-        Underlay { ns }
-    }
-}
 
 /// One node: namespace, address, reconciler.
 struct NodeNs {
@@ -45,14 +32,7 @@ impl NodeNs {
     /// the router's address `gw`).
     fn new(name: &str, u: &Underlay, cidr: &str, gw: &str) -> NodeNs {
         let ns = Ns::new(name);
-        let host_end = common::unique("u");
-        u.ns.ip(&[
-            "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
-        ]);
-        u.ns.ip(&["link", "set", &host_end, "master", "br0", "up"]);
-        ns.ip(&["addr", "add", cidr, "dev", "eth0"]);
-        ns.ip(&["link", "set", "eth0", "up"]);
-        ns.ip(&["route", "add", "default", "via", gw]);
+        u.attach(&ns, cidr, gw);
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
         NodeNs {
@@ -169,65 +149,6 @@ fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
     let url = format!("sqlite://{}/store.db", dir.path().display());
     let s = tern_store::open(&url).unwrap();
     (dir, s)
-}
-
-/// UDP echo from `from` to `to_ip:port` in `to`; returns the source address the server saw.
-fn udp(from: &Ns, to: &Ns, to_ip: IpAddr) -> Result<IpAddr, String> {
-    let server = to
-        .run(|| UdpSocket::bind(SocketAddr::new(to_ip, 0)))
-        .map_err(|e| e.to_string())?;
-    let client = from
-        .run(|| UdpSocket::bind("0.0.0.0:0"))
-        .map_err(|e| e.to_string())?;
-    let dst = server.local_addr().unwrap();
-    server
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
-    client
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
-    let mut last = String::new();
-    for _ in 0..6 {
-        client.send_to(b"ping", dst).map_err(|e| e.to_string())?;
-        let mut buf = [0u8; 16];
-        match server.recv_from(&mut buf) {
-            Ok((n, src)) => {
-                server
-                    .send_to(&buf[..n], src)
-                    .map_err(|e| format!("reply to {src}: {e}"))?;
-                let mut back = [0u8; 16];
-                match client.recv_from(&mut back) {
-                    Ok(_) => return Ok(src.ip()),
-                    Err(e) => last = format!("no echo: {e}"),
-                }
-            }
-            Err(e) => last = format!("server got nothing: {e}"),
-        }
-    }
-    Err(last)
-}
-
-/// A TCP connection from `from` to a listener on `to_ip` in `to`, with one byte each way.
-fn tcp(from: &Ns, to: &Ns, to_ip: IpAddr) -> Result<(), String> {
-    use std::io::{Read, Write};
-    let l = to
-        .run(|| TcpListener::bind(SocketAddr::new(to_ip, 0)))
-        .map_err(|e| e.to_string())?;
-    let addr = l.local_addr().unwrap();
-    let acc = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut b = [0u8; 1];
-        s.read_exact(&mut b).unwrap();
-        s.write_all(&b).unwrap();
-    });
-    let mut c = from
-        .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(3)))
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    c.write_all(b"x").map_err(|e| e.to_string())?;
-    let mut b = [0u8; 1];
-    c.read_exact(&mut b).map_err(|e| e.to_string())?;
-    acc.join().unwrap();
-    Ok(())
 }
 
 fn block_of(ipam: &Ipam, ip: IpAddr) -> ipnet::IpNet {
@@ -582,4 +503,93 @@ fn bad_input_is_reported_and_the_rest_keeps_working() {
     if !has_tunl0 {
         tern_testkit::kernel_limit("ipip", "no tunl0: only the clear error was checked");
     }
+}
+
+/// The switch from BGP to VXLAN (issue 13): the BGP routes (protocol 85) an agent that ran
+/// with `--bgp` left in the kernel are taken over by the reconciler. With BGP on they stay
+/// BGP's while the pool is unencapsulated; once it encapsulates, a route to a block whose
+/// owner has no VTEP yet keeps carrying traffic, and each is replaced in place by the tunnel
+/// route as soon as the reconciler can route it; a stale one to no block is removed. Without
+/// BGP, a BGP route outside every pool is removed too. Traffic flows at every step.
+#[test]
+fn bgp_routes_are_taken_over_when_the_pool_switches_to_vxlan() {
+    if !tern_testkit::require_root() {
+        return;
+    }
+    let (_d, s, _u, a, b) = two_nodes(EncapMode::Never, false);
+    for n in [&a, &b] {
+        n.dp.as_ref().unwrap().set_bgp_routing(true);
+    }
+    let ipam = Ipam::new(s.clone());
+    let pa = add_pod(&a, &ipam, "pa");
+    let pb = add_pod(&b, &ipam, "pb");
+    sync_all(&[&a, &b]);
+    let (ba, bb) = (block_of(&ipam, pa.ip), block_of(&ipam, pb.ip));
+    let bgp_routes = |n: &NodeNs| n.ns.ip(&["route", "show", "proto", "85"]);
+    // What the speakers would have installed, a stale one to a block that is gone, and one
+    // outside every pool (a BGPPeer's acceptPrefixes).
+    let add85 = |n: &NodeNs, dst: &str, via: &str| {
+        n.ns.ip(&["route", "add", dst, "via", via, "proto", "85"]);
+    };
+    add85(&a, &bb.to_string(), "198.18.0.2");
+    add85(&b, &ba.to_string(), "198.18.0.1");
+    add85(&a, "10.244.200.0/27", "198.18.0.2");
+    add85(&a, "10.99.0.0/24", "198.18.0.2");
+    sync_all(&[&a, &b]);
+    assert!(
+        bgp_routes(&a).contains(&format!("{bb} via 198.18.0.2")),
+        "BGP's while the pool is unencapsulated:\n{}",
+        bgp_routes(&a)
+    );
+    assert!(!a.routes().contains(&format!("{bb} via")), "{}", a.routes());
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+
+    // The pool switches to VXLAN; only a has seen it (b has no VTEP yet).
+    put_pool(&*s, "pool", EncapMode::Always, EncapMode::Never, false);
+    let r = a.sync();
+    assert!(
+        r.errors.iter().any(|e| e.contains("node b")),
+        "{:?}",
+        r.errors
+    );
+    let bgp = bgp_routes(&a);
+    assert!(
+        bgp.contains(&format!("{bb} via 198.18.0.2")),
+        "kept while b's VTEP is unknown:\n{bgp}"
+    );
+    assert!(!bgp.contains("10.244.200.0/27"), "stale route kept:\n{bgp}");
+    assert!(
+        bgp.contains("10.99.0.0/24"),
+        "outside the pools, BGP's:\n{bgp}"
+    );
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+
+    // Both know each other's VTEP: the tunnel routes replace the BGP routes.
+    sync_all(&[&a, &b]);
+    for (n, other) in [(&a, bb), (&b, ba)] {
+        let bgp = bgp_routes(n);
+        assert!(
+            !bgp.contains(&other.to_string()),
+            "{}: BGP route left:\n{bgp}",
+            n.name
+        );
+        let routes = n.routes();
+        assert!(
+            routes
+                .lines()
+                .any(|l| l.starts_with(&format!("{other} via ")) && l.contains("dev vxlan.tern")),
+            "{}: {other} not over vxlan.tern:\n{routes}",
+            n.name
+        );
+    }
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    tcp(&pb.ns, &pa.ns, pa.ip).unwrap();
+
+    // ternd restarted without --bgp: no speaker routes anything, its last route goes.
+    let mut a = a;
+    a.start(&s, false);
+    let r = a.sync();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(bgp_routes(&a).trim(), "", "BGP routes left without --bgp");
+    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
 }

@@ -338,6 +338,7 @@ fn run(dir: &Path) -> String {
         nodes: cfg.nodes.iter().map(node_info).collect(),
         blocks: cfg.blocks.iter().map(block_info).collect(),
         errors: vec![],
+        ..Snapshot::default()
     };
     let mut table: Vec<Route> = cfg.kernel.iter().map(kernel_route).collect();
     let mut out = String::new();

@@ -362,14 +362,37 @@ fn oversized_frames_slow_clients_and_the_connection_cap() {
 
     // Four idle clients take every slot (each announced 100 bytes and sends none); a fifth is
     // answered "busy" at once (code 11).
+    // A status answered does not mean its handler has given its slot back yet: an idle client
+    // that arrives first is answered "busy" and closed, so such a client is replaced until
+    // four are held.
     let connected = Instant::now();
-    let idle: Vec<UnixStream> = (0..4)
-        .map(|_| {
-            let s = UnixStream::connect(n.ternd.socket()).unwrap();
-            (&s).write_all(&100u32.to_be_bytes()).unwrap();
-            s
-        })
-        .collect();
+    let idle_client = || {
+        let s = UnixStream::connect(n.ternd.socket()).unwrap();
+        (&s).write_all(&100u32.to_be_bytes()).unwrap();
+        s
+    };
+    let mut idle: Vec<UnixStream> = (0..4).map(|_| idle_client()).collect();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut refused = 0;
+        for c in idle.iter_mut() {
+            c.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 4096];
+            let answered = (&*c).read(&mut b).is_ok();
+            c.set_nonblocking(false).unwrap();
+            if answered {
+                refused += 1;
+                *c = idle_client();
+            }
+        }
+        if refused == 0 {
+            break;
+        }
+        assert!(
+            connected.elapsed() < Duration::from_secs(5),
+            "idle clients still refused after 5 s"
+        );
+    }
     // (Under load the agent may take a moment to accept all four.)
     let waited = Instant::now();
     let r = loop {

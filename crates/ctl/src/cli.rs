@@ -13,16 +13,22 @@ pub struct Cli {
     #[arg(long, global = true, env = "TERN_STORE")]
     pub store: Option<String>,
     /// CA certificate for an etcd store over TLS.
-    #[arg(long, global = true, env = "TERN_ETCD_CA")]
+    #[arg(long, global = true, env = "TERN_ETCD_CA", value_parser = path_or_empty)]
     pub etcd_ca: Option<PathBuf>,
     /// Client certificate for an etcd store over TLS.
-    #[arg(long, global = true, env = "TERN_ETCD_CERT")]
+    #[arg(long, global = true, env = "TERN_ETCD_CERT", value_parser = path_or_empty)]
     pub etcd_cert: Option<PathBuf>,
     /// Client key for an etcd store over TLS.
-    #[arg(long, global = true, env = "TERN_ETCD_KEY")]
+    #[arg(long, global = true, env = "TERN_ETCD_KEY", value_parser = path_or_empty)]
     pub etcd_key: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// A path that may be empty: `TERN_ETCD_CA=""` (the manifest's ConfigMap without TLS) means
+/// not given, which [`crate::run`] applies; clap's own path parser would refuse it.
+fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
 }
 
 /// Top-level commands.
@@ -322,6 +328,11 @@ pub enum LabCommand {
         /// (the default, which also makes the lab's store etcd); for debugging.
         #[arg(long, requires = "kubernetes")]
         host_ternd: bool,
+        /// Serve the lab's etcd over TLS with client-certificate auth (--client-cert-auth): a
+        /// CA, server and client certificates under the lab's directory, used by every ternd
+        /// and, with --kubernetes, put into the manifest's Secret. Needs the etcd store.
+        #[arg(long)]
+        etcd_tls: bool,
     },
     /// Describe the lab.
     Status,

@@ -108,14 +108,20 @@ fn run_ipam(s: Arc<dyn Store>, command: IpamCommand) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `p` unless it is empty.
+fn non_empty(p: Option<&std::path::Path>) -> Option<&std::path::Path> {
+    p.filter(|p| !p.as_os_str().is_empty())
+}
+
 /// Runs a parsed command line; returns the process exit code (errors are returned, not
 /// printed).
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     let store = StoreArgs {
         url: cli.store.as_deref(),
-        ca: cli.etcd_ca.as_deref(),
-        cert: cli.etcd_cert.as_deref(),
-        key: cli.etcd_key.as_deref(),
+        // Empty (`TERN_ETCD_CA=""` from the manifest's ConfigMap without TLS): not given.
+        ca: non_empty(cli.etcd_ca.as_deref()),
+        cert: non_empty(cli.etcd_cert.as_deref()),
+        key: non_empty(cli.etcd_key.as_deref()),
     };
     match cli.command {
         Command::Apply { file } => {
@@ -207,12 +213,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Install {
             command: cli::InstallCommand::Manifest(args),
         } => {
-            if store.ca.is_some() || store.cert.is_some() || store.key.is_some() {
-                anyhow::bail!(
-                    "install manifest: etcd over TLS (--etcd-ca/--etcd-cert/--etcd-key) is not \
-                     rendered yet; use an http etcd or SQLite"
-                );
-            }
+            // etcd over TLS: the files' contents go into the manifest's Secret.
+            let etcd_tls = commands::install_manifest::read_tls(store.ca, store.cert, store.key)?;
             let opts = commands::install_manifest::ManifestOptions {
                 store: store
                     .url
@@ -225,6 +227,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 log_level: args.log_level,
                 cni_bin_dir: args.cni_bin_dir,
                 cni_conf_dir: args.cni_conf_dir,
+                etcd_tls,
             };
             print!("{}", commands::install_manifest::render(&opts)?);
         }

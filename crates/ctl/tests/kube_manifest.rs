@@ -148,6 +148,7 @@ fn check_daemonset(ds: &Value) {
     for (var, key) in [
         ("TERN_STORE", "store"),
         ("TERN_BGP", "bgp"),
+        ("TERN_USE_POD_CIDR", "use_pod_cidr"),
         ("TERN_LOG_LEVEL", "log_level"),
     ] {
         assert_eq!(
@@ -325,6 +326,23 @@ fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
             .contains("NotFound"),
         "a dry run must not create anything"
     );
+    // etcd over TLS: the Secret is accepted too, and a pod of the template with it.
+    let pem = tempfile::tempdir().unwrap();
+    let [ca, cert, key] = fake_pem_files(pem.path());
+    let tls = ternctl(&[
+        "install",
+        "manifest",
+        "--store",
+        "etcd://198.18.0.3:2379",
+        "--etcd-ca",
+        &ca,
+        "--etcd-cert",
+        &cert,
+        "--etcd-key",
+        &key,
+    ]);
+    let out = apply(api, &tls, true);
+    assert!(out.contains("secret/tern-etcd-certs"), "{out}");
     apply(api, &default, true);
     apply(api, &default, false);
     // Applying again changes nothing.
@@ -365,6 +383,69 @@ fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
     check_rbac(api);
 }
 
+/// PEM-looking CA, certificate and key files in `dir` (the API server does not parse them).
+fn fake_pem_files(dir: &Path) -> [String; 3] {
+    [
+        ("ca.crt", "CERTIFICATE"),
+        ("client.crt", "CERTIFICATE"),
+        ("client.key", "PRIVATE KEY"),
+    ]
+    .map(|(name, label)| {
+        let p = dir.join(name);
+        std::fs::write(
+            &p,
+            format!("-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n"),
+        )
+        .unwrap();
+        p.display().to_string()
+    })
+}
+
+/// `ternctl install manifest` with TLS files that are missing or incomplete fails, naming the
+/// flag and the path; nothing is printed.
+#[test]
+fn install_manifest_names_a_bad_tls_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = fake_pem_files(dir.path());
+    let [ca, cert, key] = files.each_ref().map(String::as_str);
+    let missing = dir.path().join("missing.key").display().to_string();
+    let store = "etcd://198.18.0.3:2379";
+    for (args, want) in [
+        (
+            vec![
+                "--etcd-ca",
+                ca,
+                "--etcd-cert",
+                cert,
+                "--etcd-key",
+                missing.as_str(),
+            ],
+            vec!["--etcd-key", missing.as_str()],
+        ),
+        (
+            vec!["--etcd-cert", cert, "--etcd-key", key],
+            vec!["--etcd-ca"],
+        ),
+        (
+            vec!["--etcd-ca", ca, "--etcd-cert", cert],
+            vec!["--etcd-key"],
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ternctl"))
+            .args(["install", "manifest", "--store", store])
+            .args(&args)
+            .env_remove("TERN_STORE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(out.stdout.is_empty(), "{args:?} printed a manifest");
+        for w in want {
+            assert!(err.contains(w), "{args:?}: {w:?} not in {err}");
+        }
+    }
+}
+
 /// The init container's `ternctl apply -f /etc/tern/ippool.yaml`, on a SQLite store: the
 /// ConfigMap's pool is created, and a re-rendered ConfigMap with VXLAN switches it (the
 /// backend switch by ConfigMap + rollout restart).
@@ -387,7 +468,21 @@ fn configmap_pool_applies_and_switches_encapsulation() {
     let file = tmp.path().join("ippool.yaml");
     std::fs::write(&file, pool_doc(&[])).unwrap();
     let f = file.to_str().unwrap();
-    ternctl(&["--store", &store, "apply", "-f", f]);
+    // As in the pod without TLS: the ConfigMap's empty etcd_* keys set TERN_ETCD_*="" (not
+    // given), which ternctl accepts.
+    let out = Command::new(env!("CARGO_BIN_EXE_ternctl"))
+        .args(["--store", &store, "apply", "-f", f])
+        .env_remove("TERN_STORE")
+        .env("TERN_ETCD_CA", "")
+        .env("TERN_ETCD_CERT", "")
+        .env("TERN_ETCD_KEY", "")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "empty TERN_ETCD_*: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pool = || -> (Value, String) {
         let got = ternctl(&[
             "--store",

@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use tern_lab::kube::pods::TERN_NODE_PODS;
 
 mod common;
-use common::kube_lab::{KubeLab as Lab, ternctl_store};
+use common::kube_lab::{
+    KubeLab as Lab, NAME_SERVER, assert_tern_addresses, busybox_pod, shell_pod, ternctl_store,
+};
 
 /// The workspace's binaries, rebuilt when stale (the shared lab harness).
 fn bin_dir() -> PathBuf {
@@ -41,88 +43,6 @@ fn preconditions() -> PathBuf {
     common::kube_preconditions("lab_kube_daemonset")
 }
 
-/// What this test asks of the lab beyond the shared harness.
-trait LabExt {
-    fn wait_ready(&self, name: &str) -> String;
-    fn ask(&self, from: &str, ip: &str) -> Option<String>;
-    fn wait_reach(&self, from: &str, ip: &str, open: bool, timeout: Duration) -> Duration;
-}
-
-impl LabExt for Lab {
-    /// Waits until pod `name` is Running and Ready; its address.
-    fn wait_ready(&self, name: &str) -> String {
-        self.kubectl(&[
-            "wait",
-            "--for=condition=Ready",
-            &format!("pod/{name}"),
-            "--timeout=120s",
-        ])
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e}\n{}{}",
-                self.kubectl(&["describe", "pod", name]).unwrap_or_default(),
-                self.diagnostics()
-            )
-        });
-        self.must(&["get", "pod", name, "-o", "jsonpath={.status.podIP}"])
-            .trim()
-            .to_string()
-    }
-
-    /// `kubectl exec FROM -- nc -w 2 IP 8080`: the answer (the serving pod's name), if any.
-    fn ask(&self, from: &str, ip: &str) -> Option<String> {
-        self.kubectl(&["exec", from, "--", "nc", "-w", "2", ip, "8080"])
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-    }
-
-    /// Polls [`Lab::ask`] until it answers (`open`) or stops answering (`!open`) for 3 tries
-    /// in a row; panics after `timeout`. Returns how long it took.
-    fn wait_reach(&self, from: &str, ip: &str, open: bool, timeout: Duration) -> Duration {
-        let t = Instant::now();
-        let mut streak = 0;
-        loop {
-            let got = self.ask(from, ip);
-            if got.is_some() == open {
-                streak += if open { 3 } else { 1 };
-                if streak >= 3 {
-                    return t.elapsed();
-                }
-            } else {
-                streak = 0;
-            }
-            assert!(
-                t.elapsed() < timeout,
-                "{from} -> {ip}: still {} after {timeout:?} ({got:?}){}",
-                if open { "denied" } else { "open" },
-                self.diagnostics()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-/// A busybox pod bound to `node`: `metadata` and `spec` are extra lines of those sections
-/// (indented two spaces), `command` the container's command as a YAML flow list.
-fn busybox_pod(name: &str, node: &str, metadata: &str, spec: &str, command: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-{metadata}spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-{spec}  containers:
-  - name: main
-    image: tern-busybox:1
-    imagePullPolicy: Never
-    command: {command}
-"#
-    )
-}
-
 /// A pod on `node` answering TCP :8080 with its name; `labels` and `annotations` as YAML
 /// flow maps.
 fn server(name: &str, node: &str, labels: &str, annotations: &str) -> String {
@@ -131,20 +51,7 @@ fn server(name: &str, node: &str, labels: &str, annotations: &str) -> String {
         node,
         &format!("  labels: {labels}\n  annotations: {annotations}\n"),
         "",
-        r#"["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]"#,
-    )
-}
-
-/// A pod running `script` under sh once (restartPolicy Never: an exit is seen, not hidden by
-/// a restart).
-fn shell_pod(name: &str, node: &str, script: &str) -> String {
-    let script = serde_json::to_string(script).unwrap();
-    busybox_pod(
-        name,
-        node,
-        "",
-        "  restartPolicy: Never\n",
-        &format!(r#"["sh", "-c", {script}]"#),
+        NAME_SERVER,
     )
 }
 
@@ -196,6 +103,7 @@ fn phase(lab: &Lab, pod: &str) -> String {
 #[test]
 fn tern_installed_by_its_daemonset() {
     let k8s = preconditions();
+    let machine_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let lab = Lab::up("d", &k8s, &["--nodes", "2"]);
     let name = lab.name.clone();
 
@@ -207,25 +115,32 @@ fn tern_installed_by_its_daemonset() {
     for n in &st.nodes {
         assert_eq!(n.ternd_pid, None, "{}: a host ternd runs", n.name);
     }
-    let ds = lab.must(
-        &[
-            TERN_NODE_PODS,
-            &[
-                "-o",
-                r#"jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
-            ],
-        ]
-        .concat(),
-    );
-    let mut on: Vec<&str> = ds
-        .lines()
-        .filter(|l| l.ends_with("Running true true"))
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    on.sort();
+    let (on, ds) = lab.tern_node_pods_ready();
     assert_eq!(on, ["node1", "node2"], "tern-node pods:\n{ds}");
     let (ready, nodes) = lab.ready_nodes();
     assert_eq!(ready, 2, "nodes: {nodes}");
+
+    // A hostNetwork pod's hostname is its node's name (the node's UTS namespace, which
+    // containerd runs in), as upstream's e2e expects of netexec's /hostname.
+    for node in ["node1", "node2"] {
+        let pod = format!("hostnet-{node}");
+        let spec = "  hostNetwork: true\n";
+        lab.apply(
+            &pod,
+            &busybox_pod(&pod, node, "", spec, r#"["sleep", "100000"]"#),
+        );
+    }
+    for node in ["node1", "node2"] {
+        let pod = format!("hostnet-{node}");
+        lab.wait_ready(&pod);
+        let hostname = lab.must(&["exec", &pod, "--", "hostname"]);
+        assert_eq!(
+            hostname.trim(),
+            node,
+            "hostname of a hostNetwork pod on {node}"
+        );
+        lab.must(&["delete", "pod", &pod, "--wait=false"]);
+    }
 
     // Pods on both nodes: tern addresses, reachable from each other.
     lab.apply("a", &server("a", "node1", "{app: web}", "{}"));
@@ -244,15 +159,7 @@ fn tern_installed_by_its_daemonset() {
     let fixed = lab.wait_ready("fixed");
     let pool: ipnet::Ipv4Net = k.cluster_cidr.parse().unwrap();
     let weps = ternctl_out(&st, &["get", "wep", "-o", "wide"]);
-    for (pod, ip) in [("a", &a), ("b", &b), ("fixed", &fixed)] {
-        let addr: std::net::Ipv4Addr = ip.parse().unwrap_or_else(|_| panic!("{pod}: {ip:?}"));
-        assert!(pool.contains(&addr), "{pod} {ip} not in tern's pool {pool}");
-        assert!(
-            weps.lines()
-                .any(|l| l.contains(pod) && l.contains(ip.as_str())),
-            "{pod} {ip} not among tern's endpoints:\n{weps}"
-        );
-    }
+    assert_tern_addresses(&pool, &weps, &[("a", &a), ("b", &b), ("fixed", &fixed)]);
     assert_eq!(fixed, "10.244.123.45", "the ipAddrs annotation's address");
     assert_eq!(lab.ask("a", &b).as_deref(), Some("b"), "node1 -> node2");
     assert_eq!(lab.ask("b", &a).as_deref(), Some("a"), "node2 -> node1");
@@ -308,23 +215,7 @@ fn tern_installed_by_its_daemonset() {
 
     // The rollout restart.
     let t1 = Instant::now();
-    lab.must(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "restart",
-        "daemonset",
-        "tern-node",
-    ]);
-    lab.kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "daemonset/tern-node",
-        "--timeout=240s",
-    ])
-    .unwrap_or_else(|e| panic!("{e}{}", lab.diagnostics()));
+    lab.rollout_restart_tern_node();
     let rollout = t1.elapsed();
     // Both new ternd serve: their pods are new and Ready.
     let restarted = lab.must(
@@ -486,5 +377,10 @@ fn tern_installed_by_its_daemonset() {
     assert!(
         done.iter().any(|d| d.contains("-f")),
         "down deleted the manifest's objects: {done:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        machine_hostname,
+        "the machine's hostname is left alone"
     );
 }

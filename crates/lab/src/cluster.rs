@@ -32,9 +32,15 @@ where
     T: Send,
 {
     let url = st.store_url();
+    let tls = st.store_tls().cloned();
     let open_and_run = move || -> Result<T> {
-        let store = tern_store::open(&url)
-            .map_err(|e| LabError::Invalid(format!("cannot open datastore {url}: {e}")))?;
+        let store = match &tls {
+            None => tern_store::open(&url),
+            Some(t) => {
+                tern_store::etcd::open_with_tls(&url, Some(&t.ca), Some(&t.cert), Some(&t.key))
+            }
+        }
+        .map_err(|e| LabError::Invalid(format!("cannot open datastore {url}: {e}")))?;
         f(store)
     };
     match (&st.store, &st.etcd) {

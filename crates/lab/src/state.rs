@@ -138,6 +138,21 @@ pub struct EtcdState {
     pub pid: Option<u32>,
     /// Its data directory (inside the lab directory; also identifies the process as ours).
     pub data_dir: PathBuf,
+    /// The client's files when it serves over TLS and requires client certificates
+    /// (`lab up --etcd-tls`); `None`: plain http.
+    #[serde(default)]
+    pub tls: Option<EtcdTlsFiles>,
+}
+
+/// The PEM files a client of the lab's TLS etcd uses (under `<lab dir>/etcd-pki`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdTlsFiles {
+    /// The CA that signed the server's and the client's certificates.
+    pub ca: PathBuf,
+    /// The client certificate (etcd runs with `--client-cert-auth`).
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
 }
 
 /// One node: a namespace running `ternd`.
@@ -290,6 +305,32 @@ impl LabState {
             (StoreKind::Etcd, Some(e)) => format!("etcd://{}:{}", e.address, ETCD_CLIENT_PORT),
             _ => format!("sqlite://{}", self.dir().join("store.db").display()),
         }
+    }
+
+    /// The client TLS files of the lab's store, when it is an etcd served over TLS.
+    pub fn store_tls(&self) -> Option<&EtcdTlsFiles> {
+        match (&self.store, &self.etcd) {
+            (StoreKind::Etcd, Some(e)) => e.tls.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// `--etcd-ca CA --etcd-cert CERT --etcd-key KEY` for ternd and ternctl when the store is
+    /// served over TLS ([`LabState::store_tls`]); nothing otherwise.
+    pub fn store_tls_args(&self) -> Vec<std::ffi::OsString> {
+        let Some(t) = self.store_tls() else {
+            return Vec::new();
+        };
+        let mut v = Vec::new();
+        for (flag, path) in [
+            ("--etcd-ca", &t.ca),
+            ("--etcd-cert", &t.cert),
+            ("--etcd-key", &t.key),
+        ] {
+            v.push(flag.into());
+            v.push(path.clone().into_os_string());
+        }
+        v
     }
 
     /// Finds a node by name.
@@ -470,6 +511,7 @@ mod tests {
             address: "198.18.0.2".into(),
             pid: None,
             data_dir: "/run/tern-lab/lab/etcd".into(),
+            tls: None,
         });
         assert_eq!(s.store_url(), "etcd://198.18.0.2:2379");
     }

@@ -49,6 +49,10 @@ pub struct UpOptions {
     pub resync_seconds: Option<u64>,
     /// Further arguments given to every agent.
     pub agent_args: Vec<String>,
+    /// Serve the lab's etcd over TLS and require client certificates (`--client-cert-auth`):
+    /// a CA, the server's and a client certificate under `<lab dir>/etcd-pki`, which every
+    /// client of the store (agents, the lab, the DaemonSet's Secret) uses. Needs `store` etcd.
+    pub etcd_tls: bool,
 }
 
 impl UpOptions {
@@ -64,6 +68,7 @@ impl UpOptions {
             store: StoreKind::Sqlite,
             resync_seconds: None,
             agent_args: Vec::new(),
+            etcd_tls: false,
         }
     }
 }
@@ -160,6 +165,11 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             )));
         }
     }
+    if opts.etcd_tls && opts.store != StoreKind::Etcd {
+        return Err(LabError::Invalid(
+            "--etcd-tls is for the lab's etcd: add --store etcd".to_string(),
+        ));
+    }
     if opts.store == StoreKind::Etcd && !Path::new(ETCD_BIN).is_file() {
         return Err(LabError::Invalid(format!(
             "--store etcd needs {ETCD_BIN} (apt-get install etcd-server)"
@@ -210,7 +220,7 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
 
     build_underlay(&mut st)?;
     if opts.store == StoreKind::Etcd {
-        start_etcd(&mut st)?;
+        start_etcd(&mut st, opts.etcd_tls)?;
     }
     // The pool decides the encapsulation; it exists before any agent could create its own.
     let cidr = opts
@@ -288,22 +298,70 @@ pub(crate) fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Resu
     Ok(())
 }
 
-fn start_etcd(st: &mut LabState) -> Result<()> {
+/// The lab etcd's PKI in `dir` (the way the cluster's is made, [`crate::kube::certs`]): a CA,
+/// the server's certificate for `address` and a client certificate. The server's pair and
+/// the client's files.
+fn etcd_pki(
+    dir: &Path,
+    address: &str,
+) -> Result<(crate::kube::certs::CertPair, state::EtcdTlsFiles)> {
+    use crate::kube::certs::{self, CertSpec};
+    let ca = certs::ca(dir)?;
+    let sans = [format!("IP:{address}")];
+    let server = certs::issue(
+        dir,
+        "server",
+        &ca,
+        &CertSpec {
+            cn: "tern-lab-etcd",
+            sans: &sans,
+            // Also a client certificate: etcd's HTTP gateway (the JSON API tern uses) dials
+            // etcd's own gRPC listener with it, which --client-cert-auth checks too.
+            client: true,
+            ..CertSpec::default()
+        },
+    )?;
+    let client = certs::issue(
+        dir,
+        "client",
+        &ca,
+        &CertSpec {
+            cn: "tern-node",
+            client: true,
+            ..CertSpec::default()
+        },
+    )?;
+    let files = state::EtcdTlsFiles {
+        ca: ca.cert,
+        cert: client.cert,
+        key: client.key,
+    };
+    Ok((server, files))
+}
+
+fn start_etcd(st: &mut LabState, tls: bool) -> Result<()> {
     let ns = state::etcd_ns(&st.name);
     netns_add(&ns)?;
     st.namespaces.push(ns.clone());
     let p = etcd_placement(st.encap);
     let data_dir = st.dir().join("etcd");
+    let pki = if tls {
+        Some(etcd_pki(&st.dir().join("etcd-pki"), &p.address)?)
+    } else {
+        None
+    };
     st.etcd = Some(EtcdState {
         netns: ns.clone(),
         address: p.address.clone(),
         pid: None,
         data_dir: data_dir.clone(),
+        tls: pki.as_ref().map(|(_, files)| files.clone()),
     });
     st.save()?;
     plug(st, &ns, "etcd", &p)?;
     let log_path = st.dir().join("etcd.log");
-    let client = format!("http://{}:{}", p.address, state::ETCD_CLIENT_PORT);
+    let scheme = if tls { "https" } else { "http" };
+    let client = format!("{scheme}://{}:{}", p.address, state::ETCD_CLIENT_PORT);
     let mut cmd = netns_exec(&ns, Path::new(ETCD_BIN));
     cmd.arg("--name")
         .arg("lab")
@@ -316,6 +374,16 @@ fn start_etcd(st: &mut LabState) -> Result<()> {
         .args(["--initial-advertise-peer-urls", "http://127.0.0.1:2380"])
         .args(["--initial-cluster", "lab=http://127.0.0.1:2380"])
         .args(["--log-level", "warn"]);
+    if let Some((server, files)) = &pki {
+        // Only clients with a certificate of the lab's CA get an answer.
+        cmd.arg("--cert-file")
+            .arg(&server.cert)
+            .arg("--key-file")
+            .arg(&server.key)
+            .arg("--trusted-ca-file")
+            .arg(&files.ca)
+            .arg("--client-cert-auth");
+    }
     let child = process::spawn_logged(&mut cmd, &log_path, false)?;
     let pid = child.id();
     if let Some(e) = st.etcd.as_mut() {
@@ -324,8 +392,12 @@ fn start_etcd(st: &mut LabState) -> Result<()> {
     st.save()?;
     let addr = format!("{}:{}", p.address, state::ETCD_CLIENT_PORT);
     let start = Instant::now();
+    let files = pki.map(|(_, files)| files);
     loop {
-        let healthy = crate::netns::in_netns(&ns, || etcd_healthy(&addr))?;
+        let healthy = crate::netns::in_netns(&ns, || match &files {
+            None => etcd_healthy(&addr),
+            Some(f) => etcd_tls_healthy(&addr, f),
+        })?;
         if healthy {
             return Ok(());
         }
@@ -363,6 +435,20 @@ fn etcd_healthy(addr: &str) -> bool {
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
     body.contains("\"health\":\"true\"")
+}
+
+/// A TLS etcd at `addr` answers a request of a client with the lab's certificate.
+fn etcd_tls_healthy(addr: &str, f: &state::EtcdTlsFiles) -> bool {
+    let quick = tern_store::etcd::Timeouts {
+        connect: Duration::from_millis(300),
+        request: Duration::from_secs(1),
+    };
+    let tls = tern_store::etcd::TlsFiles {
+        ca: f.ca.clone(),
+        cert: Some(f.cert.clone()),
+        key: Some(f.key.clone()),
+    };
+    tern_store::etcd::EtcdStore::connect(&[addr], Some(tls), quick).is_ok()
 }
 
 /// Index of a node named `node<i>`.
@@ -416,6 +502,7 @@ pub fn start_agent(st: &mut LabState, node: &str, append_log: bool) -> Result<u3
         .arg(&n.socket)
         .arg("--state-dir")
         .arg(&n.state_dir)
+        .args(st.store_tls_args())
         .args(&st.agent_args);
     let child = process::spawn_logged(&mut cmd, &log_path, append_log)?;
     // `ip netns exec` execs the program, so this PID is ternd's.
@@ -655,10 +742,14 @@ pub fn status(name: &str) -> Result<String> {
             .pid
             .is_some_and(|pid| process::is_ours(pid, &e.data_dir.display().to_string()));
         out.push_str(&format!(
-            "etcd  netns {}  eth0 {}  {}\n",
+            "etcd  netns {}  eth0 {}  {}{}\n",
             e.netns,
             e.address,
-            if running { "running" } else { "NOT running" }
+            if running { "running" } else { "NOT running" },
+            match &e.tls {
+                Some(t) => format!("  TLS, client certificates (CA {})", t.ca.display()),
+                None => String::new(),
+            }
         ));
     }
     for n in &st.nodes {

@@ -43,13 +43,13 @@ struct Args {
     #[arg(long, env = "TERN_HEALTH_ADDR", default_value = "127.0.0.1:9099")]
     health_addr: String,
     /// CA certificate for an etcd store over TLS.
-    #[arg(long, env = "TERN_ETCD_CA")]
+    #[arg(long, env = "TERN_ETCD_CA", value_parser = path_or_empty)]
     etcd_ca: Option<PathBuf>,
     /// Client certificate for an etcd store over TLS.
-    #[arg(long, env = "TERN_ETCD_CERT")]
+    #[arg(long, env = "TERN_ETCD_CERT", value_parser = path_or_empty)]
     etcd_cert: Option<PathBuf>,
     /// Client key for an etcd store over TLS.
-    #[arg(long, env = "TERN_ETCD_KEY")]
+    #[arg(long, env = "TERN_ETCD_KEY", value_parser = path_or_empty)]
     etcd_key: Option<PathBuf>,
     /// This node's underlay address (must be on a local interface); default: the addresses
     /// of the interface carrying the default route.
@@ -62,6 +62,12 @@ struct Args {
     /// blocks and route other nodes' blocks of unencapsulated pools over BGP.
     #[arg(long, env = "TERN_BGP")]
     bgp: bool,
+    /// Route each node's Kubernetes podCIDRs (tern Node spec.podCIDRs) to it like a block
+    /// affine to it (the IPPool covering a podCIDR decides the encapsulation; none: direct),
+    /// and with --bgp advertise this node's: for a delegated host-local with
+    /// `ipam.subnet: usePodCidr`. Set it on every node or on none.
+    #[arg(long, env = "TERN_USE_POD_CIDR")]
+    use_pod_cidr: bool,
     /// Read pods, namespaces and NetworkPolicies from the Kubernetes API server (kubeconfig
     /// from --kubeconfig, KUBECONFIG or the in-cluster service account).
     #[arg(long, env = "TERN_KUBERNETES")]
@@ -94,6 +100,12 @@ struct Args {
     log_level: String,
 }
 
+/// A path that may be empty (`TERN_ETCD_CA=""`: not given, see `main`); clap's own path
+/// parser would refuse it.
+fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
+}
+
 fn main() {
     let args = Args::parse();
     tern_agent::logger::init(&args.log_level);
@@ -110,12 +122,15 @@ fn main() {
     cfg.leak_grace_seconds = args.leak_grace_seconds;
     cfg.metrics_addr = args.metrics_addr;
     cfg.health_addr = args.health_addr;
-    cfg.etcd_ca = args.etcd_ca;
-    cfg.etcd_cert = args.etcd_cert;
-    cfg.etcd_key = args.etcd_key;
+    // Empty (the manifest's ConfigMap without TLS sets TERN_ETCD_CA=""): not given.
+    let non_empty = |p: Option<PathBuf>| p.filter(|p| !p.as_os_str().is_empty());
+    cfg.etcd_ca = non_empty(args.etcd_ca);
+    cfg.etcd_cert = non_empty(args.etcd_cert);
+    cfg.etcd_key = non_empty(args.etcd_key);
     cfg.node_ip = args.node_ip;
     cfg.dataplane = !args.no_dataplane;
     cfg.bgp = args.bgp;
+    cfg.use_pod_cidr = args.use_pod_cidr;
     cfg.accept_new_store = args.accept_new_store;
     cfg.set_sysctls = !args.no_set_sysctls;
     cfg.socket_group = match tern_agent::config::resolve_group(&args.socket_group) {

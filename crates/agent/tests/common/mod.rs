@@ -12,7 +12,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -161,6 +161,132 @@ impl Drop for Netns {
     fn drop(&mut self) {
         self.delete();
     }
+}
+
+/// The underlay of a multi-node test: a bridge `br0` in its own namespace, the nodes attached
+/// to it with a veth each.
+pub struct Underlay {
+    pub ns: Netns,
+}
+
+impl Underlay {
+    pub fn new() -> Underlay {
+        let ns = Netns::new("u");
+        ns.ip(&["link", "add", "br0", "type", "bridge"]);
+        ns.ip(&["link", "set", "br0", "up"]);
+        Underlay { ns }
+    }
+
+    /// Attaches the node namespace `node`: a veth whose end `eth0` in the node has `cidr`
+    /// (address/prefix) and carries the default route via `gw`, its other end on the bridge.
+    pub fn attach(&self, node: &Netns, cidr: &str, gw: &str) {
+        let host_end = unique("u");
+        self.ns.ip(&[
+            "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", &node.name,
+        ]);
+        self.ns
+            .ip(&["link", "set", &host_end, "master", "br0", "up"]);
+        node.ip(&["addr", "add", cidr, "dev", "eth0"]);
+        node.ip(&["link", "set", "eth0", "up"]);
+        node.ip(&["route", "add", "default", "via", gw]);
+    }
+}
+
+/// UDP from namespace `from` to a socket on `to_ip` in `to`, echoed back (6 tries of 500 ms):
+/// the source address the server saw.
+pub fn udp_echo(from: &Netns, to: &Netns, to_ip: IpAddr) -> Result<IpAddr, String> {
+    let server = to
+        .run(|| UdpSocket::bind(SocketAddr::new(to_ip, 0)))
+        .map_err(|e| e.to_string())?;
+    let client = from
+        .run(|| UdpSocket::bind("0.0.0.0:0"))
+        .map_err(|e| e.to_string())?;
+    let dst = server.local_addr().unwrap();
+    for s in [&server, &client] {
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+    }
+    let mut last = String::new();
+    for _ in 0..6 {
+        client.send_to(b"ping", dst).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 16];
+        match server.recv_from(&mut buf) {
+            Ok((n, src)) => {
+                server
+                    .send_to(&buf[..n], src)
+                    .map_err(|e| format!("reply to {src}: {e}"))?;
+                let mut back = [0u8; 16];
+                match client.recv_from(&mut back) {
+                    Ok(_) => return Ok(src.ip()),
+                    Err(e) => last = format!("no echo: {e}"),
+                }
+            }
+            Err(e) => last = format!("server got nothing: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// A TCP connection from namespace `from` to a listener on `to_ip` in `to`, one byte each way
+/// (3 s to connect and to answer).
+pub fn tcp_echo(from: &Netns, to: &Netns, to_ip: IpAddr) -> Result<(), String> {
+    let l = to
+        .run(|| TcpListener::bind(SocketAddr::new(to_ip, 0)))
+        .map_err(|e| e.to_string())?;
+    let addr = l.local_addr().unwrap();
+    let acc = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b)?;
+        s.write_all(&b)
+    });
+    let res = (|| {
+        let mut c = from
+            .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(3)))
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        c.write_all(b"x").map_err(|e| e.to_string())?;
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).map_err(|e| e.to_string())
+    })();
+    if res.is_err() {
+        // Unblock the acceptor so the thread ends.
+        let _ = to.run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(1)));
+    }
+    let _ = acc.join();
+    res
+}
+
+/// Where the reference CNI plugins (host-local) are installed.
+pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+
+/// `ip netns exec NETNS PLUGIN` as a runtime runs a CNI plugin: a clean environment but for
+/// PATH, `CNI_COMMAND=cmd` and CNI_PATH (the plugin's directory, then the reference plugins').
+/// The sandbox's variables are the caller's.
+pub fn cni_command(netns: &str, plugin: &Path, cmd: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", netns])
+        .arg(plugin)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("CNI_COMMAND", cmd)
+        .env(
+            "CNI_PATH",
+            format!("{}:{REFERENCE_PLUGINS}", plugin.parent().unwrap().display()),
+        );
+    c
+}
+
+/// Runs `cmd` with `input` on its stdin and its stdout and stderr captured.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
 }
 
 /// The `ternd` the tests run: `TERN_TEST_TERND` (e.g. a release build, to measure its RSS),

@@ -419,7 +419,7 @@ subjects:
 "#;
 
 /// Where the reference CNI plugins (host-local) are installed.
-pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+pub const REFERENCE_PLUGINS: &str = super::common::REFERENCE_PLUGINS;
 /// The network name of the test configurations.
 pub const NETWORK: &str = "k8s-pod-network";
 
@@ -601,17 +601,7 @@ impl Ternd {
                 c.insert(k.clone(), v.clone());
             }
         }
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &self.netns])
-            .arg(plugin)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("CNI_COMMAND", cmd)
-            .env(
-                "CNI_PATH",
-                format!("{}:{REFERENCE_PLUGINS}", plugin.parent().unwrap().display()),
-            );
+        let mut command = super::common::cni_command(&self.netns, plugin, cmd);
         if let Some(p) = pod {
             let mut args = format!(
                 "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};\
@@ -627,19 +617,7 @@ impl Ternd {
                 .env("CNI_IFNAME", "eth0")
                 .env("CNI_ARGS", args);
         }
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning tern");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = super::common::output_with_stdin(&mut command, conf.to_string().as_bytes());
         let stdout = String::from_utf8_lossy(&out.stdout);
         let v = if stdout.trim().is_empty() {
             Value::Null

@@ -41,6 +41,10 @@ struct PolicyPropagationArgs {
     /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
+    /// Directory holding the plugins `tern` and `tern-ipam` [default: --bin-dir]; e.g. the
+    /// static ones of `scripts/static-plugins.sh`, with ternd still from --bin-dir.
+    #[arg(long)]
+    plugin_dir: Option<PathBuf>,
     /// Apply/delete rounds (each gives one sample per node and direction).
     #[arg(long, default_value_t = 20)]
     trials: usize,
@@ -96,6 +100,10 @@ struct NetArgs {
     /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
+    /// Directory holding the plugins `tern` and `tern-ipam` [default: --bin-dir]; e.g. the
+    /// static ones of `scripts/static-plugins.sh`, with ternd still from --bin-dir.
+    #[arg(long)]
+    plugin_dir: Option<PathBuf>,
     /// Seconds per iperf3 run.
     #[arg(long, default_value_t = 5)]
     seconds: u32,
@@ -109,6 +117,10 @@ struct ConvergeArgs {
     /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
+    /// Directory holding the plugins `tern` and `tern-ipam` [default: --bin-dir]; e.g. the
+    /// static ones of `scripts/static-plugins.sh`, with ternd still from --bin-dir.
+    #[arg(long)]
+    plugin_dir: Option<PathBuf>,
     /// Pods added on node A.
     #[arg(long, default_value_t = 100)]
     pods: usize,
@@ -134,6 +146,10 @@ struct CniArgs {
     /// Directory holding the `tern`, `tern-ipam` and `ternd` binaries.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
+    /// Directory holding the plugins `tern` and `tern-ipam` [default: --bin-dir]; e.g. the
+    /// static ones of `scripts/static-plugins.sh`, with ternd still from --bin-dir.
+    #[arg(long)]
+    plugin_dir: Option<PathBuf>,
     /// Directory holding the reference plugins.
     #[arg(long, default_value = bench::REFERENCE_PLUGIN_DIR)]
     ref_dir: PathBuf,
@@ -223,6 +239,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             concurrency: args.concurrency,
         },
         plugins: args.plugins,
+        plugin_dir: absolute(args.plugin_dir.unwrap_or_else(|| args.bin_dir.clone()))?,
         bin_dir: absolute(args.bin_dir)?,
         ref_dir: absolute(args.ref_dir)?,
         agent_timeout: Duration::from_secs(args.agent_timeout),

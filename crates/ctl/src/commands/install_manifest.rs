@@ -27,10 +27,21 @@
 //! or 0.0.0.0, reachable from the network. Kubelet runs in the node's network namespace, which
 //! a hostNetwork pod shares, so it reaches 127.0.0.1:9099 there (Cilium's agent is probed the
 //! same way); the health port stays off the network.
+//!
+//! etcd over TLS (`--etcd-ca`, and `--etcd-cert`/`--etcd-key` for client-certificate auth)
+//! is rendered as Calico's etcd manifest does it: the files' contents go into the Secret
+//! `tern-etcd-certs`, which the DaemonSet always mounts (optional, mode 0400) at
+//! [`ETCD_CERTS_DIR`] in ternd and apply-ippool, the two containers that talk to the store;
+//! the ConfigMap's `etcd_ca`, `etcd_cert` and `etcd_key` name the mounted files (empty: plain
+//! http or SQLite) and reach both as `TERN_ETCD_CA`/`_CERT`/`_KEY`. So the DaemonSet is the
+//! same with and without TLS, and without it no Secret is rendered: the manifest applies
+//! unmodified for SQLite and plain-http etcd.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
 use anyhow::{Context, bail};
+use base64::Engine as _;
 
 use crate::cli::Encap;
 
@@ -47,6 +58,82 @@ pub const DEFAULT_CNI_CONF_DIR: &str = "/etc/cni/net.d";
 pub const STATE_DIR: &str = "/var/lib/tern";
 /// ternd's health listener in the pod (the node's loopback: the pod is hostNetwork).
 pub const HEALTH_ADDR: &str = "127.0.0.1:9099";
+/// The Secret holding etcd's TLS files (keys `etcd-ca`, `etcd-cert`, `etcd-key`).
+pub const ETCD_SECRET: &str = "tern-etcd-certs";
+/// Where the DaemonSet mounts [`ETCD_SECRET`] (read-only) in the containers that use the store.
+pub const ETCD_CERTS_DIR: &str = "/etc/tern-etcd-certs";
+
+/// The PEM files of etcd over TLS, read by [`read_tls`] and rendered into [`ETCD_SECRET`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA that signed the etcd members' certificates (`--etcd-ca`).
+    pub ca: String,
+    /// Client certificate and key (`--etcd-cert`, `--etcd-key`), for etcd's
+    /// `--client-cert-auth`; `None`: TLS without a client certificate.
+    pub client: Option<(String, String)>,
+}
+
+/// Without the contents: a private key has no place in an error message or a log.
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca", &format_args!("{} bytes", self.ca.len()))
+            .field(
+                "client",
+                &self.client.as_ref().map(|_| "certificate and key"),
+            )
+            .finish()
+    }
+}
+
+/// Reads one PEM file of `flag`, which must hold a block whose label ends with `label`
+/// (`CERTIFICATE`, `PRIVATE KEY`).
+fn read_pem(flag: &str, path: &Path, label: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{flag} {}: cannot read the file", path.display()))?;
+    let has_block = text.lines().any(|l| {
+        l.trim()
+            .strip_prefix("-----BEGIN ")
+            .and_then(|r| r.strip_suffix("-----"))
+            .is_some_and(|l| l.ends_with(label))
+    });
+    if !has_block {
+        bail!(
+            "{flag} {}: not a PEM file with a {label} (no -----BEGIN ...{label}----- line)",
+            path.display()
+        );
+    }
+    Ok(text)
+}
+
+/// Reads the TLS files given with `--etcd-ca`, `--etcd-cert` and `--etcd-key`: `None` when
+/// none is given. A client certificate needs its key and the CA; each file must be a
+/// readable PEM file of its kind. Errors name the flag and the path.
+pub fn read_tls(
+    ca: Option<&Path>,
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> anyhow::Result<Option<EtcdTls>> {
+    let ca = match (ca, cert, key) {
+        (None, None, None) => return Ok(None),
+        (Some(ca), _, _) => ca,
+        (None, _, _) => bail!(
+            "--etcd-cert/--etcd-key need --etcd-ca too: the CA that signed the etcd members' \
+             certificates"
+        ),
+    };
+    let ca = read_pem("--etcd-ca", ca, "CERTIFICATE")?;
+    let client = match (cert, key) {
+        (None, None) => None,
+        (Some(c), Some(k)) => Some((
+            read_pem("--etcd-cert", c, "CERTIFICATE")?,
+            read_pem("--etcd-key", k, "PRIVATE KEY")?,
+        )),
+        (Some(_), None) => bail!("--etcd-cert needs --etcd-key (the client certificate's key)"),
+        (None, Some(_)) => bail!("--etcd-key needs --etcd-cert (the key's client certificate)"),
+    };
+    Ok(Some(EtcdTls { ca, client }))
+}
 
 /// What the manifest is rendered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +154,8 @@ pub struct ManifestOptions {
     pub cni_bin_dir: String,
     /// The node's CNI configuration directory (hostPath).
     pub cni_conf_dir: String,
+    /// etcd over TLS: the Secret's files; `None`: plain http (or SQLite), no Secret.
+    pub etcd_tls: Option<EtcdTls>,
 }
 
 impl Default for ManifestOptions {
@@ -80,6 +169,7 @@ impl Default for ManifestOptions {
             log_level: "info".into(),
             cni_bin_dir: DEFAULT_CNI_BIN_DIR.into(),
             cni_conf_dir: DEFAULT_CNI_CONF_DIR.into(),
+            etcd_tls: None,
         }
     }
 }
@@ -123,9 +213,22 @@ pub fn validate(o: &ManifestOptions) -> anyhow::Result<()> {
                 o.store
             );
         }
+    } else if o.store.starts_with("https://") || o.store.starts_with("http://") {
+        // The store's own spelling: the scheme is etcd://, TLS comes from the CA given.
+        bail!(
+            "--store {:?}: an etcd store is written etcd://host:port[,host:port]; for TLS add \
+             --etcd-ca (and --etcd-cert/--etcd-key)",
+            o.store
+        );
     } else {
         bail!(
             "--store {:?}: expected etcd://host:port[,host:port] or sqlite://{STATE_DIR}/FILE",
+            o.store
+        );
+    }
+    if o.etcd_tls.is_some() && !o.store.starts_with("etcd://") {
+        bail!(
+            "--etcd-ca/--etcd-cert/--etcd-key: TLS is for an etcd:// store, not {:?}",
             o.store
         );
     }
@@ -246,8 +349,18 @@ data:
   # The datastore: etcd://host:port[,host:port] (reachable from every node), or
   # sqlite:///var/lib/tern/FILE on a single-node cluster (the file lives on the node).
   store: "@STORE@"
+  # etcd over TLS: the CA, client certificate and key as the pods see them (the Secret
+  # tern-etcd-certs, mounted at /etc/tern-etcd-certs: etcd-ca, etcd-cert, etcd-key). Empty:
+  # plain http or SQLite. A CA alone: TLS without a client certificate.
+  etcd_ca: "@ETCD_CA@"
+  etcd_cert: "@ETCD_CERT@"
+  etcd_key: "@ETCD_KEY@"
   # "true": ternd runs its BGP speaker (routes of unencapsulated pools learned over BGP).
   bgp: "@BGP@"
+  # "true": ternd routes every node's Kubernetes podCIDRs to it (and with bgp advertises them),
+  # for pods on a delegated host-local with ipam.subnet usePodCidr (Calico's USE_POD_CIDR).
+  # Leave "false" unless pods use the podCIDRs: they may overlap tern's pools.
+  use_pod_cidr: "false"
   # error, warn, info, debug or trace.
   log_level: "@LOG_LEVEL@"
   # The default IPv4 pool: its CIDR and encapsulation (vxlanMode / ipipMode: Never, Always
@@ -263,7 +376,7 @@ data:
       vxlanMode: @VXLAN@
       ipipMode: @IPIP@
       natOutgoing: true
----
+@ETCD_SECRET@---
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
@@ -316,9 +429,11 @@ spec:
         env:
         - name: TERN_STORE
           valueFrom: {configMapKeyRef: {name: tern-config, key: store}}
+        @ETCD_ENV@
         volumeMounts:
         - {name: tern-config, mountPath: /etc/tern, readOnly: true}
         - {name: var-lib-tern, mountPath: /var/lib/tern}
+        - @ETCD_MOUNT@
       containers:
       - name: ternd
         image: @IMAGE@
@@ -334,8 +449,11 @@ spec:
           valueFrom: {fieldRef: {fieldPath: status.hostIP}}
         - name: TERN_STORE
           valueFrom: {configMapKeyRef: {name: tern-config, key: store}}
+        @ETCD_ENV@
         - name: TERN_BGP
           valueFrom: {configMapKeyRef: {name: tern-config, key: bgp}}
+        - name: TERN_USE_POD_CIDR
+          valueFrom: {configMapKeyRef: {name: tern-config, key: use_pod_cidr}}
         - name: TERN_LOG_LEVEL
           valueFrom: {configMapKeyRef: {name: tern-config, key: log_level}}
         - name: TERN_HEALTH_ADDR
@@ -363,6 +481,7 @@ spec:
         # (systemd's default).
         - {name: run-netns, mountPath: /run/netns, mountPropagation: HostToContainer}
         - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
+        - @ETCD_MOUNT@
       # The conflist, once ternd answers /readiness; then waits for SIGTERM. Kept on restart.
       - name: cni-conf
         @TERNCTL@
@@ -393,7 +512,50 @@ spec:
         hostPath: {path: @CNI_BIN_DIR@, type: DirectoryOrCreate}
       - name: cni-net-dir
         hostPath: {path: @CNI_CONF_DIR@, type: DirectoryOrCreate}
+      # etcd's TLS files, named by tern-config's etcd_* keys. Optional: without TLS there is
+      # no such Secret. 256 is mode 0400: only root (the containers' user) reads the key.
+      - name: etcd-certs
+        secret: {secretName: tern-etcd-certs, optional: true, defaultMode: 256}
 "#;
+
+/// etcd's TLS settings from tern-config (replaces `@ETCD_ENV@`), in each container that
+/// opens the store: ternd and ternctl read them (empty: no TLS).
+const ETCD_ENV: &str = "- name: TERN_ETCD_CA
+          valueFrom: {configMapKeyRef: {name: tern-config, key: etcd_ca}}
+        - name: TERN_ETCD_CERT
+          valueFrom: {configMapKeyRef: {name: tern-config, key: etcd_cert}}
+        - name: TERN_ETCD_KEY
+          valueFrom: {configMapKeyRef: {name: tern-config, key: etcd_key}}";
+
+/// The Secret's mount (replaces `@ETCD_MOUNT@`).
+const ETCD_MOUNT: &str = "{name: etcd-certs, mountPath: /etc/tern-etcd-certs, readOnly: true}";
+
+/// The Secret with etcd's TLS files (replaces `@ETCD_SECRET@` when TLS is given): the values
+/// are base64, so the PEM text cannot change the document.
+fn etcd_secret(tls: &EtcdTls) -> String {
+    let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t.as_bytes());
+    let mut s = format!(
+        "---
+# etcd's TLS files for ternd and apply-ippool (tern-config's etcd_* keys name them as mounted).
+apiVersion: v1
+kind: Secret
+type: Opaque
+metadata:
+  name: {ETCD_SECRET}
+  namespace: kube-system
+  labels:
+    app.kubernetes.io/name: tern
+data:
+  etcd-ca: \"{}\"
+",
+        b64(&tls.ca)
+    );
+    if let Some((cert, key)) = &tls.client {
+        let _ = writeln!(s, "  etcd-cert: \"{}\"", b64(cert));
+        let _ = writeln!(s, "  etcd-key: \"{}\"", b64(key));
+    }
+    s
+}
 
 /// The options that differ from the defaults, as command-line flags (for the header).
 fn args_line(o: &ManifestOptions) -> String {
@@ -423,6 +585,13 @@ fn args_line(o: &ManifestOptions) -> String {
     if o.cni_conf_dir != d.cni_conf_dir {
         let _ = write!(s, " --cni-conf-dir {}", o.cni_conf_dir);
     }
+    // The files' paths are the renderer's machine's, not the manifest's: only the flags.
+    if let Some(tls) = &o.etcd_tls {
+        s.push_str(" --etcd-ca FILE");
+        if tls.client.is_some() {
+            s.push_str(" --etcd-cert FILE --etcd-key FILE");
+        }
+    }
     s
 }
 
@@ -434,11 +603,28 @@ pub fn render(o: &ManifestOptions) -> anyhow::Result<String> {
         .rsplit_once(':')
         .map(|(_, p)| p)
         .unwrap_or("9099");
+    let file = |name: &str| format!("{ETCD_CERTS_DIR}/{name}");
+    let (secret, ca, cert, key) = match &o.etcd_tls {
+        None => Default::default(),
+        Some(tls) => {
+            let (cert, key) = match tls.client {
+                Some(_) => (file("etcd-cert"), file("etcd-key")),
+                None => Default::default(),
+            };
+            (etcd_secret(tls), file("etcd-ca"), cert, key)
+        }
+    };
     Ok(TEMPLATE
         .replace("@TERNCTL@", TERNCTL)
         .replace("@INSTALL_CNI@", INSTALL_CNI)
         .replace("@ARGS@", &args_line(o))
         .replace("@STORE@", &o.store)
+        .replace("@ETCD_SECRET@", &secret)
+        .replace("@ETCD_CA@", &ca)
+        .replace("@ETCD_CERT@", &cert)
+        .replace("@ETCD_KEY@", &key)
+        .replace("@ETCD_ENV@", ETCD_ENV)
+        .replace("@ETCD_MOUNT@", ETCD_MOUNT)
         .replace("@BGP@", if o.bgp { "true" } else { "false" })
         .replace("@LOG_LEVEL@", &o.log_level)
         .replace("@POOL@", &o.pool)
@@ -456,6 +642,7 @@ mod tests {
     use super::*;
     use serde_json::Value;
     use std::collections::BTreeSet;
+    use std::path::PathBuf;
 
     /// The checked-in manifest, relative to this crate.
     const CHECKED_IN: &str = include_str!("../../../../manifests/tern.yaml");
@@ -467,6 +654,19 @@ mod tests {
             .map(|d| Value::deserialize(d).expect("valid YAML"))
             .filter(|v| !v.is_null())
             .collect()
+    }
+
+    /// The objects every rendering starts with (the RBAC and the ConfigMap), in order.
+    const FIRST_KINDS: [&str; 4] = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+    ];
+
+    /// The `kind` of each document, in order.
+    fn kinds(d: &[Value]) -> Vec<&str> {
+        d.iter().map(|v| v["kind"].as_str().unwrap()).collect()
     }
 
     /// Paths (`doc/key/key/0/...`) whose values differ between `a` and `b`.
@@ -524,17 +724,7 @@ mod tests {
     #[test]
     fn default_manifest_has_the_objects_and_fields() {
         let d = docs(CHECKED_IN);
-        let kinds: Vec<&str> = d.iter().map(|v| v["kind"].as_str().unwrap()).collect();
-        assert_eq!(
-            kinds,
-            [
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "ConfigMap",
-                "DaemonSet"
-            ]
-        );
+        assert_eq!(kinds(&d), [&FIRST_KINDS[..], &["DaemonSet"]].concat());
         let ds = &d[4]["spec"]["template"]["spec"];
         assert_eq!(ds["hostNetwork"], true);
         assert_eq!(
@@ -647,6 +837,233 @@ mod tests {
             text.contains("# Rendered by `ternctl install manifest --encap vxlan --bgp`."),
             "{}",
             text.lines().nth(3).unwrap()
+        );
+    }
+
+    /// PEM-looking files in a temporary directory: (dir, ca, cert, key).
+    fn pem_files() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, label: &str, body: &str| {
+            let p = dir.path().join(name);
+            let text = format!("-----BEGIN {label}-----\n{body}\n-----END {label}-----\n");
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let ca = write("ca.crt", "CERTIFICATE", "Q0EgIyBub3QgYSBjb21tZW50Cg==");
+        let cert = write("client.crt", "CERTIFICATE", "Y2xpZW50Ogp4OiAiInkK");
+        let key = write("client.key", "EC PRIVATE KEY", "a2V5IGl0c2VsZg==");
+        (dir, ca, cert, key)
+    }
+
+    fn tls_options(tls: EtcdTls) -> ManifestOptions {
+        ManifestOptions {
+            store: "etcd://198.18.0.2:2379".into(),
+            etcd_tls: Some(tls),
+            ..ManifestOptions::default()
+        }
+    }
+
+    fn by_name<'a>(list: &'a Value, name: &str) -> &'a Value {
+        list.as_array()
+            .and_then(|l| l.iter().find(|v| v["name"] == name))
+            .unwrap_or_else(|| panic!("{name} not in {list}"))
+    }
+
+    #[test]
+    fn etcd_tls_renders_the_secret_and_names_its_files() {
+        let (_dir, ca, cert, key) = pem_files();
+        let tls = read_tls(Some(&ca), Some(&cert), Some(&key))
+            .unwrap()
+            .expect("TLS given");
+        let o = tls_options(tls);
+        let text = render(&o).unwrap();
+        let mut d = docs(&text);
+        assert_eq!(
+            kinds(&d),
+            [&FIRST_KINDS[..], &["Secret", "DaemonSet"]].concat()
+        );
+        // The Secret holds the files byte for byte.
+        let secret = d.remove(4);
+        assert_eq!(secret["metadata"]["name"], ETCD_SECRET);
+        assert_eq!(secret["metadata"]["namespace"], "kube-system");
+        assert_eq!(secret["type"], "Opaque");
+        let data = secret["data"].as_object().unwrap();
+        assert_eq!(data.len(), 3, "{data:?}");
+        for (k, file) in [("etcd-ca", &ca), ("etcd-cert", &cert), ("etcd-key", &key)] {
+            let got = base64::engine::general_purpose::STANDARD
+                .decode(data[k].as_str().unwrap())
+                .unwrap();
+            assert_eq!(got, std::fs::read(file).unwrap(), "{k}");
+        }
+        // The ConfigMap names the mounted files; nothing else differs from the default
+        // (the DaemonSet is the same: it always mounts the optional Secret).
+        let base = docs(&render(&tls_options_store_only()).unwrap());
+        let mut out = BTreeSet::new();
+        for (i, (x, y)) in base.iter().zip(&d).enumerate() {
+            diff(&i.to_string(), x, y, &mut out);
+        }
+        assert_eq!(
+            out,
+            set(&["3/data/etcd_ca", "3/data/etcd_cert", "3/data/etcd_key"])
+        );
+        let cm = &d[3]["data"];
+        for (k, file) in [
+            ("etcd_ca", "etcd-ca"),
+            ("etcd_cert", "etcd-cert"),
+            ("etcd_key", "etcd-key"),
+        ] {
+            assert_eq!(cm[k], format!("{ETCD_CERTS_DIR}/{file}"), "{k}");
+            assert!(data.contains_key(file), "{file}");
+        }
+        // Mounted read-only (mode 0400) where the ConfigMap says, in both containers that
+        // open the store, with the settings in their environment.
+        let spec = &d[4]["spec"]["template"]["spec"];
+        let vol = by_name(&spec["volumes"], "etcd-certs");
+        assert_eq!(
+            vol["secret"],
+            serde_json::json!({"secretName": ETCD_SECRET, "optional": true, "defaultMode": 0o400})
+        );
+        for c in [
+            by_name(&spec["initContainers"], "apply-ippool"),
+            by_name(&spec["containers"], "ternd"),
+        ] {
+            let m = by_name(&c["volumeMounts"], "etcd-certs");
+            assert_eq!(m["mountPath"], ETCD_CERTS_DIR, "{}", c["name"]);
+            assert_eq!(m["readOnly"], true, "{}", c["name"]);
+            for (var, key) in [
+                ("TERN_ETCD_CA", "etcd_ca"),
+                ("TERN_ETCD_CERT", "etcd_cert"),
+                ("TERN_ETCD_KEY", "etcd_key"),
+            ] {
+                assert_eq!(
+                    by_name(&c["env"], var)["valueFrom"]["configMapKeyRef"],
+                    serde_json::json!({"name": "tern-config", "key": key}),
+                    "{} {var}",
+                    c["name"]
+                );
+            }
+        }
+        // The header names the flags, not this machine's paths.
+        assert!(
+            text.contains(
+                "# Rendered by `ternctl install manifest --store etcd://198.18.0.2:2379 \
+                 --etcd-ca FILE --etcd-cert FILE --etcd-key FILE`."
+            ),
+            "{}",
+            text.lines().nth(3).unwrap()
+        );
+        assert!(!text.contains(ca.to_str().unwrap()));
+    }
+
+    /// The TLS options' store without TLS.
+    fn tls_options_store_only() -> ManifestOptions {
+        ManifestOptions {
+            store: "etcd://198.18.0.2:2379".into(),
+            ..ManifestOptions::default()
+        }
+    }
+
+    #[test]
+    fn etcd_tls_with_a_ca_only_has_no_client_files() {
+        let (_dir, ca, _, _) = pem_files();
+        let tls = read_tls(Some(&ca), None, None).unwrap().unwrap();
+        assert_eq!(tls.client, None);
+        let d = docs(&render(&tls_options(tls)).unwrap());
+        let keys: Vec<&String> = d[4]["data"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["etcd-ca"]);
+        assert_eq!(d[3]["data"]["etcd_ca"], format!("{ETCD_CERTS_DIR}/etcd-ca"));
+        assert_eq!(d[3]["data"]["etcd_cert"], "");
+        assert_eq!(d[3]["data"]["etcd_key"], "");
+    }
+
+    #[test]
+    fn without_tls_there_is_no_secret_and_the_settings_are_empty() {
+        assert_eq!(read_tls(None, None, None).unwrap(), None);
+        let d = docs(CHECKED_IN);
+        assert!(d.iter().all(|v| v["kind"] != "Secret"));
+        for k in ["etcd_ca", "etcd_cert", "etcd_key"] {
+            assert_eq!(d[3]["data"][k], "", "{k}");
+        }
+        // Still mounted (optional), so a Secret and a ConfigMap edit turn TLS on.
+        let spec = &d[4]["spec"]["template"]["spec"];
+        assert_eq!(
+            by_name(&spec["volumes"], "etcd-certs")["secret"]["optional"],
+            true
+        );
+    }
+
+    #[test]
+    fn bad_tls_files_are_named() {
+        let (dir, ca, cert, key) = pem_files();
+        let missing = dir.path().join("nope.crt");
+        let not_pem = dir.path().join("plain.txt");
+        std::fs::write(&not_pem, "just text\n").unwrap();
+        let err = |ca: Option<&PathBuf>, cert: Option<&PathBuf>, key: Option<&PathBuf>| {
+            let r = read_tls(
+                ca.map(PathBuf::as_path),
+                cert.map(PathBuf::as_path),
+                key.map(PathBuf::as_path),
+            );
+            format!("{:#}", r.expect_err("an error"))
+        };
+        let m = missing.display().to_string();
+        for (e, want) in [
+            (
+                err(Some(&missing), None, None),
+                vec!["--etcd-ca", m.as_str()],
+            ),
+            (
+                err(Some(&ca), Some(&missing), Some(&key)),
+                vec!["--etcd-cert", m.as_str(), "cannot read"],
+            ),
+            (
+                err(Some(&ca), Some(&cert), Some(&missing)),
+                vec!["--etcd-key", m.as_str()],
+            ),
+            (err(None, Some(&cert), Some(&key)), vec!["need --etcd-ca"]),
+            (err(None, None, Some(&key)), vec!["need --etcd-ca"]),
+            (
+                err(Some(&ca), Some(&cert), None),
+                vec!["--etcd-cert needs --etcd-key"],
+            ),
+            (
+                err(Some(&ca), None, Some(&key)),
+                vec!["--etcd-key needs --etcd-cert"],
+            ),
+            (
+                err(Some(&not_pem), None, None),
+                vec!["--etcd-ca", "not a PEM file"],
+            ),
+            // A key given as the CA, a certificate as the key.
+            (
+                err(Some(&key), None, None),
+                vec!["--etcd-ca", "CERTIFICATE"],
+            ),
+            (
+                err(Some(&ca), Some(&cert), Some(&cert)),
+                vec!["--etcd-key", "PRIVATE KEY"],
+            ),
+        ] {
+            for w in want {
+                assert!(e.contains(w), "{w:?} not in {e}");
+            }
+        }
+        // TLS is for etcd; an https:// store is told how etcd's is spelt.
+        let tls = read_tls(Some(&ca), None, None).unwrap().unwrap();
+        let sqlite = ManifestOptions {
+            etcd_tls: Some(tls.clone()),
+            ..ManifestOptions::default()
+        };
+        let e = format!("{:#}", render(&sqlite).unwrap_err());
+        assert!(e.contains("TLS is for an etcd:// store"), "{e}");
+        let https = ManifestOptions {
+            store: "https://198.18.0.2:2379".into(),
+            ..tls_options(tls)
+        };
+        let e = format!("{:#}", render(&https).unwrap_err());
+        assert!(
+            e.contains("etcd://host:port") && e.contains("--etcd-ca"),
+            "{e}"
         );
     }
 

@@ -55,6 +55,7 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             k8s_bin_dir,
             reference_cni,
             host_ternd,
+            etcd_tls,
         } => {
             let mut o = tern_lab::UpOptions::new(&args.name, &bin_dir);
             o.nodes = *nodes;
@@ -66,6 +67,7 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                 o.store = StoreKind::Etcd;
             }
             o.resync_seconds = *resync_seconds;
+            o.etcd_tls = *etcd_tls;
             if *bgp {
                 o.agent_args.push("--bgp".into());
             }

@@ -41,13 +41,20 @@ fn since(unix: u64, now: SystemTime) -> String {
     }
 }
 
+/// What `ternctl node status` says of a node whose ternd runs without BGP, as calicoctl says
+/// "None of the BGP backend processes (BIRD or GoBGP) are running.".
+pub const NO_BGP: &str = "None of the BGP backend processes (tern's BGP speaker) are running.\n";
+
 /// The report: `tern agent is running.`, then an `IPv4 BGP status` and an `IPv6 BGP status`
 /// section, each a table `PEER ADDRESS | PEER TYPE | STATE | SINCE | INFO` or
 /// `No IPvN peers found.`.
 pub fn render(s: &BgpStatusReply, now: SystemTime) -> String {
     let mut out = String::from("tern agent is running.\n\n");
     if !s.enabled {
-        out.push_str("BGP is not enabled on this node (ternd runs without --bgp).\n");
+        // calicoctl's line for a node without BIRD/GoBGP (e.g. a VXLAN-only cluster), with
+        // tern's one speaker named, and why it is not running.
+        out.push_str(NO_BGP);
+        out.push_str("ternd runs without --bgp: routes to other nodes come from the datastore.\n");
         return out;
     }
     for (fam, v4) in [("IPv4", true), ("IPv6", false)] {
@@ -130,6 +137,12 @@ No IPv6 peers found.
 ";
         assert_eq!(out, want, "\n{out}");
         let off = render(&BgpStatusReply::default(), now);
-        assert!(off.contains("not enabled"), "{off}");
+        assert_eq!(
+            off,
+            "tern agent is running.\n\n\
+             None of the BGP backend processes (tern's BGP speaker) are running.\n\
+             ternd runs without --bgp: routes to other nodes come from the datastore.\n",
+            "\n{off}"
+        );
     }
 }

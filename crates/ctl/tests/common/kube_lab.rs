@@ -1,7 +1,8 @@
-//! The Kubernetes lab of the ctl tests (`lab_kube`, `lab_kube_daemonset`): `ternctl lab up
-//! --kubernetes`, kubectl through the operator's kubeconfig, failure diagnostics, the
-//! Deployment's pods, `ternctl` against the lab's store, and the checks that `lab down` left
-//! nothing behind.
+//! The Kubernetes lab of the ctl tests (`lab_kube`, `lab_kube_daemonset`, `lab_kube_backend`,
+//! `lab_kube_etcd_tls`, …): `ternctl lab up --kubernetes`, kubectl through the operator's
+//! kubeconfig, failure diagnostics, the Deployment's and tern-node's pods, busybox test pods
+//! and asking them over TCP, `ternctl` in a node's namespace and against the lab's store, and
+//! the checks that `lab down` left nothing behind.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,6 +22,22 @@ pub struct KubeLab {
     pub cache: tempfile::TempDir,
     /// kubelet's kernel-wide sysctls before the lab, which `lab down` must restore.
     sysctls_before: Vec<(String, String)>,
+    /// The other labs running a cluster before this one came up (see [`other_clusters`]).
+    others_before: Vec<String>,
+}
+
+/// Labs other than `name` with a Kubernetes cluster: while any runs, its kubelets hold the
+/// kernel-wide sysctls at kubelet's values and the last lab out restores the machine's (CI
+/// runs upstream's e2e on a lab of its own during the tests; engineers run labs too).
+fn other_clusters(name: &str) -> Vec<String> {
+    std::fs::read_dir(tern_lab::RUN_DIR)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name() != name && e.path().join("kube").is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl Drop for KubeLab {
@@ -43,6 +60,7 @@ impl KubeLab {
             kubeconfig: PathBuf::new(),
             cache: tempfile::tempdir().expect("tempdir"),
             sysctls_before: kube::sys::read_current().expect("read sysctls"),
+            others_before: other_clusters(&name),
         };
         let t0 = Instant::now();
         let out = Command::new(super::ternctl())
@@ -132,18 +150,7 @@ impl KubeLab {
         if !self.kubeconfig.as_os_str().is_empty() {
             let wide = [pods::TERN_NODE_PODS, &["-o", "wide"]].concat();
             out.push_str(&self.kubectl(&wide).unwrap_or_else(|e| e));
-            let logs = [
-                "-n",
-                "kube-system",
-                "logs",
-                "-l",
-                "k8s-app=tern-node",
-                "-c",
-                "ternd",
-                "--tail",
-                "15",
-            ];
-            out.push_str(&self.kubectl(&logs).unwrap_or_else(|e| e));
+            out.push_str(&self.ternd_logs("15").unwrap_or_else(|e| e));
         }
         if let Ok(Some(st)) = LabState::load(&self.name)
             && let Some(k) = &st.kube
@@ -160,6 +167,119 @@ impl KubeLab {
             }
         }
         out
+    }
+
+    /// The last `tail` lines (`-1`: all) of every tern-node pod's ternd.
+    pub fn ternd_logs(&self, tail: &str) -> Result<String, String> {
+        self.kubectl(&[
+            "-n",
+            "kube-system",
+            "logs",
+            "-l",
+            "k8s-app=tern-node",
+            "-c",
+            "ternd",
+            &format!("--tail={tail}"),
+        ])
+    }
+
+    /// The nodes whose tern-node pod is Running with every container ready (sorted), and
+    /// what kubectl said of all the tern-node pods (a line a pod).
+    pub fn tern_node_pods_ready(&self) -> (Vec<String>, String) {
+        let ds = self.must(
+            &[
+                pods::TERN_NODE_PODS,
+                &[
+                    "-o",
+                    r#"jsonpath={range .items[*]}{.spec.nodeName} {.status.phase} {.status.containerStatuses[*].ready}{"\n"}{end}"#,
+                ],
+            ]
+            .concat(),
+        );
+        let mut on: Vec<String> = ds
+            .lines()
+            .filter(|l| l.ends_with("Running true true"))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect();
+        on.sort();
+        (on, ds)
+    }
+
+    /// Waits until pod `name` is Running and Ready; its address.
+    pub fn wait_ready(&self, name: &str) -> String {
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{name}"),
+            "--timeout=120s",
+        ])
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}{}",
+                self.kubectl(&["describe", "pod", name]).unwrap_or_default(),
+                self.diagnostics()
+            )
+        });
+        self.must(&["get", "pod", name, "-o", "jsonpath={.status.podIP}"])
+            .trim()
+            .to_string()
+    }
+
+    /// `kubectl exec FROM -- nc -w 2 IP 8080`: the answer (a [`NAME_SERVER`] pod's name), if
+    /// any.
+    pub fn ask(&self, from: &str, ip: &str) -> Option<String> {
+        self.kubectl(&["exec", from, "--", "nc", "-w", "2", ip, "8080"])
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Polls [`KubeLab::ask`] until it answers (`open`) or stops answering (`!open`) for 3
+    /// tries in a row; panics after `timeout`. Returns how long it took.
+    pub fn wait_reach(&self, from: &str, ip: &str, open: bool, timeout: Duration) -> Duration {
+        let t = Instant::now();
+        let mut streak = 0;
+        loop {
+            let got = self.ask(from, ip);
+            if got.is_some() == open {
+                streak += if open { 3 } else { 1 };
+                if streak >= 3 {
+                    return t.elapsed();
+                }
+            } else {
+                streak = 0;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "{from} -> {ip}: still {} after {timeout:?} ({got:?}){}",
+                if open { "denied" } else { "open" },
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `kubectl rollout restart daemonset tern-node -n kube-system`, then `kubectl rollout
+    /// status` until the new pods are ready (240 s at most; then it panics with the
+    /// diagnostics).
+    pub fn rollout_restart_tern_node(&self) {
+        self.must(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "restart",
+            "daemonset",
+            "tern-node",
+        ]);
+        self.kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "daemonset/tern-node",
+            "--timeout=240s",
+        ])
+        .unwrap_or_else(|e| panic!("{e}{}", self.diagnostics()));
     }
 
     /// The Nodes that are Ready, and what kubectl said of all of them.
@@ -209,25 +329,86 @@ impl KubeLab {
             tern_lab::process::netns_with_prefix(&prefix).is_empty(),
             "namespaces left"
         );
-        assert_eq!(
-            kube::sys::read_current().unwrap(),
-            self.sysctls_before,
-            "sysctls restored"
-        );
+        let others_after = other_clusters(&self.name);
+        if self.others_before.is_empty() && others_after.is_empty() {
+            assert_eq!(
+                kube::sys::read_current().unwrap(),
+                self.sysctls_before,
+                "sysctls restored"
+            );
+        } else {
+            eprintln!(
+                "sysctl check not applicable: other clusters ran meanwhile: {:?} {others_after:?}",
+                self.others_before
+            );
+        }
         done
     }
 }
 
-/// `ternctl --store <lab store> ARGS`, run in a node's namespace (an etcd store is reachable
-/// only from the lab's namespaces): (success, stdout + stderr).
-pub fn ternctl_store(st: &LabState, args: &[&str]) -> (bool, String) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &st.nodes[0].netns])
-        .arg(super::ternctl())
-        .args(["--store", &st.store_url()])
-        .args(args)
-        .output()
-        .expect("ternctl runs");
+/// The container command of a pod answering every TCP connection on :8080 with its name.
+pub const NAME_SERVER: &str = r#"["nc", "-ll", "-p", "8080", "-e", "/bin/hostname"]"#;
+
+/// A `spec` line of [`busybox_pod`]: the pod runs once (restartPolicy Never, so an exit is
+/// seen, not hidden by a restart).
+pub const RUN_ONCE: &str = "  restartPolicy: Never\n";
+
+/// A busybox pod bound to `node`: `metadata` and `spec` are extra lines of those sections
+/// (indented two spaces), `command` the container's command as a YAML flow list.
+pub fn busybox_pod(name: &str, node: &str, metadata: &str, spec: &str, command: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+{metadata}spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+{spec}  containers:
+  - name: main
+    image: tern-busybox:1
+    imagePullPolicy: Never
+    command: {command}
+"#
+    )
+}
+
+/// A pod running `script` under sh once ([`RUN_ONCE`]).
+pub fn shell_pod(name: &str, node: &str, script: &str) -> String {
+    let script = serde_json::to_string(script).unwrap();
+    busybox_pod(
+        name,
+        node,
+        "",
+        RUN_ONCE,
+        &format!(r#"["sh", "-c", {script}]"#),
+    )
+}
+
+/// Asserts that each `(pod, address)` is an IPv4 address in tern's `pool` and on a line of
+/// `weps` (`ternctl get wep -o wide`) naming the pod.
+pub fn assert_tern_addresses(pool: &ipnet::Ipv4Net, weps: &str, pods: &[(&str, &String)]) {
+    for &(pod, addr) in pods {
+        let v4: std::net::Ipv4Addr = addr.parse().unwrap_or_else(|_| panic!("{pod}: {addr:?}"));
+        assert!(pool.contains(&v4), "{pod} {addr} not in tern's pool {pool}");
+        assert!(
+            weps.lines()
+                .any(|l| l.contains(pod) && l.contains(addr.as_str())),
+            "{pod} {addr} not among tern's endpoints:\n{weps}"
+        );
+    }
+}
+
+/// `ip netns exec NETNS ternctl`: ternctl in a lab node's namespace, arguments to follow.
+pub fn ternctl_in(netns: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", netns]).arg(super::ternctl());
+    c
+}
+
+/// Runs a ternctl command: (success, stdout + stderr).
+pub fn ternctl_output(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().expect("ternctl runs");
     (
         out.status.success(),
         format!(
@@ -235,5 +416,15 @@ pub fn ternctl_store(st: &LabState, args: &[&str]) -> (bool, String) {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         ),
+    )
+}
+
+/// `ternctl --store <lab store> ARGS`, run in a node's namespace (an etcd store is reachable
+/// only from the lab's namespaces): (success, stdout + stderr).
+pub fn ternctl_store(st: &LabState, args: &[&str]) -> (bool, String) {
+    ternctl_output(
+        ternctl_in(&st.nodes[0].netns)
+            .args(["--store", &st.store_url()])
+            .args(args),
     )
 }

@@ -227,12 +227,15 @@ pub fn status(k: &KubeState) -> String {
     out
 }
 
-/// Renders the manifest for this lab (its store, pool, encapsulation, BGP), applies it and
-/// waits for the rollout. Returns the manifest's path.
+/// Renders the manifest for this lab (its store and its TLS files, pool, encapsulation, BGP),
+/// applies it and waits for the rollout. Returns the manifest's path.
 pub fn install(st: &LabState, k: &KubeState) -> Result<PathBuf> {
     let path = k.dir.join("tern.yaml");
     let mut c = Command::new(st.bin_dir.join("ternctl"));
     c.env_remove("TERN_STORE")
+        .env_remove("TERN_ETCD_CA")
+        .env_remove("TERN_ETCD_CERT")
+        .env_remove("TERN_ETCD_KEY")
         .args(["install", "manifest", "--store"])
         .arg(if st.store == StoreKind::Etcd {
             st.store_url()
@@ -240,7 +243,9 @@ pub fn install(st: &LabState, k: &KubeState) -> Result<PathBuf> {
             single_node_store()
         })
         .args(["--pool", &k.cluster_cidr, "--encap", st.encap.as_str()])
-        .args(["--cni-bin-dir", CNI_BIN_DIR, "--cni-conf-dir", CNI_CONF_DIR]);
+        .args(["--cni-bin-dir", CNI_BIN_DIR, "--cni-conf-dir", CNI_CONF_DIR])
+        // A TLS etcd: the client's files go into the manifest's Secret tern-etcd-certs.
+        .args(st.store_tls_args());
     if st.agent_args.iter().any(|a| a == "--bgp") {
         c.arg("--bgp");
     }

@@ -7,6 +7,12 @@
 //! with the machine's cgroup mounts moved under it, and tmpfs over /run (with the lab's
 //! directory moved back in), /var/lib, /var/log, /opt and /tmp. Every path the components are
 //! configured with is under `<node dir>/k8s`, which the operator can inspect from outside.
+//!
+//! The holder also gets a UTS namespace of its own whose hostname is the node's name, which
+//! containerd, kubelet and kube-proxy join: hostNetwork pods (tern's DaemonSet among them)
+//! share containerd's UTS namespace, so they see their node's name as a real node's would
+//! (upstream's e2e checks it). The components' node names stay explicit
+//! (`--hostname-override`, `hostnameOverride`); the machine's own hostname is never touched.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,11 +27,19 @@ use crate::process;
 use crate::state::{LabState, NodeState};
 use crate::{LabError, Result};
 
-/// Sets up the node's private mount namespace, joins the node cgroup and becomes `pause`.
-/// Arguments: cgroup path, node k8s dir, pause binary, `daemonset` when tern runs as the
-/// DaemonSet (see [`super::daemonset`] for the node-independent paths bound here).
+/// Sets up the node's private mount and UTS namespaces, joins the node cgroup and becomes
+/// `pause`. Arguments: cgroup path, node k8s dir, pause binary, `daemonset` when tern runs as
+/// the DaemonSet (see [`super::daemonset`] for the node-independent paths bound here), the
+/// node's name (its hostname) and the UTS namespace of the lab's own process (the machine's,
+/// as `readlink /proc/self/ns/uts` shows it), which must not be the one renamed.
 const HOLDER_SCRIPT: &str = r#"set -eu
-cg=$1 dir=$2 pause=$3 mode=${4:-host}
+cg=$1 dir=$2 pause=$3 mode=${4:-host} node=$5 outer_uts=$6
+# The hostname is set only in a UTS namespace that is not the lab's (unshare made it).
+if [ "$(readlink /proc/self/ns/uts)" = "$outer_uts" ]; then
+  echo "refusing to set the hostname: still in the lab's UTS namespace $outer_uts" >&2
+  exit 1
+fi
+printf '%s' "$node" > /proc/sys/kernel/hostname
 for h in /sys/fs/cgroup/*/; do
   if [ -d "$h$cg/system" ]; then echo $$ > "$h$cg/system/cgroup.procs"; fi
 done
@@ -62,12 +76,13 @@ for h in /sys/fs/cgroup/*/; do
 done
 exec "$@""#;
 
-/// A command run inside the node's mount and network namespaces, in cgroup `/<cgroup>`.
+/// A command run inside the node's mount, network and UTS namespaces, in cgroup `/<cgroup>`.
 fn node_cmd(holder: &Proc, cgroup: &str, program: &Path) -> Command {
     let mut c = Command::new("nsenter");
     c.arg("-t")
         .arg(holder.pid.to_string())
-        .args(["-m", "-n", "--", "sh", "-c", CGROUP_EXEC, "sh", cgroup])
+        .args(["-m", "-n", "-u", "--"])
+        .args(["sh", "-c", CGROUP_EXEC, "sh", cgroup])
         .arg(program);
     c
 }
@@ -111,13 +126,16 @@ pub fn up(st: &mut LabState, name: &str) -> Result<()> {
     st.save()?;
     sys::create(&cgroup, &["system", "kubelet"])?;
 
-    // The private mount namespace.
+    // The private mount and UTS namespaces.
     let k = st.kube.clone().expect("cluster state");
     let ready = dir.join("holder.ready");
     let _ = std::fs::remove_file(&ready);
+    let outer_uts = std::fs::read_link("/proc/self/ns/uts")
+        .map_err(|e| LabError::io("cannot read /proc/self/ns/uts", e))?;
     let mut c = Command::new("nsenter");
     c.arg(format!("--net=/run/netns/{}", n.netns))
-        .args(["--", "unshare", "--mount", "--propagation", "private"])
+        .args(["--", "unshare", "--mount", "--uts"])
+        .args(["--propagation", "private"])
         .args(["sh", "-c", HOLDER_SCRIPT, "sh", &cgroup])
         .arg(&dir)
         .arg(k.k8s_bin.join("pause"))
@@ -125,7 +143,9 @@ pub fn up(st: &mut LabState, name: &str) -> Result<()> {
             "daemonset"
         } else {
             "host"
-        });
+        })
+        .arg(name)
+        .arg(outer_uts);
     let holder = spawn(
         "holder",
         c,

@@ -38,11 +38,13 @@ struct Registry {
     holders: Vec<String>,
 }
 
-/// Runs `f` on the registry under an exclusive `flock`, writing it back (or removing it when
-/// `f` returns `None`).
-fn with_registry<T>(f: impl FnOnce(Option<Registry>) -> (Option<Registry>, T)) -> Result<T> {
+/// Runs `f` on the registry at `path` under an exclusive `flock`, writing it back (or
+/// removing it when `f` returns `None`).
+fn with_registry<T>(
+    path: &Path,
+    f: impl FnOnce(Option<Registry>) -> (Option<Registry>, T),
+) -> Result<T> {
     use std::os::fd::AsRawFd;
-    let path = registry_path();
     let dir = path.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir)
         .map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
@@ -60,7 +62,7 @@ fn with_registry<T>(f: impl FnOnce(Option<Registry>) -> (Option<Registry>, T)) -
             std::io::Error::last_os_error(),
         ));
     }
-    let current = std::fs::read(&path)
+    let current = std::fs::read(path)
         .ok()
         .and_then(|b| serde_json::from_slice::<Registry>(&b).ok());
     let (next, out) = f(current);
@@ -68,9 +70,9 @@ fn with_registry<T>(f: impl FnOnce(Option<Registry>) -> (Option<Registry>, T)) -
         Some(r) => {
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, serde_json::to_vec(&r).unwrap_or_default())
-                .and_then(|_| std::fs::rename(&tmp, &path))
+                .and_then(|_| std::fs::rename(&tmp, path))
         }
-        None => match std::fs::remove_file(&path) {
+        None => match std::fs::remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         },
@@ -97,8 +99,13 @@ pub fn read_current() -> Result<Vec<(String, String)>> {
 /// still run kubelets gets the values the first one recorded (the kernel then shows kubelet's).
 /// Labs whose state directory is gone (crashed without `down`) stop holding the values.
 pub fn save_sysctls(lab: &str) -> Result<Vec<(String, String)>> {
+    save_in(&registry_path(), lab)
+}
+
+/// [`save_sysctls`] with the registry at `registry`.
+fn save_in(registry: &Path, lab: &str) -> Result<Vec<(String, String)>> {
     let now = read_current()?;
-    with_registry(|reg| {
+    with_registry(registry, |reg| {
         let mut reg = reg.unwrap_or_else(|| Registry {
             original: now.clone(),
             holders: Vec::new(),
@@ -119,7 +126,22 @@ pub fn save_sysctls(lab: &str) -> Result<Vec<(String, String)>> {
 /// was restored (changed values only). While other labs hold them nothing is written: their
 /// kubelets expect kubelet's values, and the last one out restores the machine's.
 pub fn restore_sysctls(saved: &[(String, String)], lab: &str) -> Result<Vec<String>> {
-    let original = with_registry(|reg| match reg {
+    let Some(original) = release_in(&registry_path(), saved, lab)? else {
+        return Ok(vec![
+            "kubelet sysctls left to the other labs still running kubelets".to_string(),
+        ]);
+    };
+    write_values(&original)
+}
+
+/// Removes `lab` from the registry at `registry`: the values to write back when it was the
+/// last holder (`saved` if the registry is gone), `None` while other labs hold them.
+fn release_in(
+    registry: &Path,
+    saved: &[(String, String)],
+    lab: &str,
+) -> Result<Option<Vec<(String, String)>>> {
+    with_registry(registry, |reg| match reg {
         None => (None, Some(saved.to_vec())),
         Some(mut reg) => {
             reg.holders
@@ -131,13 +153,7 @@ pub fn restore_sysctls(saved: &[(String, String)], lab: &str) -> Result<Vec<Stri
                 (Some(reg), None)
             }
         }
-    })?;
-    let Some(original) = original else {
-        return Ok(vec![
-            "kubelet sysctls left to the other labs still running kubelets".to_string(),
-        ]);
-    };
-    write_values(&original)
+    })
 }
 
 /// Writes values back; returns what changed.
@@ -353,6 +369,17 @@ mod tests {
         assert!(with_prefix(&root).is_empty());
     }
 
+    /// Removes the test's lab directories and registry, also when an assertion failed.
+    struct Cleanup(Vec<PathBuf>);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_dir_all(p);
+            }
+        }
+    }
+
     #[test]
     fn overlapping_labs_share_the_machines_values_and_the_last_restores() {
         if unsafe { libc::geteuid() } != 0 {
@@ -360,26 +387,45 @@ mod tests {
             assert!(std::env::var_os("TERN_TEST_STRICT").is_none(), "needs root");
             return;
         }
-        let (a, b) = (
-            format!("sysreg-a-{}", std::process::id()),
-            format!("sysreg-b-{}", std::process::id()),
-        );
+        let tag = format!("{}-{}", std::process::id(), crate::process::random_hex(3));
+        let (a, b) = (format!("sysreg-a-{tag}"), format!("sysreg-b-{tag}"));
+        // A registry of the test's own: real labs (CI runs upstream's e2e on one meanwhile)
+        // hold the machine's, and this test must neither see them nor write the kernel.
+        let dir = std::env::temp_dir().join(format!("tern-sysreg-{tag}"));
+        let _cleanup = Cleanup(vec![
+            crate::state::lab_dir(&a),
+            crate::state::lab_dir(&b),
+            dir.clone(),
+        ]);
+        let registry = dir.join("kubelet-sysctls.json");
         for l in [&a, &b] {
             std::fs::create_dir_all(crate::state::lab_dir(l)).unwrap();
         }
         let machine = read_current().unwrap();
-        let first = save_sysctls(&a).unwrap();
-        let second = save_sysctls(&b).unwrap();
+        let first = save_in(&registry, &a).unwrap();
+        assert_eq!(first, machine, "the first lab records the kernel's values");
+        let second = save_in(&registry, &b).unwrap();
         // The second lab gets what the first recorded, not what the kernel shows now.
         assert_eq!(first, second);
-        let left = restore_sysctls(&second, &b).unwrap();
-        assert!(left[0].contains("left to the other labs"), "{left:?}");
-        // The last one out writes the machine's values (unchanged here: nothing ran).
-        assert!(restore_sysctls(&first, &a).unwrap().is_empty());
-        assert_eq!(read_current().unwrap(), machine);
-        for l in [&a, &b] {
-            let _ = std::fs::remove_dir_all(crate::state::lab_dir(l));
-        }
+        let fake = vec![("vm.overcommit_memory".to_string(), "1".to_string())];
+        assert_eq!(
+            release_in(&registry, &fake, &b).unwrap(),
+            None,
+            "a lab leaving while another holds the values writes nothing"
+        );
+        // The last one out gets the machine's values to write back, not its own record.
+        assert_eq!(release_in(&registry, &fake, &a).unwrap(), Some(first));
+        assert!(!registry.exists(), "the last one out removes the registry");
+        // With no registry, a lab falls back to what it recorded.
+        assert_eq!(
+            release_in(&registry, &fake, &a).unwrap(),
+            Some(fake.clone())
+        );
+        // A holder whose lab directory is gone (crashed without `down`) stops holding.
+        save_in(&registry, &a).unwrap();
+        save_in(&registry, &b).unwrap();
+        std::fs::remove_dir_all(crate::state::lab_dir(&b)).unwrap();
+        assert!(release_in(&registry, &fake, &a).unwrap().is_some());
     }
 
     #[test]

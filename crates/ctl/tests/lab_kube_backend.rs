@@ -1,0 +1,456 @@
+//! The seed's backend switch (issue 13): operators switch Calico between BGP and VXLAN by
+//! editing its configuration and running `kubectl rollout restart daemonset calico-node`;
+//! tern is switched the same way. On a real cluster (`ternctl lab up --nodes 2 --kubernetes
+//! --store etcd --bgp`, tern installed by its DaemonSet):
+//! - BGP: `ternctl node status` on each node shows its node-to-node mesh session
+//!   Established, the other node's blocks are BGP routes (protocol 85) and no `vxlan.tern`
+//!   exists;
+//! - the ConfigMap `tern-config` is edited (`bgp: "false"`, the pool's `vxlanMode: Always`)
+//!   and the DaemonSet restarted: each node then has `vxlan.tern`, the other node's blocks
+//!   routed through it by the reconciler (protocol 84) and no BGP route left, and `ternctl
+//!   node status` says "None of the BGP backend processes (tern's BGP speaker) are
+//!   running."; a pod created now gets the VXLAN MTU;
+//! - edited back (`bgp: "true"`, `vxlanMode: Never`) and restarted: sessions Established and
+//!   BGP routes again, no `vxlan.tern`;
+//! - all along, one TCP connection between pods on the two nodes carries a numbered line
+//!   every 200 ms that the far end echoes back: after each switch the echoes resume, every
+//!   line comes back, in order, and neither end ever restarted; new connections between pods
+//!   on the two nodes work in each mode.
+//!
+//! Needs root and the components of `scripts/k8s-components.sh` (`TERN_K8S_BIN`); without
+//! them the test FAILS naming what is missing. The lab has a unique name and is removed by a
+//! guard, also when the test fails.
+
+use std::time::{Duration, Instant};
+
+mod common;
+use common::kube_lab::{
+    KubeLab as Lab, NAME_SERVER, RUN_ONCE, busybox_pod, shell_pod, ternctl_in, ternctl_output,
+};
+
+/// What `ternctl node status` prints for a node whose ternd runs without BGP.
+const NO_BGP: &str = "None of the BGP backend processes (tern's BGP speaker) are running.";
+
+/// The nodes of the lab.
+const NODES: [&str; 2] = ["node1", "node2"];
+
+/// A busybox pod bound to `node`, running `command` (a YAML flow list) once.
+fn pod(name: &str, node: &str, command: &str) -> String {
+    busybox_pod(name, node, "", RUN_ONCE, command)
+}
+
+/// A pod on `node` answering every TCP connection on :8080 with its name.
+fn server(name: &str, node: &str) -> String {
+    pod(name, node, NAME_SERVER)
+}
+
+/// The cluster as the test sees it.
+struct Cluster {
+    lab: Lab,
+    st: tern_lab::LabState,
+}
+
+impl Cluster {
+    /// A new connection `from` → `ip` answered by `want`, retried for up to 30 s (a switch's
+    /// routes may still be converging); panics otherwise.
+    fn must_reach(&self, from: &str, ip: &str, want: &str) {
+        let t = Instant::now();
+        loop {
+            let got = self.lab.ask(from, ip);
+            if got.as_deref() == Some(want) {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{from} -> {ip} ({want}): {got:?}{}{}",
+                self.routes(),
+                self.lab.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    fn netns(&self, node: &str) -> &str {
+        &self.st.node(node).expect("node in the lab").netns
+    }
+
+    /// `ip ARGS` in a node's namespace (empty on error).
+    fn ip(&self, node: &str, args: &[&str]) -> String {
+        tern_lab::process::ip_in(self.netns(node), args).unwrap_or_default()
+    }
+
+    /// `ternctl node status` in the node's namespace, against its DaemonSet ternd's socket.
+    fn node_status(&self, node: &str) -> String {
+        let n = self.st.node(node).unwrap();
+        ternctl_output(
+            ternctl_in(&n.netns)
+                .args(["node", "status", "--socket"])
+                .arg(&n.socket),
+        )
+        .1
+    }
+
+    /// Both pods `(a, ip of a)` and `(b, ip of b)` reach each other: [`Cluster::must_reach`]
+    /// both ways.
+    fn must_reach_both(&self, (a, ip_a): (&str, &str), (b, ip_b): (&str, &str)) {
+        self.must_reach(a, ip_b, b);
+        self.must_reach(b, ip_a, a);
+    }
+
+    /// The MTU of pod `pod`'s eth0.
+    fn mtu(&self, pod: &str) -> u32 {
+        let mtu = self
+            .lab
+            .must(&["exec", pod, "--", "cat", "/sys/class/net/eth0/mtu"]);
+        mtu.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("MTU of {pod}: {mtu:?}: {e}"))
+    }
+
+    /// The blocks affine to `node`: its blackhole routes.
+    fn blocks_of(&self, node: &str) -> Vec<String> {
+        self.ip(node, &["route", "show", "type", "blackhole"])
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .collect()
+    }
+
+    /// The blocks of every node but `n`, each with its node; why not when one has none.
+    fn blocks_of_others(&self, n: &str) -> Result<Vec<(&'static str, String)>, String> {
+        let mut all = Vec::new();
+        for o in NODES.iter().filter(|o| **o != n) {
+            let blocks = self.blocks_of(o);
+            if blocks.is_empty() {
+                return Err(format!("{o} has no block"));
+            }
+            all.extend(blocks.into_iter().map(|b| (*o, b)));
+        }
+        Ok(all)
+    }
+
+    /// Every node's routes and devices, for a failure message.
+    fn routes(&self) -> String {
+        NODES
+            .iter()
+            .map(|n| {
+                format!(
+                    "\n--- {n} routes ---\n{}--- {n} vxlan devices ---\n{}",
+                    self.ip(n, &["route", "show"]),
+                    self.ip(n, &["-d", "link", "show", "type", "vxlan"])
+                )
+            })
+            .collect()
+    }
+
+    /// Why the cluster is not (yet) in BGP mode, or None: each node's session to the other is
+    /// Established, the other node's blocks are BGP routes and not the reconciler's, no
+    /// `vxlan.tern`.
+    fn not_bgp(&self) -> Option<String> {
+        for n in NODES {
+            let status = self.node_status(n);
+            if !(status.contains("IPv4 BGP status")
+                && status.matches("| node-to-node mesh |").count() == NODES.len() - 1
+                && status.matches("Established").count() == NODES.len() - 1)
+            {
+                return Some(format!("{n}: node status:\n{status}"));
+            }
+            if self
+                .ip(n, &["link", "show", "vxlan.tern"])
+                .contains("vxlan.tern")
+            {
+                return Some(format!("{n} still has vxlan.tern"));
+            }
+            let bgp = self.ip(n, &["route", "show", "proto", "85"]);
+            let direct = self.ip(n, &["route", "show", "proto", "84"]);
+            let blocks = match self.blocks_of_others(n) {
+                Ok(b) => b,
+                Err(why) => return Some(why),
+            };
+            for (o, b) in blocks {
+                if !bgp.contains(&format!("{b} via ")) {
+                    return Some(format!("{n}: no BGP route to {b} of {o}:\n{bgp}"));
+                }
+                if direct.contains(&format!("{b} via ")) {
+                    return Some(format!("{n}: a reconciler route to {b}:\n{direct}"));
+                }
+            }
+        }
+        None
+    }
+
+    /// Why the cluster is not (yet) in VXLAN mode, or None: each node says no BGP speaker
+    /// runs, has `vxlan.tern`, routes the other node's blocks over it and has no BGP route.
+    fn not_vxlan(&self) -> Option<String> {
+        for n in NODES {
+            let status = self.node_status(n);
+            if !status.contains(NO_BGP) {
+                return Some(format!("{n}: node status:\n{status}"));
+            }
+            let link = self.ip(n, &["-d", "link", "show", "vxlan.tern"]);
+            if !link.contains("vxlan id 4096") {
+                return Some(format!("{n}: no vxlan.tern: {link}"));
+            }
+            let bgp = self.ip(n, &["route", "show", "proto", "85"]);
+            if !bgp.trim().is_empty() {
+                return Some(format!("{n}: BGP routes left:\n{bgp}"));
+            }
+            let direct = self.ip(n, &["route", "show", "proto", "84"]);
+            let blocks = match self.blocks_of_others(n) {
+                Ok(b) => b,
+                Err(why) => return Some(why),
+            };
+            for (o, b) in blocks {
+                let over = direct
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{b} via ")) && l.contains(" dev vxlan.tern "));
+                if !over {
+                    return Some(format!("{n}: {b} of {o} not over vxlan.tern:\n{direct}"));
+                }
+            }
+        }
+        None
+    }
+
+    /// Polls `check` until it returns None; panics after `secs` with its last reason.
+    fn converge(
+        &self,
+        what: &str,
+        secs: u64,
+        check: impl Fn(&Cluster) -> Option<String>,
+    ) -> Duration {
+        let t = Instant::now();
+        loop {
+            let Some(why) = check(self) else {
+                return t.elapsed();
+            };
+            assert!(
+                t.elapsed() < Duration::from_secs(secs),
+                "{what} not reached in {secs} s: {why}{}{}",
+                self.routes(),
+                self.lab.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The operator's switch: edits `tern-config` (`bgp` and the pool's `vxlanMode`), then
+    /// `kubectl rollout restart daemonset tern-node -n kube-system` and `kubectl rollout
+    /// status`. Returns how long the restart and rollout took.
+    fn switch(&self, bgp: bool) -> Duration {
+        let pool = self.lab.must(&[
+            "-n",
+            "kube-system",
+            "get",
+            "configmap",
+            "tern-config",
+            r"-o=jsonpath={.data.ippool\.yaml}",
+        ]);
+        let (from, to) = if bgp {
+            ("vxlanMode: Always", "vxlanMode: Never")
+        } else {
+            ("vxlanMode: Never", "vxlanMode: Always")
+        };
+        assert!(pool.contains(from), "tern-config's ippool.yaml:\n{pool}");
+        let patch = serde_json::json!({"data": {
+            "bgp": if bgp { "true" } else { "false" },
+            "ippool.yaml": pool.replace(from, to),
+        }});
+        self.lab.must(&[
+            "-n",
+            "kube-system",
+            "patch",
+            "configmap",
+            "tern-config",
+            "--type",
+            "merge",
+            "-p",
+            &patch.to_string(),
+        ]);
+        let t = Instant::now();
+        self.lab.rollout_restart_tern_node();
+        t.elapsed()
+    }
+
+    /// The lines the talker got back over its connection, with the seconds (of the day) its
+    /// container runtime logged each at.
+    fn echoed(&self) -> Vec<(f64, String)> {
+        self.lab
+            .must(&["logs", "--timestamps", "talker"])
+            .lines()
+            .filter_map(|l| {
+                let (ts, line) = l.split_once(' ')?;
+                Some((seconds_of_day(ts)?, line.to_string()))
+            })
+            .collect()
+    }
+
+    /// Phase and restart count of a pod.
+    fn phase(&self, pod: &str) -> String {
+        self.lab.must(&[
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].restartCount}",
+        ])
+    }
+
+    /// After a switch: waits until the connection's echoes resume (10 more lines than now),
+    /// asserts every line came back in order and both ends still run, never restarted.
+    /// Returns the longest pause between two echoes since `since` (seconds of the day).
+    fn connection_survived(&self, what: &str, since: f64) -> f64 {
+        let n0 = self.echoed().len();
+        let t = Instant::now();
+        let lines = loop {
+            let lines = self.echoed();
+            if lines.len() >= n0 + 10 {
+                break lines;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(90),
+                "{what}: the connection carries nothing any more ({} echoes, {} before; talker \
+                 {}, listener {}){}{}",
+                lines.len(),
+                n0,
+                self.phase("talker"),
+                self.phase("listener"),
+                self.routes(),
+                self.lab.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let got: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        let want: Vec<String> = (0..lines.len()).map(|i| i.to_string()).collect();
+        assert_eq!(got, want, "{what}: the echoed lines, in order, none lost");
+        for p in ["talker", "listener"] {
+            assert_eq!(self.phase(p), "Running 0", "{what}: {p} still runs");
+        }
+        lines
+            .windows(2)
+            .filter(|w| w[1].0 >= since)
+            .map(|w| (w[1].0 - w[0].0).rem_euclid(86_400.0))
+            .fold(0.0, f64::max)
+    }
+}
+
+/// `2026-12-01T14:40:00.123456789Z` → seconds since that day's midnight (UTC).
+fn seconds_of_day(ts: &str) -> Option<f64> {
+    let time = ts.split_once('T')?.1.trim_end_matches('Z');
+    let mut f = time.splitn(3, ':');
+    let h: f64 = f.next()?.parse().ok()?;
+    let m: f64 = f.next()?.parse().ok()?;
+    let s: f64 = f.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// Now, in seconds of the day (UTC), comparable with [`seconds_of_day`].
+fn now_of_day() -> f64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    d.as_secs_f64().rem_euclid(86_400.0)
+}
+
+#[test]
+fn switch_bgp_to_vxlan_and_back_by_rollout_restart() {
+    let k8s = common::kube_preconditions("lab_kube_backend");
+    let t0 = Instant::now();
+    let lab = Lab::up("bk", &k8s, &["--nodes", "2", "--store", "etcd", "--bgp"]);
+    let c = Cluster {
+        st: lab.state(),
+        lab,
+    };
+    let cm = c.lab.must(&[
+        "-n",
+        "kube-system",
+        "get",
+        "configmap",
+        "tern-config",
+        r#"-o=jsonpath={.data.bgp}|{.data.ippool\.yaml}"#,
+    ]);
+    assert!(
+        cm.starts_with("true|") && cm.contains("vxlanMode: Never"),
+        "tern-config of a --bgp lab: {cm}"
+    );
+
+    // Pods on both nodes; the long-lived connection node1 -> node2, echoed back.
+    c.lab.apply("a", &server("a", "node1"));
+    c.lab.apply("b", &server("b", "node2"));
+    c.lab.apply(
+        "listener",
+        &pod(
+            "listener",
+            "node2",
+            r#"["nc", "-l", "-p", "9000", "-e", "/bin/cat"]"#,
+        ),
+    );
+    let a = c.lab.wait_ready("a");
+    let b = c.lab.wait_ready("b");
+    let listener = c.lab.wait_ready("listener");
+    let took = c.converge("BGP mode", 60, Cluster::not_bgp);
+    c.must_reach_both(("a", &a), ("b", &b));
+    let talk = format!(
+        "sleep 1; i=0; while :; do echo $i; i=$((i+1)); usleep 200000; done | nc {listener} 9000"
+    );
+    c.lab.apply("talker", &shell_pod("talker", "node1", &talk));
+    c.lab.wait_ready("talker");
+    c.connection_survived("BGP at start", 0.0);
+    eprintln!(
+        "BGP mode: sessions Established, BGP routes ({took:?} after the pods); a {a} (node1) and \
+         b {b} (node2) reach each other; {:?} since the start",
+        t0.elapsed()
+    );
+
+    // BGP -> VXLAN.
+    let since = now_of_day();
+    let rollout = c.switch(false);
+    let took = c.converge("VXLAN mode", 60, Cluster::not_vxlan);
+    let gap = c.connection_survived("BGP -> VXLAN", since);
+    // How the BGP routes went: replaced in place by the new ternd (or the old one seeing the
+    // pool change), not deleted first.
+    let logs = c
+        .lab
+        .ternd_logs("-1")
+        .unwrap_or_else(|e| panic!("{e}{}", c.lab.diagnostics()));
+    let taken = logs.matches("took over the BGP route").count();
+    c.must_reach_both(("a", &a), ("b", &b));
+    c.lab.apply("v", &server("v", "node2"));
+    let v = c.lab.wait_ready("v");
+    c.must_reach("a", &v, "v");
+    let mtu = c.mtu("v");
+    let underlay_mtu = c.mtu("a");
+    assert_eq!(
+        mtu,
+        underlay_mtu - 50,
+        "a pod made in VXLAN mode has the VXLAN MTU"
+    );
+    eprintln!(
+        "BGP -> VXLAN: rollout {rollout:?}, VXLAN routes {took:?} later; {taken} BGP routes \
+         replaced in place (logs of the new tern-node pods); longest pause of the connection \
+         {gap:.1} s; new pod v {v} (MTU {mtu}) reached; {:?} since the start",
+        t0.elapsed()
+    );
+
+    // VXLAN -> BGP.
+    let since = now_of_day();
+    let rollout = c.switch(true);
+    let took = c.converge("BGP mode again", 90, Cluster::not_bgp);
+    let gap = c.connection_survived("VXLAN -> BGP", since);
+    c.must_reach_both(("a", &a), ("b", &b));
+    c.must_reach("a", &v, "v");
+    c.lab.apply("g", &server("g", "node1"));
+    let g = c.lab.wait_ready("g");
+    c.must_reach("b", &g, "g");
+    assert_eq!(
+        c.mtu("g"),
+        underlay_mtu,
+        "a pod made in BGP mode has the unencapsulated MTU"
+    );
+    eprintln!(
+        "VXLAN -> BGP: rollout {rollout:?}, sessions Established {took:?} later; longest pause \
+         of the connection {gap:.1} s; new pod g {g} reached; {} lines echoed in all; {:?} \
+         since the start",
+        c.echoed().len(),
+        t0.elapsed()
+    );
+}
