@@ -202,18 +202,6 @@ fn kubelet_sysctls() -> Vec<(String, String)> {
     .collect()
 }
 
-/// Other labs running a cluster (their kubelets hold the sysctls at kubelet's values).
-fn other_clusters(name: &str) -> Vec<String> {
-    std::fs::read_dir("/run/tern-lab")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| e.file_name() != name && e.path().join("kube").is_dir())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn demo_kubernetes() {
     let dir = preconditions();
@@ -223,7 +211,7 @@ fn demo_kubernetes() {
     }
     let name = lab_name("dk");
     let _g = Guard(name.clone());
-    let others_before = other_clusters(&name);
+    let others_before = common::kube_lab::other_clusters(&name);
     let sysctls_before = kubelet_sysctls();
     let (ok, out, err) = demo(&name, &dir, &["--kubernetes"]);
     assert!(ok, "demo --kubernetes failed:\n{out}\n{err}");
@@ -298,7 +286,7 @@ fn demo_kubernetes() {
         tern_lab::kube::sys::with_prefix(&prefix).is_empty(),
         "cgroups left"
     );
-    let others_after = other_clusters(&name);
+    let others_after = common::kube_lab::other_clusters(&name);
     if others_before.is_empty() && others_after.is_empty() {
         assert_eq!(kubelet_sysctls(), sysctls_before, "sysctls restored");
     } else {

@@ -61,6 +61,7 @@ fn assert_full_mesh(lab: &Lab) {
         let r = lab.probe_mesh(PORT);
         assert_eq!(r.results.len(), pods * (pods - 1) * 2);
         if r.failures().is_empty() {
+            // not a skip: control flow
             return;
         }
         if Instant::now() > deadline {

@@ -92,6 +92,7 @@ fn paths(s: &str) -> Vec<Vec<String>> {
                         break;
                     }
                 }
+                // not a skip: control flow
                 return;
             }
             let start = *i;

@@ -334,6 +334,7 @@ fn serve(
             match c2.read(&mut buf) {
                 Ok(0) | Err(_) => {
                     let _ = u2.shutdown(Shutdown::Write);
+                    // not a skip: control flow
                     return;
                 }
                 Ok(n) => {
@@ -345,6 +346,7 @@ fn serve(
                         *l2.lock().unwrap() = true;
                     }
                     if u2.write_all(&buf[..n]).is_err() {
+                        // not a skip: control flow
                         return;
                     }
                 }
@@ -356,6 +358,7 @@ fn serve(
         match up.read(&mut buf) {
             Ok(0) | Err(_) => {
                 let _ = client.shutdown(Shutdown::Both);
+                // not a skip: control flow
                 return;
             }
             Ok(n) => {
@@ -364,9 +367,11 @@ fn serve(
                     on_drop();
                     let _ = client.shutdown(Shutdown::Both);
                     let _ = up.shutdown(Shutdown::Both);
+                    // not a skip: control flow
                     return;
                 }
                 if client.write_all(&buf[..n]).is_err() {
+                    // not a skip: control flow
                     return;
                 }
             }

@@ -100,6 +100,7 @@ pub async fn wait_status(
     loop {
         let st = h.status().await.unwrap();
         if pred(&st) {
+            // not a skip: control flow
             return;
         }
         if tokio::time::Instant::now() > deadline {

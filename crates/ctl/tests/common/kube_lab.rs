@@ -29,7 +29,7 @@ pub struct KubeLab {
 /// Labs other than `name` with a Kubernetes cluster: while any runs, its kubelets hold the
 /// kernel-wide sysctls at kubelet's values and the last lab out restores the machine's (CI
 /// runs upstream's e2e on a lab of its own during the tests; engineers run labs too).
-fn other_clusters(name: &str) -> Vec<String> {
+pub fn other_clusters(name: &str) -> Vec<String> {
     std::fs::read_dir(tern_lab::RUN_DIR)
         .map(|d| {
             d.filter_map(|e| e.ok())
