@@ -255,7 +255,11 @@ stop_child() {
   for _ in $(seq 20); do kill -0 "$child" 2>/dev/null || return 0; sleep 0.5; done
   kill -KILL -- "-$child" 2>/dev/null || true
 }
-down() { "$BIN_DIR/ternctl" lab --name "$LAB" --bin-dir "$BIN_DIR" down >"$OUT/lab-down.log" 2>&1 || log "lab down failed: see $OUT/lab-down.log"; }
+down() {
+  "$BIN_DIR/ternctl" lab --name "$LAB" --bin-dir "$BIN_DIR" down >"$OUT/lab-down.log" 2>&1 && return 0
+  log "lab down failed: see $OUT/lab-down.log, which ends:"
+  tail -n 8 "$OUT/lab-down.log" | sed 's/^/    /' >&2
+}
 trap 'stop_child; down' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -287,6 +291,12 @@ child=$!
 wait "$child" || rc=$?
 child=""
 log "e2e.test exited $rc after $((SECONDS - start)) s"
+if [ "$rc" != 0 ] && ! [ -s "$OUT/report.json" ]; then
+  # No report to read the failures from: what e2e.test (or ginkgo) printed last, and the disk.
+  log "no report.json; $OUT/e2e.log ends:"
+  tail -n 40 "$OUT/e2e.log" | cut -c1-300 | sed 's/^/    /' >&2
+  df -h "$OUT" "$CACHE_ROOT" >&2 || true
+fi
 # One line per spec that ran, and the counts (a missing or unreadable report is one failure).
 python3 - "$OUT/report.json" <<'PY' || true
 import json, sys

@@ -16,6 +16,7 @@
 #   E2E_UPSTREAM=0 skip upstream's [sig-network] specs (default 1: run them)
 #   E2E_UPSTREAM_PROCS ginkgo processes for them (default 4)
 #   SKIP_CARGO=1 skip fmt/clippy/build/test (for iterating on the e2e scripts only)
+#   TERN_KEEP_GO_CACHE=1 keep Go's build cache after the component builds (default: removed)
 # The last line is exactly `e2e: N passed, N failed` (each upstream spec is one check); the
 # exit status is non-zero on any failure.
 set -uo pipefail
@@ -30,19 +31,48 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 export CARGO_TERM_COLOR=never
+# A CI run builds every crate once from a clean clone: incremental state (~6 GB under
+# target/debug/incremental) would only cost disk.
+export CARGO_INCREMENTAL=0
+# Each step's output goes to the console and to a log of its own, so that the end of the run can
+# repeat what made a step fail (a CI summary often shows only the last lines).
+step_logs=$(mktemp -d /tmp/tern-ci-steps.XXXXXX)
 failed_steps=()
 step() {
   local name=$1; shift
   echo "=== step: $name"
-  local t0=$SECONDS
-  if "$@"; then
+  local t0=$SECONDS rc
+  "$@" 2>&1 | tee "$step_logs/$name.log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 0 ]; then
     echo "=== step ok: $name ($((SECONDS - t0))s)"
     return 0
   fi
-  echo "=== step FAILED: $name ($((SECONDS - t0))s)"
+  echo "=== step FAILED: $name ($((SECONDS - t0))s, exit $rc)"
   failed_steps+=("$name")
   return 1
 }
+# digest NAME: the lines of a failed step's log that say why (compile errors, failed tests and
+# their panics, a full disk), at most 60.
+digest() {
+  grep -E -A2 '^error(\[E[0-9]+\])?:|^test .* \.\.\. FAILED$|panicked at|No space left|^Diff in|Killed|^not ok' \
+    "$step_logs/$1.log" | grep -v '^--$' | cut -c1-300 | head -n 60
+}
+# The free space where a run writes: the clone's target/ (about 8 GB of debug and test
+# binaries), the component cache (TERN_K8S_CACHE, 3 GB of binaries and Go modules) and /tmp
+# (the labs' containerd roots and logs).
+disk_report() {
+  local d
+  for d in "$REPO" "${TERN_K8S_CACHE:-/var/cache/tern}" /tmp; do
+    [ -d "$d" ] || continue
+    df -Pk "$d" | awk -v d="$d" 'NR == 2 { printf "disk: %s: %.1f GB free of %.1f GB\n", d, $4 / 1048576, $2 / 1048576 }'
+  done
+}
+disk_report
+free_gb=$(df -Pk "$REPO" | awk 'NR == 2 { print int($4 / 1048576) }')
+if [ "${free_gb:-0}" -lt 20 ]; then
+  echo "test.sh: warning: only ${free_gb} GB free for the clone's target/ and the labs; a run from a clean clone needs about 20 GB (see the README)"
+fi
 
 step deps bash scripts/deps.sh || { echo "e2e: 0 passed, 1 failed"; exit 1; }
 
@@ -61,6 +91,13 @@ rm -f "$k8s_out"
 # its pods on agnhost, as upstream's e2e does. A few minutes on a new machine, seconds after.
 e2e_build_ok=1
 step k8s-e2e-build bash -c 'bash scripts/k8s-e2e.sh >/dev/null' || e2e_build_ok=0
+# Go's build cache (about 4 GB after a cold component build) serves only a rebuild after a
+# version bump; on CI's disk the space is worth more to target/ and the labs. Go recreates it.
+go_cache=${TERN_K8S_CACHE:-/var/cache/tern}/go/cache
+if [ -d "$go_cache" ] && [ "${TERN_KEEP_GO_CACHE:-0}" != 1 ]; then
+  echo "removing Go's build cache $go_cache ($(du -sh "$go_cache" 2>/dev/null | cut -f1); TERN_KEEP_GO_CACHE=1 keeps it)"
+  rm -rf "$go_cache"
+fi
 
 # Upstream Kubernetes' [sig-network] NetworkPolicy and Networking specs (about 66 of them) on a
 # lab cluster of its own (unique name; tern installed by its DaemonSet, on target/debug's
@@ -189,7 +226,14 @@ if [ -n "$upstream_dir" ]; then
 fi
 
 if [ "${#failed_steps[@]}" -gt 0 ]; then
+  for f in "${failed_steps[@]}"; do
+    echo "=== why $f failed (from $step_logs/$f.log):"
+    digest "$f"
+  done
   echo "failed steps: ${failed_steps[*]}"
+  disk_report
+else
+  rm -rf "$step_logs"
 fi
 echo "skipped e2e checks: $e2e_skip"
 # Tests skipped for a kernel limit, as logged by crates/testkit (the only skips strict mode allows).
