@@ -2,10 +2,11 @@
 # THE test command for tern: `bash scripts/test.sh`, as root, from the repository root (or anywhere).
 #
 # Steps: install missing Debian packages, the Kubernetes components and upstream's e2e binary
-# (cached), rustfmt check, clippy (-D warnings), build the binaries, the workspace's unit/kernel
-# tests, the end-to-end scripts under tests/e2e/, and upstream Kubernetes' [sig-network] e2e
-# specs on a lab cluster (scripts/k8s-e2e.sh --run), which runs in the background from the end
-# of the build step until after the e2e scripts. Every step runs even when an earlier one failed
+# (cached), rustfmt check, build the binaries, clippy (-D warnings), build the tests, the
+# workspace's unit/kernel tests (two lanes at once, see run_tests), the end-to-end scripts under
+# tests/e2e/, and upstream Kubernetes' [sig-network] e2e specs on a lab cluster
+# (scripts/k8s-e2e.sh --run), which runs in the background from the end of the build step until
+# after the e2e scripts. Every step runs even when an earlier one failed
 # (so one run reports everything), except that the e2e scripts and upstream's specs need the
 # binaries and are counted as failed when the build failed.
 #
@@ -55,7 +56,7 @@ step() {
 # digest NAME: the lines of a failed step's log that say why (compile errors, failed tests and
 # their panics, a full disk), at most 60.
 digest() {
-  grep -E -A2 '^error(\[E[0-9]+\])?:|^test .* \.\.\. FAILED$|panicked at|No space left|^Diff in|Killed|^not ok' \
+  grep -E -A2 '^(\[[a-z]+\] )?(error(\[E[0-9]+\])?:|test .* \.\.\. FAILED$|Diff in|not ok)|panicked at|No space left|Killed' \
     "$step_logs/$1.log" | grep -v '^--$' | cut -c1-300 | head -n 60
 }
 # The free space where a run writes: the clone's target/ (about 8 GB of debug and test
@@ -134,24 +135,63 @@ trap upstream_stop EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# The cargo tests in two lanes at once, each a `cargo test --workspace` over its own test
+# targets (the same package selection, so the same features and artefacts: neither lane
+# rebuilds what the other runs): the Kubernetes lab binaries of tern-ctl in one, everything
+# else in the other, then the doc tests. Most of their time is spent waiting (API servers,
+# probes, timeouts: process accounting of a whole run put the CPU at about half of the two
+# cores), so two lanes cut the step's wall time; tests were already isolated from each other
+# (unique names, private namespaces, the kubelet sysctl registry). Each lane's lines are
+# tagged [kube] or [rest].
+KUBE_LANE="lab_kube_netpol lab_kube lab_kube_daemonset lab_kube_backend lab_kube_etcd_tls"
+lane_pids=()
+lanes_stop() {
+  local p
+  for p in "${lane_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  return 0
+}
+run_tests() {
+  local threads=() kube=() rest=(--lib --bins) t ra rb rd
+  [ -n "${CARGO_TEST_THREADS:-}" ] && threads=(-- --test-threads="$CARGO_TEST_THREADS")
+  for t in $KUBE_LANE; do kube+=(--test "$t"); done
+  for t in $(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+kube = set(sys.argv[1].split())
+m = json.load(sys.stdin)
+print("\n".join(sorted({t["name"] for p in m["packages"] for t in p["targets"]
+                        if t["kind"] == ["test"] and t["name"] not in kube})))' "$KUBE_LANE"); do
+    rest+=(--test "$t")
+  done
+  trap lanes_stop EXIT
+  cargo test --workspace --no-fail-fast "${kube[@]}" "${threads[@]}" \
+    > >(sed -u 's/^/[kube] /') 2>&1 &
+  lane_pids+=($!)
+  cargo test --workspace --no-fail-fast "${rest[@]}" "${threads[@]}" \
+    > >(sed -u 's/^/[rest] /') 2>&1 &
+  lane_pids+=($!)
+  wait "${lane_pids[0]}"; ra=$?
+  wait "${lane_pids[1]}"; rb=$?
+  lane_pids=()
+  echo "=== test lanes: kube exit $ra, rest exit $rb"
+  cargo test --workspace --no-fail-fast --doc; rd=$?
+  [ "$ra" = 0 ] && [ "$rb" = 0 ] && [ "$rd" = 0 ]
+}
+
 build_ok=1
 test_skip_log=$(mktemp)
 if [ "${SKIP_CARGO:-0}" != 1 ]; then
   step fmt cargo fmt --all --check
-  step clippy cargo clippy --workspace --all-targets -- -D warnings
+  # The build first, so that upstream's specs (which need the binaries) start before clippy.
   step build cargo build --workspace --bins || build_ok=0
   upstream_start
-  # cargo runs one test binary at a time, so packages never race each other; tests inside one
-  # binary may run in parallel and each kernel test owns a private network namespace.
+  step clippy cargo clippy --workspace --all-targets -- -D warnings
+  # Every test target built once (a compile error fails this step, named in the digest).
+  step test-build cargo test --workspace --no-run
   # Strict mode (crates/testkit): a test missing root, etcd, BIRD, nft or a binary fails instead
   # of passing untested; only kernel limits (IPIP, dummy, GRE, WireGuard, SCTP) skip, each
   # logged to TERN_TEST_SKIP_LOG and counted in the summary below.
   export TERN_TEST_STRICT=1 TERN_TEST_SKIP_LOG=$test_skip_log
-  if [ -n "${CARGO_TEST_THREADS:-}" ]; then
-    step test cargo test --workspace --no-fail-fast -- --test-threads="$CARGO_TEST_THREADS"
-  else
-    step test cargo test --workspace --no-fail-fast
-  fi
+  step test run_tests
   unset TERN_TEST_STRICT TERN_TEST_SKIP_LOG
 else
   upstream_start
