@@ -248,6 +248,24 @@ pub fn fresh_binaries(exe: &Path) -> &'static Path {
     }
 }
 
+/// The variables cargo sets for one package's build script or test process, which a nested
+/// cargo must not inherit (see [`fresh_binaries`]). Cargo's own configuration (CARGO_HOME,
+/// CARGO_TARGET_DIR, CARGO_INCREMENTAL, CARGO_PROFILE_*, CARGO_BUILD_*, ...) is kept.
+fn cargo_package_var(key: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    NAMES.contains(&key) || key.starts_with("CARGO_PKG_") || key.starts_with("CARGO_CFG_")
+}
+
 fn build_binaries(exe: &Path) -> Result<PathBuf, String> {
     let dir = exe
         .parent()
@@ -257,6 +275,17 @@ fn build_binaries(exe: &Path) -> Result<PathBuf, String> {
     cmd.args(["build", "--bins", "-p", "tern-plugin", "-p", "tern-agent"])
         .args(["-p", "tern-ctl"])
         .current_dir(env!("CARGO_MANIFEST_DIR"));
+    // `cargo test` gives the test process the variables cargo sets for a package
+    // (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...). Inherited by this cargo, they look like a
+    // changed environment to build scripts that track them (ring's does, through
+    // `rerun-if-env-changed`), and ring, rustls and everything above them were rebuilt, and
+    // the binaries replaced under running tests, each time a test of another package asked:
+    // three rebuilds (about 7 minutes of CPU) per CI run.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(cargo_package_var) {
+            cmd.env_remove(&key);
+        }
+    }
     // Into the directory `exe` is in: the release one under `cargo test --release`.
     if dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
@@ -284,6 +313,31 @@ fn build_binaries(exe: &Path) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn a_nested_cargo_drops_the_package_variables_and_keeps_cargo_configuration() {
+        for k in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_CFG_TARGET_OS",
+            "OUT_DIR",
+            "CARGO_TARGET_TMPDIR",
+        ] {
+            assert!(cargo_package_var(k), "{k} should be removed");
+        }
+        for k in [
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "CARGO_BUILD_JOBS",
+            "CARGO",
+            "PATH",
+        ] {
+            assert!(!cargo_package_var(k), "{k} should be kept");
+        }
+    }
 
     fn temp_log(tag: &str) -> PathBuf {
         let p = std::env::temp_dir().join(format!(
