@@ -29,8 +29,16 @@ use crate::{AffinityState, AllocationAttrs, AssignArgs, Ipam, IpamError, Result}
 pub struct StormOptions {
     /// Simulated nodes (one worker each).
     pub nodes: usize,
-    /// How long the workers run.
+    /// How long the workers run at least.
     pub duration: Duration,
+    /// A worker runs past `duration` until it made this many allocations and this many
+    /// releases (so a storm on a loaded machine still contends, instead of a timed test that
+    /// fails when the machine is slow), but never past 20 × `duration`.
+    pub min_allocations: u64,
+    pub min_releases: u64,
+    /// With `release_empty_blocks`: a worker also runs on until it released this many empty
+    /// blocks (same bound).
+    pub min_blocks_released: u64,
     /// The one pool the storm allocates from (small pools exercise exhaustion).
     pub pool_cidr: String,
     pub block_size: u8,
@@ -52,6 +60,9 @@ impl Default for StormOptions {
         StormOptions {
             nodes: 4,
             duration: Duration::from_secs(3),
+            min_allocations: 25,
+            min_releases: 10,
+            min_blocks_released: 0,
             pool_cidr: "10.99.0.0/24".into(),
             block_size: 28,
             strict_affinity: false,
@@ -147,7 +158,9 @@ pub fn node_name(index: usize) -> String {
     format!("storm-node-{index}")
 }
 
-/// Runs worker `index` (node [`node_name`]) for `opts.duration`.
+/// Runs worker `index` (node [`node_name`]) for `opts.duration`, and on until it did
+/// `opts.min_allocations`, `opts.min_releases` and `opts.min_blocks_released` (at most 20 ×
+/// `opts.duration`).
 pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> WorkerReport {
     let node = node_name(index);
     let ipam = Ipam::new(store);
@@ -156,9 +169,16 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
         node: node.clone(),
         ..WorkerReport::default()
     };
-    let deadline = Instant::now() + opts.duration;
+    let start = Instant::now();
     let mut serial = 0u64;
-    while Instant::now() < deadline {
+    loop {
+        let ran = start.elapsed();
+        let enough = rep.allocations >= opts.min_allocations
+            && rep.releases >= opts.min_releases
+            && rep.blocks_released >= opts.min_blocks_released;
+        if ran >= opts.duration * 20 || (ran >= opts.duration && enough) {
+            break;
+        }
         let r = rng.next() % 100;
         let allocate =
             rep.held.len() < opts.max_held && (rep.held.is_empty() || r < opts.alloc_percent);

@@ -463,7 +463,9 @@ mod tests {
             .unwrap();
             assert!(r.sent >= 40 && r.sent <= 51, "{r}");
             assert!(r.received + 2 >= r.sent, "{r}");
-            assert!(r.longest_gap < Duration::from_millis(200), "{r}");
+            // An answering server's gap is the interval plus scheduling delay (335 ms seen on a
+            // CI machine at load 80); a silent one's is the whole run (below).
+            assert!(r.longest_gap < Duration::from_millis(450), "{r}");
             assert!(r.to_string().starts_with(&format!(
                 "continuous {} 127.0.0.1:{port} sent ",
                 proto.as_str()
