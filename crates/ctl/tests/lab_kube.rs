@@ -260,7 +260,7 @@ fn check_addresses(st: &tern_lab::LabState, pods: &[Pod]) {
 
 /// `kubectl exec A -- nc -w 3 IP PORT`: the answer (the name of the pod that answered).
 fn ask(lab: &Lab, from: &str, ip: &str, port: &str) -> Result<String, String> {
-    lab.kubectl(&["exec", from, "--", "nc", "-w", "3", ip, port])
+    lab.exec(&[from, "--", "nc", "-w", "3", ip, port])
         .map(|s| s.trim().to_string())
 }
 
@@ -280,9 +280,7 @@ fn assert_mesh(lab: &Lab, pods: &[Pod]) {
                 )),
             }
             let udp = lab
-                .kubectl(&[
-                    "exec", &a.name, "-c", "udp", "--", "/probe", "udp", &b.ip, "8081",
-                ])
+                .exec(&[&a.name, "-c", "udp", "--", "/probe", "udp", &b.ip, "8081"])
                 .map(|s| s.trim().to_string());
             match udp {
                 Ok(s) if s == b.name => {}

@@ -123,6 +123,26 @@ impl KubeLab {
         }
     }
 
+    /// `kubectl exec ARGS` ([`KubeLab::kubectl`]), tried again (up to 3 times, 1 s apart) when
+    /// the exec stream itself could not be set up ("unable to upgrade connection", the
+    /// kubelet's answer before the command runs: seen once in many CI runs, for a Running pod).
+    /// Such a failure says nothing about the pod network a probe tests; each retry is logged.
+    pub fn exec(&self, args: &[&str]) -> Result<String, String> {
+        let mut exec = vec!["exec"];
+        exec.extend_from_slice(args);
+        let mut tries = 0;
+        loop {
+            match self.kubectl(&exec) {
+                Err(e) if e.contains("unable to upgrade connection") && tries < 3 => {
+                    tries += 1;
+                    eprintln!("retrying (exec stream not set up, try {tries} of 3): {e}");
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// [`KubeLab::kubectl`], panicking with the diagnostics when it fails.
     pub fn must(&self, args: &[&str]) -> String {
         self.kubectl(args)
