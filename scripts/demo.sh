@@ -16,5 +16,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 bash scripts/deps.sh
-cargo build --release --workspace --bins
+# Only the binaries the demo runs (the CNI plugins, the agent, the CLI): not tern-bench, nor the
+# tests. docs/benchmarks.md ("The demo's first run") has where a fresh machine's minutes go.
+cargo build --release -p tern-plugin -p tern-agent -p tern-ctl --bins
 exec target/release/ternctl lab demo "$@"

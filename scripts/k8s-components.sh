@@ -21,9 +21,9 @@
 # - crictl (sigs.k8s.io/cri-tools v1.34.0): to debug the CRI, and the CRI-path fallback.
 # - our own pause image (scripts/k8s/pause.c, static), a probe image (scripts/k8s/probe.c: UDP
 #   echo and timed TCP transfers, which busybox's nc cannot do) and a busybox image built from
-#   Debian's busybox-static by /work/shared/tools/mk_busybox_image.py: there is no registry.
+#   Debian's busybox-static by scripts/k8s/busybox_image.py: there is no registry.
 #
-# Environment: TERN_K8S_CACHE (default /var/cache/tern), BUSYBOX_IMAGE_TOOL (mk_busybox_image.py).
+# Environment: TERN_K8S_CACHE (default /var/cache/tern).
 set -euo pipefail
 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,13 +31,7 @@ LOG_TAG=k8s-components
 # The pinned versions (K8S_VERSION, ...), the cache's layout and the Go environment.
 # shellcheck source=k8s/go-env.sh
 . "$REPO_DIR/scripts/k8s/go-env.sh"
-# The project's shared/ folder sits beside the clone (CI lays a copy there).
-if [ -z "${BUSYBOX_IMAGE_TOOL:-}" ]; then
-  BUSYBOX_IMAGE_TOOL=/work/shared/tools/mk_busybox_image.py
-  [ -f "$REPO_DIR/../shared/tools/mk_busybox_image.py" ] &&
-    BUSYBOX_IMAGE_TOOL=$(cd "$REPO_DIR/../shared/tools" && pwd)/mk_busybox_image.py
-fi
-
+BUSYBOX_IMAGE_TOOL=$REPO_DIR/scripts/k8s/busybox_image.py
 
 # gobuild MODDIR NAME PKG LDFLAGS [TAGS]: build PKG into $BIN/NAME unless its recipe is unchanged.
 gobuild() {
@@ -111,8 +105,7 @@ build_images() {
   local recipe
   local bb=/bin/busybox
   [ -x "$bb" ] || die "$bb not found (Debian package busybox-static; scripts/deps.sh installs it)"
-  [ -f "$BUSYBOX_IMAGE_TOOL" ] || die "busybox image tool $BUSYBOX_IMAGE_TOOL not found"
-  recipe="$(sha256sum "$bb" "$BUSYBOX_IMAGE_TOOL" | cut -c1-16 | tr '\n' ' ')"
+  recipe="$(sha256sum "$bb" "$BUSYBOX_IMAGE_TOOL" "$REPO_DIR/scripts/k8s/oci_image.py" | cut -c1-16 | tr '\n' ' ')"
   if [ -f "$IMAGES/busybox.tar" ] && [ -f "$IMAGES/.busybox.recipe" ] &&
     [ "$(cat "$IMAGES/.busybox.recipe")" = "$recipe" ]; then
     log "busybox image: up to date"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Pack files into a single-layer image tarball in `docker save` (docker-archive) format, which
 `ctr -n k8s.io images import` accepts and names from RepoTags. The general form of
-mk_image.py (one static binary) and /work/shared/tools/mk_busybox_image.py (busybox): several
-files, their shared libraries (found with ldd), symlinks and directories.
+mk_image.py (one static binary): several files, their shared libraries (found with ldd),
+symlinks and directories. busybox_image.py builds the test images' busybox on write_image().
 
 usage: oci_image.py --out OUT.tar --tag REPO:TAG [--entrypoint /bin/x] [--env K=V]...
                     [--file SRC:DEST]... [--symlink DEST:TARGET]... [--dir DEST]... [--ldd]
@@ -62,6 +62,82 @@ def ldd(path):
     return libs
 
 
+def write_image(out, tag, files, links=None, dirs=(), texts=None, env=None, entrypoint=None,
+                cmd=None):
+    """Writes the image OUT named TAG. files: {dest: source path}; links: {dest: target};
+    dirs: extra directories; texts: {dest: bytes} (regular files, mode 0644); dest paths have
+    no leading /. Returns (the layer's paths, the summary printed by the CLI)."""
+    links = links or {}
+    texts = texts or {}
+    dirs = {d.strip("/") for d in dirs if d.strip("/")}
+    for p in list(files) + list(links) + list(texts):
+        parts = p.split("/")[:-1]
+        for i in range(len(parts)):
+            dirs.add("/".join(parts[: i + 1]))
+    # A path that is a symlink in the merged usr layout (/lib64 -> usr/lib64 on the host) is a
+    # plain directory here: only what is packed exists in the image.
+
+    with tempfile.TemporaryFile() as layer:
+        with tarfile.open(fileobj=layer, mode="w", format=tarfile.GNU_FORMAT) as t:
+            for d in sorted(dirs):
+                mode = 0o1777 if d == "tmp" else 0o755
+                t.addfile(tarinfo(d + "/", tarfile.DIRTYPE, mode))
+            for dest in sorted(files):
+                src = files[dest]
+                st = os.stat(src)
+                mode = 0o755 if st.st_mode & 0o111 else 0o644
+                with open(src, "rb") as f:
+                    t.addfile(tarinfo(dest, tarfile.REGTYPE, mode, st.st_size), f)
+            for dest in sorted(texts):
+                data = texts[dest]
+                t.addfile(tarinfo(dest, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+            for dest in sorted(links):
+                t.addfile(tarinfo(dest, tarfile.SYMTYPE, 0o777, link=links[dest]))
+            names = t.getnames()
+        size = layer.tell()
+        layer.seek(0)
+        h = hashlib.sha256()
+        for chunk in iter(lambda: layer.read(1 << 20), b""):
+            h.update(chunk)
+        diff_id = "sha256:" + h.hexdigest()
+        cfg = {"Env": env or ["PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+               "WorkingDir": "/"}
+        if entrypoint:
+            cfg["Entrypoint"] = [entrypoint]
+        if cmd:
+            cfg["Cmd"] = list(cmd)
+        config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "created": "1970-01-01T00:00:00Z",
+            "config": cfg,
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created": "1970-01-01T00:00:00Z",
+                         "created_by": "tern scripts/k8s/oci_image.py"}],
+        }
+        cfg_bytes = json.dumps(config, sort_keys=True).encode()
+        cfg_hex = hashlib.sha256(cfg_bytes).hexdigest()
+        layer_dir = diff_id.split(":")[1]
+        repo, _, ver = tag.rpartition(":")
+        manifest = [{"Config": cfg_hex + ".json", "RepoTags": [tag],
+                     "Layers": [layer_dir + "/layer.tar"]}]
+        tmp_out = out + ".tmp"
+        with tarfile.open(tmp_out, "w", format=tarfile.GNU_FORMAT) as t:
+            def add(name, data):
+                t.addfile(tarinfo(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+            t.addfile(tarinfo(layer_dir + "/", tarfile.DIRTYPE, 0o755))
+            layer.seek(0)
+            t.addfile(tarinfo(layer_dir + "/layer.tar", tarfile.REGTYPE, 0o644, size), layer)
+            add(layer_dir + "/VERSION", b"1.0")
+            add(cfg_hex + ".json", cfg_bytes)
+            add("manifest.json", json.dumps(manifest).encode())
+            add("repositories", json.dumps({repo: {ver: layer_dir}}).encode())
+        os.replace(tmp_out, out)
+    summary = {"out": out, "tag": tag, "config_digest": "sha256:" + cfg_hex,
+               "diff_id": diff_id, "layer_bytes": size}
+    return names, summary
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -96,70 +172,12 @@ def main():
         if not sep or not dest.startswith("/"):
             sys.exit(f"oci_image.py: --symlink {spec!r}: expected /DEST:TARGET")
         links[dest.lstrip("/")] = target
-    dirs = {d.strip("/") for d in a.dir if d.strip("/")}
-    for p in list(files) + list(links):
-        parts = p.split("/")[:-1]
-        for i in range(len(parts)):
-            dirs.add("/".join(parts[: i + 1]))
-    # A path that is a symlink in the merged usr layout (/lib64 -> usr/lib64 on the host) is a
-    # plain directory here: only what is packed exists in the image.
-
-    with tempfile.TemporaryFile() as layer:
-        with tarfile.open(fileobj=layer, mode="w", format=tarfile.GNU_FORMAT) as t:
-            for d in sorted(dirs):
-                mode = 0o1777 if d == "tmp" else 0o755
-                t.addfile(tarinfo(d + "/", tarfile.DIRTYPE, mode))
-            for dest in sorted(files):
-                src = files[dest]
-                st = os.stat(src)
-                mode = 0o755 if st.st_mode & 0o111 else 0o644
-                with open(src, "rb") as f:
-                    t.addfile(tarinfo(dest, tarfile.REGTYPE, mode, st.st_size), f)
-            for dest in sorted(links):
-                t.addfile(tarinfo(dest, tarfile.SYMTYPE, 0o777, link=links[dest]))
-            names = t.getnames()
-        size = layer.tell()
-        layer.seek(0)
-        h = hashlib.sha256()
-        for chunk in iter(lambda: layer.read(1 << 20), b""):
-            h.update(chunk)
-        diff_id = "sha256:" + h.hexdigest()
-        cfg = {"Env": a.env or ["PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-               "WorkingDir": "/"}
-        if a.entrypoint:
-            cfg["Entrypoint"] = [a.entrypoint]
-        config = {
-            "architecture": "amd64",
-            "os": "linux",
-            "created": "1970-01-01T00:00:00Z",
-            "config": cfg,
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-            "history": [{"created": "1970-01-01T00:00:00Z",
-                         "created_by": "tern scripts/k8s/oci_image.py"}],
-        }
-        cfg_bytes = json.dumps(config, sort_keys=True).encode()
-        cfg_hex = hashlib.sha256(cfg_bytes).hexdigest()
-        layer_dir = diff_id.split(":")[1]
-        repo, _, ver = a.tag.rpartition(":")
-        manifest = [{"Config": cfg_hex + ".json", "RepoTags": [a.tag],
-                     "Layers": [layer_dir + "/layer.tar"]}]
-        tmp_out = a.out + ".tmp"
-        with tarfile.open(tmp_out, "w", format=tarfile.GNU_FORMAT) as t:
-            def add(name, data):
-                t.addfile(tarinfo(name, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
-            t.addfile(tarinfo(layer_dir + "/", tarfile.DIRTYPE, 0o755))
-            layer.seek(0)
-            t.addfile(tarinfo(layer_dir + "/layer.tar", tarfile.REGTYPE, 0o644, size), layer)
-            add(layer_dir + "/VERSION", b"1.0")
-            add(cfg_hex + ".json", cfg_bytes)
-            add("manifest.json", json.dumps(manifest).encode())
-            add("repositories", json.dumps({repo: {ver: layer_dir}}).encode())
-        os.replace(tmp_out, a.out)
+    names, summary = write_image(a.out, a.tag, files, links, a.dir, env=a.env,
+                                 entrypoint=a.entrypoint)
     if a.list:
         for n in names:
             print(n)
-    print(json.dumps({"out": a.out, "tag": a.tag, "config_digest": "sha256:" + cfg_hex,
-                      "diff_id": diff_id, "layer_bytes": size}))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

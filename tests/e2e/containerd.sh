@@ -80,10 +80,9 @@ else
   check "ternctl install-cni copies the plugins and writes the conflist" \
     "$TERN_BIN/ternctl" install-cni --bin-dir /opt/cni/bin --conf-dir /etc/cni/net.d --agent-socket "$TERN_SOCK" || finish
   check "install-cni put tern and tern-ipam into the bin dir" test -x /opt/cni/bin/tern -a -x /opt/cni/bin/tern-ipam
-  seed=$(ls "$SHARED"/seeds/000_*.txt 2>/dev/null | head -1)
   mkdir -p "$T/cnilog"
-  check "install-cni conflist chains tern/tern-ipam + bandwidth + portmap; seed-shaped conflist built" \
-    python3 "$E2E_LIB/tern_conflist.py" /etc/cni/net.d/10-tern.conflist "${seed:--}" "$TERN_SOCK" \
+  check "install-cni conflist chains tern/tern-ipam + bandwidth + portmap; Calico-shaped conflist built" \
+    python3 "$E2E_LIB/tern_conflist.py" /etc/cni/net.d/10-tern.conflist "$TERN_SOCK" \
       "$TERN_STATE" "$T/cnilog" "$T/10-tern.conflist" || finish
   # containerd 1.6 reads only the first file of the directory: leave exactly ours there.
   rm -f /etc/cni/net.d/*
@@ -121,7 +120,7 @@ if [ "$up" = 1 ]; then ok "containerd started with private root/state/socket"; e
   not_ok "containerd started with private root/state/socket"; tail -20 "$T/containerd.log" | sed 's/^/#   /'; finish
 fi
 
-check "busybox image built" python3 "$SHARED/tools/mk_busybox_image.py" /bin/busybox "$T/busybox.tar" || finish
+check "busybox image built" python3 "$REPO/scripts/k8s/busybox_image.py" /bin/busybox "$T/busybox.tar" rt-busybox:latest || finish
 check "busybox image imported" ctr_ images import "$T/busybox.tar" || finish
 
 # --- container A: httpd server -------------------------------------------------------------------

@@ -29,7 +29,7 @@ begin_node
 HOSTLOCAL_DIR="$T/host-local"
 NET=e2e-libcni
 
-check "rtcni built from Debian's libcni" "$SHARED/tools/rtcni/build.sh" "$T/rtcni" || finish
+check "rtcni built from Debian's libcni" "$REPO/tests/e2e/rtcni/build.sh" "$T/rtcni" || finish
 RTCNI="$T/rtcni"
 
 if [ "$PLUGIN" = tern ]; then

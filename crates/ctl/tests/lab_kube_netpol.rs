@@ -2,7 +2,7 @@
 //! `ternctl lab up --nodes 2 --kubernetes` cluster (tern installed as its DaemonSet) for the
 //! whole test binary, then
 //!
-//! 1. **Conformance**: every case of `/work/shared/conformance/netpol_cases.yaml` (the
+//! 1. **Conformance**: every case of `crates/testkit/data/netpol_cases.yaml` (the
 //!    upstream e2e truth tables: namespaces x/y/z, pods a/b/c, ports 80 and 81). The
 //!    namespaces and pods are created with `kubectl apply` (pods round-robin over the nodes,
 //!    so every namespace has pods on both), each case's policies applied with

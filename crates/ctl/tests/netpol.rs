@@ -1,6 +1,6 @@
 //! Issue 5 proofs in one 3-node VXLAN lab (real `ternd`s, real CNI plugin, real packets):
 //!
-//! 1. Conformance: every case of `/work/shared/conformance/netpol_cases.yaml` (upstream
+//! 1. Conformance: every case of `crates/testkit/data/netpol_cases.yaml` (upstream
 //!    Kubernetes e2e truth tables, x/y/z x a/b/c, pods spread over the nodes), probed with TCP,
 //!    UDP and (where the kernel has it) SCTP on ports 80 and 81; the diagonal must be allowed.
 //! 2. First packet: a pod ADDed under deny-all ingress, with a sender hammering its

@@ -1,5 +1,5 @@
 //! Checks the reference evaluator against the upstream Kubernetes NetworkPolicy truth tables in
-//! `/work/shared/conformance/netpol_cases.yaml` (3 namespaces x 3 pods, every case, step,
+//! `crates/testkit/data/netpol_cases.yaml` (3 namespaces x 3 pods, every case, step,
 //! protocol and port; the diagonal is excluded as upstream does).
 
 use std::collections::BTreeMap;

@@ -1,42 +1,20 @@
-//! The project's shared conformance material (`../shared/conformance/` beside the repository):
-//! the NetworkPolicy truth tables three test suites replay (the policy evaluator and compiler,
-//! the namespace lab through `ternctl apply`, the Kubernetes lab through `kubectl`).
+//! The NetworkPolicy truth tables three test suites replay (the policy evaluator and compiler,
+//! the namespace lab through `ternctl apply`, the Kubernetes lab through `kubectl`):
+//! `data/netpol_cases.yaml`, upstream's e2e cases (`test/e2e/network/netpol`) and cyclonus's
+//! over the x/y/z model, every expected reachability matrix written out. The file is compiled
+//! into this crate, so no test reads anything outside the repository.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde_norway::Value;
 
-/// Where the shared folder is: `$TERN_SHARED_DIR`, else `shared/` beside the repository
-/// (the layout of the project and of CI's clone), else `/work/shared`.
-pub fn shared_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TERN_SHARED_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    // crates/testkit → the repository → its parent.
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    if beside.join("conformance").is_dir() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
-}
+/// The text of `data/netpol_cases.yaml`.
+pub const NETPOL_CASES: &str = include_str!("../data/netpol_cases.yaml");
 
-/// The path of `netpol_cases.yaml` (upstream's NetworkPolicy cases over the x/y/z model).
-pub fn netpol_cases_path() -> PathBuf {
-    shared_dir().join("conformance/netpol_cases.yaml")
-}
-
-/// `netpol_cases.yaml`, parsed; panics naming the file when it is missing or malformed (the
-/// conformance suites cannot run without it, and a silent skip would hide that).
+/// The truth tables, parsed; panics naming the file when it is malformed.
 pub fn netpol_cases() -> Value {
-    let p = netpol_cases_path();
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (set TERN_SHARED_DIR to the shared folder)",
-            p.display()
-        )
-    });
-    serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    serde_norway::from_str(NETPOL_CASES)
+        .unwrap_or_else(|e| panic!("crates/testkit/data/netpol_cases.yaml: {e}"))
 }
 
 /// A case file's `labels:` mapping as a map (empty when absent); every key and value is a string.
@@ -96,13 +74,17 @@ mod tests {
     }
 
     #[test]
-    fn the_cases_file_is_found() {
-        let p = super::netpol_cases_path();
-        assert!(p.is_file(), "{} is missing", p.display());
-        assert!(
-            super::netpol_cases()["cases"]
-                .as_sequence()
-                .is_some_and(|c| !c.is_empty())
-        );
+    fn the_cases_parse_and_every_case_has_steps() {
+        let doc = super::netpol_cases();
+        let cases = doc["cases"].as_sequence().expect("cases: a sequence");
+        assert!(cases.len() > 20, "{} cases", cases.len());
+        for c in cases {
+            assert!(
+                c["steps"].as_sequence().is_some_and(|s| !s.is_empty()),
+                "a case without steps: {:?}",
+                c.get("name")
+            );
+        }
+        assert_eq!(super::matrix_columns(&doc["model"]).len(), 9);
     }
 }

@@ -235,78 +235,110 @@ pub fn install_hint(name: &str) -> String {
 pub const WORKSPACE_BINARIES: &[&str] = &["tern", "tern-ipam", "ternd", "ternctl"];
 
 /// The directory of `exe` (a binary cargo built for this test, `env!("CARGO_BIN_EXE_...")`),
-/// after `cargo build --bins -p tern-plugin -p tern-agent -p tern-ctl` into it, run once per
-/// test process. Cargo does nothing when the binaries are fresh, so a test never runs a stale
-/// one (`cargo test -p X` builds only X's own binaries; a binary that is merely present may be
-/// days old). Panics, in every test that asks, when the build fails or leaves one of
-/// [`WORKSPACE_BINARIES`] missing.
-pub fn fresh_binaries(exe: &Path) -> &'static Path {
+/// once every one of [`WORKSPACE_BINARIES`] in it is checked to be current, once per test
+/// process. Tests never run cargo: `cargo build --workspace --bins` (the build step of
+/// `scripts/test.sh`) built them, and `cargo test --workspace` rebuilds what changed before any
+/// test starts. A binary counts as current when it exists and no source file its dep-info
+/// (`<name>.d`, which cargo writes beside it) lists is newer than it, so `cargo test -p X` after
+/// an edit to another package's code fails naming the stale binary and the command that
+/// rebuilds it instead of testing old code.
+pub fn workspace_binaries(exe: &Path) -> &'static Path {
     static DIR: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    match DIR.get_or_init(|| build_binaries(exe)) {
+    match DIR.get_or_init(|| check_binaries(exe, WORKSPACE_BINARIES)) {
         Ok(dir) => dir,
         Err(e) => panic!("{e}"),
     }
 }
 
-/// The variables cargo sets for one package's build script or test process, which a nested
-/// cargo must not inherit (see [`fresh_binaries`]). Cargo's own configuration (CARGO_HOME,
-/// CARGO_TARGET_DIR, CARGO_INCREMENTAL, CARGO_PROFILE_*, CARGO_BUILD_*, ...) is kept.
-fn cargo_package_var(key: &str) -> bool {
-    const NAMES: &[&str] = &[
-        "CARGO_MANIFEST_DIR",
-        "CARGO_MANIFEST_PATH",
-        "CARGO_MANIFEST_LINKS",
-        "CARGO_CRATE_NAME",
-        "CARGO_BIN_NAME",
-        "CARGO_PRIMARY_PACKAGE",
-        "CARGO_TARGET_TMPDIR",
-        "CARGO_RUSTC_CURRENT_DIR",
-        "OUT_DIR",
-    ];
-    NAMES.contains(&key) || key.starts_with("CARGO_PKG_") || key.starts_with("CARGO_CFG_")
-}
+/// The command that makes every workspace binary current.
+const REBUILD: &str = "`cargo build --workspace --bins` (scripts/test.sh's build step)";
 
-fn build_binaries(exe: &Path) -> Result<PathBuf, String> {
+fn check_binaries(exe: &Path, names: &[&str]) -> Result<PathBuf, String> {
     let dir = exe
         .parent()
         .ok_or_else(|| format!("{} has no directory", exe.display()))?
         .to_path_buf();
-    let mut cmd = std::process::Command::new(env!("CARGO"));
-    cmd.args(["build", "--bins", "-p", "tern-plugin", "-p", "tern-agent"])
-        .args(["-p", "tern-ctl"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    // `cargo test` gives the test process the variables cargo sets for a package
-    // (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...). Inherited by this cargo, they look like a
-    // changed environment to build scripts that track them (ring's does, through
-    // `rerun-if-env-changed`), and ring, rustls and everything above them were rebuilt, and
-    // the binaries replaced under running tests, each time a test of another package asked:
-    // three rebuilds (about 7 minutes of CPU) per CI run.
-    for (key, _) in std::env::vars_os() {
-        if key.to_str().is_some_and(cargo_package_var) {
-            cmd.env_remove(&key);
-        }
-    }
-    // Into the directory `exe` is in: the release one under `cargo test --release`.
-    if dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().map_err(|e| format!("running {cmd:?}: {e}"))?;
-    if !status.success() {
-        return Err(format!("{cmd:?} failed ({status})"));
-    }
-    let missing: Vec<&str> = WORKSPACE_BINARIES
+    let problems: Vec<String> = names
         .iter()
-        .copied()
-        .filter(|b| !dir.join(b).is_file())
+        .filter_map(|n| stale_reason(&dir.join(n)).err())
         .collect();
-    if missing.is_empty() {
+    if problems.is_empty() {
         Ok(dir)
     } else {
         Err(format!(
-            "after {cmd:?}, {} lacks {missing:?}",
-            dir.display()
+            "the workspace's binaries are not current: {}; run {REBUILD}",
+            problems.join("; ")
         ))
     }
+}
+
+/// `Ok` when `bin` exists and is not older than any file of its dep-info; else why not.
+fn stale_reason(bin: &Path) -> Result<(), String> {
+    let built = std::fs::metadata(bin)
+        .and_then(|m| m.modified())
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    let dep_info = bin.with_extension("d");
+    let text = std::fs::read_to_string(&dep_info).map_err(|e| {
+        format!(
+            "{}: {e} (cargo writes it with the binary)",
+            dep_info.display()
+        )
+    })?;
+    for src in dep_info_sources(&text) {
+        match std::fs::metadata(&src).and_then(|m| m.modified()) {
+            Ok(t) if t <= built => {}
+            Ok(_) => {
+                return Err(format!("{} is older than {}", bin.display(), src.display()));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{} was built from {}: {e}",
+                    bin.display(),
+                    src.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The prerequisites of the first rule of a Makefile-style dep-info file (`target: a b c`, a
+/// space in a path escaped as `\ `, lines continued with a trailing `\`).
+fn dep_info_sources(text: &str) -> Vec<PathBuf> {
+    let joined = text.replace("\\\n", " ");
+    let Some(first) = joined.lines().find(|l| !l.trim().is_empty()) else {
+        return Vec::new();
+    };
+    // The target ends at the first unescaped ": ".
+    let mut rest = None;
+    let b = first.as_bytes();
+    for i in 0..b.len().saturating_sub(1) {
+        if b[i] == b':' && b[i + 1] == b' ' && (i == 0 || b[i - 1] != b'\\') {
+            rest = Some(&first[i + 2..]);
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = rest.unwrap_or("").chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&' ') => {
+                cur.push(' ');
+                chars.next();
+            }
+            ' ' | '\t' => {
+                if !cur.is_empty() {
+                    out.push(PathBuf::from(std::mem::take(&mut cur)));
+                }
+            }
+            _ => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(PathBuf::from(cur));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -315,28 +347,54 @@ mod tests {
     use std::process::Command;
 
     #[test]
-    fn a_nested_cargo_drops_the_package_variables_and_keeps_cargo_configuration() {
-        for k in [
-            "CARGO_MANIFEST_DIR",
-            "CARGO_PKG_NAME",
-            "CARGO_PKG_VERSION_MAJOR",
-            "CARGO_CFG_TARGET_OS",
-            "OUT_DIR",
-            "CARGO_TARGET_TMPDIR",
-        ] {
-            assert!(cargo_package_var(k), "{k} should be removed");
+    fn dep_info_lists_the_sources_of_the_first_rule() {
+        let text = "/t/debug/ternd: /w/crates/agent/src/bin/ternd.rs /w/a\\ b.rs \\\n /w/c.rs\n\n/w/c.rs:\n";
+        assert_eq!(
+            dep_info_sources(text),
+            ["/w/crates/agent/src/bin/ternd.rs", "/w/a b.rs", "/w/c.rs"]
+                .map(PathBuf::from)
+                .to_vec()
+        );
+        assert!(dep_info_sources("").is_empty());
+    }
+
+    #[test]
+    fn a_binary_is_current_only_when_no_source_is_newer() {
+        let dir = std::env::temp_dir().join(format!("tern-testkit-bins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        struct RmDir(PathBuf);
+        impl Drop for RmDir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
         }
-        for k in [
-            "CARGO_HOME",
-            "CARGO_TARGET_DIR",
-            "CARGO_INCREMENTAL",
-            "CARGO_PROFILE_DEV_DEBUG",
-            "CARGO_BUILD_JOBS",
-            "CARGO",
-            "PATH",
-        ] {
-            assert!(!cargo_package_var(k), "{k} should be kept");
-        }
+        let _rm = RmDir(dir.clone());
+        let src = dir.join("main.rs");
+        let bin = dir.join("prog");
+        std::fs::write(&src, "fn main() {}").unwrap();
+        std::fs::write(
+            dir.join("prog.d"),
+            format!("{}: {}\n", bin.display(), src.display()),
+        )
+        .unwrap();
+        let e = check_binaries(&bin, &["prog"]).unwrap_err();
+        assert!(e.contains("prog: No such file"), "{e}");
+        std::fs::write(&bin, "").unwrap();
+        let set = |p: &Path, secs: u64| {
+            let f = std::fs::File::options().write(true).open(p).unwrap();
+            f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+                .unwrap();
+        };
+        set(&src, 1_000);
+        set(&bin, 2_000);
+        assert_eq!(check_binaries(&bin, &["prog"]).unwrap(), dir);
+        set(&src, 3_000);
+        let e = check_binaries(&bin, &["prog"]).unwrap_err();
+        assert!(e.contains("is older than") && e.contains("main.rs"), "{e}");
+        assert!(e.contains("cargo build --workspace --bins"), "{e}");
+        std::fs::remove_file(&src).unwrap();
+        let e = check_binaries(&bin, &["prog"]).unwrap_err();
+        assert!(e.contains("was built from"), "{e}");
     }
 
     fn temp_log(tag: &str) -> PathBuf {

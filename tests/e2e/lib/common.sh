@@ -12,10 +12,6 @@ case "$PLUGIN" in
   *) echo "PLUGIN must be ref or tern, got '$PLUGIN'" >&2; exit 2 ;;
 esac
 
-# The shared folder sits next to the repository in CI; fall back to the development location.
-if [ -z "${SHARED:-}" ]; then
-  if [ -d "$REPO/../shared/tools" ]; then SHARED=$(cd "$REPO/../shared" && pwd); else SHARED=/work/shared; fi
-fi
 TERN_BIN=${TERN_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/debug}
 REF_BIN=/usr/lib/cni
 
@@ -46,7 +42,7 @@ log() { echo "# $*"; }
 enter_private_node() {
   if [ "${E2E_INSIDE:-}" = 1 ]; then return 0; fi
   if [ "$(id -u)" -ne 0 ]; then echo "$E2E_NAME: must run as root" >&2; exit 1; fi
-  E2E_INSIDE=1 PLUGIN=$PLUGIN SHARED=$SHARED exec unshare --mount --net --pid --mount-proc --fork \
+  E2E_INSIDE=1 PLUGIN=$PLUGIN exec unshare --mount --net --pid --mount-proc --fork \
     --kill-child -- bash "$@"
 }
 
@@ -185,7 +181,7 @@ finish() { report_counts; [ "$FAILED" -eq 0 ]; exit $?; }
 begin_node() {
   trap cleanup EXIT
   trap 'exit 130' INT TERM
-  log "mode=$PLUGIN tmp=$T shared=$SHARED"
+  log "mode=$PLUGIN tmp=$T"
   make_private_mounts "$T"
   setup_node_netns
 }

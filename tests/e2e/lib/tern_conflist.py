@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
 """Builds the tern-mode conflist for the containerd e2e test.
 
-usage: tern_conflist.py GENERATED SEED_FILE|- AGENT_SOCKET STATE_DIR LOG_DIR OUT
+usage: tern_conflist.py GENERATED AGENT_SOCKET STATE_DIR LOG_DIR OUT
 
 GENERATED is the conflist `ternctl install-cni` wrote; it must hold tern (with tern-ipam) first and
-bandwidth and portmap chained. The output keeps the shape of the Calico seed conflist (every Calico
-key, cniVersion 0.3.1 as a Calico install has, bandwidth and portmap) with the types changed to
-tern / tern-ipam, the keys install-cni generated, and every path pointed into the test's temp dir so
+bandwidth and portmap chained. The output keeps the shape of a Calico install's conflist
+(CALICO_CONFLIST below: every Calico key, cniVersion 0.3.1, bandwidth and portmap) with the types
+changed to tern / tern-ipam, the keys install-cni generated, and every path pointed into the test's temp dir so
 nothing on the machine is written.
 """
 import copy
 import json
 import sys
 
-# The seed's conflist (seeds/000_*.txt), used when the shared folder is not available.
-SEED_FALLBACK = {
+# The conflist a Calico install writes (`10-calico.conflist`), as the product's first seed
+# document quotes it.
+CALICO_CONFLIST = {
     "name": "k8s-pod-network",
     "cniVersion": "0.3.1",
     "plugins": [
@@ -44,20 +45,9 @@ SEED_FALLBACK = {
 }
 
 
-def load_seed(path):
-    if path == "-":
-        return copy.deepcopy(SEED_FALLBACK)
-    text = open(path, encoding="utf-8").read()
-    at = text.find('"name": "k8s-pod-network"')
-    if at < 0:
-        return copy.deepcopy(SEED_FALLBACK)
-    start = text.rfind("{", 0, at)
-    doc, _ = json.JSONDecoder().raw_decode(text[start:])
-    return doc
-
 
 def main():
-    gen_path, seed_path, sock, state_dir, log_dir, out = sys.argv[1:7]
+    gen_path, sock, state_dir, log_dir, out = sys.argv[1:6]
     gen = json.load(open(gen_path, encoding="utf-8"))
     types = [p.get("type") for p in gen.get("plugins", [])]
     problems = []
@@ -73,8 +63,7 @@ def main():
         print(json.dumps(gen, indent=1))
         sys.exit(1)
 
-    seed = load_seed(seed_path)
-    conf = copy.deepcopy(seed)
+    conf = copy.deepcopy(CALICO_CONFLIST)
     main_plugin = conf["plugins"][0]
     gen_main = gen["plugins"][0]
     for k, v in gen_main.items():

@@ -306,9 +306,10 @@ pub fn cargo_ternd() -> PathBuf {
     }
 }
 
-/// The `tern` plugin, built next to ternd (cargo makes it current; a no-op when it is).
+/// The `tern` plugin, built next to ternd (checked current: tern-testkit's
+/// `workspace_binaries`).
 pub fn tern_plugin() -> PathBuf {
-    tern_testkit::fresh_binaries(&cargo_ternd()).join("tern")
+    tern_testkit::workspace_binaries(&cargo_ternd()).join("tern")
 }
 
 /// ternd's default health listener.

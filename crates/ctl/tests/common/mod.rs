@@ -26,11 +26,10 @@ pub fn require_root() -> bool {
     tern_testkit::require_root()
 }
 
-/// The directory of the workspace's binaries, rebuilt if anything changed: tern-testkit's
-/// `fresh_binaries` (`cargo build --bins` of the plugin, the agent and ternctl, once per test
-/// process; a no-op when they are fresh), so a lab never runs a stale `ternd`.
+/// The directory of the workspace's binaries, checked current (tern-testkit's
+/// `workspace_binaries`: a lab never runs a stale `ternd`, and no test runs cargo).
 pub fn fresh_binaries() -> &'static Path {
-    tern_testkit::fresh_binaries(Path::new(env!("CARGO_BIN_EXE_ternctl")))
+    tern_testkit::workspace_binaries(Path::new(env!("CARGO_BIN_EXE_ternctl")))
 }
 
 /// The guard of a lab test: root (see [`require_root`]), then [`fresh_binaries`]. `None`
@@ -78,6 +77,37 @@ pub fn ternctl_lab(name: &str, bin_dir: &Path, args: &[&str]) -> Run {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         out,
     }
+}
+
+/// `ternctl lab --name NAME --bin-dir DIR demo ARGS...`, the README's main command, timed
+/// on stderr.
+pub fn lab_demo(name: &str, bin_dir: &Path, args: &[&str]) -> Run {
+    let t = Instant::now();
+    let mut all = vec!["demo"];
+    all.extend_from_slice(args);
+    let run = ternctl_lab(name, bin_dir, &all);
+    eprintln!("ternctl lab demo {}: {:?}", args.join(" "), t.elapsed());
+    run
+}
+
+/// Nothing of lab `name` is left: no state directory, no namespace.
+#[track_caller]
+pub fn assert_lab_gone(name: &str) {
+    assert!(
+        !Path::new("/run/tern-lab").join(name).exists(),
+        "state directory of {name} left"
+    );
+    let prefix = tern_lab::state::ns_prefix(name);
+    let left = tern_lab::process::netns_with_prefix(&prefix);
+    assert!(left.is_empty(), "namespaces left: {left:?}");
+}
+
+/// The nodes of a demo's `ok block <cidr> of <node>` lines.
+pub fn nodes_with_blocks(out: &str) -> std::collections::BTreeSet<String> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("ok block "))
+        .filter_map(|l| l.split(" of ").nth(1).map(str::to_string))
+        .collect()
 }
 
 /// A lab that is removed when dropped (test passed, failed or panicked).

@@ -314,16 +314,16 @@ pub fn cni_path() -> String {
     format!("{}:/usr/lib/cni", bin_dir().display())
 }
 
-/// `ternctl`, next to the plugin binaries, rebuilt when stale (tern-testkit's
-/// `fresh_binaries`: one `cargo build --bins` of the workspace's binaries per test process).
+/// `ternctl`, next to the plugin binaries, checked current (tern-testkit's
+/// `workspace_binaries`: a stale one fails the test naming the command that rebuilds it).
 pub fn ternctl_bin() -> PathBuf {
-    tern_testkit::fresh_binaries(&tern_bin()).join("ternctl")
+    tern_testkit::workspace_binaries(&tern_bin()).join("ternctl")
 }
 
-/// `ternd`, next to the plugin binaries, rebuilt when stale (as [`ternctl_bin`]): a test never
+/// `ternd`, next to the plugin binaries, checked current (as [`ternctl_bin`]): a test never
 /// runs an agent older than the code under test.
 pub fn ternd_bin() -> PathBuf {
-    tern_testkit::fresh_binaries(&tern_bin()).join("ternd")
+    tern_testkit::workspace_binaries(&tern_bin()).join("ternd")
 }
 
 /// Result of one plugin run: exit status and stdout (JSON, or Null when empty).
