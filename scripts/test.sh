@@ -6,8 +6,8 @@
 # The run, in order (docs/benchmarks.md, "CI run time", has the measured time of each step):
 #   deps        Debian packages (scripts/deps.sh; seconds when present)
 #   components  in the background from here, at the lowest CPU priority: the Kubernetes
-#               components (scripts/k8s-components.sh) and upstream's e2e binary with the
-#               agnhost image (scripts/k8s-e2e.sh), built once into the cache
+#               components (scripts/k8s-components.sh) and the agnhost image, then
+#               upstream's e2e binary (scripts/k8s-e2e.sh), built once into the cache
 #   fmt         cargo fmt --check
 #   build       one compile of the workspace, the binaries and every test target, with
 #               clippy's lints (clippy-driver as the workspace's rustc wrapper): clippy, the
@@ -19,8 +19,10 @@
 #   test        the cargo tests that need no Kubernetes components (unit, kernel, store, BGP,
 #               namespace labs), then the doc tests
 #   e2e         tests/e2e/*.sh (containerd, libcni), each with the reference plugins and tern
-#   test-kube   once the components are built: the cargo test targets named *kube* (real
-#               kube-apiserver, kubelet, containerd)
+#   test-kube   once the components and agnhost are built: the cargo test targets named
+#               *kube* (real kube-apiserver, kubelet, containerd). When the components were
+#               already built as the build step ended (a warm cache), this step runs before
+#               test and e2e, beside upstream's specs
 # Every step runs even when an earlier one failed, so one run reports everything; a step that
 # needs what a failed step makes is counted failed. Strict mode (TERN_TEST_STRICT=1): a test
 # that cannot run fails saying what is missing; only this kernel's limits (IPIP, dummy, GRE,
@@ -87,22 +89,33 @@ trap 'exit 143' TERM
 step deps bash scripts/deps.sh || { echo "e2e: 0 passed, 1 failed"; exit 1; }
 
 # The components build runs beside the compile and the tests that need none of it, at nice
-# 19: it takes the CPU they leave idle, and they keep their timing.
+# 19: it takes the CPU they leave idle, and they keep their timing. It marks what it has made
+# ($CI_LOGS/NAME.rc, see `mark` and `wait_mark`): first the components and the agnhost image
+# (what the Kubernetes lab tests need), then upstream's e2e binary, which only the upstream
+# step needs and which builds while the lab tests run.
+mark() { echo "$2" >"$CI_LOGS/$1.rc"; }
+wait_mark() {
+  while [ ! -f "$CI_LOGS/$1.rc" ]; do
+    # The components step ended without marking (killed): what it makes will not come.
+    kill -0 "${bg_pid[components]}" 2>/dev/null || [ -f "$CI_LOGS/$1.rc" ] || return 1
+    sleep 5
+  done
+  return "$(cat "$CI_LOGS/$1.rc")"
+}
 components() {
-  nice -n 19 bash scripts/k8s-components.sh >"$CI_LOGS/k8s-bin" || return 1
-  nice -n 19 bash scripts/k8s-e2e.sh >/dev/null || return 1
+  local rc=0
+  nice -n 19 bash scripts/k8s-components.sh >"$CI_LOGS/k8s-bin" &&
+    nice -n 19 bash scripts/k8s-e2e.sh --agnhost >/dev/null || rc=1
+  mark components "$rc"
+  [ "$rc" = 0 ] && { nice -n 19 bash scripts/k8s-e2e.sh >/dev/null || rc=1; }
+  mark e2e-binary "$rc"
   # Go's build cache (about 4 GB after a cold build) serves only a rebuild after a version
   # bump; the disk is worth more to the labs. Go recreates it.
   echo "removing Go's build cache ($(du -sh "$CACHE/go/cache" 2>/dev/null | cut -f1))"
   rm -rf "$CACHE/go/cache"
-}
-components_and_mark() {
-  local rc=0
-  components || rc=$?
-  echo "$rc" >"$CI_LOGS/components.rc"
   return "$rc"
 }
-bg_step components components_and_mark
+bg_step components components
 
 step fmt cargo fmt --all --check
 build_ok=1
@@ -126,12 +139,11 @@ step clippy clippy_warnings
 up_dir=$(mktemp -d /tmp/tern-ci-upstream-e2e.XXXXXX)
 upstream() {
   local rc=0 t0=$SECONDS
-  while [ ! -f "$CI_LOGS/components.rc" ]; do sleep 5; done
-  if [ "$(cat "$CI_LOGS/components.rc")" != 0 ]; then
+  if ! wait_mark e2e-binary; then
     echo "not ok - upstream e2e: not run, the components failed"
     rc=1
   else
-    echo "components ready after $((SECONDS - t0))s of waiting"
+    echo "components and e2e.test ready after $((SECONDS - t0))s of waiting"
     E2E_OUT=$up_dir E2E_PROCS=4 E2E_TIMEOUT=45m TERN_BIN_DIR=$BIN_DIR \
       bash scripts/k8s-e2e.sh --run || rc=$?
   fi
@@ -159,11 +171,6 @@ rust_tests() {
   cargo_tests --doc || rc=1
   return "$rc"
 }
-if [ "$build_ok" = 1 ]; then
-  step test rust_tests
-else
-  step_done test 1 0
-fi
 
 e2e_run() {
   local s mode name log rc=0
@@ -180,27 +187,47 @@ e2e_run() {
   echo "$e2e_pass $e2e_fail $e2e_skip" >"$CI_LOGS/e2e.counts"
   return "$rc"
 }
-if [ "$build_ok" = 1 ]; then
-  step e2e e2e_run
-  read -r e2e_pass e2e_fail e2e_skip <"$CI_LOGS/e2e.counts"
+# The tests that need no components: the cargo tests, then the e2e scripts.
+plain_tests() {
+  if [ "$build_ok" = 1 ]; then
+    step test rust_tests
+    step e2e e2e_run
+    read -r e2e_pass e2e_fail e2e_skip <"$CI_LOGS/e2e.counts"
+  else
+    step_done test 1 0
+    echo "not ok - tests/e2e: not run, the build failed"
+    e2e_fail=$((e2e_fail + 1))
+  fi
+}
+# The *kube* targets, once the components are there.
+kube_tests() {
+  local k8s_ok=0 t0=$SECONDS
+  if wait_mark components; then
+    echo "=== components ready ($((SECONDS - t0))s waited)"
+    k8s_ok=1
+    TERN_K8S_BIN=$(tail -n 1 "$CI_LOGS/k8s-bin")
+    export TERN_K8S_BIN
+  fi
+  if [ "$build_ok" = 1 ] && [ "$k8s_ok" = 1 ]; then
+    step test-kube cargo_tests --test='*kube*'
+  else
+    echo "not ok - the Kubernetes tests: not run (the build or the components failed)"
+    step_done test-kube 1 0
+  fi
+}
+# Components already built (a warm cache): the Kubernetes tests first, beside upstream's
+# specs, which they overlap best (both mostly wait on their clusters); the short plain tests
+# after. Otherwise the plain tests first, while the components build.
+if [ -f "$CI_LOGS/components.rc" ]; then
+  echo "=== the components are built: the Kubernetes tests first"
+  kube_tests
+  plain_tests
 else
-  echo "not ok - tests/e2e: not run, the build failed"
-  e2e_fail=$((e2e_fail + 1))
+  plain_tests
+  kube_tests
 fi
 
-k8s_ok=0
-if join_step components; then
-  k8s_ok=1
-  TERN_K8S_BIN=$(tail -n 1 "$CI_LOGS/k8s-bin")
-  export TERN_K8S_BIN
-fi
-if [ "$build_ok" = 1 ] && [ "$k8s_ok" = 1 ]; then
-  step test-kube cargo_tests --test='*kube*'
-else
-  echo "not ok - the Kubernetes tests: not run (the build or the components failed)"
-  step_done test-kube 1 0
-fi
-
+join_step components
 # Upstream's specs: a line per spec (the failures with their messages), each one check.
 if [ "$build_ok" = 1 ]; then
   join_step upstream

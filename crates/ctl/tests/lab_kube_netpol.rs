@@ -7,7 +7,7 @@
 //!    namespaces and pods are created with `kubectl apply` (pods round-robin over the nodes,
 //!    so every namespace has pods on both), each case's policies applied with
 //!    `kubectl apply -f`, its relabelling done with `kubectl label`, and every pair probed
-//!    from inside the pods with `kubectl exec`, over TCP and UDP (SCTP where the kernel has
+//!    from inside the pods through `kubectl exec` (one session kept open per pod), over TCP and UDP (SCTP where the kernel has
 //!    it), both to the server pod's address and, as upstream's probes do, to a ClusterIP
 //!    Service in front of it (policy evaluated after kube-proxy's DNAT). Between cases every
 //!    policy is deleted and every label restored, and the matrix must be open again. Prints a
@@ -30,6 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_norway::Value;
@@ -37,7 +38,7 @@ use tern_lab::kube;
 use tern_lab::netpol;
 
 mod common;
-use common::kube_lab::KubeLab;
+use common::kube_lab::{ExecShell, KubeLab};
 
 /// Nodes of the cluster; pods are spread round-robin.
 const NODES: usize = 2;
@@ -48,13 +49,24 @@ const PROBE_SECS: u32 = 2;
 /// both nodes' ternd watches, nftables).
 const STEP_DEADLINE: Duration = Duration::from_secs(25);
 
+/// How long a probe script may run in its exec session (its probes run at once, each bounded
+/// by [`PROBE_SECS`]; the rest is margin for a loaded machine).
+const SCRIPT_DEADLINE: Duration = Duration::from_secs(30);
+
 /// The cluster (removed when dropped) and what these cases ask of it.
-struct Cluster(KubeLab);
+struct Cluster {
+    /// The exec session of each probing container (`ns/pod/container`), opened on first use
+    /// and kept (see `ExecShell`): a probe round costs no kubectl process of its own. Taken
+    /// out of the map while a probe runs, so that rounds probe from every pod at once. Dropped
+    /// (the sessions ended) before the lab.
+    shells: Mutex<BTreeMap<String, ExecShell>>,
+    lab: KubeLab,
+}
 
 impl std::ops::Deref for Cluster {
     type Target = KubeLab;
     fn deref(&self) -> &KubeLab {
-        &self.0
+        &self.lab
     }
 }
 
@@ -107,6 +119,38 @@ impl Cluster {
         out
     }
 
+    /// Runs `script` in the exec session of `ns/pod`'s `container` (opened when there is none),
+    /// its stdout. A session that fails (ended, or the script overran [`SCRIPT_DEADLINE`]) is
+    /// dropped and the script tried once more in a new one; each such retry is logged.
+    fn run_in(&self, ns: &str, pod: &str, container: &str, script: &str) -> Result<String, String> {
+        let key = format!("{ns}/{pod}/{container}");
+        let mut kept = self.shells.lock().unwrap().remove(&key);
+        let mut last = String::new();
+        for attempt in 1..=2 {
+            let mut sh = match kept.take() {
+                Some(sh) => sh,
+                None => match self.shell(ns, pod, container) {
+                    Ok(sh) => sh,
+                    Err(e) => {
+                        last = e;
+                        continue;
+                    }
+                },
+            };
+            match sh.run(script, SCRIPT_DEADLINE) {
+                Ok(out) => {
+                    self.shells.lock().unwrap().insert(key, sh);
+                    return Ok(out);
+                }
+                Err(e) => {
+                    eprintln!("probe from {key}, try {attempt} of 2: {e}");
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
     /// Runs the probes of `reqs` from pod `ns/pod` (container `container`, whose netexec
     /// listens on `local_port`), all at once: `(protocol, host, port)` with protocol `http`,
     /// `udp` or `sctp`, each one netexec `/dial` with one try, given [`PROBE_SECS`]. The answer
@@ -125,10 +169,8 @@ impl Cluster {
         for (i, (proto, host, port)) in reqs.iter().enumerate() {
             let _ = writeln!(script, "p {i} {proto} {host} {port} &");
         }
-        script.push_str("wait\n");
-        let out = self.kubectl(&[
-            "-n", ns, "exec", pod, "-c", container, "--", "sh", "-c", &script,
-        ])?;
+        script.push_str("wait");
+        let out = self.run_in(ns, pod, container, &script)?;
         let mut answers = vec![None; reqs.len()];
         for l in out.lines() {
             let (i, rest) = l.split_once(' ').unwrap_or((l, ""));
@@ -758,7 +800,7 @@ fn expect(
     }
 }
 
-/// Probes every expectation ([`SVC_TRIES`] times; one `kubectl exec` per client, all
+/// Probes every expectation ([`SVC_TRIES`] times; one script per client in its exec session, all
 /// clients at once) until all hold or [`STEP_DEADLINE`] passes; the ones that do not.
 fn check(c: &Cluster, phase: &str, expect: &[Expect]) -> Vec<String> {
     let mut clients: Vec<&'static str> = expect.iter().map(|e| e.from).collect();
@@ -976,7 +1018,10 @@ fn netpol_conformance_and_service_policy_through_kubectl() {
     );
     let doc: Value = tern_testkit::conformance::netpol_cases();
     let t0 = Instant::now();
-    let c = Cluster(KubeLab::up("knp", &k8s, &["--nodes", &NODES.to_string()]));
+    let c = Cluster {
+        shells: Mutex::default(),
+        lab: KubeLab::up("knp", &k8s, &["--nodes", &NODES.to_string()]),
+    };
     println!(
         "netpol: lab up --nodes {NODES} --kubernetes in {:.1}s",
         t0.elapsed().as_secs_f64()
