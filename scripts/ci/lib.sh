@@ -36,7 +36,8 @@ step_done() {
 bg_step() {
   local name=$1; shift
   echo "=== background step: $name (log $CI_LOGS/$name.log)"
-  "$@" >"$CI_LOGS/$name.log" 2>&1 &
+  # The step's own end time, for the table (it is joined later).
+  { "$@"; local rc=$?; echo "$SECONDS" >"$CI_LOGS/$name.end"; exit "$rc"; } >"$CI_LOGS/$name.log" 2>&1 &
   bg_pid[$name]=$!
   bg_t0[$name]=$SECONDS
 }
@@ -49,7 +50,10 @@ join_step() {
   wait "${bg_pid[$name]}" || rc=$?
   unset "bg_pid[$name]"
   cat "$CI_LOGS/$name.log"
-  step_done "$name" "$rc" $((SECONDS - bg_t0[$name]))
+  local end
+  end=$(cat "$CI_LOGS/$name.end" 2>/dev/null || echo "$SECONDS")
+  echo "=== $name ran from ${bg_t0[$name]}s to ${end}s of the run"
+  step_done "$name" "$rc" $((end - bg_t0[$name]))
 }
 
 # stop_bg: ends the background steps still running (the run was interrupted): the commands

@@ -264,33 +264,56 @@ fn ask(lab: &Lab, from: &str, ip: &str, port: &str) -> Result<String, String> {
         .map(|s| s.trim().to_string())
 }
 
-/// Every pod reaches every other pod over TCP (through kubectl exec, so exec works too).
-fn assert_mesh(lab: &Lab, pods: &[Pod]) {
+/// The probes of [`assert_mesh`] from pod `a` to every other pod: the failures.
+fn mesh_from(lab: &Lab, a: &Pod, pods: &[Pod]) -> Vec<String> {
+    let peers: Vec<&Pod> = pods.iter().filter(|b| b.name != a.name).collect();
     let mut failures = Vec::new();
-    for a in pods {
-        for b in pods {
-            if a.name == b.name {
-                continue;
-            }
-            match ask(lab, &a.name, &b.ip, "8080") {
-                Ok(s) if s == b.name => {}
-                other => failures.push(format!(
-                    "TCP {} ({}, {}) -> {} ({}, {}): {other:?}",
-                    a.name, a.node, a.ip, b.name, b.node, b.ip
-                )),
-            }
-            let udp = lab
-                .exec(&[&a.name, "-c", "udp", "--", "/probe", "udp", &b.ip, "8081"])
-                .map(|s| s.trim().to_string());
-            match udp {
-                Ok(s) if s == b.name => {}
-                other => failures.push(format!(
-                    "UDP {} ({}, {}) -> {} ({}, {}): {other:?}",
-                    a.name, a.node, a.ip, b.name, b.node, b.ip
-                )),
-            }
+    let script = peers
+        .iter()
+        .map(|b| format!("echo \"{} $(nc -w 3 {} 8080)\"", b.ip, b.ip))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let tcp = lab.exec(&[&a.name, "-c", "web", "--", "sh", "-c", &script]);
+    for b in &peers {
+        let got = tcp.as_ref().map(|out| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{} ", b.ip)))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        });
+        match got {
+            Ok(s) if s == b.name => {}
+            other => failures.push(format!(
+                "TCP {} ({}, {}) -> {} ({}, {}): {other:?}",
+                a.name, a.node, a.ip, b.name, b.node, b.ip
+            )),
+        }
+        let udp = lab
+            .exec(&[&a.name, "-c", "udp", "--", "/probe", "udp", &b.ip, "8081"])
+            .map(|s| s.trim().to_string());
+        match udp {
+            Ok(s) if s == b.name => {}
+            other => failures.push(format!(
+                "UDP {} ({}, {}) -> {} ({}, {}): {other:?}",
+                a.name, a.node, a.ip, b.name, b.node, b.ip
+            )),
         }
     }
+    failures
+}
+
+/// Every pod reaches every other pod over TCP and UDP (through kubectl exec, so exec works
+/// too). The pods probe at once, a thread each: one exec runs a pod's TCP probes (busybox's
+/// `nc`, one after another), one exec per peer its UDP probe (the probe image has no shell).
+fn assert_mesh(lab: &Lab, pods: &[Pod]) {
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = pods
+            .iter()
+            .map(|a| s.spawn(move || mesh_from(lab, a, pods)))
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
     assert!(
         failures.is_empty(),
         "{} of {} pod-to-pod TCP and UDP probes failed:\n{}{}",

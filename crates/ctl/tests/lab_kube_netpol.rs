@@ -45,6 +45,8 @@ const NODES: usize = 2;
 /// How long one probe waits for its answer (`timeout` around the in-pod request; a denied
 /// probe costs this much, all probes of a round run at once).
 const PROBE_SECS: u32 = 2;
+/// Where a probing container's answers go, a file per probe (the image's /tmp).
+const PROBE_DIR: &str = "/tmp/tern-probe";
 /// How long a step may take to show its expected matrices (kubectl apply, the API server,
 /// both nodes' ternd watches, nftables).
 const STEP_DEADLINE: Duration = Duration::from_secs(25);
@@ -163,13 +165,22 @@ impl Cluster {
         reqs: &[(&str, String, u16)],
     ) -> Result<Vec<Option<String>>, String> {
         let (ns, pod) = from.split_once('/').unwrap();
-        let mut script = format!(
-            "p() {{ r=$(timeout {PROBE_SECS} wget -qO- \"http://127.0.0.1:{local_port}/dial?request=hostname&protocol=$2&host=$3&port=$4&tries=1\" 2>/dev/null); echo \"$1 $r\"; }}\n"
-        );
+        // Two processes per probe (`timeout` and busybox's wget, which writes the answer to a
+        // file of its own; Debian's busybox wget has no -T), then the shell's builtins print
+        // the answers: a round of nine pods probing at once starts hundreds of probes, and a
+        // subshell and a command substitution around each made it four processes a probe.
+        let mut script = format!("mkdir -p {PROBE_DIR} && cd {PROBE_DIR} && rm -f r.*\n");
         for (i, (proto, host, port)) in reqs.iter().enumerate() {
-            let _ = writeln!(script, "p {i} {proto} {host} {port} &");
+            let _ = writeln!(
+                script,
+                "timeout {PROBE_SECS} wget -qO r.{i} \"http://127.0.0.1:{local_port}/dial?request=hostname&protocol={proto}&host={host}&port={port}&tries=1\" 2>/dev/null &"
+            );
         }
-        script.push_str("wait");
+        let _ = write!(
+            script,
+            "wait\ni=0; while [ $i -lt {} ]; do r=; [ -s r.$i ] && read -r r < r.$i; echo \"$i $r\"; i=$((i + 1)); done",
+            reqs.len()
+        );
         let out = self.run_in(ns, pod, container, &script)?;
         let mut answers = vec![None; reqs.len()];
         for l in out.lines() {
