@@ -22,7 +22,8 @@
 #   test-kube   once the components and agnhost are built: the cargo test targets named
 #               *kube* (real kube-apiserver, kubelet, containerd). When the components were
 #               already built as the build step ended (a warm cache), this step runs before
-#               test and e2e, beside upstream's specs
+#               test and e2e, beside upstream's specs, and the targets that mostly wait
+#               (test-kube-wait: lab_kube_netpol) run after it, beside test and e2e
 # Every step runs even when an earlier one failed, so one run reports everything; a step that
 # needs what a failed step makes is counted failed. Strict mode (TERN_TEST_STRICT=1): a test
 # that cannot run fails saying what is missing; only this kernel's limits (IPIP, dummy, GRE,
@@ -155,13 +156,24 @@ upstream() {
 test_skip_log=$(mktemp)
 export TERN_TEST_SKIP_LOG=$test_skip_log
 # The test targets that need the Kubernetes components: every one named *kube* (a test in
-# crates/testkit checks that no other target reaches for them).
-mapfile -t other_targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+# crates/testkit checks that no other target reaches for them). Of those, the ones in
+# $beside_plain mostly wait (lab_kube_netpol: on the timeouts of the probes a policy must
+# drop) and, on a warm run, run beside the plain tests instead of before them.
+beside_plain=" lab_kube_netpol "
+other_targets=() kube_targets=() kube_beside=()
+while read -r t; do
+  if [[ $t != *kube* ]]; then
+    other_targets+=("--test=$t")
+  elif [[ $beside_plain == *" $t "* ]]; then
+    kube_beside+=("--test=$t")
+  else
+    kube_targets+=("--test=$t")
+  fi
+done < <(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys
 m = json.load(sys.stdin)
 for t in sorted({t["name"] for p in m["packages"] for t in p["targets"] if t["kind"] == ["test"]}):
-    if "kube" not in t:
-        print("--test=" + t)')
+    print(t)')
 cargo_tests() {
   TERN_TEST_STRICT=1 cargo test --workspace --no-fail-fast "$@"
 }
@@ -199,32 +211,36 @@ plain_tests() {
     e2e_fail=$((e2e_fail + 1))
   fi
 }
-# The *kube* targets, once the components are there.
+# kube_ready: waits for the components and the agnhost image; true when they are there.
+kube_ready() {
+  local t0=$SECONDS
+  wait_mark components || return 1
+  echo "=== components ready ($((SECONDS - t0))s waited)"
+  TERN_K8S_BIN=$(tail -n 1 "$CI_LOGS/k8s-bin")
+  export TERN_K8S_BIN
+}
+# kube_tests TARGET...: those *kube* targets, once the components are there.
 kube_tests() {
-  local k8s_ok=0 t0=$SECONDS
-  if wait_mark components; then
-    echo "=== components ready ($((SECONDS - t0))s waited)"
-    k8s_ok=1
-    TERN_K8S_BIN=$(tail -n 1 "$CI_LOGS/k8s-bin")
-    export TERN_K8S_BIN
-  fi
-  if [ "$build_ok" = 1 ] && [ "$k8s_ok" = 1 ]; then
-    step test-kube cargo_tests --test='*kube*'
+  if [ "$build_ok" = 1 ] && kube_ready; then
+    cargo_tests "$@"
   else
     echo "not ok - the Kubernetes tests: not run (the build or the components failed)"
-    step_done test-kube 1 0
+    return 1
   fi
 }
 # Components already built (a warm cache): the Kubernetes tests first, beside upstream's
-# specs, which they overlap best (both mostly wait on their clusters); the short plain tests
-# after. Otherwise the plain tests first, while the components build.
+# specs, which they overlap best (both mostly wait on their clusters); then the plain tests,
+# with the waiting Kubernetes targets beside them. Otherwise the plain tests first, while the
+# components build, then every Kubernetes target.
 if [ -f "$CI_LOGS/components.rc" ]; then
   echo "=== the components are built: the Kubernetes tests first"
-  kube_tests
+  step test-kube kube_tests "${kube_targets[@]}"
+  bg_step test-kube-wait kube_tests "${kube_beside[@]}"
   plain_tests
+  join_step test-kube-wait
 else
   plain_tests
-  kube_tests
+  step test-kube kube_tests "${kube_targets[@]}" "${kube_beside[@]}"
 fi
 
 join_step components
