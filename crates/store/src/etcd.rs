@@ -40,7 +40,7 @@
 //! connection is only noticed at the next write the caller expects.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -50,10 +50,9 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
 
+use crate::http::{self, Body, Conn, Response, exchange, is_timeout, read_head};
 use crate::{
     Compare, Event, EventKind, KeyValue, Op, Result, Store, StoreError, Txn, TxnResponse, Watch,
 };
@@ -919,50 +918,24 @@ fn split_host_port(s: &str) -> std::result::Result<(String, u16), String> {
 }
 
 fn load_tls(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>> {
-    let cfg_err = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
-        StoreError::Config(format!("etcd TLS {what} {}: {e}", path.display()))
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.ca)
-        .and_then(|it| it.collect())
-        .map_err(|e| cfg_err("CA", &files.ca, &e))?;
-    if cas.is_empty() {
-        return Err(cfg_err("CA", &files.ca, &"no certificate in the file"));
-    }
-    for ca in cas {
-        roots.add(ca).map_err(|e| cfg_err("CA", &files.ca, &e))?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StoreError::Config(format!("etcd TLS setup: {e}")))?
-        .with_root_certificates(roots);
-    let config = match (&files.cert, &files.key) {
-        (None, None) => builder.with_no_client_auth(),
-        (Some(cert), Some(key)) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-                .and_then(|it| it.collect())
-                .map_err(|e| cfg_err("client certificate", cert, &e))?;
-            if chain.is_empty() {
-                return Err(cfg_err(
-                    "client certificate",
-                    cert,
-                    &"no certificate in the file",
-                ));
-            }
-            let pk =
-                PrivateKeyDer::from_pem_file(key).map_err(|e| cfg_err("client key", key, &e))?;
-            builder
-                .with_client_auth_cert(chain, pk)
-                .map_err(|e| cfg_err("client certificate/key", cert, &e))?
-        }
+    let client = match (&files.cert, &files.key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some((
+            http::read_pem("etcd TLS client certificate", cert).map_err(StoreError::Config)?,
+            http::read_pem("etcd TLS client key", key).map_err(StoreError::Config)?,
+        )),
         _ => {
             return Err(StoreError::Config(
                 "etcd TLS: the client certificate and key must be given together".to_string(),
             ));
         }
     };
-    Ok(Arc::new(config))
+    let pem = http::TlsPem {
+        ca: http::read_pem("etcd TLS CA", &files.ca).map_err(StoreError::Config)?,
+        client,
+    };
+    http::tls_config(&format!("etcd TLS ({})", files.ca.display()), &pem)
+        .map_err(StoreError::Config)
 }
 
 struct Endpoint {
@@ -1114,22 +1087,6 @@ fn grpc_retry(code: i64, message: &str) -> Retry {
     }
 }
 
-/// True for the errors a socket timeout produces.
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
-}
-
-/// A failed exchange on one connection. `sent`: the whole request was written; `answered`: a
-/// response byte arrived.
-struct ExchangeError {
-    sent: bool,
-    answered: bool,
-    error: io::Error,
-}
-
 /// A successful call: the answer, and whether an earlier attempt of the same call was sent and
 /// lost (so a write may already have been applied once before this answer).
 struct Answer {
@@ -1144,6 +1101,10 @@ struct AttemptError {
     sent: bool,
     stale: bool,
 }
+
+/// The largest answer read whole (a range is one answer): etcd's gateway answers at most
+/// `--max-request-bytes` (1.5 MiB by default) per value, a range of many values more.
+const MAX_ANSWER: usize = 256 * 1024 * 1024;
 
 /// The shortest time given to one attempt, even when the budget is nearly used up.
 const MIN_ATTEMPT: Duration = Duration::from_millis(200);
@@ -1189,50 +1150,15 @@ impl Client {
 
     /// A new connection to endpoint `idx`, within the connect timeout or `limit` if shorter.
     fn connect(&self, idx: usize, limit: Duration) -> io::Result<Conn> {
-        let connect = self.timeouts.connect.min(limit);
         let ep = &self.endpoints[idx];
-        let addrs = (ep.host.as_str(), ep.port).to_socket_addrs()?;
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "host resolves to no address");
-        let mut tcp = None;
-        for addr in addrs {
-            match TcpStream::connect_timeout(&addr, connect) {
-                Ok(s) => {
-                    tcp = Some(s);
-                    break;
-                }
-                Err(e) => last = e,
-            }
-        }
-        let tcp = tcp.ok_or(last)?;
-        tcp.set_nodelay(true)?;
-        // The TLS handshake happens on first use; bound it by the connect timeout.
-        tcp.set_read_timeout(Some(connect))?;
-        tcp.set_write_timeout(Some(connect))?;
-        let stream = match &self.tls {
-            None => Stream::Plain(tcp),
-            Some(cfg) => {
-                let name = ServerName::try_from(ep.host.clone()).map_err(|e| {
-                    io::Error::new(io::ErrorKind::InvalidInput, format!("TLS server name: {e}"))
-                })?;
-                let conn = rustls::ClientConnection::new(cfg.clone(), name)
-                    .map_err(|e| io::Error::other(format!("TLS: {e}")))?;
-                let mut s = rustls::StreamOwned::new(conn, tcp);
-                while s.conn.is_handshaking() {
-                    s.conn
-                        .complete_io(&mut s.sock)
-                        .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
-                }
-                Stream::Tls(Box::new(s))
-            }
-        };
-        stream.tcp().set_read_timeout(Some(self.timeouts.request))?;
-        stream
-            .tcp()
-            .set_write_timeout(Some(self.timeouts.request))?;
-        Ok(Conn {
-            reader: BufReader::new(stream),
-            endpoint: idx,
-        })
+        http::connect(
+            &ep.host,
+            ep.port,
+            self.tls.as_ref(),
+            self.timeouts.connect.min(limit),
+            self.timeouts.request,
+            idx,
+        )
     }
 
     fn take_pooled(&self, idx: usize) -> Option<Conn> {
@@ -1275,7 +1201,7 @@ impl Client {
         let tcp = conn.reader.get_ref().tcp();
         let _ = tcp.set_read_timeout(Some(limit));
         let _ = tcp.set_write_timeout(Some(limit));
-        match exchange(&mut conn, request) {
+        match exchange(&mut conn, request, MAX_ANSWER) {
             Ok(resp) => {
                 if resp.keep_alive {
                     self.give_back(conn);
@@ -1577,299 +1503,6 @@ fn parse_answer(
     Ok(v)
 }
 
-/// Sends one request and reads the whole answer.
-fn exchange(conn: &mut Conn, request: &[u8]) -> std::result::Result<Response, ExchangeError> {
-    let not_sent = |error| ExchangeError {
-        sent: false,
-        answered: false,
-        error,
-    };
-    let not_answered = |error| ExchangeError {
-        sent: true,
-        answered: false,
-        error,
-    };
-    let answered = |error| ExchangeError {
-        sent: true,
-        answered: true,
-        error,
-    };
-    let stream = conn.reader.get_mut();
-    stream.write_all(request).map_err(not_sent)?;
-    stream.flush().map_err(not_sent)?;
-    if conn.reader.fill_buf().map_err(not_answered)?.is_empty() {
-        return Err(not_answered(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed before an answer",
-        )));
-    }
-    let head = read_head(&mut conn.reader).map_err(answered)?;
-    let mut body = Vec::new();
-    let keep_alive = head.keep_alive && head.framed();
-    match head.framing {
-        Framing::Length(n) => {
-            body.resize(n, 0);
-            conn.reader.read_exact(&mut body).map_err(answered)?;
-        }
-        Framing::Chunked => {
-            Body::chunked(&mut conn.reader)
-                .read_to_end(&mut body)
-                .map_err(answered)?;
-        }
-        Framing::UntilClose => {
-            conn.reader.read_to_end(&mut body).map_err(answered)?;
-        }
-    }
-    Ok(Response {
-        status: head.status,
-        keep_alive,
-        body,
-    })
-}
-
-struct Response {
-    status: u16,
-    keep_alive: bool,
-    body: Vec<u8>,
-}
-
-enum Framing {
-    Length(usize),
-    Chunked,
-    UntilClose,
-}
-
-struct Head {
-    status: u16,
-    keep_alive: bool,
-    framing: Framing,
-}
-
-impl Head {
-    fn framed(&self) -> bool {
-        !matches!(self.framing, Framing::UntilClose)
-    }
-
-    /// The body of a streaming answer as a reader that owns the connection.
-    fn body_reader(&self, reader: BufReader<Stream>) -> Body {
-        Body::chunked(Box::new(reader)).with_framing(&self.framing)
-    }
-}
-
-fn read_head(r: &mut impl BufRead) -> io::Result<Head> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed before an answer",
-        ));
-    }
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("not an HTTP status line: {line:?}"),
-            )
-        })?;
-    let mut keep_alive = line.starts_with("HTTP/1.1");
-    let mut framing = Framing::UntilClose;
-    loop {
-        line.clear();
-        if r.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed inside the HTTP header",
-            ));
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let Some((name, value)) = l.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        match name.to_ascii_lowercase().as_str() {
-            "content-length" => {
-                let n = value.parse().map_err(|_| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("bad Content-Length {value:?}"),
-                    )
-                })?;
-                if !matches!(framing, Framing::Chunked) {
-                    framing = Framing::Length(n);
-                }
-            }
-            "transfer-encoding" if value.to_ascii_lowercase().contains("chunked") => {
-                framing = Framing::Chunked;
-            }
-            "connection" if value.eq_ignore_ascii_case("close") => keep_alive = false,
-            _ => {}
-        }
-    }
-    Ok(Head {
-        status,
-        keep_alive,
-        framing,
-    })
-}
-
-/// A reader of an HTTP body: chunked transfer encoding, or (`length_framed`) a body of
-/// `remaining` bytes (`usize::MAX` for "until the connection closes").
-struct Body<R = Box<BufReader<Stream>>> {
-    inner: R,
-    /// Bytes left in the current chunk, or in the whole body when length-framed.
-    remaining: usize,
-    done: bool,
-    length_framed: bool,
-}
-
-impl<R> Body<R> {
-    fn chunked(inner: R) -> Body<R> {
-        Body {
-            inner,
-            remaining: 0,
-            done: false,
-            length_framed: false,
-        }
-    }
-
-    /// Adapts the reader to the answer's framing: a length-framed body is one big chunk.
-    fn with_framing(mut self, framing: &Framing) -> Body<R> {
-        match framing {
-            Framing::Chunked => {}
-            Framing::Length(n) => {
-                self.remaining = *n;
-                self.done = *n == 0;
-                self.length_framed = true;
-            }
-            Framing::UntilClose => {
-                self.remaining = usize::MAX;
-                self.length_framed = true;
-            }
-        }
-        self
-    }
-}
-
-impl<R: BufRead> Read for Body<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        if self.length_framed {
-            let want = buf.len().min(self.remaining);
-            let n = self.inner.read(&mut buf[..want])?;
-            if n == 0 {
-                self.done = true;
-                if self.remaining != usize::MAX {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "connection closed inside the body",
-                    ));
-                }
-            } else if self.remaining != usize::MAX {
-                self.remaining -= n;
-                self.done = self.remaining == 0;
-            }
-            return Ok(n);
-        }
-        if self.remaining == 0 {
-            // Chunk header: hex size, optional extensions.
-            let mut line = String::new();
-            if self.inner.read_line(&mut line)? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "connection closed inside a chunked body",
-                ));
-            }
-            let size_text = line.trim().split(';').next().unwrap_or("");
-            let size = usize::from_str_radix(size_text, 16).map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("bad chunk size line {line:?}"),
-                )
-            })?;
-            if size == 0 {
-                // Trailers end with an empty line.
-                loop {
-                    line.clear();
-                    if self.inner.read_line(&mut line)? == 0 || line.trim().is_empty() {
-                        break;
-                    }
-                }
-                self.done = true;
-                return Ok(0);
-            }
-            self.remaining = size;
-        }
-        let want = buf.len().min(self.remaining);
-        let n = self.inner.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed inside a chunk",
-            ));
-        }
-        self.remaining -= n;
-        if self.remaining == 0 {
-            let mut crlf = [0u8; 2];
-            self.inner.read_exact(&mut crlf)?;
-        }
-        Ok(n)
-    }
-}
-
-/// A plain or TLS connection to one endpoint.
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
-}
-
-impl Stream {
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => &s.sock,
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.read(buf),
-            Stream::Tls(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.write(buf),
-            Stream::Tls(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.flush(),
-            Stream::Tls(s) => s.flush(),
-        }
-    }
-}
-
-struct Conn {
-    reader: BufReader<Stream>,
-    endpoint: usize,
-}
-
-// Throw-away etcd processes for tests and benchmarks, out of production builds.
-#[cfg(feature = "test-support")]
 pub mod harness;
 
 #[cfg(test)]
@@ -2006,19 +1639,6 @@ mod tests {
             );
         }
         assert_eq!(split_host_port("[::1]:7").unwrap(), ("::1".to_string(), 7));
-    }
-
-    #[test]
-    fn chunked_body_decodes() {
-        let raw = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nTrailer: x\r\n\r\nNEXT";
-        let mut r = io::Cursor::new(&raw[..]);
-        let mut c = Body::chunked(&mut r);
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        assert_eq!(out, "hello, world");
-        let mut rest = String::new();
-        r.read_to_string(&mut rest).unwrap();
-        assert_eq!(rest, "NEXT", "the reader stops right after the body");
     }
 
     #[test]

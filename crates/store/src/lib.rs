@@ -16,6 +16,7 @@ use std::time::Duration;
 #[cfg(feature = "test-support")]
 pub mod conformance;
 pub mod etcd;
+mod http;
 pub mod keys;
 pub mod mem;
 pub mod sqlite;
