@@ -9,7 +9,8 @@ pub use tern_lab::{Encap, StoreKind};
 #[derive(Debug, Parser)]
 #[command(name = "ternctl", version, about)]
 pub struct Cli {
-    /// Datastore URL (sqlite:///abs/path.db, etcd://host:port).
+    /// Datastore URL (sqlite:///abs/path.db, etcd://host:port, kubernetes: the API server of
+    /// $KUBECONFIG or the pod's service account, kubernetes:///path/to/kubeconfig).
     #[arg(long, global = true, env = "TERN_STORE")]
     pub store: Option<String>,
     /// CA certificate for an etcd store over TLS.
@@ -132,6 +133,9 @@ pub enum InstallCommand {
     /// `--store` (etcd://host:port[,host:port], or sqlite:///var/lib/tern/FILE for a
     /// single-node cluster; default sqlite:///var/lib/tern/tern.db).
     Manifest(InstallManifestArgs),
+    /// Print only tern's CustomResourceDefinitions (group tern.dev, the Kubernetes datastore's
+    /// objects; also in the manifest): `ternctl install crds | kubectl apply -f -`.
+    Crds,
 }
 
 /// Arguments of `install manifest`.

@@ -211,6 +211,11 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             }
         }
         Command::Install {
+            command: cli::InstallCommand::Crds,
+        } => {
+            print!("{}", tern_store::kube::crds_yaml());
+        }
+        Command::Install {
             command: cli::InstallCommand::Manifest(args),
         } => {
             // etcd over TLS: the files' contents go into the manifest's Secret.

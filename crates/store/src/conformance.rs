@@ -814,3 +814,319 @@ pub fn value_size_limit(s: &dyn Store) {
         assert!(s.get(&format!("/conformance/size/{k}")).unwrap().is_none());
     }
 }
+
+/// The checks for a backend whose transactions take one key ([`Store::multi_key_txn`] is
+/// false: the Kubernetes API) and whose revision counter other writers share (the API server
+/// writes its own objects): revisions are asserted to grow and to match, not to step by one.
+pub fn run_single_object(make: &dyn Fn() -> Arc<dyn Store>, opts: &Options) {
+    single_object_metadata(&*make());
+    single_object_range(&*make());
+    for (name, mk, pick) in [
+        (
+            "mod",
+            Compare::ModRevision as fn(String, i64) -> Compare,
+            (|kv: &KeyValue| kv.mod_revision) as fn(&KeyValue) -> i64,
+        ),
+        ("create", Compare::CreateRevision, |kv| kv.create_revision),
+        ("version", Compare::Version, |kv| kv.version),
+    ] {
+        single_object_compare(&*make(), name, mk, pick);
+    }
+    txn_compare_value(&*make());
+    multi_key_refused(&*make());
+    single_object_size_limit(&*make());
+    concurrent_cas(make(), opts.cas_threads, opts.cas_increments);
+    single_object_watch(&*make());
+    watch_live_from_other_thread(make());
+    watch_timeout_returns_empty(&*make());
+    lease_keepalive_extends(&*make(), opts.lease_ttl);
+    single_object_leases(&*make(), opts.lease_ttl);
+}
+
+/// Put, get, update, delete and re-create one key: revisions grow with each write and are the
+/// key's `mod_revision`; `create_revision` survives updates; `version` counts writes.
+pub fn single_object_metadata(s: &dyn Store) {
+    assert!(!s.multi_key_txn());
+    let k = "/conformance/so-meta/a";
+    assert_eq!(s.get(k).unwrap(), None, "fresh key must be absent");
+    let base = s.revision().unwrap();
+    let r1 = s.put(k, b"one").unwrap();
+    assert!(r1 > base);
+    assert!(s.revision().unwrap() >= r1);
+    assert_eq!(
+        s.get(k).unwrap().expect("key after put"),
+        KeyValue {
+            key: k.to_string(),
+            value: b"one".to_vec(),
+            create_revision: r1,
+            mod_revision: r1,
+            version: 1,
+            lease: 0,
+        }
+    );
+    let r2 = s.put(k, b"two").unwrap();
+    assert!(r2 > r1);
+    let kv = s.get(k).unwrap().unwrap();
+    assert_eq!(
+        (
+            kv.value.as_slice(),
+            kv.create_revision,
+            kv.mod_revision,
+            kv.version
+        ),
+        (&b"two"[..], r1, r2, 2)
+    );
+    let r3 = s.put(k, b"three").unwrap();
+    let kv = s.get(k).unwrap().unwrap();
+    assert_eq!(
+        (kv.create_revision, kv.mod_revision, kv.version),
+        (r1, r3, 3),
+        "create_revision survives updates"
+    );
+    let r4 = s.delete(k).unwrap();
+    assert!(r4 > r3, "deleting an existing key is a write");
+    assert_eq!(s.get(k).unwrap(), None);
+    assert!(
+        s.delete(k).unwrap() >= r4,
+        "deleting an absent key is no error"
+    );
+    let r5 = s.put(k, b"again").unwrap();
+    let kv = s.get(k).unwrap().unwrap();
+    assert_eq!(
+        (kv.create_revision, kv.mod_revision, kv.version),
+        (r5, r5, 1),
+        "a new life"
+    );
+    assert!(!s.create(k, b"x").unwrap());
+    assert_eq!(s.get(k).unwrap().unwrap().value, b"again");
+    assert!(s.create("/conformance/so-meta/b", b"y").unwrap());
+    s.put("/conformance/so-meta/empty", b"").unwrap();
+    assert_eq!(
+        s.get("/conformance/so-meta/empty").unwrap().unwrap().value,
+        b""
+    );
+    let bin: Vec<u8> = (0..=255u8).collect();
+    s.put("/conformance/so-meta/bin", &bin).unwrap();
+    assert_eq!(
+        s.get("/conformance/so-meta/bin").unwrap().unwrap().value,
+        bin
+    );
+    // Keys any string may be: upper case, spaces, deep paths, long.
+    let odd = format!("/conformance/so-meta/Upper Case/ü/{}", "x".repeat(300));
+    s.put(&odd, b"odd").unwrap();
+    assert_eq!(s.get(&odd).unwrap().unwrap().value, b"odd");
+    assert!(
+        s.get("/conformance/so-meta/upper case/ü")
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// Range: exactly the keys with the prefix, sorted, with a revision no older than the last
+/// write before it.
+pub fn single_object_range(s: &dyn Store) {
+    let p = "/conformance/so-range/";
+    for k in ["b", "a", "c/d", "c", "ab"] {
+        s.put(&format!("{p}{k}"), k.as_bytes()).unwrap();
+    }
+    s.put("/conformance/so-range", b"no").unwrap();
+    s.put("/conformance/so-range0", b"no").unwrap();
+    let rev = s.revision().unwrap();
+    let (kvs, at) = s.range(p).unwrap();
+    let keys: Vec<&str> = kvs.iter().map(|kv| &kv.key[p.len()..]).collect();
+    assert_eq!(keys, ["a", "ab", "b", "c", "c/d"]);
+    assert!(at >= rev, "range at {at}, before it {rev}");
+    for kv in &kvs {
+        assert_eq!(kv.value, &kv.key.as_bytes()[p.len()..]);
+    }
+    assert_eq!(s.range(&format!("{p}c")).unwrap().0.len(), 2);
+    assert!(
+        s.range("/conformance/so-nothing-here/")
+            .unwrap()
+            .0
+            .is_empty()
+    );
+    assert!(s.has_prefix(p).unwrap());
+    assert!(!s.has_prefix("/conformance/so-nothing-here/").unwrap());
+}
+
+/// One kind of compare on one key: 0 means absent; the current value holds, others fail and
+/// run the failure branch (on the same key).
+pub fn single_object_compare(
+    s: &dyn Store,
+    name: &str,
+    mk: fn(String, i64) -> Compare,
+    pick: fn(&KeyValue) -> i64,
+) {
+    let k = format!("/conformance/so-cmp-{name}/k");
+    let r = s.txn(put_txn(&k, b"v1", vec![mk(k.clone(), 5)])).unwrap();
+    assert!(!r.succeeded, "{name}: compare 5 on an absent key must fail");
+    assert_eq!(s.get(&k).unwrap(), None);
+    let r = s.txn(put_txn(&k, b"v1", vec![mk(k.clone(), 0)])).unwrap();
+    assert!(r.succeeded, "{name}: compare 0 on an absent key must hold");
+    let kv = s.get(&k).unwrap().unwrap();
+    assert_eq!(kv.mod_revision, r.revision);
+    let r = s.txn(put_txn(&k, b"x", vec![mk(k.clone(), 0)])).unwrap();
+    assert!(!r.succeeded, "{name}: compare 0 on a present key must fail");
+    let r = s
+        .txn(Txn {
+            compare: vec![mk(k.clone(), pick(&kv) + 100)],
+            success: vec![Op::put(&k, b"wrong")],
+            failure: vec![Op::put(&k, b"failure-branch")],
+        })
+        .unwrap();
+    assert!(!r.succeeded);
+    let kv2 = s.get(&k).unwrap().unwrap();
+    assert_eq!(
+        (kv2.value.as_slice(), kv2.mod_revision),
+        (&b"failure-branch"[..], r.revision),
+        "{name}: the failure branch writes"
+    );
+    let r = s
+        .txn(put_txn(&k, b"v2", vec![mk(k.clone(), pick(&kv2))]))
+        .unwrap();
+    assert!(
+        r.succeeded,
+        "{name}: compare with the current value must hold"
+    );
+    assert_eq!(s.get(&k).unwrap().unwrap().value, b"v2");
+    // The classic lost update: a stale compare fails, the delete too.
+    let r = s
+        .txn(Txn::when(
+            vec![mk(k.clone(), pick(&kv))],
+            vec![Op::delete(&k)],
+        ))
+        .unwrap();
+    assert!(
+        !r.succeeded || name == "create",
+        "{name}: a stale compare must fail a delete"
+    );
+    if name != "create" {
+        assert!(s.get(&k).unwrap().is_some());
+    }
+}
+
+/// A transaction over two keys is refused, naming them, and writes nothing.
+pub fn multi_key_refused(s: &dyn Store) {
+    let (a, b) = ("/conformance/so-multi/a", "/conformance/so-multi/b");
+    let ra = s.put(a, b"1").unwrap();
+    for txn in [
+        Txn::when(
+            vec![Compare::ModRevision(a.into(), ra)],
+            vec![Op::put(b, b"2")],
+        ),
+        Txn::when(vec![], vec![Op::put(a, b"x"), Op::put(b, b"y")]),
+        Txn::when(
+            vec![],
+            vec![Op::DeletePrefix {
+                prefix: "/conformance/so-multi/".into(),
+            }],
+        ),
+    ] {
+        match s.txn(txn) {
+            Err(StoreError::Backend(m)) => assert!(m.contains("one object per transaction"), "{m}"),
+            other => panic!("a transaction over several keys gave {other:?}"),
+        }
+    }
+    assert_eq!(s.get(a).unwrap().unwrap().value, b"1");
+    assert!(s.get(b).unwrap().is_none());
+}
+
+/// A value up to 1 MiB round-trips; one over [`crate::MAX_VALUE_BYTES`] is refused with
+/// `TooLarge` before anything is sent.
+pub fn single_object_size_limit(s: &dyn Store) {
+    let ok = vec![b'v'; 1024 * 1024];
+    s.put("/conformance/so-size/ok", &ok).unwrap();
+    assert_eq!(s.get("/conformance/so-size/ok").unwrap().unwrap().value, ok);
+    let big = vec![b'x'; crate::MAX_VALUE_BYTES + 1];
+    match s.put("/conformance/so-size/big", &big) {
+        Err(StoreError::TooLarge(m)) => {
+            assert!(m.contains(&crate::MAX_VALUE_BYTES.to_string()), "{m}")
+        }
+        other => panic!("a value over the limit gave {other:?}"),
+    }
+    assert!(s.get("/conformance/so-size/big").unwrap().is_none());
+}
+
+/// A watch from a revision delivers the later puts and deletes under its prefix in order,
+/// with their revisions, values and versions; resumed from a later revision it skips the
+/// earlier ones.
+pub fn single_object_watch(s: &dyn Store) {
+    let p = "/conformance/so-watch/";
+    s.put(&format!("{p}before"), b"old").unwrap();
+    let base = s.revision().unwrap();
+    let r1 = s.put(&format!("{p}a"), b"1").unwrap();
+    s.put("/conformance/so-elsewhere", b"ignored").unwrap();
+    let r2 = s.put(&format!("{p}b"), b"2").unwrap();
+    let r3 = s.delete(&format!("{p}a")).unwrap();
+    let r4 = s.put(&format!("{p}b"), b"22").unwrap();
+    let expected = vec![
+        (EventKind::Put, format!("{p}a"), r1),
+        (EventKind::Put, format!("{p}b"), r2),
+        (EventKind::Delete, format!("{p}a"), r3),
+        (EventKind::Put, format!("{p}b"), r4),
+    ];
+    let mut w = s.watch(p, base).unwrap();
+    let got = collect_events(&mut *w, expected.len(), Duration::from_secs(10));
+    assert_eq!(summary(&got), expected);
+    assert_eq!(got[0].kv.value, b"1");
+    assert_eq!(got[3].kv.value, b"22");
+    assert_eq!((got[3].kv.version, got[3].kv.create_revision), (2, r2));
+    assert!(got[2].kv.value.is_empty());
+    assert!(
+        w.next_events(Duration::from_millis(200))
+            .unwrap()
+            .is_empty()
+    );
+    let mut w = s.watch(p, r3).unwrap();
+    let got = collect_events(&mut *w, 1, Duration::from_secs(10));
+    assert_eq!(summary(&got), expected[3..].to_vec());
+}
+
+/// Leases on a single-object store: a key of an expired lease reads as absent (and keep-alive
+/// says the lease is gone); revoking deletes the lease's keys; a put with an unknown lease
+/// fails and writes nothing.
+pub fn single_object_leases(s: &dyn Store, ttl: Duration) {
+    let p = "/conformance/so-lease/";
+    let lease = s.lease_grant(ttl).unwrap();
+    let leased = |key: &str, lease: i64| Txn {
+        success: vec![Op::Put {
+            key: key.to_string(),
+            value: b"v".to_vec(),
+            lease,
+        }],
+        ..Txn::default()
+    };
+    s.txn(leased(&format!("{p}exp"), lease)).unwrap();
+    s.put(&format!("{p}keep"), b"3").unwrap();
+    assert_eq!(s.get(&format!("{p}exp")).unwrap().unwrap().lease, lease);
+    let deadline = Instant::now() + 4 * ttl + Duration::from_secs(2);
+    while s.get(&format!("{p}exp")).unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the key outlived its lease");
+        thread::sleep(ttl / 4);
+    }
+    let (left, _) = s.range(p).unwrap();
+    assert_eq!(left.len(), 1, "only the key without a lease is left");
+    assert!(matches!(s.lease_keepalive(lease), Err(StoreError::LeaseNotFound(id)) if id == lease));
+
+    let lease = s.lease_grant(Duration::from_secs(60)).unwrap();
+    for k in ["a", "b"] {
+        s.txn(leased(&format!("{p}rev-{k}"), lease)).unwrap();
+    }
+    s.lease_revoke(lease).unwrap();
+    assert!(s.get(&format!("{p}rev-a")).unwrap().is_none());
+    assert!(s.get(&format!("{p}rev-b")).unwrap().is_none());
+    assert!(matches!(
+        s.lease_revoke(lease),
+        Err(StoreError::LeaseNotFound(_))
+    ));
+
+    let bogus = 0x7eadbeef;
+    assert!(matches!(s.lease_keepalive(bogus), Err(StoreError::LeaseNotFound(id)) if id == bogus));
+    let r = s.txn(leased(&format!("{p}unknown"), bogus));
+    assert!(
+        matches!(r, Err(StoreError::LeaseNotFound(id)) if id == bogus),
+        "{r:?}"
+    );
+    assert!(s.get(&format!("{p}unknown")).unwrap().is_none());
+}

@@ -18,6 +18,7 @@ pub mod conformance;
 pub mod etcd;
 mod http;
 pub mod keys;
+pub mod kube;
 pub mod mem;
 pub mod sqlite;
 #[cfg(feature = "test-support")]
@@ -242,6 +243,14 @@ pub trait Store: Send + Sync {
         None
     }
 
+    /// True when a transaction may compare and write several keys atomically (etcd, SQLite,
+    /// memory). The Kubernetes backend takes one object per transaction
+    /// ([`kube::KubeStore`]); callers that write several keys check this and order their
+    /// writes so that a crash between any two leaves the store consistent.
+    fn multi_key_txn(&self) -> bool {
+        true
+    }
+
     /// True when at least one key has the prefix. Backends read at most one key (etcd
     /// `limit: 1`, SQLite `LIMIT 1`): testing a whole store for emptiness must not read it all.
     fn has_prefix(&self, prefix: &str) -> Result<bool> {
@@ -282,7 +291,10 @@ pub trait Store: Send + Sync {
 /// - `sqlite:///abs/path.db`: [`sqlite::SqliteStore`] on that file (parent directory created);
 /// - `mem://`: a fresh, empty [`mem::MemStore`];
 /// - `etcd://host:port[,host:port...]`: [`etcd::EtcdStore`] over plain HTTP (for TLS, see
-///   [`etcd::open_with_tls`]); fails with `Unavailable` when no endpoint answers.
+///   [`etcd::open_with_tls`]); fails with `Unavailable` when no endpoint answers;
+/// - `kubernetes`: [`kube::KubeStore`] on the API server of `$KUBECONFIG`, the pod's service
+///   account or `~/.kube/config` ([`kube::KubeConfig::discover`]); `kubernetes:///path` with
+///   that kubeconfig file.
 pub fn open(url: &str) -> Result<Arc<dyn Store>> {
     if let Some(path) = url.strip_prefix("sqlite://") {
         if !path.starts_with('/') {
@@ -307,8 +319,17 @@ pub fn open(url: &str) -> Result<Arc<dyn Store>> {
     if url.starts_with("etcd://") {
         return etcd::open_with_tls(url, None, None, None);
     }
+    if url == "kubernetes" || url == "kubernetes://" {
+        return Ok(Arc::new(kube::KubeStore::connect(
+            kube::KubeConfig::discover(None)?,
+        )?));
+    }
+    if let Some(path) = url.strip_prefix("kubernetes://") {
+        let cfg = kube::KubeConfig::from_kubeconfig(std::path::Path::new(path))?;
+        return Ok(Arc::new(kube::KubeStore::connect(cfg)?));
+    }
     Err(StoreError::Config(format!(
-        "unsupported store URL {url:?} (expected sqlite:///abs/path.db, mem:// or etcd://host:port)"
+        "unsupported store URL {url:?} (expected sqlite:///abs/path.db, mem://, etcd://host:port, kubernetes or kubernetes:///path/to/kubeconfig)"
     )))
 }
 
@@ -362,14 +383,17 @@ pub fn create_cluster_id(store: &dyn Store) -> Result<String> {
 
 /// 128 random bits from the kernel, as 32 hex digits.
 fn random_id() -> Result<String> {
-    use std::io::Read;
     let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| {
-            StoreError::Backend(format!("cannot read /dev/urandom for a cluster ID: {e}"))
-        })?;
+    random_bytes(&mut b)?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Fills `b` from the kernel's random source.
+pub(crate) fn random_bytes(b: &mut [u8]) -> Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(b))
+        .map_err(|e| StoreError::Backend(format!("cannot read /dev/urandom: {e}")))
 }
 
 #[cfg(test)]

@@ -321,6 +321,11 @@ rules:
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, create, update]
+# tern's own state when the datastore is the Kubernetes API (the CustomResourceDefinitions at
+# the end of this manifest).
+- apiGroups: [tern.dev]
+  resources: ["*"]
+  verbs: [get, list, watch, create, update, delete]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -634,8 +639,17 @@ pub fn render(o: &ManifestOptions) -> anyhow::Result<String> {
         .replace("@HEALTH_ADDR@", HEALTH_ADDR)
         .replace("@HEALTH_PORT@", port)
         .replace("@CNI_BIN_DIR@", &o.cni_bin_dir)
-        .replace("@CNI_CONF_DIR@", &o.cni_conf_dir))
+        .replace("@CNI_CONF_DIR@", &o.cni_conf_dir)
+        + CRDS_HEADER
+        + &tern_store::kube::crds_yaml())
 }
+
+/// Before the CustomResourceDefinitions.
+const CRDS_HEADER: &str =
+    "# tern's state as custom resources (group tern.dev), for the Kubernetes datastore
+# (--store kubernetes): IP pools, policies and BGP resources are the documents `ternctl apply`
+# takes; IPAM blocks, affinities and handles are records tern writes (`kubectl get ipamblocks`).
+";
 
 #[cfg(test)]
 mod tests {
@@ -665,6 +679,11 @@ mod tests {
     ];
 
     /// The `kind` of each document, in order.
+    /// The CustomResourceDefinitions at the end of every rendering.
+    fn crds() -> Vec<&'static str> {
+        vec!["CustomResourceDefinition"; tern_store::kube::CLASSES.len() + 1]
+    }
+
     fn kinds(d: &[Value]) -> Vec<&str> {
         d.iter().map(|v| v["kind"].as_str().unwrap()).collect()
     }
@@ -724,7 +743,10 @@ mod tests {
     #[test]
     fn default_manifest_has_the_objects_and_fields() {
         let d = docs(CHECKED_IN);
-        assert_eq!(kinds(&d), [&FIRST_KINDS[..], &["DaemonSet"]].concat());
+        assert_eq!(
+            kinds(&d),
+            [&FIRST_KINDS[..], &["DaemonSet"], &crds()].concat()
+        );
         let ds = &d[4]["spec"]["template"]["spec"];
         assert_eq!(ds["hostNetwork"], true);
         assert_eq!(
@@ -880,7 +902,7 @@ mod tests {
         let mut d = docs(&text);
         assert_eq!(
             kinds(&d),
-            [&FIRST_KINDS[..], &["Secret", "DaemonSet"]].concat()
+            [&FIRST_KINDS[..], &["Secret", "DaemonSet"], &crds()].concat()
         );
         // The Secret holds the files byte for byte.
         let secret = d.remove(4);
