@@ -80,6 +80,106 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
         t0.elapsed()
     );
 
+    // IPAM on one object per write: storms of simulated nodes (threads, each its own client),
+    // roomy, and small with strict affinity and empty blocks released; no address twice,
+    // none leaked, blocks and affinities consistent, no handle records.
+    // (Strict first: its per-node block limit counts the affinities earlier storms leave.)
+    for (name, opts) in [
+        (
+            "kube strict+release",
+            tern_ipam::storm::StormOptions {
+                pool_cidr: "10.242.0.0/25".into(),
+                block_size: 29,
+                strict_affinity: true,
+                max_blocks_per_host: 2,
+                max_held: 12,
+                alloc_percent: 45,
+                release_empty_blocks: true,
+                min_blocks_released: 1,
+                seed: 13,
+                ..Default::default()
+            },
+        ),
+        (
+            "kube roomy",
+            tern_ipam::storm::StormOptions {
+                pool_cidr: "10.240.0.0/20".into(),
+                block_size: 27,
+                seed: 7,
+                ..Default::default()
+            },
+        ),
+        (
+            "kube exhaustion",
+            tern_ipam::storm::StormOptions {
+                pool_cidr: "10.241.0.0/26".into(),
+                block_size: 29,
+                max_held: 24,
+                alloc_percent: 70,
+                seed: 11,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let report = in_netns(&ns, || {
+            let factory = || -> Arc<dyn Store> {
+                Arc::new(KubeStore::connect(KubeConfig::from_kubeconfig(&admin).unwrap()).unwrap())
+            };
+            let r = tern_ipam::storm::run(&factory, &opts).unwrap();
+            let v = r.verify(factory());
+            (r, v)
+        });
+        let (r, v) = report;
+        eprintln!(
+            "{name}: {} allocations, {} releases, {} exhausted, {} borrowed, {} blocks released in {:?}",
+            r.total(|w| w.allocations),
+            r.total(|w| w.releases),
+            r.total(|w| w.exhausted),
+            r.total(|w| w.borrowed),
+            r.total(|w| w.blocks_released),
+            r.elapsed
+        );
+        if let Err(v) = v {
+            panic!("{name}: {} violations:\n{}", v.len(), v.join("\n"));
+        }
+        assert!(r.total(|w| w.allocations) > 50, "{name}: storm too quiet");
+        if name == "kube exhaustion" {
+            assert!(
+                r.total(|w| w.exhausted) > 0,
+                "{name}: the pool never ran dry"
+            );
+            assert!(r.total(|w| w.borrowed) > 0, "{name}: nobody borrowed");
+        }
+        if name == "kube strict+release" {
+            assert!(
+                r.total(|w| w.blocks_released) > 0,
+                "{name}: no block released"
+            );
+            assert_eq!(
+                r.total(|w| w.borrowed),
+                0,
+                "{name}: borrowed under strict affinity"
+            );
+        }
+        // Then DEL of everything held: nothing stays allocated.
+        in_netns(&ns, || {
+            let ipam = tern_ipam::Ipam::new(Arc::new(
+                KubeStore::connect(KubeConfig::from_kubeconfig(&admin).unwrap()).unwrap(),
+            ));
+            for w in &r.workers {
+                for (h, ips) in &w.held {
+                    let mut got = ipam.release_by_handle(h).unwrap();
+                    got.sort();
+                    let mut want = ips.clone();
+                    want.sort();
+                    assert_eq!(got, want, "{name}: release of {h}");
+                }
+            }
+            let left = ipam.allocations(None).unwrap();
+            assert!(left.is_empty(), "{name}: left allocated: {left:?}");
+        });
+    }
+
     // kubectl apply of ternctl's YAML is the pool tern reads.
     api.kubectl_in(&["apply", "-f", "-"], Some(POOL))
         .unwrap_or_else(|e| panic!("kubectl apply of the pool: {e}"));

@@ -228,9 +228,38 @@ const MAX_CACHED_BLOCKS: usize = 4096;
 /// - **Handles**: the handle record is not read before an allocation; the transaction
 ///   instead requires it to be absent (`Compare::ModRevision(handle, 0)`), which is the case
 ///   for every new pod; when it exists, the transaction fails and the handle is read.
+///
+/// # One object per write
+///
+/// On a store without transactions across keys ([`Store::multi_key_txn`] false: the
+/// Kubernetes API, whose only compare-and-swap is one object's `resourceVersion`), the same
+/// algorithm runs with every write a single object:
+///
+/// - The block is the only record of an allocation: its attributes name the handle, so an
+///   ADD from a block the node holds is **one** write (the block's compare-and-swap) and a DEL
+///   one per block that holds the handle. No handle records are written, so there is nothing
+///   to over-count: a crash between any two writes leaves no allocation without its block
+///   (Calico writes the handle first and collects over-counted handles later). Finding a
+///   handle's addresses reads the blocks ([`Ipam::release_by_handle`] takes only allocations
+///   still carrying the sequence number read).
+/// - A new block is claimed as on every store: affinity `Pending`, the block's create (only
+///   one node can win it), affinity `Confirmed`. Releasing an empty block marks its affinity
+///   `PendingDeletion`, deletes the block if unchanged, then the affinity; a crash in between
+///   leaves an affinity that [`Ipam::release_node`] or the node's next read of its blocks
+///   removes or confirms.
+/// - The policy guards cannot ride along (they compare other objects): an allocation racing
+///   an edit of its pool or of the IPAM configuration is decided on the policy read at most
+///   [`DEFAULT_POLICY_TTL`] before, as in Calico.
+/// - A write whose outcome the store could not tell is settled by reading the block back
+///   (its sequence numbers say whether this write's allocations are there).
 #[derive(Clone)]
 pub struct Ipam {
     store: Arc<dyn Store>,
+    /// The store writes several keys in one transaction ([`Store::multi_key_txn`]): the
+    /// handle index is kept beside the blocks, and allocations are guarded by the policy's
+    /// revisions. Otherwise (the Kubernetes API) every write is one block, and a handle's
+    /// addresses are found in the blocks themselves (see "One object per write").
+    indexed: bool,
     clock: Clock,
     policy_ttl: Duration,
     cache: Arc<Mutex<Cache>>,
@@ -419,6 +448,7 @@ impl Ipam {
     /// An allocator with its own clock (unix seconds), for tests of time-based behaviour.
     pub fn with_clock(store: Arc<dyn Store>, clock: Clock) -> Ipam {
         Ipam {
+            indexed: store.multi_key_txn(),
             store,
             clock,
             policy_ttl: DEFAULT_POLICY_TTL,
@@ -988,7 +1018,16 @@ impl Ipam {
                         }
                     }
                 }
-                AffinityState::PendingDeletion => {}
+                AffinityState::PendingDeletion => {
+                    // Its block went, the affinity's own delete did not happen (a crash
+                    // between the two writes of a single-object store): it goes now.
+                    if self.store.get(&keys::block(&cidr.to_string()))?.is_none() {
+                        self.store.txn(Txn::when(
+                            vec![Compare::ModRevision(kv.key.clone(), kv.mod_revision)],
+                            vec![Op::delete(kv.key.clone())],
+                        ))?;
+                    }
+                }
             }
         }
         out.sort();
@@ -1165,6 +1204,17 @@ impl Ipam {
                 }
                 return Ok(Some(Vec::new()));
             }
+            if !self.indexed {
+                let ips: Vec<IpAddr> = ords.iter().map(|o| b.ip(*o)).collect();
+                match self.write_block(cidr, &b, brev, &ords)? {
+                    Some(_) => return Ok(Some(ips)),
+                    None => {
+                        cur = self.read_block(cidr)?;
+                        from_cache = false;
+                        continue;
+                    }
+                }
+            }
             let mut h = hs.h.clone();
             *h.block.entry(cidr.to_string()).or_default() += ords.len() as u32;
             let mut compare = vec![
@@ -1233,6 +1283,40 @@ impl Ipam {
         Err(IpamError::Contention { key: bkey })
     }
 
+    /// Writes block `b` (read at `brev`, 0: absent) alone, as a compare-and-swap: `Some(rev)`
+    /// when it applied (0: at a revision not known here), `None` when another writer got in
+    /// first. A write whose outcome the store could not tell is settled by reading the block
+    /// again: it applied when the block holds the allocations of `ords` with this write's
+    /// handles and sequence numbers (a sequence number is never handed out twice in a block).
+    fn write_block(&self, cidr: &IpNet, b: &Block, brev: i64, ords: &[u32]) -> Result<Option<i64>> {
+        let bkey = keys::block(&cidr.to_string());
+        match self.store.txn(Txn::when(
+            vec![Compare::ModRevision(bkey.clone(), brev)],
+            vec![Op::put(bkey, encode(b))],
+        )) {
+            Ok(r) if r.succeeded => {
+                self.cache_block(b, r.revision);
+                Ok(Some(r.revision))
+            }
+            Ok(_) => Ok(None),
+            Err(StoreError::Ambiguous(_)) => {
+                self.forget_block(cidr);
+                let now = self.read_block(cidr)?;
+                let applied = now.is_some_and(|(nb, _)| {
+                    !ords.is_empty()
+                        && ords.iter().all(|o| {
+                            let seq = b.sequence_number_for_allocation.get(o);
+                            seq.is_some()
+                                && nb.sequence_number_for_allocation.get(o) == seq
+                                && nb.handle_of(*o) == b.handle_of(*o)
+                        })
+                });
+                Ok(applied.then_some(0))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Assigns a specific address to the handle. It must lie in an enabled pool and be free.
     /// When its block does not exist yet, the block is created affine to `attrs.node`.
     /// An address inside an `IPReservation` is allowed here, as in Calico: reservations
@@ -1264,6 +1348,42 @@ impl Ipam {
             let ord = b.ordinal(ip).ok_or(IpamError::NotInPool { ip })?;
             if let Err(owner) = b.allocate_ordinal(ord, handle, attrs) {
                 return Err(IpamError::AddressInUse { ip, handle: owner });
+            }
+            if !self.indexed {
+                // A new block is claimed as `claim_block` does: the affinity as Pending,
+                // the block, then the affinity Confirmed (a crash in between leaves a
+                // Pending affinity, confirmed or ignored by `affine_blocks`).
+                let new_affine = brev == 0 && !attrs.node.is_empty();
+                let akey = keys::affinity(&attrs.node, &cs);
+                if new_affine {
+                    self.store.put(
+                        &akey,
+                        &encode(&Affinity {
+                            state: AffinityState::Pending,
+                        }),
+                    )?;
+                }
+                match self.write_block(&cidr, &b, brev, &[ord])? {
+                    Some(_) => {
+                        if new_affine {
+                            self.store.put(
+                                &akey,
+                                &encode(&Affinity {
+                                    state: AffinityState::Confirmed,
+                                }),
+                            )?;
+                            self.learn_affine(&attrs.node, cidr);
+                        }
+                        return Ok(());
+                    }
+                    None => {
+                        if new_affine {
+                            // Another writer created the block: the claim is withdrawn.
+                            self.store.delete(&akey)?;
+                        }
+                        continue;
+                    }
+                }
             }
             let hkv = self.store.get(&hkey)?;
             let mut h: Handle = match &hkv {
@@ -1309,21 +1429,51 @@ impl Ipam {
                     None => self.forget_block(&cidr),
                 }
                 if brev == 0 && !attrs.node.is_empty() {
-                    // A new block affine to that node: its cached list must learn of it.
-                    let node = attrs.node.clone();
-                    self.with_cache(|c| {
-                        if let Some(list) = c.affine.get_mut(&node)
-                            && !list.contains(&cidr)
-                        {
-                            list.push(cidr);
-                            list.sort();
-                        }
-                    });
+                    self.learn_affine(&attrs.node, cidr);
                 }
                 return Ok(());
             }
         }
         Err(IpamError::Contention { key: bkey })
+    }
+
+    /// A new block affine to `node`: the node's cached list of blocks learns of it.
+    fn learn_affine(&self, node: &str, cidr: IpNet) {
+        self.with_cache(|c| {
+            if let Some(list) = c.affine.get_mut(node)
+                && !list.contains(&cidr)
+            {
+                list.push(cidr);
+                list.sort();
+            }
+        });
+    }
+
+    /// The blocks holding an address of `handle`, as read now: through the handle record
+    /// where the store keeps one, else by reading every block.
+    fn handle_blocks(&self, handle: &str) -> Result<Vec<(String, Block)>> {
+        let mut out = Vec::new();
+        if self.indexed {
+            let Some(hkv) = self.store.get(&keys::handle(handle))? else {
+                return Ok(out);
+            };
+            let h: Handle = decode(&hkv)?;
+            for cidr in h.block.keys() {
+                let bkey = keys::block(cidr);
+                if let Some(bkv) = self.store.get(&bkey)? {
+                    out.push((bkey, decode(&bkv)?));
+                }
+            }
+            return Ok(out);
+        }
+        let (kvs, _) = self.store.range(keys::BLOCKS)?;
+        for kv in &kvs {
+            let b: Block = decode(kv)?;
+            if !b.ordinals_of(handle).is_empty() {
+                out.push((kv.key.clone(), b));
+            }
+        }
+        Ok(out)
     }
 
     /// Releases every address of the handle and deletes the handle; returns the addresses
@@ -1333,6 +1483,21 @@ impl Ipam {
     /// cached) that is two round trips: read the handle, then the transaction; the block is
     /// read only when it is not cached or the cached copy turned out stale.
     pub fn release_by_handle(&self, handle: &str) -> Result<Vec<IpAddr>> {
+        if !self.indexed {
+            // One compare-and-swap per block holding the handle; each allocation is released
+            // only while it still has the sequence number read (never a later allocation of
+            // the same address).
+            let mut released = Vec::new();
+            for (bkey, b) in self.handle_blocks(handle)? {
+                let ips: Vec<(IpAddr, Option<u64>)> = b
+                    .ordinals_of(handle)
+                    .into_iter()
+                    .map(|o| (b.ip(o), b.sequence_number_for_allocation.get(&o).copied()))
+                    .collect();
+                released.extend(self.release_in_block(&bkey, &ips)?);
+            }
+            return Ok(released);
+        }
         let hkey = keys::handle(handle);
         let mut released = Vec::new();
         let mut current: Option<(Handle, i64)> = None;
@@ -1462,6 +1627,9 @@ impl Ipam {
             let mut compare = vec![Compare::ModRevision(bkey.to_string(), bkv.mod_revision)];
             let mut success = vec![Op::put(bkey.to_string(), encode(&b))];
             let cs = b.cidr.to_string();
+            if !self.indexed {
+                per_handle.clear();
+            }
             for (handle, n) in per_handle {
                 let hkey = keys::handle(&handle);
                 let Some(hkv) = self.store.get(&hkey)? else {
@@ -1494,16 +1662,9 @@ impl Ipam {
 
     /// The addresses held by the handle.
     pub fn ips_by_handle(&self, handle: &str) -> Result<Vec<IpAddr>> {
-        let Some(hkv) = self.store.get(&keys::handle(handle))? else {
-            return Ok(Vec::new());
-        };
-        let h: Handle = decode(&hkv)?;
         let mut out = Vec::new();
-        for cidr in h.block.keys() {
-            if let Some(bkv) = self.store.get(&keys::block(cidr))? {
-                let b: Block = decode(&bkv)?;
-                out.extend(b.ordinals_of(handle).into_iter().map(|o| b.ip(o)));
-            }
+        for (_, b) in self.handle_blocks(handle)? {
+            out.extend(b.ordinals_of(handle).into_iter().map(|o| b.ip(o)));
         }
         Ok(out)
     }
@@ -1521,16 +1682,8 @@ impl Ipam {
                 s.to_string()
             }
         };
-        let Some(hkv) = self.store.get(&keys::handle(handle))? else {
-            return Ok(false);
-        };
-        let h: Handle = decode(&hkv)?;
         let mut held = 0usize;
-        for cidr in h.block.keys() {
-            let Some(bkv) = self.store.get(&keys::block(cidr))? else {
-                continue;
-            };
-            let b: Block = decode(&bkv)?;
+        for (_, b) in self.handle_blocks(handle)? {
             for a in b.allocations.iter().flatten() {
                 let Some(attr) = b.attributes.get(*a as usize) else {
                     continue;
@@ -1679,14 +1832,30 @@ impl Ipam {
             if !marked.succeeded {
                 continue;
             }
-            let deleted = self.store.txn(Txn {
-                compare: vec![
-                    Compare::ModRevision(bkey.clone(), bkv.mod_revision),
-                    Compare::ModRevision(akey.clone(), marked.revision),
-                ],
-                success: vec![Op::delete(bkey), Op::delete(akey.clone())],
-                failure: vec![],
-            })?;
+            let deleted = if self.indexed {
+                self.store.txn(Txn {
+                    compare: vec![
+                        Compare::ModRevision(bkey.clone(), bkv.mod_revision),
+                        Compare::ModRevision(akey.clone(), marked.revision),
+                    ],
+                    success: vec![Op::delete(bkey), Op::delete(akey.clone())],
+                    failure: vec![],
+                })?
+            } else {
+                // The block (if still as read), then its affinity: a crash in between leaves
+                // a PendingDeletion affinity without a block, which `affine_blocks` removes.
+                let d = self.store.txn(Txn::when(
+                    vec![Compare::ModRevision(bkey.clone(), bkv.mod_revision)],
+                    vec![Op::delete(bkey)],
+                ))?;
+                if d.succeeded {
+                    self.store.txn(Txn::when(
+                        vec![Compare::ModRevision(akey.clone(), marked.revision)],
+                        vec![Op::delete(akey.clone())],
+                    ))?;
+                }
+                d
+            };
             if deleted.succeeded {
                 self.forget_block(&cidr);
                 remaining -= 1;

@@ -110,7 +110,27 @@ impl Ipam {
                     orphaned = true;
                 }
             }
-            if store.txn(txn)?.succeeded {
+            let done = if store.multi_key_txn() {
+                store.txn(txn)?.succeeded
+            } else {
+                // One object per write: the block first (as read), then the affinity; a
+                // crash in between leaves the affinity, which the next call removes.
+                let (akey_cmp, block_txn) =
+                    txn.compare.split_first().expect("the affinity compare");
+                let block_ok = block_txn.is_empty()
+                    || txn.success.len() < 2
+                    || store
+                        .txn(Txn::when(block_txn.to_vec(), txn.success[1..].to_vec()))?
+                        .succeeded;
+                block_ok
+                    && store
+                        .txn(Txn::when(
+                            vec![akey_cmp.clone()],
+                            vec![Op::delete(akey.clone())],
+                        ))?
+                        .succeeded
+            };
+            if done {
                 self.forget_block(&a.cidr);
                 if orphaned {
                     out.orphaned_blocks.push(cidr);

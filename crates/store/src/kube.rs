@@ -43,7 +43,7 @@
 //! needs is a dozen REST calls over the same bounded HTTP/1.1 client as the etcd backend
 //! ([`crate::http`]). kube-rs (and its tokio runtime) stays in the agent's Kubernetes watchers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -1361,15 +1361,6 @@ fn holds(c: &Compare, kv: Option<&KeyValue>) -> bool {
     }
 }
 
-fn compare_key(c: &Compare) -> &str {
-    match c {
-        Compare::ModRevision(k, _)
-        | Compare::CreateRevision(k, _)
-        | Compare::Version(k, _)
-        | Compare::Value(k, _) => k,
-    }
-}
-
 impl Store for KubeStore {
     fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let class = class_of(key);
@@ -1411,33 +1402,7 @@ impl Store for KubeStore {
 
     fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         check_txn_size(&txn)?;
-        let mut touched: BTreeSet<&str> = BTreeSet::new();
-        for c in &txn.compare {
-            touched.insert(compare_key(c));
-        }
-        for op in txn.success.iter().chain(&txn.failure) {
-            match op {
-                Op::Put { key, .. } | Op::Delete { key } => {
-                    touched.insert(key);
-                }
-                Op::DeletePrefix { prefix } => {
-                    return Err(StoreError::Backend(format!(
-                        "the Kubernetes datastore deletes one object per transaction; a delete of \
-                         the prefix {prefix:?} is not one"
-                    )));
-                }
-            }
-        }
-        if touched.len() > 1 {
-            let list: Vec<&str> = touched.iter().take(4).copied().collect();
-            return Err(StoreError::Backend(format!(
-                "the Kubernetes datastore writes one object per transaction; this one touches {} \
-                 keys ({})",
-                touched.len(),
-                list.join(", ")
-            )));
-        }
-        let Some(key) = touched.into_iter().next() else {
+        let Some(key) = crate::single_key(&txn)? else {
             return Ok(TxnResponse {
                 succeeded: true,
                 revision: self.revision()?,

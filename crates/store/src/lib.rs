@@ -194,6 +194,44 @@ pub fn check_txn_size(txn: &Txn) -> Result<()> {
     Ok(())
 }
 
+/// The one key a transaction touches (`None`: none), or the error of a store that writes one
+/// object per transaction ([`Store::multi_key_txn`] false) for a transaction over several keys
+/// or a prefix delete.
+pub(crate) fn single_key(txn: &Txn) -> Result<Option<&str>> {
+    let mut touched: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    for c in &txn.compare {
+        let (Compare::ModRevision(k, _)
+        | Compare::CreateRevision(k, _)
+        | Compare::Version(k, _)
+        | Compare::Value(k, _)) = c;
+        touched.insert(k);
+    }
+    for op in txn.success.iter().chain(&txn.failure) {
+        match op {
+            Op::Put { key, .. } | Op::Delete { key } => {
+                touched.insert(key);
+            }
+            Op::DeletePrefix { prefix } => {
+                return Err(StoreError::Backend(format!(
+                    "the Kubernetes datastore writes one object per transaction; a delete of \
+                     the prefix {} is not one",
+                    truncate_key(prefix)
+                )));
+            }
+        }
+    }
+    if touched.len() > 1 {
+        let list: Vec<String> = touched.iter().take(4).map(|k| truncate_key(k)).collect();
+        return Err(StoreError::Backend(format!(
+            "the Kubernetes datastore writes one object per transaction; this one touches {} \
+             keys ({})",
+            touched.len(),
+            list.join(", ")
+        )));
+    }
+    Ok(touched.into_iter().next())
+}
+
 /// A key shortened for an error message (a hostile key may itself be huge).
 fn truncate_key(key: &str) -> String {
     if key.len() <= 200 {

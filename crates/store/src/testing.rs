@@ -96,6 +96,54 @@ impl<H: Hook> Store for Hooked<H> {
     fn lease_revoke(&self, lease: i64) -> Result<()> {
         self.inner.lease_revoke(lease)
     }
+    fn multi_key_txn(&self) -> bool {
+        self.inner.multi_key_txn()
+    }
+}
+
+/// A store forwarding to `inner` that takes transactions on one key only, refusing the
+/// others as the Kubernetes datastore does ([`Store::multi_key_txn`] false): the fast
+/// stand-in for `kube::KubeStore` in unit tests of what callers do on such a store (the
+/// Kubernetes backend itself runs against a real kube-apiserver).
+pub struct SingleObject {
+    pub inner: Arc<dyn Store>,
+}
+
+impl SingleObject {
+    pub fn new(inner: Arc<dyn Store>) -> Arc<SingleObject> {
+        Arc::new(SingleObject { inner })
+    }
+}
+
+impl Store for SingleObject {
+    fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        self.inner.get(key)
+    }
+    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
+        self.inner.range(prefix)
+    }
+    fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        crate::single_key(&txn)?;
+        self.inner.txn(txn)
+    }
+    fn revision(&self) -> Result<i64> {
+        self.inner.revision()
+    }
+    fn watch(&self, prefix: &str, after_revision: i64) -> Result<Box<dyn Watch>> {
+        self.inner.watch(prefix, after_revision)
+    }
+    fn lease_grant(&self, ttl: Duration) -> Result<i64> {
+        self.inner.lease_grant(ttl)
+    }
+    fn lease_keepalive(&self, lease: i64) -> Result<()> {
+        self.inner.lease_keepalive(lease)
+    }
+    fn lease_revoke(&self, lease: i64) -> Result<()> {
+        self.inner.lease_revoke(lease)
+    }
+    fn multi_key_txn(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
