@@ -85,13 +85,22 @@ impl Agent {
     /// Opens the store, creates the default pool if no pool exists, loads this node's endpoints,
     /// replays the release journal and reconciles the node's interfaces.
     pub fn start(cfg: AgentConfig) -> anyhow::Result<Arc<Agent>> {
-        let store = tern_store::etcd::open_with_tls(
-            &cfg.store_url,
-            cfg.etcd_ca.as_deref(),
-            cfg.etcd_cert.as_deref(),
-            cfg.etcd_key.as_deref(),
-        )
-        .with_context(|| format!("opening store {}", cfg.store_url))?;
+        // `--store kubernetes`: the API server of `--kubeconfig` when given (else the pod's
+        // service account or $KUBECONFIG), the one ternd watches pods on.
+        let store: Arc<dyn Store> = match (cfg.store_url.as_str(), &cfg.kubeconfig) {
+            ("kubernetes" | "kubernetes://", Some(path)) => Arc::new(
+                tern_store::kube::KubeConfig::from_kubeconfig(path)
+                    .and_then(tern_store::kube::KubeStore::connect)
+                    .with_context(|| format!("opening store kubernetes ({})", path.display()))?,
+            ),
+            _ => tern_store::etcd::open_with_tls(
+                &cfg.store_url,
+                cfg.etcd_ca.as_deref(),
+                cfg.etcd_cert.as_deref(),
+                cfg.etcd_key.as_deref(),
+            )
+            .with_context(|| format!("opening store {}", cfg.store_url))?,
+        };
         Agent::start_with_store(cfg, store)
     }
 

@@ -3,7 +3,11 @@
 //!
 //! Shown: tern's CustomResourceDefinitions install and become Established; the store passes
 //! the single-object conformance suite (metadata, compares, CAS races, watches, leases, the
-//! refusal of multi-key transactions); an IPPool applied with `kubectl apply` in `ternctl
+//! refusal of multi-key transactions); IPAM storms of four simulated nodes (roomy, exhausted
+//! with borrowing, strict affinity with empty blocks released) keep every invariant with one
+//! object per write, and a DEL of everything leaves nothing allocated; ternd with `--store
+//! kubernetes` serves a pod's ADD (its block and WorkloadEndpoint visible to kubectl) and
+//! DEL through the real plugin; an IPPool applied with `kubectl apply` in `ternctl
 //! apply`'s YAML is the pool tern's model reads, and one tern writes is what `kubectl get
 //! ippools` shows; the API server itself refuses invalid pools (bad CIDR, block size for the
 //! family or bigger than the pool, two encapsulations) with the reason; an IPAM block record
@@ -26,6 +30,25 @@ use tern_store::kube::{KubeConfig, KubeStore};
 use tern_store::{Store, StoreError};
 
 const NODE_IP: &str = "198.18.0.40";
+const NODE: &str = "kds-node";
+
+/// What ternd needs on tern's own resources (the manifest's rule for group tern.dev), for
+/// the test's `tern-agent` user.
+const DATASTORE_RBAC: &str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tern-datastore}
+rules:
+- apiGroups: [tern.dev]
+  resources: [\"*\"]
+  verbs: [get, list, watch, create, update, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tern-datastore}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tern-datastore}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: tern-agent}
+";
 
 const POOL: &str = "apiVersion: tern.dev/v1
 kind: IPPool
@@ -281,6 +304,55 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
         ["10.250.3.0/26", "node-a", "3", "61"],
         "{wide}"
     );
+    // (Only the record's columns were the point: it is not a whole block.)
+    in_netns(&ns, || store.delete(&key).unwrap());
+
+    // ternd on the Kubernetes datastore (`--store kubernetes` with its `--kubeconfig`, as
+    // tern-agent with tern's RBAC): a pod's ADD takes an address from a block it claims in
+    // the API server, its DEL gives it back.
+    api.apply(kube_api::AGENT_RBAC);
+    api.apply(DATASTORE_RBAC);
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: prod}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: prod}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: prod}}\nspec: {{nodeName: {NODE}, automountServiceAccountToken: false, containers: [{{name: c, image: pause}}]}}\n"
+    ));
+    let plugin = common::tern_plugin();
+    let mut ternd = k.ternd(NODE, &["--store=kubernetes", "--resync-seconds=5"]);
+    ternd.start();
+    ternd.wait_ready(Duration::from_secs(30));
+    let pods = ternd.add_api_pods(api, &plugin, "prod", &["web"]);
+    let ip = pods[0].ip.unwrap();
+    let held = in_netns(&ns, || {
+        tern_ipam::Ipam::new(Arc::new(store.clone()))
+            .allocations(None)
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.attrs.pod == "web")
+            .map(|a| a.ip)
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(held, [ip], "{}", ternd.log());
+    let wide = api.must(&["get", "ipamblocks", "-o", "wide"]);
+    assert!(
+        wide.lines().any(|l| {
+            let c: Vec<&str> = l.split_whitespace().collect();
+            c.len() > 4 && c[2] == NODE && c[3].parse::<u32>().is_ok_and(|n| n >= 1)
+        }),
+        "no block of {NODE} with an address in use:\n{wide}"
+    );
+    let weps = api.must(&["get", "workloadendpoints.tern.dev", "-n", "prod"]);
+    assert!(weps.contains("web"), "{weps}");
+    let (st, out) = ternd.cni(&plugin, "DEL", Some(&pods[0]), &serde_json::json!({}));
+    assert_eq!(st, 0, "DEL: {out}\n{}", ternd.log());
+    let left = in_netns(&ns, || {
+        tern_ipam::Ipam::new(Arc::new(store.clone()))
+            .allocations(None)
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.attrs.pod == "web")
+            .collect::<Vec<_>>()
+    });
+    assert!(left.is_empty(), "after DEL: {left:?}");
+    drop(ternd);
 
     // A user without RBAC on the CRDs: the error names the verb and the resource.
     let e = in_netns(&ns, || {

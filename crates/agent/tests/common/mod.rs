@@ -336,10 +336,16 @@ impl Ternd {
         std::fs::create_dir_all(dir).unwrap();
         let mut all = vec![
             format!("--node-name={node}"),
-            format!("--store=sqlite://{}", dir.join("store.db").display()),
             format!("--socket={}", dir.join("ternd.sock").display()),
             format!("--state-dir={}", dir.join("state").display()),
         ];
+        // A store in `args` replaces the default SQLite file.
+        if !args.iter().any(|a| a.starts_with("--store=")) {
+            all.insert(
+                1,
+                format!("--store=sqlite://{}", dir.join("store.db").display()),
+            );
+        }
         all.extend(args.iter().map(|a| a.to_string()));
         Ternd {
             netns: netns.to_string(),
@@ -365,7 +371,11 @@ impl Ternd {
         self.dir.join("state")
     }
     pub fn store_url(&self) -> String {
-        format!("sqlite://{}", self.dir.join("store.db").display())
+        self.args
+            .iter()
+            .find_map(|a| a.strip_prefix("--store="))
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("sqlite://{}", self.dir.join("store.db").display()))
     }
     /// The node's store, opened by the test.
     pub fn store(&self) -> Arc<dyn tern_store::Store> {
