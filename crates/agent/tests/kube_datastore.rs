@@ -23,6 +23,7 @@ mod kube_api;
 
 use common::in_netns;
 use kube_api::KubeNode;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tern_store::conformance::{self, Options};
@@ -61,6 +62,48 @@ spec:
   vxlanMode: Always
   natOutgoing: true
 ";
+
+/// The API server's count of write requests (POST, PUT, PATCH, DELETE) by verb and resource,
+/// from its `apiserver_request_total`.
+fn api_writes(api: &kube_api::KubeApi) -> BTreeMap<(String, String), u64> {
+    let text = api.must(&["get", "--raw", "/metrics"]);
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let verb = label("verb");
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") {
+            continue;
+        }
+        let n = value.parse::<f64>().unwrap_or(0.0) as u64;
+        *out.entry((verb, label("resource"))).or_default() += n;
+    }
+    out
+}
+
+/// What `after` counts beyond `before` (non-zero entries).
+fn diff(
+    before: &BTreeMap<(String, String), u64>,
+    after: &BTreeMap<(String, String), u64>,
+) -> BTreeMap<(String, String), u64> {
+    after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
 
 #[test]
 fn kubernetes_datastore_conformance_crds_and_kubectl() {
@@ -341,6 +384,30 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     );
     let weps = api.must(&["get", "workloadendpoints.tern.dev", "-n", "prod"]);
     assert!(weps.contains("web"), "{weps}");
+    // The API writes of one more pod's ADD (from the block the node holds) and of its DEL,
+    // by verb and resource, from the API server's own request counter.
+    api.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: web2, namespace: prod}}\nspec: {{nodeName: {NODE}, automountServiceAccountToken: false, containers: [{{name: c, image: pause}}]}}\n"
+    ));
+    let before = api_writes(api);
+    let web2 = ternd.add_api_pods(api, &plugin, "prod", &["web2"]);
+    let after_add = api_writes(api);
+    let (st, out) = ternd.cni(&plugin, "DEL", Some(&web2[0]), &serde_json::json!({}));
+    assert_eq!(st, 0, "DEL web2: {out}\n{}", ternd.log());
+    let after_del = api_writes(api);
+    let add = diff(&before, &after_add);
+    let del = diff(&after_add, &after_del);
+    eprintln!("API writes of one ADD from a held block: {add:?}");
+    eprintln!("API writes of one DEL: {del:?}");
+    let blocks = |d: &BTreeMap<(String, String), u64>| {
+        d.iter()
+            .filter(|((_, r), _)| r == "ipamblocks")
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    assert_eq!(blocks(&add), 1, "block writes of an ADD: {add:?}");
+    assert_eq!(blocks(&del), 1, "block writes of a DEL: {del:?}");
+
     let (st, out) = ternd.cni(&plugin, "DEL", Some(&pods[0]), &serde_json::json!({}));
     assert_eq!(st, 0, "DEL: {out}\n{}", ternd.log());
     let left = in_netns(&ns, || {
@@ -353,6 +420,51 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     });
     assert!(left.is_empty(), "after DEL: {left:?}");
     drop(ternd);
+
+    // `datastore migrate` from another store (here a memory store with a pool, the cluster
+    // ID and two pods' addresses): refused into a non-empty target without --force; then the
+    // addresses are where they were, and a DEL on the new store releases them.
+    let old = Arc::new(tern_store::mem::MemStore::new());
+    let mut spec = tern_model::IpPoolSpec::new("10.230.0.0/16");
+    spec.block_size = 26;
+    tern_model::put_resource(&*old, &tern_model::IpPool::new("migrated", spec).into()).unwrap();
+    let old_ipam = tern_ipam::Ipam::new(old.clone());
+    let mut held = Vec::new();
+    for h in ["net.pod-a", "net.pod-b"] {
+        let args = tern_ipam::AssignArgs {
+            handle: h.into(),
+            node: "old-node".into(),
+            num_v4: 1,
+            ..Default::default()
+        };
+        held.push((h, old_ipam.auto_assign(&args).unwrap()));
+    }
+    in_netns(&ns, || {
+        use tern_store::migrate::migrate;
+        let e = migrate(&*old, &store, false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not empty"), "{e}");
+        let dry = migrate(&*old, &store, true, true).unwrap();
+        let plan = migrate(&*old, &store, false, true).unwrap();
+        assert_eq!(dry.copy, plan.copy);
+        eprintln!("datastore migrate: {plan}");
+        assert!(
+            plan.skip
+                .iter()
+                .any(|(why, n)| why.contains("handle") && *n == 2),
+            "{plan}"
+        );
+        let ipam = tern_ipam::Ipam::new(Arc::new(store.clone()));
+        for (h, ips) in &held {
+            assert_eq!(
+                &ipam.ips_by_handle(h).unwrap(),
+                ips,
+                "{h} after the migration"
+            );
+            assert_eq!(&ipam.release_by_handle(h).unwrap(), ips, "DEL of {h}");
+        }
+    });
 
     // A user without RBAC on the CRDs: the error names the verb and the resource.
     let e = in_netns(&ns, || {

@@ -123,6 +123,34 @@ pub enum Command {
         #[command(subcommand)]
         command: NodeStatusCommand,
     },
+    /// The datastore itself (`datastore migrate`).
+    Datastore {
+        #[command(subcommand)]
+        command: DatastoreCommand,
+    },
+}
+
+/// `datastore` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DatastoreCommand {
+    /// Copy every tern key (pools, policies, BGP resources, IPAM blocks and affinities, the
+    /// cluster ID) from one datastore to another, e.g. `--from etcd://10.0.0.5:2379 --to
+    /// kubernetes`. Stop the agents first (pods keep running and keep their addresses); point
+    /// them at the new store after. Refuses a target that holds tern keys unless --force.
+    Migrate {
+        /// The datastore to copy from (a store URL, as --store).
+        #[arg(long)]
+        from: String,
+        /// The datastore to copy into.
+        #[arg(long)]
+        to: String,
+        /// Print what would be copied and skipped; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Copy into a target that already holds tern keys (overwriting them).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// `install` subcommands.

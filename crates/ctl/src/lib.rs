@@ -237,6 +237,34 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             print!("{}", commands::install_manifest::render(&opts)?);
         }
         Command::Lab(args) => return lab::run(&args, store.url),
+        Command::Datastore {
+            command:
+                cli::DatastoreCommand::Migrate {
+                    from,
+                    to,
+                    dry_run,
+                    force,
+                },
+        } => {
+            // The etcd TLS files (--etcd-ca ...) belong to whichever side is etcd.
+            let open = |url: &str| {
+                let etcd = url.starts_with("etcd://");
+                let (ca, cert, key) = if etcd {
+                    (store.ca, store.cert, store.key)
+                } else {
+                    (None, None, None)
+                };
+                tern_store::etcd::open_with_tls(url, ca, cert, key)
+                    .with_context(|| format!("cannot open datastore {url}"))
+            };
+            let (src, dst) = (open(&from)?, open(&to)?);
+            let plan = tern_store::migrate::migrate(&*src, &*dst, dry_run, force)
+                .with_context(|| format!("migrating {from} to {to}"))?;
+            println!(
+                "{} {from} to {to}: {plan}",
+                if dry_run { "would migrate" } else { "migrated" }
+            );
+        }
         Command::Node {
             command: cli::NodeStatusCommand::Status { socket },
         } => {

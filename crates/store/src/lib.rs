@@ -20,6 +20,7 @@ mod http;
 pub mod keys;
 pub mod kube;
 pub mod mem;
+pub mod migrate;
 pub mod sqlite;
 #[cfg(feature = "test-support")]
 pub mod testing;

@@ -1,0 +1,165 @@
+//! Moving a cluster's tern state from one datastore to another (`ternctl datastore migrate`,
+//! as `calicoctl datastore migrate` export/import): pools, policies, BGP resources, nodes,
+//! endpoints, every IPAM block and affinity and the cluster ID, so running pods keep their
+//! addresses and the nodes keep recognising the store as theirs.
+//!
+//! What is not copied: keys attached to a lease (node liveness: each agent writes its own
+//! again within seconds) and, onto a store without multi-key transactions (the Kubernetes
+//! API), the IPAM handle records (there the blocks are the only record of an allocation, see
+//! `tern_ipam::Ipam`'s "One object per write"). Each key is one write on the target, so an
+//! interrupted migration is finished by running it again with `--force` (every key is
+//! written whole; nothing depends on the order).
+//!
+//! The source should not change while it runs: stop the agents (or scale the DaemonSet to
+//! zero) first; pods keep running, and their addresses are in the blocks copied.
+
+use crate::{Result, Store, StoreError, keys};
+
+/// What a migration does (or, dry, would do).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Keys copied, per class of key (`resources/ippool`, `ipam/blocks`, ...).
+    pub copy: Vec<(String, usize)>,
+    /// Keys left out, per reason.
+    pub skip: Vec<(String, usize)>,
+    /// Keys the target held before (0 unless forced).
+    pub target_keys: usize,
+    /// The source's revision the copy was read at.
+    pub source_revision: i64,
+}
+
+impl Plan {
+    pub fn copied(&self) -> usize {
+        self.copy.iter().map(|(_, n)| n).sum()
+    }
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "source revision {}", self.source_revision)?;
+        for (class, n) in &self.copy {
+            writeln!(f, "  copy {n:>6}  {class}")?;
+        }
+        for (why, n) in &self.skip {
+            writeln!(f, "  skip {n:>6}  {why}")?;
+        }
+        if self.target_keys > 0 {
+            writeln!(
+                f,
+                "  the target already held {} keys (--force)",
+                self.target_keys
+            )?;
+        }
+        write!(f, "{} keys", self.copied())
+    }
+}
+
+/// The class of a key for the plan: its first two segments under the root.
+fn class(key: &str) -> String {
+    let tail = key.strip_prefix(keys::ROOT).unwrap_or(key);
+    let mut parts = tail.splitn(3, '/');
+    match (parts.next(), parts.next()) {
+        (Some(a), Some(b)) if !b.is_empty() => format!("{a}/{b}"),
+        (Some(a), _) => a.to_string(),
+        _ => tail.to_string(),
+    }
+}
+
+fn bump(list: &mut Vec<(String, usize)>, name: String) {
+    match list.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, c)) => *c += 1,
+        None => list.push((name, 1)),
+    }
+}
+
+/// Copies every tern key of `from` into `to` (or only plans it, with `dry_run`). A target
+/// that already holds tern keys is refused unless `force` (then keys are overwritten).
+pub fn migrate(from: &dyn Store, to: &dyn Store, dry_run: bool, force: bool) -> Result<Plan> {
+    let (kvs, rev) = from.range(keys::ROOT)?;
+    let (existing, _) = to.range(keys::ROOT)?;
+    let mut plan = Plan {
+        source_revision: rev,
+        target_keys: existing.len(),
+        ..Plan::default()
+    };
+    if !existing.is_empty() && !force {
+        let sample: Vec<&str> = existing.iter().take(3).map(|kv| kv.key.as_str()).collect();
+        return Err(StoreError::Config(format!(
+            "the target datastore is not empty ({} tern keys, e.g. {}): migrating into it would \
+             mix two clusters' state; pass --force to overwrite (or empty it first)",
+            existing.len(),
+            sample.join(", ")
+        )));
+    }
+    let single = !to.multi_key_txn();
+    let mut todo = Vec::new();
+    for kv in kvs {
+        if kv.lease != 0 {
+            bump(
+                &mut plan.skip,
+                "attached to a lease (node liveness, written again by each agent)".into(),
+            );
+        } else if single && kv.key.starts_with(keys::HANDLES) {
+            bump(
+                &mut plan.skip,
+                "IPAM handle records (the target keeps allocations in the blocks only)".into(),
+            );
+        } else {
+            bump(&mut plan.copy, class(&kv.key));
+            todo.push(kv);
+        }
+    }
+    if dry_run {
+        return Ok(plan);
+    }
+    for kv in todo {
+        to.put(&kv.key, &kv.value).map_err(|e| match e {
+            StoreError::Backend(m) => StoreError::Backend(format!("copying {}: {m}", kv.key)),
+            other => other,
+        })?;
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemStore;
+    use crate::{Op, Txn};
+    use std::time::Duration;
+
+    #[test]
+    fn copies_all_but_leased_keys_and_refuses_a_full_target() {
+        let from = MemStore::new();
+        from.put(&keys::resource("IPPool", "p"), b"{}").unwrap();
+        from.put(&keys::block("10.0.0.0/26"), b"{\"cidr\":\"10.0.0.0/26\"}")
+            .unwrap();
+        from.put(&keys::handle("net.c1"), b"{}").unwrap();
+        from.put(keys::CLUSTER_ID, b"abc").unwrap();
+        let lease = from.lease_grant(Duration::from_secs(60)).unwrap();
+        from.txn(Txn {
+            success: vec![Op::Put {
+                key: keys::node_liveness("n1"),
+                value: b"n1".to_vec(),
+                lease,
+            }],
+            ..Txn::default()
+        })
+        .unwrap();
+        let to = MemStore::new();
+        let dry = migrate(&from, &to, true, false).unwrap();
+        assert_eq!(dry.copied(), 4, "{dry}");
+        assert!(
+            to.range(keys::ROOT).unwrap().0.is_empty(),
+            "a dry run writes nothing"
+        );
+        let plan = migrate(&from, &to, false, false).unwrap();
+        assert_eq!(plan.copied(), 4);
+        assert!(plan.to_string().contains("ipam/blocks"), "{plan}");
+        assert_eq!(to.get(keys::CLUSTER_ID).unwrap().unwrap().value, b"abc");
+        assert!(to.get(&keys::node_liveness("n1")).unwrap().is_none());
+        let e = migrate(&from, &to, false, false).unwrap_err().to_string();
+        assert!(e.contains("not empty") && e.contains("--force"), "{e}");
+        assert_eq!(migrate(&from, &to, false, true).unwrap().target_keys, 4);
+    }
+}
