@@ -53,6 +53,11 @@ pub struct StormOptions {
     pub release_empty_blocks: bool,
     /// Seed of the workers' random choices (each worker mixes in its index).
     pub seed: u64,
+    /// Behave as a container runtime when the datastore is unreachable (an API server
+    /// restarted mid-wave): a failed ADD is followed by DELs of its handle until one
+    /// succeeds, a failed DEL is retried until it succeeds; neither counts as an error.
+    #[serde(default)]
+    pub retry_unavailable: bool,
 }
 
 impl Default for StormOptions {
@@ -71,6 +76,7 @@ impl Default for StormOptions {
             alloc_percent: 60,
             release_empty_blocks: false,
             seed: 1,
+            retry_unavailable: false,
         }
     }
 }
@@ -93,6 +99,10 @@ pub struct WorkerReport {
     pub held: BTreeMap<String, Vec<IpAddr>>,
     /// Anything unexpected the worker saw (errors, a release returning other addresses).
     pub errors: Vec<String>,
+    /// ADDs and DELs that failed because the datastore was unreachable and were cleaned up
+    /// or retried as a runtime does (`retry_unavailable`).
+    #[serde(default)]
+    pub unavailable: u64,
 }
 
 /// The outcome of a storm.
@@ -206,7 +216,7 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
                             .push(format!("{handle}: asked for {n} addresses, got {ips:?}"));
                     }
                     rep.allocations += 1;
-                    rep.borrowed += count_borrowed(&ipam, &node, &ips, &mut rep.errors);
+                    rep.borrowed += count_borrowed(&ipam, &node, &ips, opts, &mut rep.errors);
                     rep.held.insert(handle, ips);
                 }
                 Err(IpamError::PoolsExhausted { .. }) => {
@@ -220,6 +230,15 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
                         Err(e) => rep.errors.push(format!("{handle}: {e}")),
                     }
                 }
+                Err(e) if opts.retry_unavailable && e.is_unavailable() => {
+                    // The runtime's answer to a failed ADD: DEL of the sandbox, until it
+                    // goes through.
+                    rep.unavailable += 1;
+                    if let Err(e) = until_done(|| ipam.release_by_handle(&handle)) {
+                        rep.errors
+                            .push(format!("DEL after failed ADD {handle}: {e}"));
+                    }
+                }
                 Err(e) => rep.errors.push(format!("assign {handle}: {e}")),
             }
         } else if !rep.held.is_empty() {
@@ -228,7 +247,16 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
                 continue;
             };
             let mut want = rep.held.remove(&handle).unwrap_or_default();
-            match ipam.release_by_handle(&handle) {
+            let mut first = ipam.release_by_handle(&handle);
+            if opts.retry_unavailable
+                && let Err(e) = &first
+                && e.is_unavailable()
+            {
+                rep.unavailable += 1;
+                // A release that failed may have applied; the retry then finds nothing.
+                first = until_done(|| ipam.release_by_handle(&handle)).map(|_| want.clone());
+            }
+            match first {
                 Ok(mut got) => {
                     got.sort();
                     want.sort();
@@ -249,6 +277,8 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
         if opts.release_empty_blocks && rng.next().is_multiple_of(20) {
             match ipam.release_empty_blocks(&node, Duration::ZERO) {
                 Ok(b) => rep.blocks_released += b.len() as u64,
+                // A node's next pass does it (the runtime is not involved).
+                Err(e) if opts.retry_unavailable && e.is_unavailable() => rep.unavailable += 1,
                 Err(e) => rep.errors.push(format!("release_empty_blocks: {e}")),
             }
         }
@@ -256,8 +286,33 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
     rep
 }
 
-fn count_borrowed(ipam: &Ipam, node: &str, ips: &[IpAddr], errors: &mut Vec<String>) -> u64 {
-    match ipam.affinities(Some(node)) {
+/// Runs `f` until it succeeds or fails with an error other than an unreachable datastore,
+/// for at most two minutes.
+fn until_done<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let start = Instant::now();
+    loop {
+        match f() {
+            Err(e) if e.is_unavailable() && start.elapsed() < Duration::from_secs(120) => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn count_borrowed(
+    ipam: &Ipam,
+    node: &str,
+    ips: &[IpAddr],
+    opts: &StormOptions,
+    errors: &mut Vec<String>,
+) -> u64 {
+    let affinities = if opts.retry_unavailable {
+        until_done(|| ipam.affinities(Some(node)))
+    } else {
+        ipam.affinities(Some(node))
+    };
+    match affinities {
         Ok(affs) => ips
             .iter()
             .filter(|ip| !affs.iter().any(|a| a.cidr.contains(*ip)))
