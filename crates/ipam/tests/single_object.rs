@@ -182,3 +182,61 @@ fn a_crash_between_any_two_writes_leaves_a_consistent_store() {
         );
     }
 }
+
+#[test]
+fn releasing_a_node_survives_a_crash_between_any_two_writes() {
+    let setup = || {
+        let inner = single();
+        let mut spec = IpPoolSpec::new("10.62.0.0/26");
+        spec.block_size = 30;
+        put_resource(&*inner, &IpPool::new("p", spec).into()).unwrap();
+        let ipam = Ipam::new(inner.clone());
+        ipam.auto_assign(&args("gone1", "n1", 3)).unwrap();
+        ipam.auto_assign(&args("gone2", "n1", 2)).unwrap();
+        let kept = ipam.auto_assign(&args("kept", "n2", 2)).unwrap();
+        (inner, kept)
+    };
+    let (counting, _) = setup();
+    let counted = Hooked::new(
+        counting,
+        DieAt {
+            txns: AtomicUsize::new(0),
+            fail_from: usize::MAX,
+        },
+    );
+    let out = Ipam::new(counted.clone()).release_node("n1").unwrap();
+    assert_eq!(out.released.len(), 5, "{out:?}");
+    let total = writes(&counted);
+    for k in 0..total {
+        let (inner, kept) = setup();
+        let dying = Hooked::new(
+            inner.clone(),
+            DieAt {
+                txns: AtomicUsize::new(0),
+                fail_from: k,
+            },
+        );
+        let _ = Ipam::new(dying).release_node("n1");
+        // The elected agent's next pass finishes the job.
+        let ipam = Ipam::new(inner.clone());
+        ipam.release_node("n1").unwrap();
+        assert!(
+            ipam.affinities(Some("n1")).unwrap().is_empty(),
+            "crash at {k}"
+        );
+        assert!(
+            ipam.blocks()
+                .unwrap()
+                .iter()
+                .all(|b| b.affine_node() != Some("n1")),
+            "crash at {k}"
+        );
+        let n2 = WorkerReport {
+            node: "n2".into(),
+            held: [("kept".to_string(), kept)].into_iter().collect(),
+            ..WorkerReport::default()
+        };
+        let v = storm::verify(inner, &[n2]).unwrap();
+        assert!(v.is_empty(), "crash at write {k} of {total}: {v:#?}");
+    }
+}
