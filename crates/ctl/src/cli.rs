@@ -158,8 +158,8 @@ pub enum DatastoreCommand {
 pub enum InstallCommand {
     /// Print the Kubernetes manifest (ServiceAccount, RBAC, ConfigMap, the tern-node
     /// DaemonSet): `ternctl install manifest | kubectl apply -f -`. The datastore is the global
-    /// `--store` (etcd://host:port[,host:port], or sqlite:///var/lib/tern/FILE for a
-    /// single-node cluster; default sqlite:///var/lib/tern/tern.db).
+    /// `--store`: kubernetes (the default: the cluster's API server, tern's custom resources),
+    /// etcd://host:port[,host:port], or sqlite:///var/lib/tern/FILE for a single-node cluster.
     Manifest(InstallManifestArgs),
     /// Print only tern's CustomResourceDefinitions (group tern.dev, the Kubernetes datastore's
     /// objects; also in the manifest): `ternctl install crds | kubectl apply -f -`.
@@ -323,7 +323,9 @@ pub struct LabArgs {
 #[derive(Debug, Subcommand)]
 pub enum LabCommand {
     /// Build the lab and start the agents. The datastore is chosen with the global
-    /// `--store sqlite|etcd` (default sqlite; etcd runs in a namespace of its own).
+    /// `--store sqlite|etcd|kubernetes` (default sqlite; etcd runs in a namespace of its own;
+    /// with --kubernetes the default is kubernetes: tern's state in the lab's API server, no
+    /// etcd of tern's once the cluster runs).
     Up {
         /// Number of nodes.
         #[arg(long, default_value_t = 1)]
@@ -357,7 +359,8 @@ pub enum LabCommand {
         reference_cni: bool,
         /// With --kubernetes: run ternd on every node as the lab's host process (and the
         /// conflist written by the lab) instead of installing tern's DaemonSet manifest
-        /// (the default, which also makes the lab's store etcd); for debugging.
+        /// (the default, whose store is the Kubernetes API, or etcd with --store etcd); for
+        /// debugging.
         #[arg(long, requires = "kubernetes")]
         host_ternd: bool,
         /// Serve the lab's etcd over TLS with client-certificate auth (--client-cert-auth): a

@@ -264,6 +264,14 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 "{} {from} to {to}: {plan}",
                 if dry_run { "would migrate" } else { "migrated" }
             );
+            // From a store that keeps allocations in the blocks only (the Kubernetes API) to
+            // one that indexes them by handle: the handle records are rebuilt from the blocks.
+            if !dry_run && !src.multi_key_txn() && dst.multi_key_txn() {
+                let n = tern_ipam::Ipam::new(dst.clone())
+                    .rebuild_handles()
+                    .context("rebuilding the IPAM handle records from the blocks")?;
+                println!("rebuilt {n} IPAM handle records from the blocks");
+            }
         }
         Command::Node {
             command: cli::NodeStatusCommand::Status { socket },

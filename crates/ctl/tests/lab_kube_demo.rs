@@ -100,6 +100,19 @@ fn demo_kubernetes() {
     assert_eq!(traffic("tcp"), 12, "{out}");
     assert_eq!(traffic("udp"), 12, "{out}");
     assert!(out.contains("PASS: all"), "{out}");
+    // The Kubernetes datastore (the default): tern's pool and blocks are custom resources.
+    assert!(
+        out.contains("==> kubectl get ippools,ipamblocks -o wide"),
+        "{out}"
+    );
+    let blocks = out
+        .lines()
+        .filter(|l| l.starts_with("ipamblock.tern.dev/"))
+        .count();
+    assert!(
+        blocks >= 3,
+        "a block per node in kubectl get ipamblocks:\n{out}"
+    );
     // Teardown: cgroups removed, namespaces and state gone, sysctls back.
     assert!(out.contains("cgroup(s) under"), "{out}");
     common::assert_lab_gone(&name);

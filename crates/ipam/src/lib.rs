@@ -1113,7 +1113,7 @@ impl Ipam {
                 continue;
             }
             let aff_key = keys::affinity(node, &cs);
-            self.store.put(
+            let pending = self.store.put(
                 &aff_key,
                 &encode(&Affinity {
                     state: AffinityState::Pending,
@@ -1128,8 +1128,11 @@ impl Ipam {
                 failure: vec![],
             })?;
             if !created.succeeded {
-                // Another node won this block; withdraw the claim and keep walking.
-                self.store.delete(&aff_key)?;
+                if self.lost_claim(node, &cidr, &aff_key, pending)? {
+                    // Another thread or process of this node won it: it is this node's.
+                    self.learn_affine(node, cidr);
+                    return Ok(Some(cidr));
+                }
                 taken.insert(cs);
                 continue;
             }
@@ -1355,8 +1358,9 @@ impl Ipam {
                 // Pending affinity, confirmed or ignored by `affine_blocks`).
                 let new_affine = brev == 0 && !attrs.node.is_empty();
                 let akey = keys::affinity(&attrs.node, &cs);
+                let mut pending = 0;
                 if new_affine {
-                    self.store.put(
+                    pending = self.store.put(
                         &akey,
                         &encode(&Affinity {
                             state: AffinityState::Pending,
@@ -1377,9 +1381,8 @@ impl Ipam {
                         return Ok(());
                     }
                     None => {
-                        if new_affine {
-                            // Another writer created the block: the claim is withdrawn.
-                            self.store.delete(&akey)?;
+                        if new_affine && self.lost_claim(&attrs.node, &cidr, &akey, pending)? {
+                            self.learn_affine(&attrs.node, cidr);
                         }
                         continue;
                     }
@@ -1435,6 +1438,56 @@ impl Ipam {
             }
         }
         Err(IpamError::Contention { key: bkey })
+    }
+
+    /// After a claim of `cidr` for `node` lost the block's create: true when the block is
+    /// this node's anyway (another thread or process of the node created it), and then its
+    /// affinity is made `Confirmed`; else the claim's `Pending` affinity is withdrawn, only if
+    /// it is still the one this claim wrote (`pending`, its revision), so a concurrent claim
+    /// of the same node that won is never undone.
+    fn lost_claim(&self, node: &str, cidr: &IpNet, aff_key: &str, pending: i64) -> Result<bool> {
+        if let Some((b, _)) = self.read_block(cidr)?
+            && b.affine_node() == Some(node)
+        {
+            self.store.put(
+                aff_key,
+                &encode(&Affinity {
+                    state: AffinityState::Confirmed,
+                }),
+            )?;
+            return Ok(true);
+        }
+        self.store.txn(Txn::when(
+            vec![Compare::ModRevision(aff_key.to_string(), pending)],
+            vec![Op::delete(aff_key)],
+        ))?;
+        Ok(false)
+    }
+
+    /// Writes a handle record for every handle the blocks hold (the per-block counts read
+    /// from the blocks), for a store that keeps them ([`Store::multi_key_txn`]) after a
+    /// migration from one that does not. Returns how many were written.
+    pub fn rebuild_handles(&self) -> Result<usize> {
+        if !self.indexed {
+            return Ok(0);
+        }
+        let mut handles: BTreeMap<String, Handle> = BTreeMap::new();
+        for b in self.blocks()? {
+            for o in 0..b.allocations.len() as u32 {
+                if let Some(h) = b.handle_of(o) {
+                    *handles
+                        .entry(h.to_string())
+                        .or_default()
+                        .block
+                        .entry(b.cidr.to_string())
+                        .or_default() += 1;
+                }
+            }
+        }
+        for (id, h) in &handles {
+            self.store.put(&keys::handle(id), &encode(h))?;
+        }
+        Ok(handles.len())
     }
 
     /// A new block affine to `node`: the node's cached list of blocks learns of it.
@@ -1844,10 +1897,22 @@ impl Ipam {
             } else {
                 // The block (if still as read), then its affinity: a crash in between leaves
                 // a PendingDeletion affinity without a block, which `affine_blocks` removes.
-                let d = self.store.txn(Txn::when(
+                let d = match self.store.txn(Txn::when(
                     vec![Compare::ModRevision(bkey.clone(), bkv.mod_revision)],
-                    vec![Op::delete(bkey)],
-                ))?;
+                    vec![Op::delete(bkey.clone())],
+                )) {
+                    Ok(d) => d,
+                    // Outcome unknown: it was deleted when the block is gone, or is another
+                    // node's now (claimed again since).
+                    Err(StoreError::Ambiguous(_)) => tern_store::TxnResponse {
+                        succeeded: match self.store.get(&bkey)? {
+                            None => true,
+                            Some(kv) => decode::<Block>(&kv)?.affine_node() != Some(node),
+                        },
+                        revision: 0,
+                    },
+                    Err(e) => return Err(e.into()),
+                };
                 if d.succeeded {
                     self.store.txn(Txn::when(
                         vec![Compare::ModRevision(akey.clone(), marked.revision)],

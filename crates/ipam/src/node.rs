@@ -102,7 +102,9 @@ impl Ipam {
                 let mut b: Block = decode(&bkv)?;
                 txn.compare
                     .push(Compare::ModRevision(bkey.clone(), bkv.mod_revision));
-                if b.in_use() == 0 {
+                // An empty block goes only if it is this node's (or no one's): a stale
+                // affinity of this node must not take another node's block with it.
+                if b.in_use() == 0 && b.affine_node().is_none_or(|n| n == node) {
                     txn.success.push(Op::delete(bkey.clone()));
                 } else if b.affine_node() == Some(node) {
                     b.affinity = None;

@@ -216,7 +216,14 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
                             .push(format!("{handle}: asked for {n} addresses, got {ips:?}"));
                     }
                     rep.allocations += 1;
-                    rep.borrowed += count_borrowed(&ipam, &node, &ips, opts, &mut rep.errors);
+                    rep.borrowed += count_borrowed(
+                        &ipam,
+                        &node,
+                        &ips,
+                        opts,
+                        &mut rep.errors,
+                        &mut rep.unavailable,
+                    );
                     rep.held.insert(handle, ips);
                 }
                 Err(IpamError::PoolsExhausted { .. }) => {
@@ -306,11 +313,14 @@ fn count_borrowed(
     ips: &[IpAddr],
     opts: &StormOptions,
     errors: &mut Vec<String>,
+    unavailable: &mut u64,
 ) -> u64 {
-    let affinities = if opts.retry_unavailable {
-        until_done(|| ipam.affinities(Some(node)))
-    } else {
-        ipam.affinities(Some(node))
+    let affinities = match ipam.affinities(Some(node)) {
+        Err(e) if opts.retry_unavailable && e.is_unavailable() => {
+            *unavailable += 1;
+            until_done(|| ipam.affinities(Some(node)))
+        }
+        other => other,
     };
     match affinities {
         Ok(affs) => ips

@@ -240,3 +240,26 @@ fn releasing_a_node_survives_a_crash_between_any_two_writes() {
         assert!(v.is_empty(), "crash at write {k} of {total}: {v:#?}");
     }
 }
+
+#[test]
+fn migrating_to_an_indexed_store_rebuilds_the_handle_records() {
+    let from = single();
+    let shared = from.clone();
+    let r = storm::run(&move || shared.clone(), &common::roomy()).unwrap();
+    let to: Arc<dyn Store> = Arc::new(MemStore::new());
+    tern_store::migrate::migrate(&*from, &*to, false, false).unwrap();
+    let ipam = Ipam::new(to.clone());
+    let held: usize = r.workers.iter().map(|w| w.held.len()).sum();
+    assert_eq!(ipam.rebuild_handles().unwrap(), held);
+    // The indexed store's invariants, handle records included, over what the workers hold.
+    let v = storm::verify(to.clone(), &r.workers).unwrap();
+    assert!(v.is_empty(), "{v:#?}");
+    // And a DEL there (through the handle record) frees the addresses.
+    let w = &r.workers[0];
+    let (h, ips) = w.held.iter().next().expect("a held handle");
+    let mut got = ipam.release_by_handle(h).unwrap();
+    got.sort();
+    let mut want = ips.clone();
+    want.sort();
+    assert_eq!(got, want);
+}

@@ -50,6 +50,13 @@ where
             st.name
         ))),
         (StoreKind::Sqlite, _) => open_and_run(),
+        (StoreKind::Kubernetes, _) => match &st.kube {
+            Some(k) => in_netns(&k.cp_netns, open_and_run)?,
+            None => Err(LabError::Invalid(format!(
+                "lab {} uses the Kubernetes datastore but has no cluster recorded",
+                st.name
+            ))),
+        },
     }
 }
 

@@ -109,6 +109,9 @@ pub enum StoreKind {
     Sqlite,
     /// An `etcd` server in a namespace of its own on the underlay.
     Etcd,
+    /// The lab's Kubernetes API server (tern's custom resources; `--kubernetes` only). The lab
+    /// is built on its etcd and moved onto the API server once that runs.
+    Kubernetes,
 }
 
 impl StoreKind {
@@ -117,6 +120,7 @@ impl StoreKind {
         match self {
             StoreKind::Sqlite => "sqlite",
             StoreKind::Etcd => "etcd",
+            StoreKind::Kubernetes => "kubernetes",
         }
     }
 }
@@ -301,8 +305,15 @@ impl LabState {
     /// The store URL shared by the lab's agents. An etcd URL is only reachable from inside
     /// the lab's namespaces (see [`crate::cluster::with_store`]).
     pub fn store_url(&self) -> String {
-        match (&self.store, &self.etcd) {
-            (StoreKind::Etcd, Some(e)) => format!("etcd://{}:{}", e.address, ETCD_CLIENT_PORT),
+        match (&self.store, &self.etcd, &self.kube) {
+            (StoreKind::Etcd, Some(e), _) => {
+                format!("etcd://{}:{}", e.address, ETCD_CLIENT_PORT)
+            }
+            // The admin kubeconfig names the API server's underlay address: reachable from the
+            // lab's namespaces, as the etcd.
+            (StoreKind::Kubernetes, _, Some(k)) => {
+                format!("kubernetes://{}", k.admin_kubeconfig().display())
+            }
             _ => format!("sqlite://{}", self.dir().join("store.db").display()),
         }
     }

@@ -685,8 +685,16 @@ impl KubeStore {
     }
 
     fn conn(&self) -> io::Result<(Conn, bool)> {
-        if let Some(c) = self.inner.pool.lock().unwrap().pop() {
-            return Ok((c, true));
+        loop {
+            let Some(c) = self.inner.pool.lock().unwrap().pop() else {
+                break;
+            };
+            // An idle connection has nothing to read: EOF (the server closed it) or any byte
+            // (a TLS close_notify) means it is not to be reused, so a request is never sent
+            // on a connection already going away.
+            if c.reader.buffer().is_empty() && idle_and_open(c.reader.get_ref().tcp()) {
+                return Ok((c, true));
+            }
         }
         let cfg = &self.inner.cfg;
         http::connect(
@@ -764,8 +772,14 @@ impl KubeStore {
                             Ok(r)
                         }
                         // A pooled connection the server closed while idle fails before any answer
-                        // with EOF or a reset: the request was not taken.
-                        Err(e) if pooled && !e.answered && is_stale(&e.error) => {
+                        // with EOF or a reset. A read may be sent again; a write only when it
+                        // was not all sent (else the server may have taken it: ambiguous).
+                        Err(e)
+                            if pooled
+                                && !e.answered
+                                && is_stale(&e.error)
+                                && (idem == Idempotent::Yes || !e.sent) =>
+                        {
                             Err((false, true, e.error))
                         }
                         Err(e) => Err((e.sent, false, e.error)),
@@ -1050,6 +1064,16 @@ impl KubeStore {
         }
         Ok(Some((obj, kv)))
     }
+}
+
+/// True when nothing can be read from the idle socket without waiting (neither data nor EOF).
+fn idle_and_open(s: &TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let open = matches!(s.peek(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).is_ok() && open
 }
 
 fn is_stale(e: &io::Error) -> bool {
@@ -1432,17 +1456,23 @@ impl Store for KubeStore {
                 }
                 _ => None,
             };
-            if let Some(done) = done {
-                return Ok(match done {
-                    Some(revision) => TxnResponse {
+            match done {
+                Some(Some(revision)) => {
+                    return Ok(TxnResponse {
                         succeeded: true,
                         revision,
-                    },
-                    None => TxnResponse {
+                    });
+                }
+                // A create that found the object may have found one whose lease expired
+                // (absent to readers): the read below decides.
+                Some(None) if matches!(op, Op::Put { .. }) => {}
+                Some(None) => {
+                    return Ok(TxnResponse {
                         succeeded: false,
                         revision: self.revision()?,
-                    },
-                });
+                    });
+                }
+                None => {}
             }
         }
         for _ in 0..TXN_ATTEMPTS {
@@ -1508,9 +1538,15 @@ impl Store for KubeStore {
             after_revision
         };
         let (tx, rx) = mpsc::channel();
-        let closed = Arc::new(AtomicBool::new(false));
-        let sockets = Arc::new(Mutex::new(Vec::new()));
-        for class in CLASSES.iter().filter(|c| c.overlaps(prefix)) {
+        // Made first: when a class's stream cannot be opened, dropping it ends the threads
+        // already started for the others.
+        let watch = KubeWatch {
+            rx,
+            closed: Arc::new(AtomicBool::new(false)),
+            sockets: Arc::new(Mutex::new(BTreeMap::new())),
+            ended: false,
+        };
+        for (slot, class) in CLASSES.iter().filter(|c| c.overlaps(prefix)).enumerate() {
             let first = self.open_watch(class, start)?;
             let w = ClassWatch {
                 store: self.clone(),
@@ -1518,20 +1554,16 @@ impl Store for KubeStore {
                 prefix: prefix.to_string(),
                 rev: start,
                 tx: tx.clone(),
-                closed: closed.clone(),
-                sockets: sockets.clone(),
+                closed: watch.closed.clone(),
+                sockets: watch.sockets.clone(),
+                slot,
             };
             thread::Builder::new()
                 .name("kube-watch".into())
                 .spawn(move || w.run(first))
                 .map_err(|e| StoreError::Backend(format!("cannot start a watch thread: {e}")))?;
         }
-        Ok(Box::new(KubeWatch {
-            rx,
-            closed,
-            sockets,
-            ended: false,
-        }))
+        Ok(Box::new(watch))
     }
 
     fn lease_grant(&self, ttl: Duration) -> Result<i64> {
@@ -1679,7 +1711,9 @@ struct ClassWatch {
     rev: i64,
     tx: Sender<Result<Vec<Event>>>,
     closed: Arc<AtomicBool>,
-    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    sockets: Arc<Mutex<BTreeMap<usize, TcpStream>>>,
+    /// This class's place in `sockets`.
+    slot: usize,
 }
 
 impl ClassWatch {
@@ -1696,8 +1730,9 @@ impl ClassWatch {
                     }
                 },
             };
+            // One socket per class at a time: a resumed stream's replaces the ended one's.
             if let Ok(c) = sock.try_clone() {
-                self.sockets.lock().unwrap().push(c);
+                self.sockets.lock().unwrap().insert(self.slot, c);
             }
             if self.closed.load(Ordering::Relaxed) {
                 let _ = sock.shutdown(Shutdown::Both);
@@ -1799,7 +1834,7 @@ impl ClassWatch {
 struct KubeWatch {
     rx: Receiver<Result<Vec<Event>>>,
     closed: Arc<AtomicBool>,
-    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    sockets: Arc<Mutex<BTreeMap<usize, TcpStream>>>,
     ended: bool,
 }
 
@@ -1839,7 +1874,7 @@ impl Watch for KubeWatch {
 impl Drop for KubeWatch {
     fn drop(&mut self) {
         self.closed.store(true, Ordering::Relaxed);
-        for s in self.sockets.lock().unwrap().drain(..) {
+        for s in std::mem::take(&mut *self.sockets.lock().unwrap()).into_values() {
             let _ = s.shutdown(Shutdown::Both);
         }
     }

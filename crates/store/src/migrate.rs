@@ -6,9 +6,10 @@
 //! What is not copied: keys attached to a lease (node liveness: each agent writes its own
 //! again within seconds) and, onto a store without multi-key transactions (the Kubernetes
 //! API), the IPAM handle records (there the blocks are the only record of an allocation, see
-//! `tern_ipam::Ipam`'s "One object per write"). Each key is one write on the target, so an
-//! interrupted migration is finished by running it again with `--force` (every key is
-//! written whole; nothing depends on the order).
+//! `tern_ipam::Ipam`'s "One object per write"); the other way round, `ternctl datastore
+//! migrate` rebuilds them from the blocks (`Ipam::rebuild_handles`). Each key is one write on
+//! the target, so an interrupted migration is finished by running it again with `--force`
+//! (every key is written whole; nothing depends on the order).
 //!
 //! The source should not change while it runs: stop the agents (or scale the DaemonSet to
 //! zero) first; pods keep running, and their addresses are in the blocks copied.

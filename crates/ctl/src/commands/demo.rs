@@ -47,6 +47,9 @@ pub struct DemoOptions {
     /// Run a real Kubernetes cluster on the lab, with its components from this directory
     /// (`scripts/k8s-components.sh`).
     pub kubernetes: Option<PathBuf>,
+    /// With `kubernetes`: move tern's state onto the Kubernetes datastore once the API
+    /// server runs (the lab is built on `store`, etcd).
+    pub kubernetes_store: bool,
 }
 
 /// Removes the lab when dropped, unless disarmed after an orderly teardown.
@@ -662,6 +665,7 @@ fn kube_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, k8s: &Path, v: 
     ));
     let mut ko = tern_lab::kube::KubeOptions::from_env();
     ko.k8s_bin = k8s.to_path_buf();
+    ko.kubernetes_store = o.kubernetes_store;
     let t = Instant::now();
     if let Err(e) = tern_lab::kube::up(s, &ko) {
         v.fail("kubernetes up", e);
@@ -749,6 +753,25 @@ fn kube_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, k8s: &Path, v: 
                 &format!("pods on {}", n.name),
                 format!("expected pods with addresses in {} on it", k.cluster_cidr),
             );
+        }
+    }
+    if o.kubernetes_store {
+        section(
+            "kubectl get ippools,ipamblocks -o wide: tern's state is custom resources in the API server",
+        );
+        match show_kubectl(&k, &["get", "ippools.tern.dev,ipamblocks", "-o", "wide"]) {
+            Ok(out) => {
+                let blocks = out.lines().filter(|l| l.starts_with("ipamblock")).count();
+                if out.contains(&k.cluster_cidr) && blocks >= s.nodes.len() {
+                    v.ok();
+                } else {
+                    v.fail(
+                        "kubectl get ipamblocks",
+                        format!("expected the pool {} and a block per node", k.cluster_cidr),
+                    );
+                }
+            }
+            Err(e) => v.fail("kubectl get ippools,ipamblocks", e),
         }
     }
     section("ternctl get wep -o wide: tern's endpoints of those pods");

@@ -47,8 +47,11 @@ use crate::cli::Encap;
 
 /// Image of the DaemonSet when `--image` is not given.
 pub const DEFAULT_IMAGE: &str = concat!("localhost/tern/tern-node:", env!("CARGO_PKG_VERSION"));
-/// Store when `--store` is not given: SQLite on the node (single-node clusters only).
-pub const DEFAULT_STORE: &str = "sqlite:///var/lib/tern/tern.db";
+/// Store when `--store` is not given: the cluster's own API server (tern's custom resources;
+/// no etcd of tern's to run).
+pub const DEFAULT_STORE: &str = "kubernetes";
+/// The SQLite store of a single-node cluster, as an example in messages.
+const SQLITE_EXAMPLE: &str = "sqlite:///var/lib/tern/tern.db";
 /// Default IPv4 pool (ternd's own default).
 pub const DEFAULT_POOL: &str = "10.244.0.0/16";
 /// The node's CNI directories when not given (the container runtimes' defaults).
@@ -209,7 +212,7 @@ pub fn validate(o: &ManifestOptions) -> anyhow::Result<()> {
         if !ok {
             bail!(
                 "--store {:?}: a SQLite store must be a file directly in {STATE_DIR} (the \
-                 host directory the DaemonSet mounts), e.g. {DEFAULT_STORE}",
+                 host directory the DaemonSet mounts), e.g. {SQLITE_EXAMPLE}",
                 o.store
             );
         }
@@ -220,9 +223,11 @@ pub fn validate(o: &ManifestOptions) -> anyhow::Result<()> {
              --etcd-ca (and --etcd-cert/--etcd-key)",
             o.store
         );
-    } else {
+    } else if o.store != "kubernetes" {
+        // `kubernetes`: the pods' own API server, through their service account.
         bail!(
-            "--store {:?}: expected etcd://host:port[,host:port] or sqlite://{STATE_DIR}/FILE",
+            "--store {:?}: expected etcd://host:port[,host:port], kubernetes or \
+             sqlite://{STATE_DIR}/FILE",
             o.store
         );
     }

@@ -26,15 +26,17 @@ fn load(name: &str) -> anyhow::Result<LabState> {
         .with_context(|| format!("lab {name:?} does not exist; create it with `ternctl lab up`"))
 }
 
-/// The lab's datastore kind from the global `--store`: `sqlite` (also when absent) or `etcd`.
+/// The lab's datastore kind from the global `--store`: `sqlite` (also when absent), `etcd` or
+/// `kubernetes` (with `--kubernetes`).
 /// A URL that came from the `TERN_STORE` environment is meant for other commands and ignored.
 pub fn lab_store(store: Option<&str>) -> anyhow::Result<StoreKind> {
     let from_env = std::env::var("TERN_STORE").ok();
     match store {
         None | Some("sqlite") => Ok(StoreKind::Sqlite),
         Some("etcd") => Ok(StoreKind::Etcd),
+        Some("kubernetes") => Ok(StoreKind::Kubernetes),
         Some(s) if from_env.as_deref() == Some(s) => Ok(StoreKind::Sqlite),
-        Some(s) => bail!("a lab's --store is `sqlite` or `etcd`, not {s:?}"),
+        Some(s) => bail!("a lab's --store is `sqlite`, `etcd` or `kubernetes`, not {s:?}"),
     }
 }
 
@@ -62,7 +64,19 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             o.default_ipv4_pool = default_ipv4_pool.clone();
             o.encap = *encap;
             o.store = lab_store(store)?;
-            if *kubernetes && !*host_ternd && !*reference_cni && store.is_none() {
+            let daemonset = *kubernetes && !*host_ternd && !*reference_cni;
+            // The Kubernetes datastore (the default of tern as a DaemonSet; `--store etcd`
+            // keeps tern's own etcd): the lab is built on its etcd, then moved onto the API
+            // server once that runs.
+            let kubernetes_store =
+                o.store == StoreKind::Kubernetes || (daemonset && store.is_none());
+            if kubernetes_store {
+                if !daemonset {
+                    bail!("--store kubernetes needs --kubernetes with tern as a DaemonSet");
+                }
+                o.store = StoreKind::Etcd;
+            }
+            if daemonset && store.is_none() {
                 // The DaemonSet's ternd on every node needs one store they all reach.
                 o.store = StoreKind::Etcd;
             }
@@ -78,6 +92,7 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                 }
                 k.reference_cni = *reference_cni;
                 k.host_ternd = *host_ternd;
+                k.kubernetes_store = kubernetes_store;
                 k
             });
             if let Some(k) = &kube {
@@ -115,28 +130,36 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             no_bgp,
             kubernetes,
             k8s_bin_dir,
-        } => super::demo::run(
-            &args.name,
-            &bin_dir,
-            &super::demo::DemoOptions {
-                pods: *pods,
-                nodes: *nodes,
-                encap: *encap,
-                // As `lab up --kubernetes`: tern's DaemonSet needs a store every node reaches.
-                store: if *kubernetes && store.is_none() {
-                    StoreKind::Etcd
-                } else {
-                    lab_store(store)?
+        } => {
+            if lab_store(store)? == StoreKind::Kubernetes && !*kubernetes {
+                bail!("--store kubernetes needs --kubernetes");
+            }
+            super::demo::run(
+                &args.name,
+                &bin_dir,
+                &super::demo::DemoOptions {
+                    pods: *pods,
+                    nodes: *nodes,
+                    encap: *encap,
+                    // As `lab up --kubernetes`: tern's DaemonSet needs a store every node reaches,
+                    // by default the Kubernetes datastore (the lab built on etcd, then moved).
+                    store: match lab_store(store)? {
+                        StoreKind::Kubernetes => StoreKind::Etcd,
+                        _ if *kubernetes && store.is_none() => StoreKind::Etcd,
+                        s => s,
+                    },
+                    kubernetes_store: *kubernetes
+                        && (store.is_none() || lab_store(store)? == StoreKind::Kubernetes),
+                    // BGP carries the routes when nothing else does (no encapsulation).
+                    bgp: *bgp || (!*no_bgp && *encap == tern_lab::Encap::None && *nodes > 1),
+                    kubernetes: kubernetes.then(|| {
+                        k8s_bin_dir
+                            .clone()
+                            .unwrap_or_else(|| tern_lab::kube::KubeOptions::from_env().k8s_bin)
+                    }),
                 },
-                // BGP carries the routes when nothing else does (no encapsulation).
-                bgp: *bgp || (!*no_bgp && *encap == tern_lab::Encap::None && *nodes > 1),
-                kubernetes: kubernetes.then(|| {
-                    k8s_bin_dir
-                        .clone()
-                        .unwrap_or_else(|| tern_lab::kube::KubeOptions::from_env().k8s_bin)
-                }),
-            },
-        ),
+            )
+        }
         LabCommand::Node { command } => {
             let mut st = load(&args.name)?;
             match command {
@@ -276,9 +299,13 @@ mod tests {
         assert_eq!(lab_store(None).unwrap(), StoreKind::Sqlite);
         assert_eq!(lab_store(Some("sqlite")).unwrap(), StoreKind::Sqlite);
         assert_eq!(lab_store(Some("etcd")).unwrap(), StoreKind::Etcd);
+        assert_eq!(
+            lab_store(Some("kubernetes")).unwrap(),
+            StoreKind::Kubernetes
+        );
         let e = lab_store(Some("etcd://198.18.0.2:2379"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("`sqlite` or `etcd`"), "{e}");
+        assert!(e.contains("`sqlite`, `etcd` or `kubernetes`"), "{e}");
     }
 }

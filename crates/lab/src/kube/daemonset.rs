@@ -51,7 +51,7 @@ pub fn node_socket(node_k8s_dir: &Path) -> PathBuf {
 /// Checks the lab can run tern as a DaemonSet: more than one node needs the lab's etcd
 /// (the nodes' `/var/lib` is private to each).
 pub fn check(st: &LabState) -> Result<()> {
-    if st.nodes.len() > 1 && st.store != StoreKind::Etcd {
+    if st.nodes.len() > 1 && !matches!(st.store, StoreKind::Etcd | StoreKind::Kubernetes) {
         return Err(LabError::Invalid(format!(
             "tern as a DaemonSet on {} nodes needs a store every node reaches: use --store etcd \
              (or --host-ternd)",
@@ -237,10 +237,11 @@ pub fn install(st: &LabState, k: &KubeState) -> Result<PathBuf> {
         .env_remove("TERN_ETCD_CERT")
         .env_remove("TERN_ETCD_KEY")
         .args(["install", "manifest", "--store"])
-        .arg(if st.store == StoreKind::Etcd {
-            st.store_url()
-        } else {
-            single_node_store()
+        .arg(match st.store {
+            StoreKind::Etcd => st.store_url(),
+            // In the pods: the API server of their service account.
+            StoreKind::Kubernetes => "kubernetes".to_string(),
+            StoreKind::Sqlite => single_node_store(),
         })
         .args(["--pool", &k.cluster_cidr, "--encap", st.encap.as_str()])
         .args(["--cni-bin-dir", CNI_BIN_DIR, "--cni-conf-dir", CNI_CONF_DIR])

@@ -100,6 +100,10 @@ pub struct KubeOptions {
     /// Run tern as the lab's host processes (ternd per node, `ternctl install-cni` by the
     /// lab) instead of the `tern-node` DaemonSet; for debugging ternd outside a pod.
     pub host_ternd: bool,
+    /// Move tern's state onto the Kubernetes datastore once the API server runs (the lab is
+    /// built on its etcd; `ternctl datastore migrate` to the API server, then the DaemonSet
+    /// with `--store kubernetes`). Needs the DaemonSet and a lab on etcd.
+    pub kubernetes_store: bool,
 }
 
 impl KubeOptions {
@@ -112,6 +116,7 @@ impl KubeOptions {
             ready_timeout: Duration::from_secs(180),
             reference_cni: false,
             host_ternd: false,
+            kubernetes_store: false,
         }
     }
 }
@@ -371,6 +376,13 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
     if daemonset {
         daemonset::check(st)?;
     }
+    if opts.kubernetes_store && (!daemonset || st.store != crate::state::StoreKind::Etcd) {
+        return Err(LabError::Invalid(
+            "the Kubernetes datastore needs tern as a DaemonSet (not --host-ternd or \
+             --reference-cni) on a lab built on etcd"
+                .into(),
+        ));
+    }
     let cluster_cidr = pool_cidr(st)?;
     let dir = st.dir().join("kube");
     mkdir(&dir)?;
@@ -401,6 +413,10 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
         // No host ternd: the DaemonSet's takes over each node's routes and records.
         daemonset::replace_host_agents(st)?;
     }
+    if opts.kubernetes_store {
+        // The agents are stopped: the lab's records move to the API server.
+        move_to_kubernetes(st)?;
+    }
     for n in &names {
         node::up(st, n)?;
     }
@@ -412,6 +428,46 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
         node::wait_ready(&k, n, opts.ready_timeout)?;
     }
     Ok(())
+}
+
+/// Installs tern's CustomResourceDefinitions, copies the lab's store (its etcd) onto the API
+/// server as `ternctl datastore migrate` does, and makes the API server the lab's store.
+fn move_to_kubernetes(st: &mut LabState) -> Result<()> {
+    let k = st.kube.clone().expect("cluster state");
+    let crds = k.dir.join("tern-crds.yaml");
+    write(&crds, &tern_store::kube::crds_yaml())?;
+    kubectl(&k, &["apply", "-f", &crds.display().to_string()])?;
+    kubectl(
+        &k,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ],
+    )?;
+    let from = st.store_url();
+    let tls = st.store_tls().cloned();
+    let admin = k.admin_kubeconfig();
+    let plan = crate::netns::in_netns(&k.cp_netns, move || -> Result<String> {
+        let src = match &tls {
+            None => tern_store::open(&from),
+            Some(t) => {
+                tern_store::etcd::open_with_tls(&from, Some(&t.ca), Some(&t.cert), Some(&t.key))
+            }
+        }
+        .map_err(|e| LabError::Invalid(format!("cannot open datastore {from}: {e}")))?;
+        let dst = tern_store::kube::KubeConfig::from_kubeconfig(&admin)
+            .and_then(tern_store::kube::KubeStore::connect)
+            .map_err(|e| LabError::Invalid(format!("cannot open the Kubernetes datastore: {e}")))?;
+        let plan = tern_store::migrate::migrate(&*src, &dst, false, false)
+            .map_err(|e| LabError::Invalid(format!("migrating {from} to kubernetes: {e}")))?;
+        Ok(plan.to_string())
+    })??;
+    write(&k.dir.join("datastore-migrate.txt"), &plan)?;
+    st.store = crate::state::StoreKind::Kubernetes;
+    st.save()
 }
 
 /// The lab's pool CIDR (what the lab applied; see `cluster::apply_default_pool`).
@@ -468,7 +524,13 @@ pub fn teardown(st: &mut LabState, done: &mut Vec<String>, errors: &mut Vec<Stri
 /// store, which a SQLite lab keeps in its single node's private `/var/lib/tern`.
 pub fn check_node_add(st: &LabState) -> Result<()> {
     match &st.kube {
-        Some(k) if k.manifest.is_some() && st.store != crate::state::StoreKind::Etcd => {
+        Some(k)
+            if k.manifest.is_some()
+                && !matches!(
+                    st.store,
+                    crate::state::StoreKind::Etcd | crate::state::StoreKind::Kubernetes
+                ) =>
+        {
             Err(LabError::Invalid(format!(
                 "lab {} runs tern as a DaemonSet with the {} store of its first node; a node \
                  can join only a lab with --store etcd (or --host-ternd)",
