@@ -230,7 +230,8 @@ fn check_rbac(api: &KubeApi) {
         "deletecollection",
     ];
     // resource, subresource, allowed verbs
-    let table: [(&str, &str, &[&str]); 11] = [
+    let datastore: &[&str] = &["get", "list", "watch", "create", "update", "delete"];
+    let table: [(&str, &str, &[&str]); 13] = [
         ("pods", "", &["get", "list", "watch"]),
         ("namespaces", "", &["get", "list", "watch"]),
         ("nodes", "", &["get", "list", "watch"]),
@@ -245,6 +246,9 @@ fn check_rbac(api: &KubeApi) {
             "",
             &["get", "create", "update"],
         ),
+        // tern's own resources, for the Kubernetes datastore.
+        ("ipamblocks.tern.dev", "", datastore),
+        ("ippools.tern.dev", "", datastore),
         ("secrets", "", &[]),
         ("configmaps", "", &[]),
         ("services", "", &[]),
@@ -358,7 +362,19 @@ fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
         api,
         &["get", "configmap", "tern-config", "-n", "kube-system"],
     );
-    assert_eq!(cm["data"]["store"], "sqlite:///var/lib/tern/tern.db");
+    assert_eq!(
+        cm["data"]["store"], "kubernetes",
+        "the Kubernetes datastore by default"
+    );
+    // Its CRDs are in the manifest: the API server serves tern's kinds.
+    let served = api.must(&["api-resources", "--api-group=tern.dev", "-o", "name"]);
+    for r in [
+        "ippools.tern.dev",
+        "ipamblocks.tern.dev",
+        "blockaffinities.tern.dev",
+    ] {
+        assert!(served.lines().any(|l| l == r), "{r} not served:\n{served}");
+    }
     assert_eq!(cm["data"]["bgp"], "false");
 
     // A Pod from the template is admitted as the DaemonSet controller would create it: the
