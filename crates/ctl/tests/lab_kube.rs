@@ -8,12 +8,14 @@
 //! Needs root and the components; without them the test FAILS with what is missing (it never
 //! passes by skipping). The lab has a unique name and is removed by a guard.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tern_lab::kube;
 use tern_lab::kube::pods::KubePod as Pod;
+use tern_lab::kube::probe::{self, Dial};
 
 mod common;
 use common::kube_lab::{KubeLab as Lab, ternctl_store as ternctl_out};
@@ -265,7 +267,7 @@ fn ask(lab: &Lab, from: &str, ip: &str, port: &str) -> Result<String, String> {
 }
 
 /// The probes of [`assert_mesh`] from pod `a` to every other pod: the failures.
-fn mesh_from(lab: &Lab, a: &Pod, pods: &[Pod]) -> Vec<String> {
+fn mesh_from(lab: &Lab, k: &kube::KubeState, a: &Pod, pods: &[Pod]) -> Vec<String> {
     let peers: Vec<&Pod> = pods.iter().filter(|b| b.name != a.name).collect();
     let mut failures = Vec::new();
     let script = peers
@@ -274,7 +276,15 @@ fn mesh_from(lab: &Lab, a: &Pod, pods: &[Pod]) -> Vec<String> {
         .collect::<Vec<_>>()
         .join("; ");
     let tcp = lab.exec(&[&a.name, "-c", "web", "--", "sh", "-c", &script]);
-    for b in &peers {
+    // UDP from the pod's network namespace, all peers at once (3 s, a datagram a second).
+    let reqs: Vec<(Dial, SocketAddr)> = peers
+        .iter()
+        .map(|b| (Dial::Udp, SocketAddr::new(b.ip.parse().unwrap(), 8081)))
+        .collect();
+    let udp = probe::pod_netns(k, "default", &a.name)
+        .and_then(|ns| probe::from_pod(&ns, &a.name, &reqs, Duration::from_secs(3)))
+        .map_err(|e| e.to_string());
+    for (bi, b) in peers.iter().enumerate() {
         let got = tcp.as_ref().map(|out| {
             out.lines()
                 .find_map(|l| l.strip_prefix(&format!("{} ", b.ip)))
@@ -289,11 +299,8 @@ fn mesh_from(lab: &Lab, a: &Pod, pods: &[Pod]) -> Vec<String> {
                 a.name, a.node, a.ip, b.name, b.node, b.ip
             )),
         }
-        let udp = lab
-            .exec(&[&a.name, "-c", "udp", "--", "/probe", "udp", &b.ip, "8081"])
-            .map(|s| s.trim().to_string());
-        match udp {
-            Ok(s) if s == b.name => {}
+        match udp.as_ref().map(|a| a[bi].as_deref()) {
+            Ok(Some(s)) if s == b.name => {}
             other => failures.push(format!(
                 "UDP {} ({}, {}) -> {} ({}, {}): {other:?}",
                 a.name, a.node, a.ip, b.name, b.node, b.ip
@@ -303,14 +310,17 @@ fn mesh_from(lab: &Lab, a: &Pod, pods: &[Pod]) -> Vec<String> {
     failures
 }
 
-/// Every pod reaches every other pod over TCP and UDP (through kubectl exec, so exec works
-/// too). The pods probe at once, a thread each: one exec runs a pod's TCP probes (busybox's
-/// `nc`, one after another), one exec per peer its UDP probe (the probe image has no shell).
+/// Every pod reaches every other pod over TCP and UDP. The pods probe at once, a thread
+/// each: one kubectl exec runs a pod's TCP probes (busybox's `nc`, one after another; so
+/// exec works too), and its UDP probes go from its network namespace
+/// ([`tern_lab::kube::probe`]: no process per probe).
 fn assert_mesh(lab: &Lab, pods: &[Pod]) {
+    let st = lab.state();
+    let k = st.kube.as_ref().expect("the lab's Kubernetes state");
     let failures: Vec<String> = std::thread::scope(|s| {
         let hs: Vec<_> = pods
             .iter()
-            .map(|a| s.spawn(move || mesh_from(lab, a, pods)))
+            .map(|a| s.spawn(move || mesh_from(lab, k, a, pods)))
             .collect();
         hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });

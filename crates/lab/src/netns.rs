@@ -18,13 +18,23 @@ where
     let path = Path::new("/run/netns").join(ns);
     let file = File::open(&path)
         .map_err(|e| LabError::io(format!("cannot open {}", path.display()), e))?;
+    in_netns_file(&file, ns, f)
+}
+
+/// [`in_netns`] for a namespace given as an open file (`/proc/PID/ns/net`, a pod's), named
+/// `what` in errors.
+pub fn in_netns_file<T, F>(file: &File, what: &str, f: F) -> Result<T>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
     std::thread::scope(|scope| {
         let handle = scope.spawn(move || {
             // SAFETY: setns on this thread only; `file` is an open namespace file descriptor.
             let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
             if rc != 0 {
                 return Err(LabError::io(
-                    format!("cannot enter network namespace {ns}"),
+                    format!("cannot enter network namespace {what}"),
                     std::io::Error::last_os_error(),
                 ));
             }
@@ -32,7 +42,7 @@ where
         });
         handle
             .join()
-            .map_err(|_| LabError::Invalid(format!("thread in namespace {ns} panicked")))?
+            .map_err(|_| LabError::Invalid(format!("thread in namespace {what} panicked")))?
     })
 }
 

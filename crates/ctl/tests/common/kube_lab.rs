@@ -143,42 +143,6 @@ impl KubeLab {
         }
     }
 
-    /// A shell kept open in container `container` of pod `ns/pod` (`kubectl exec -i … -- sh`),
-    /// ready (it ran its first script). See [`ExecShell`].
-    pub fn shell(&self, ns: &str, pod: &str, container: &str) -> Result<ExecShell, String> {
-        use std::io::BufRead as _;
-        use std::process::Stdio;
-        let target = format!("{ns}/{pod} ({container})");
-        let mut child = self
-            .command()
-            .args(["-n", ns, "exec", "-i", pod, "-c", container, "--", "sh"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("kubectl exec -i {target}: {e}"))?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in std::io::BufReader::new(stdout).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut sh = ExecShell {
-            target,
-            child,
-            stdin,
-            lines,
-            seq: 0,
-        };
-        sh.run("true", Duration::from_secs(60))?;
-        Ok(sh)
-    }
-
     /// [`KubeLab::kubectl`], panicking with the diagnostics when it fails.
     pub fn must(&self, args: &[&str]) -> String {
         self.kubectl(args)
@@ -483,68 +447,4 @@ pub fn ternctl_store(st: &LabState, args: &[&str]) -> (bool, String) {
             .args(["--store", &st.store_url()])
             .args(args),
     )
-}
-
-/// A shell kept open in a pod (`kubectl exec -i … -- sh`, from [`KubeLab::shell`]): scripts
-/// run in it one after another, each followed by a marker line that ends its output. A test
-/// that probes from the same pods many times pays for one kubectl process, one exec stream
-/// (API server, kubelet, containerd) and one runc exec per pod instead of one per probe round.
-/// After an error (the session ended, or a script did not finish in time and its output may
-/// still come) the shell is to be dropped and another one opened.
-pub struct ExecShell {
-    target: String,
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    lines: std::sync::mpsc::Receiver<String>,
-    seq: u64,
-}
-
-impl ExecShell {
-    /// Runs `script` and returns what it printed on stdout, or an error when the session ended
-    /// or the script did not end within `timeout`.
-    pub fn run(&mut self, script: &str, timeout: Duration) -> Result<String, String> {
-        use std::io::Write as _;
-        use std::sync::mpsc::RecvTimeoutError;
-        self.seq += 1;
-        let marker = format!("__tern_exec_done_{}_{}__", std::process::id(), self.seq);
-        self.stdin
-            .write_all(format!("{script}\necho {marker}\n").as_bytes())
-            .and_then(|()| self.stdin.flush())
-            .map_err(|e| format!("exec session in {}: writing the script: {e}", self.target))?;
-        let deadline = Instant::now() + timeout;
-        let mut out = String::new();
-        loop {
-            match self
-                .lines
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
-                Ok(l) if l == marker => return Ok(out),
-                Ok(l) => {
-                    out.push_str(&l);
-                    out.push('\n');
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(format!(
-                        "exec session in {}: the script did not end within {timeout:?}",
-                        self.target
-                    ));
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    let status = self.child.try_wait().ok().flatten();
-                    return Err(format!(
-                        "exec session in {}: ended (kubectl {status:?})",
-                        self.target
-                    ));
-                }
-            }
-        }
-    }
-}
-
-impl Drop for ExecShell {
-    /// Ends kubectl (the shell in the pod sees its input close and exits) and reaps it.
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

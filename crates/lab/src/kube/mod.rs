@@ -29,6 +29,7 @@ pub mod control;
 pub mod daemonset;
 pub mod node;
 pub mod pods;
+pub mod probe;
 pub mod relay;
 pub mod sys;
 
