@@ -773,14 +773,33 @@ impl Bgp {
     }
 }
 
+/// What a plan is made of ([`Runner`] reads nodes, the BGP configuration, peers, pools and
+/// blocks): the only keys the BGP thread watches, so a pod's endpoint or a policy written
+/// anywhere in the cluster does not make every node plan again.
+fn watched_prefixes() -> Vec<String> {
+    let mut p: Vec<String> = [
+        Kind::Node,
+        Kind::BgpConfiguration,
+        Kind::BgpPeer,
+        Kind::IpPool,
+    ]
+    .iter()
+    .map(|k| keys::resource_prefix(k.as_str()))
+    .collect();
+    p.push(keys::BLOCKS.to_string());
+    p
+}
+
 fn watch_loop(store: &dyn Store, tx: &mpsc::UnboundedSender<Msg>, stop: &AtomicBool) {
     let mut watch: Option<Box<dyn tern_store::Watch>> = None;
+    let prefixes = watched_prefixes();
+    let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
     while !stop.load(Ordering::Relaxed) {
         let w = match watch.as_mut() {
             Some(w) => w,
             None => match store
                 .revision()
-                .and_then(|rev| store.watch(keys::ROOT, rev))
+                .and_then(|rev| store.watch_prefixes(&prefixes, rev))
             {
                 Ok(w) => {
                     let _ = tx.send(Msg::Changed);

@@ -767,7 +767,9 @@ impl Dataplane {
                             continue;
                         }
                     };
-                    match self.store.watch(keys::ROOT, rev) {
+                    let prefixes = watched_prefixes();
+                    let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+                    match self.store.watch_prefixes(&prefixes, rev) {
                         Ok(w) => {
                             // Events between the last sync and the watch start are covered by
                             // this sync.
@@ -852,9 +854,19 @@ impl BlockDigests {
     }
 }
 
+/// What the routes and VTEPs are made of: pools, nodes, blocks and their affinities (the
+/// only keys the dataplane watches).
+fn watched_prefixes() -> [String; 4] {
+    [
+        keys::resource_prefix(Kind::IpPool.as_str()),
+        keys::resource_prefix(Kind::Node.as_str()),
+        keys::BLOCKS.to_string(),
+        keys::AFFINITIES.to_string(),
+    ]
+}
+
 fn relevant(key: &str) -> bool {
-    key.starts_with(&keys::resource_prefix(Kind::IpPool.as_str()))
-        || key.starts_with(&keys::resource_prefix(Kind::Node.as_str()))
-        || key.starts_with(keys::BLOCKS)
-        || key.starts_with(keys::AFFINITIES)
+    watched_prefixes()
+        .iter()
+        .any(|p| key.starts_with(p.as_str()))
 }

@@ -564,10 +564,11 @@ impl PolicyEngine {
             let w = match watch.as_mut() {
                 Some(w) => w,
                 None => {
-                    let started = self
-                        .store
-                        .revision()
-                        .and_then(|rev| Ok((rev, self.store.watch(keys::ROOT, rev)?)));
+                    let started = self.store.revision().and_then(|rev| {
+                        let prefixes = KINDS.map(|k| keys::resource_prefix(k.as_str()));
+                        let prefixes = prefixes.each_ref().map(String::as_str);
+                        Ok((rev, self.store.watch_prefixes(&prefixes, rev)?))
+                    });
                     match started {
                         Ok((_, w)) => {
                             // Covers whatever happened before the watch started.

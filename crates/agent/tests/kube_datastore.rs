@@ -94,6 +94,33 @@ fn api_writes(api: &kube_api::KubeApi) -> BTreeMap<(String, String), u64> {
     out
 }
 
+/// The watch streams open on tern's resources (group tern.dev), by resource, from the API
+/// server's `apiserver_longrunning_requests`.
+fn tern_watches(api: &kube_api::KubeApi) -> BTreeMap<String, u64> {
+    let text = api.must(&["get", "--raw", "/metrics"]);
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
+        .filter(|l| l.contains("group=\"tern.dev\"") && l.contains("verb=\"WATCH\""))
+    {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let resource = labels
+            .split("resource=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or_default()
+            .to_string();
+        let n = value.parse::<f64>().unwrap_or(0.0) as u64;
+        if n > 0 {
+            *out.entry(resource).or_default() += n;
+        }
+    }
+    out
+}
+
 /// What `after` counts beyond `before` (non-zero entries).
 fn diff(
     before: &BTreeMap<(String, String), u64>,
@@ -363,6 +390,35 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     let mut ternd = k.ternd(NODE, &["--store=kubernetes", "--resync-seconds=5"]);
     ternd.start();
     ternd.wait_ready(Duration::from_secs(30));
+    // Each of ternd's watchers (dataplane, policy, BGP) watches only the resources it reads:
+    // a stream per class of those, not one per class of the whole root (48 streams a node).
+    let t0 = std::time::Instant::now();
+    let mut watches = tern_watches(api);
+    while watches.values().sum::<u64>() < 8 && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+        watches = tern_watches(api);
+    }
+    let streams: u64 = watches.values().sum();
+    eprintln!("ternd's watch streams on tern.dev: {streams} {watches:?}");
+    assert!(
+        (8..=13).contains(&streams),
+        "ternd's watch streams on tern.dev (dataplane 4, policy 4, BGP 5 when on): {watches:?}\n{}",
+        ternd.log()
+    );
+    for (r, n) in [
+        ("ipamblocks", 1),
+        ("networkpolicies", 1),
+        ("workloadendpoints", 1),
+    ] {
+        assert!(
+            watches.get(r).copied().unwrap_or(0) >= n,
+            "{r}: {watches:?}"
+        );
+    }
+    assert!(
+        !watches.contains_key("ipamhandles") && !watches.contains_key("ipamowners"),
+        "nobody reads handles or owners from a watch: {watches:?}"
+    );
     let pods = ternd.add_api_pods(api, &plugin, "prod", &["web"]);
     let ip = pods[0].ip.unwrap();
     let held = in_netns(&ns, || {

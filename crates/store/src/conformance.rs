@@ -55,6 +55,7 @@ pub fn run_all_with(make: &dyn Fn() -> Arc<dyn Store>, opts: &Options) {
     value_size_limit(&*make());
     concurrent_cas(make(), opts.cas_threads, opts.cas_increments);
     watch_sees_later_events(&*make());
+    watch_prefixes_sees_only_its_prefixes(&*make());
     watch_live_from_other_thread(make());
     watch_timeout_returns_empty(&*make());
     lease_expiry_deletes_keys(&*make(), opts.lease_ttl);
@@ -558,6 +559,32 @@ pub fn watch_sees_later_events(s: &dyn Store) {
     assert_eq!(summary(&got), expected[4..].to_vec());
 }
 
+/// A watch of several prefixes delivers the events under any of them, in order, and none of
+/// the keys beside them (a sibling of the same parent, a key that only shares their start).
+pub fn watch_prefixes_sees_only_its_prefixes(s: &dyn Store) {
+    let (a, b) = ("/conformance/wp/a/", "/conformance/wp/bb/");
+    let base = s.revision().unwrap();
+    let mut w = s.watch_prefixes(&[a, b], base).unwrap();
+    let r1 = s.put(&format!("{a}1"), b"1").unwrap();
+    s.put("/conformance/wp/c/1", b"beside").unwrap();
+    s.put("/conformance/wp/b/1", b"shares the start").unwrap();
+    let r2 = s.put(&format!("{b}1"), b"2").unwrap();
+    let r3 = s.delete(&format!("{a}1")).unwrap();
+    s.put("/conformance/wp/z", b"after").unwrap();
+    let expected = vec![
+        (EventKind::Put, format!("{a}1"), r1),
+        (EventKind::Put, format!("{b}1"), r2),
+        (EventKind::Delete, format!("{a}1"), r3),
+    ];
+    let got = collect_events(&mut *w, expected.len(), Duration::from_secs(5));
+    assert_eq!(summary(&got), expected);
+    assert!(
+        w.next_events(Duration::from_millis(200))
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// A watcher waiting in `next_events` sees writes made by another thread while it waits.
 pub fn watch_live_from_other_thread(s: Arc<dyn Store>) {
     let p = "/conformance/live/";
@@ -837,6 +864,7 @@ pub fn run_single_object(make: &dyn Fn() -> Arc<dyn Store>, opts: &Options) {
     single_object_size_limit(&*make());
     concurrent_cas(make(), opts.cas_threads, opts.cas_increments);
     single_object_watch(&*make());
+    watch_prefixes_sees_only_its_prefixes(&*make());
     watch_live_from_other_thread(make());
     watch_timeout_returns_empty(&*make());
     lease_keepalive_extends(&*make(), opts.lease_ttl);

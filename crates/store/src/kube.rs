@@ -204,6 +204,13 @@ pub const CLASSES: &[Class] = &[
     rec("", "DatastoreEntry", "datastoreentries"),
 ];
 
+/// The classes with a key under any of `prefixes`: the streams a watch of them opens.
+fn classes_under<'a>(prefixes: &'a [&'a str]) -> impl Iterator<Item = &'static Class> + 'a {
+    CLASSES
+        .iter()
+        .filter(|c| prefixes.iter().any(|p| c.overlaps(p)))
+}
+
 /// The objects of the store's leases.
 pub const LEASES: Class = rec("", "DatastoreLease", "datastoreleases");
 
@@ -1532,6 +1539,12 @@ impl Store for KubeStore {
     }
 
     fn watch(&self, prefix: &str, after_revision: i64) -> Result<Box<dyn Watch>> {
+        self.watch_prefixes(&[prefix], after_revision)
+    }
+
+    /// One stream per class under any of `prefixes`, and only those: a node's dataplane
+    /// needs four of the sixteen.
+    fn watch_prefixes(&self, prefixes: &[&str], after_revision: i64) -> Result<Box<dyn Watch>> {
         let start = if after_revision <= 0 {
             self.revision()?
         } else {
@@ -1546,12 +1559,12 @@ impl Store for KubeStore {
             sockets: Arc::new(Mutex::new(BTreeMap::new())),
             ended: false,
         };
-        for (slot, class) in CLASSES.iter().filter(|c| c.overlaps(prefix)).enumerate() {
+        for (slot, class) in classes_under(prefixes).enumerate() {
             let first = self.open_watch(class, start)?;
             let w = ClassWatch {
                 store: self.clone(),
                 class,
-                prefix: prefix.to_string(),
+                prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
                 rev: start,
                 tx: tx.clone(),
                 closed: watch.closed.clone(),
@@ -1706,7 +1719,8 @@ impl KubeStore {
 struct ClassWatch {
     store: KubeStore,
     class: &'static Class,
-    prefix: String,
+    /// The watched prefixes; events under none of them are dropped.
+    prefixes: Vec<String>,
     /// The last revision delivered (or bookmarked).
     rev: i64,
     tx: Sender<Result<Vec<Event>>>,
@@ -1812,7 +1826,7 @@ impl ClassWatch {
             };
             let mut kv = decode(self.class, obj)?;
             self.rev = self.rev.max(kv.mod_revision);
-            if !kv.key.starts_with(&self.prefix)
+            if !self.prefixes.iter().any(|p| kv.key.starts_with(p.as_str()))
                 || (self.class.is_catch_all() && !class_of(&kv.key).is_catch_all())
             {
                 continue;
@@ -2083,6 +2097,25 @@ mod tests {
             kinds("/tern/v1/ipam/")
         );
         assert_eq!(kinds("/tern/v1/").len(), CLASSES.len());
+        // What a node's dataplane watches: four streams, not one per class.
+        let under = |p: &[&str]| -> Vec<&str> { classes_under(p).map(|c| c.kind).collect() };
+        assert_eq!(
+            under(&[
+                "/tern/v1/resources/ippool/",
+                "/tern/v1/resources/node/",
+                keys::BLOCKS,
+                keys::AFFINITIES
+            ]),
+            ["IPPool", "Node", "IPAMBlock", "BlockAffinity"]
+        );
+        // Kinds without a class of their own (Namespace) live in the catch-all.
+        assert_eq!(
+            under(&[
+                "/tern/v1/resources/namespace/",
+                "/tern/v1/resources/networkpolicy/"
+            ]),
+            ["NetworkPolicy", "DatastoreEntry"]
+        );
     }
 
     #[test]

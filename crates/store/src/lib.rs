@@ -247,6 +247,49 @@ fn truncate_key(key: &str) -> String {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// The longest prefix every one of `prefixes` starts with (on a character boundary).
+pub fn common_prefix(prefixes: &[&str]) -> String {
+    let Some((first, rest)) = prefixes.split_first() else {
+        return String::new();
+    };
+    let mut len = first.len();
+    for p in rest {
+        len = first
+            .char_indices()
+            .zip(p.chars())
+            .take_while(|((_, a), b)| a == b)
+            .map(|((i, a), _)| i + a.len_utf8())
+            .last()
+            .unwrap_or(0)
+            .min(len);
+    }
+    first[..len].to_string()
+}
+
+/// A watch that keeps the events under any of its prefixes ([`Store::watch_prefixes`]).
+struct FilteredWatch {
+    inner: Box<dyn Watch>,
+    prefixes: Vec<String>,
+}
+
+impl Watch for FilteredWatch {
+    fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut ev = self.inner.next_events(left)?;
+            ev.retain(|e| {
+                self.prefixes
+                    .iter()
+                    .any(|p| e.kv.key.starts_with(p.as_str()))
+            });
+            if !ev.is_empty() || left.is_zero() {
+                return Ok(ev);
+            }
+        }
+    }
+}
+
 /// A stream of events from a prefix, starting at a revision.
 pub trait Watch: Send {
     /// Waits up to `timeout` for the next batch of events (in revision order). Returns an empty
@@ -266,6 +309,19 @@ pub trait Store: Send + Sync {
     fn revision(&self) -> Result<i64>;
     /// Watches every key with the prefix, delivering events with revision > `after_revision`.
     fn watch(&self, prefix: &str, after_revision: i64) -> Result<Box<dyn Watch>>;
+
+    /// Watches every key under any of `prefixes`, delivering events with revision >
+    /// `after_revision`. A consumer that needs a few kinds of keys names them: the Kubernetes
+    /// backend then opens a stream for those resources only (a watch of the whole root is
+    /// one stream per resource, on every node). The default watches the prefixes' common
+    /// prefix and drops the events under none of them.
+    fn watch_prefixes(&self, prefixes: &[&str], after_revision: i64) -> Result<Box<dyn Watch>> {
+        let inner = self.watch(&common_prefix(prefixes), after_revision)?;
+        Ok(Box::new(FilteredWatch {
+            inner,
+            prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+        }))
+    }
     /// Grants a lease that expires `ttl` after its last keep-alive; keys put with it are deleted
     /// when it expires or is revoked.
     fn lease_grant(&self, ttl: Duration) -> Result<i64>;
@@ -438,6 +494,19 @@ pub(crate) fn random_bytes(b: &mut [u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_prefix_of_watched_prefixes() {
+        assert_eq!(common_prefix(&[]), "");
+        assert_eq!(common_prefix(&["/a/b/"]), "/a/b/");
+        assert_eq!(
+            common_prefix(&["/tern/v1/resources/node/", "/tern/v1/ipam/blocks/"]),
+            "/tern/v1/"
+        );
+        assert_eq!(common_prefix(&["/x/ab", "/x/a", "/x/abc"]), "/x/a");
+        assert_eq!(common_prefix(&["/é/a", "/é/b"]), "/é/");
+        assert_eq!(common_prefix(&["a", "b"]), "");
+    }
 
     /// `is_empty` probes one key (`has_prefix`), with the same answer as a full range, on
     /// every local backend.

@@ -132,6 +132,9 @@ impl Store for SingleObject {
     fn watch(&self, prefix: &str, after_revision: i64) -> Result<Box<dyn Watch>> {
         self.inner.watch(prefix, after_revision)
     }
+    fn watch_prefixes(&self, prefixes: &[&str], after_revision: i64) -> Result<Box<dyn Watch>> {
+        self.inner.watch_prefixes(prefixes, after_revision)
+    }
     fn lease_grant(&self, ttl: Duration) -> Result<i64> {
         self.inner.lease_grant(ttl)
     }
