@@ -755,6 +755,8 @@ impl Dataplane {
     fn watch_loop(&self, stop: &AtomicBool) {
         let mut watch: Option<Box<dyn tern_store::Watch>> = None;
         let mut digests = BlockDigests::default();
+        let prefixes = watched_prefixes();
+        let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
         while !stop.load(Ordering::Relaxed) {
             let w = match watch.as_mut() {
                 Some(w) => w,
@@ -767,8 +769,6 @@ impl Dataplane {
                             continue;
                         }
                     };
-                    let prefixes = watched_prefixes();
-                    let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
                     match self.store.watch_prefixes(&prefixes, rev) {
                         Ok(w) => {
                             // Events between the last sync and the watch start are covered by
@@ -787,10 +787,7 @@ impl Dataplane {
             match w.next_events(Duration::from_millis(500)) {
                 Ok(ev) if ev.is_empty() => continue,
                 Ok(ev) => {
-                    if !ev
-                        .iter()
-                        .any(|e| relevant(&e.kv.key) && digests.changed(&e.kv.key, e))
-                    {
+                    if !ev.iter().any(|e| digests.changed(&e.kv.key, e)) {
                         continue;
                     }
                     let start = Instant::now();
@@ -855,7 +852,7 @@ impl BlockDigests {
 }
 
 /// What the routes and VTEPs are made of: pools, nodes, blocks and their affinities (the
-/// only keys the dataplane watches).
+/// only keys the dataplane watches, so every event it gets is one of them).
 fn watched_prefixes() -> [String; 4] {
     [
         keys::resource_prefix(Kind::IpPool.as_str()),
@@ -863,10 +860,4 @@ fn watched_prefixes() -> [String; 4] {
         keys::BLOCKS.to_string(),
         keys::AFFINITIES.to_string(),
     ]
-}
-
-fn relevant(key: &str) -> bool {
-    watched_prefixes()
-        .iter()
-        .any(|p| key.starts_with(p.as_str()))
 }
