@@ -26,7 +26,7 @@ use common::in_netns;
 use kube_api::KubeNode;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tern_store::conformance::{self, Options};
 use tern_store::kube::{KubeConfig, KubeStore};
 use tern_store::{Store, StoreError};
@@ -173,6 +173,39 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
         "single-object conformance on kube-apiserver: {:?}",
         t0.elapsed()
     );
+
+    // A lease whose holder died without revoking it (an agent killed with SIGKILL): the next
+    // grant, a TTL past its expiry, removes its DatastoreLease object and the keys on it.
+    in_netns(&ns, || {
+        let s = KubeStore::connect(KubeConfig::from_kubeconfig(&admin).unwrap()).unwrap();
+        let dead = s.lease_grant(Duration::from_secs(1)).unwrap();
+        let put = tern_store::Op::Put {
+            key: "/conformance/sweep/a".into(),
+            value: b"x".to_vec(),
+            lease: dead,
+        };
+        s.txn(tern_store::Txn::when(vec![], vec![put])).unwrap();
+        let name = format!("l-{:016x}", dead as u64);
+        let label = format!("tern.dev/lease={name}");
+        let attached = || api.must(&["get", "datastoreentries", "-l", &label, "-o", "name"]);
+        assert!(
+            api.must(&["get", "datastoreleases", "-o", "name"])
+                .contains(&name)
+        );
+        assert!(!attached().trim().is_empty(), "the key on the lease");
+        std::thread::sleep(Duration::from_millis(2_200));
+        let fresh = s.lease_grant(Duration::from_secs(30)).unwrap();
+        let leases = api.must(&["get", "datastoreleases", "-o", "name"]);
+        assert!(
+            !leases.contains(&name),
+            "the dead lease is still there:\n{leases}"
+        );
+        assert!(
+            attached().trim().is_empty(),
+            "a key of the dead lease is left"
+        );
+        s.lease_revoke(fresh).unwrap();
+    });
 
     // IPAM on one object per write: storms of simulated nodes (threads, each its own client),
     // roomy, and small with strict affinity and empty blocks released; no address twice,
@@ -356,6 +389,41 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
         assert!(out.stderr.contains(reason), "spec {spec}: {}", out.stderr);
     }
     assert!(api.kubectl(&["get", "ippools.tern.dev", "bad"]).is_err());
+    // A pool overlapping another (inside it, or around it) is refused by the admission policy
+    // that takes the pools as its parameters. Its informer may not have seen kubectl-pool yet:
+    // an accepted pool is deleted and the apply tried again, for up to 20 s.
+    for (cidr, reason) in [
+        (
+            "10.250.128.0/17",
+            "overlaps IPPool kubectl-pool (10.250.0.0/16)",
+        ),
+        ("10.248.0.0/14", "overlaps IPPool"),
+    ] {
+        let doc = format!(
+            "apiVersion: tern.dev/v1\nkind: IPPool\nmetadata: {{name: overlapping}}\nspec: {{cidr: '{cidr}'}}\n"
+        );
+        let t0 = Instant::now();
+        let out = loop {
+            let out = api.kubectl_out(&["apply", "-f", "-"], Some(&doc));
+            if !out.ok || t0.elapsed() > Duration::from_secs(20) {
+                break out;
+            }
+            api.must(&["delete", "ippools.tern.dev", "overlapping"]);
+            std::thread::sleep(Duration::from_secs(1));
+        };
+        assert!(
+            !out.ok,
+            "kubectl apply accepted {cidr}, which overlaps a pool"
+        );
+        assert!(out.stderr.contains(reason), "{cidr}: {}", out.stderr);
+    }
+    // An IPv6 pool beside the IPv4 ones, and the same pool applied again, pass.
+    let v6 = "apiVersion: tern.dev/v1\nkind: IPPool\nmetadata: {name: v6-pool}\nspec: {cidr: 'fd00:10::/48'}\n";
+    api.kubectl_in(&["apply", "-f", "-"], Some(v6)).unwrap();
+    let v6_nat = v6.replace("/48'}", "/48', natOutgoing: true}");
+    api.kubectl_in(&["apply", "-f", "-"], Some(&v6_nat))
+        .unwrap();
+    api.must(&["delete", "ippools.tern.dev", "v6-pool"]);
 
     // An IPAM block record: exact bytes back, columns for kubectl.
     let block = br#"{"v":2,"cidr":"10.250.3.0/26","affinity":"host:node-a","free":"3-63","strings":[],"attrs":[]}"#;

@@ -162,7 +162,8 @@ pub enum InstallCommand {
     /// etcd://host:port[,host:port], or sqlite:///var/lib/tern/FILE for a single-node cluster.
     Manifest(InstallManifestArgs),
     /// Print only tern's CustomResourceDefinitions (group tern.dev, the Kubernetes datastore's
-    /// objects; also in the manifest): `ternctl install crds | kubectl apply -f -`.
+    /// objects) and the admission policy that refuses overlapping IP pools; also in the
+    /// manifest: `ternctl install crds | kubectl apply -f -`.
     Crds,
 }
 

@@ -12,6 +12,14 @@
 //!   running."; a pod created now gets the VXLAN MTU;
 //! - edited back (`bgp: "true"`, `vxlanMode: Never`) and restarted: sessions Established and
 //!   BGP routes again, no `vxlan.tern`;
+//! - before the switches, the cluster moves from the lab's etcd onto the Kubernetes datastore
+//!   as an operator moves an install (issue 19): tern's CRDs, the agents stopped by a node
+//!   selector on the DaemonSet, `ternctl datastore migrate --dry-run` then the copy,
+//!   `store: kubernetes` in `tern-config`, the agents back. The pods keep their addresses,
+//!   `ternctl ipam show --show-blocks` prints on the Kubernetes store what it printed on etcd,
+//!   `ipam check` is clean, a second migration into the full target is refused, and the
+//!   switches below run on the Kubernetes datastore (a new pod's address lands there, etcd
+//!   stays as it was);
 //! - all along, one TCP connection between pods on the two nodes carries a numbered line
 //!   every 200 ms that the far end echoes back: after each switch the echoes resume, every
 //!   line comes back, in order, and neither end ever restarted; new connections between pods
@@ -212,6 +220,21 @@ impl Cluster {
         None
     }
 
+    /// `kubectl patch configmap tern-config --type merge -p PATCH`.
+    fn patch_config(&self, patch: &serde_json::Value) {
+        self.lab.must(&[
+            "-n",
+            "kube-system",
+            "patch",
+            "configmap",
+            "tern-config",
+            "--type",
+            "merge",
+            "-p",
+            &patch.to_string(),
+        ]);
+    }
+
     /// Polls `check` until it returns None; panics after `secs` with its last reason.
     fn converge(
         &self,
@@ -256,17 +279,7 @@ impl Cluster {
             "bgp": if bgp { "true" } else { "false" },
             "ippool.yaml": pool.replace(from, to),
         }});
-        self.lab.must(&[
-            "-n",
-            "kube-system",
-            "patch",
-            "configmap",
-            "tern-config",
-            "--type",
-            "merge",
-            "-p",
-            &patch.to_string(),
-        ]);
+        self.patch_config(&patch);
         let t = Instant::now();
         self.lab.rollout_restart_tern_node();
         t.elapsed()
@@ -331,6 +344,119 @@ impl Cluster {
             .filter(|w| w[1].0 >= since)
             .map(|w| (w[1].0 - w[0].0).rem_euclid(86_400.0))
             .fold(0.0, f64::max)
+    }
+}
+
+impl Cluster {
+    /// `ternctl ARGS` against `store` from node1's namespace; panics when it fails.
+    fn ternctl(&self, store: &str, args: &[&str]) -> String {
+        let (ok, out) = ternctl_output(
+            ternctl_in(self.netns("node1"))
+                .args(["--store", store])
+                .args(args),
+        );
+        assert!(ok, "ternctl --store {store} {args:?}:\n{out}");
+        out
+    }
+
+    /// The URL of the lab's Kubernetes datastore (its admin kubeconfig).
+    fn kube_store(&self) -> String {
+        let k = self.st.kube.as_ref().expect("a Kubernetes lab");
+        format!("kubernetes://{}", k.admin_kubeconfig().display())
+    }
+
+    /// The pod's address (`status.podIP`).
+    fn pod_ip(&self, pod: &str) -> String {
+        self.lab
+            .must(&["get", "pod", pod, "-o", "jsonpath={.status.podIP}"])
+    }
+
+    /// Moves the running cluster from the lab's etcd onto the Kubernetes datastore the way the
+    /// module doc of `tern_store::migrate` tells an operator to: tern's CRDs applied; the
+    /// agents stopped (the DaemonSet's pods taken off every node by a node selector that
+    /// matches none; the pods keep running); `ternctl datastore migrate --dry-run`, then the
+    /// copy; `store: kubernetes` in `tern-config`; the agents back. Asserts that `ternctl ipam
+    /// show --show-blocks` prints on the Kubernetes store what it printed on etcd, that `ipam
+    /// check` is clean there, that every pod of `pods` kept its address and is one of tern's
+    /// endpoints, and that a second migration into the now full target is refused. Returns
+    /// those addresses and what `ipam show --show-blocks` printed.
+    fn migrate_to_kubernetes(&self, pods: &[&str]) -> (Vec<String>, String) {
+        let (etcd, kube) = (self.st.store_url(), self.kube_store());
+        let before: Vec<String> = pods.iter().map(|p| self.pod_ip(p)).collect();
+        let blocks = self.ternctl(&etcd, &["ipam", "show", "--show-blocks"]);
+        let crds = self.ternctl(&etcd, &["install", "crds"]);
+        self.lab.apply("tern-crds", &crds);
+        self.lab.must(&[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ]);
+        let ds = ["-n", "kube-system", "patch", "daemonset", "tern-node", "-p"];
+        let park =
+            r#"{"spec":{"template":{"spec":{"nodeSelector":{"tern.dev/migrating":"true"}}}}}"#;
+        self.lab.must(&[&ds[..], &[park]].concat());
+        let t = Instant::now();
+        while !self
+            .lab
+            .must(&[tern_lab::kube::pods::TERN_NODE_PODS, &["-o", "name"]].concat())
+            .trim()
+            .is_empty()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "the tern-node pods did not stop{}",
+                self.lab.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let migrate = ["datastore", "migrate", "--from", &etcd, "--to", &kube];
+        let dry = self.ternctl(&etcd, &[&migrate[..], &["--dry-run"]].concat());
+        assert!(
+            dry.contains("would migrate") && dry.contains("ipam/blocks"),
+            "{dry}"
+        );
+        let done = self.ternctl(&etcd, &migrate);
+        assert!(
+            done.contains("migrated") && done.contains("ipam/blocks"),
+            "{done}"
+        );
+        let (ok, again) = ternctl_output(ternctl_in(self.netns("node1")).args(migrate));
+        assert!(
+            !ok && again.contains("not empty"),
+            "a second migration: {again}"
+        );
+        self.patch_config(&serde_json::json!({"data": {"store": "kubernetes"}}));
+        let unpark = r#"{"spec":{"template":{"spec":{"nodeSelector":null}}}}"#;
+        self.lab.must(&[&ds[..], &[unpark]].concat());
+        self.lab.wait_tern_node_rollout();
+        let t = Instant::now();
+        while self.lab.tern_node_pods_ready().0.len() < NODES.len() {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "the tern-node pods did not come back{}",
+                self.lab.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        assert_eq!(
+            self.ternctl(&kube, &["ipam", "show", "--show-blocks"]),
+            blocks,
+            "ipam show on the Kubernetes store against what etcd showed"
+        );
+        let check = self.ternctl(&kube, &["ipam", "check"]);
+        eprintln!("after the migration: {}", check.trim());
+        let weps = self.ternctl(&kube, &["get", "workloadendpoints", "-o", "wide"]);
+        for (p, ip) in pods.iter().zip(&before) {
+            assert_eq!(&self.pod_ip(p), ip, "{p} kept its address");
+            assert!(
+                weps.lines()
+                    .any(|l| l.contains(p) && l.contains(ip.as_str())),
+                "{p} {ip} not among the endpoints on the Kubernetes store:\n{weps}"
+            );
+        }
+        (before, blocks)
     }
 }
 
@@ -402,6 +528,19 @@ fn switch_bgp_to_vxlan_and_back_by_rollout_restart() {
         t0.elapsed()
     );
 
+    // etcd -> Kubernetes, on the running cluster, as an operator moves an existing install
+    // onto the API server. The pods keep running, keep their addresses and the connection.
+    let since = now_of_day();
+    let (addrs, blocks) = c.migrate_to_kubernetes(&["a", "b", "listener", "talker"]);
+    let gap = c.connection_survived("etcd -> Kubernetes", since);
+    c.converge("BGP mode on the Kubernetes datastore", 90, Cluster::not_bgp);
+    c.must_reach_both(("a", &a), ("b", &b));
+    eprintln!(
+        "etcd -> Kubernetes: pods kept {addrs:?}; longest pause of the connection {gap:.1} s; \
+         {:?} since the start",
+        t0.elapsed()
+    );
+
     // BGP -> VXLAN.
     let since = now_of_day();
     let rollout = c.switch(false);
@@ -417,6 +556,22 @@ fn switch_bgp_to_vxlan_and_back_by_rollout_restart() {
     c.must_reach_both(("a", &a), ("b", &b));
     c.lab.apply("v", &server("v", "node2"));
     let v = c.lab.wait_ready("v");
+    assert!(
+        !addrs.contains(&v),
+        "pod v got {v}, an address a pod from before the migration holds ({addrs:?})"
+    );
+    // The agents allocate on the Kubernetes store now; the old etcd is left as it was.
+    let (etcd, kube) = (c.st.store_url(), c.kube_store());
+    assert_eq!(
+        c.ternctl(&etcd, &["ipam", "show", "--show-blocks"]),
+        blocks,
+        "etcd untouched"
+    );
+    let now = c.ternctl(&kube, &["ipam", "show", "--show-blocks"]);
+    assert_ne!(
+        now, blocks,
+        "pod v's address is not on the Kubernetes store"
+    );
     c.must_reach("a", &v, "v");
     let mtu = c.mtu("v");
     let underlay_mtu = c.mtu("a");

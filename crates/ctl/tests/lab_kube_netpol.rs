@@ -64,6 +64,26 @@ struct Cluster {
     lab: KubeLab,
 }
 
+impl Cluster {
+    /// For a failure message: what every node's policy works from — tern's endpoints in the
+    /// store (labels and addresses as the other nodes read them) and the address sets of each
+    /// node's `inet tern` table.
+    fn policy_view(&self) -> String {
+        let st = self.lab.state();
+        let (_, weps) =
+            common::kube_lab::ternctl_store(&st, &["get", "workloadendpoints", "-o", "wide"]);
+        let mut out = format!("\n--- tern's endpoints ---\n{weps}");
+        for n in &st.nodes {
+            let mut nft = tern_lab::process::netns_exec(&n.netns, std::path::Path::new("nft"));
+            let table = tern_lab::process::run(nft.args(["list", "sets", "inet", "tern"]))
+                .unwrap_or_else(|e| e.to_string());
+            let sets: String = table.chars().take(6_000).collect();
+            let _ = write!(out, "\n--- {} address sets ---\n{sets}", n.name);
+        }
+        out
+    }
+}
+
 impl std::ops::Deref for Cluster {
     type Target = KubeLab;
     fn deref(&self) -> &KubeLab {
@@ -1090,6 +1110,7 @@ fn service_policy(c: &Cluster) -> Result<Vec<String>, Vec<String>> {
     if problems.is_empty() {
         Ok(lines)
     } else {
+        problems.push(c.policy_view());
         problems.push(c.diagnostics());
         Err(problems)
     }

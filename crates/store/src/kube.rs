@@ -1595,7 +1595,11 @@ impl Store for KubeStore {
             Idempotent::No,
         )?;
         match a.status {
-            201 | 200 => Ok(id),
+            // The sweep only tidies: the lease is granted whatever it meets.
+            201 | 200 => {
+                let _ = self.sweep_leases();
+                Ok(id)
+            }
             _ => Err(self.unexpected(&format!("POST {path}"), &a, &LEASES)),
         }
     }
@@ -1631,7 +1635,18 @@ impl Store for KubeStore {
         {
             return Err(StoreError::LeaseNotFound(lease));
         }
-        let selector = format!("{LEASE_LABEL}={}", lease_name(lease));
+        self.delete_attached(&lease_name(lease))
+    }
+
+    fn multi_key_txn(&self) -> bool {
+        false
+    }
+}
+
+impl KubeStore {
+    /// Deletes the keys attached to the lease object `name` (its label on them).
+    fn delete_attached(&self, name: &str) -> Result<()> {
+        let selector = format!("{LEASE_LABEL}={name}");
         for class in CLASSES {
             let (objs, _) = self.list(class, Some(&selector))?;
             for o in objs {
@@ -1644,8 +1659,31 @@ impl Store for KubeStore {
         Ok(())
     }
 
-    fn multi_key_txn(&self) -> bool {
-        false
+    /// Removes the leases whose holder stopped renewing them more than a TTL past their
+    /// expiry, with the keys attached: an agent killed without revoking its lease would
+    /// otherwise leave its DatastoreLease object behind for good (readers delete an expired
+    /// lease only when they meet a key attached to it). Run at every grant, so each agent
+    /// start tidies what the last crash left. The extra TTL covers clocks that differ between
+    /// nodes; the delete's precondition lets a holder renewing at that moment win, and a
+    /// holder whose lease went anyway gets `LeaseNotFound` and grants a new one. Returns how
+    /// many leases it removed.
+    pub fn sweep_leases(&self) -> Result<usize> {
+        let (objs, _) = self.list(&LEASES, None)?;
+        let mut removed = 0;
+        for o in objs {
+            let ttl = o["spec"]["ttlMillis"].as_i64().unwrap_or(0);
+            let renewed = o["spec"]["renewedAtMillis"].as_i64().unwrap_or(0);
+            if now_ms() <= renewed.saturating_add(ttl.saturating_mul(2)) {
+                continue;
+            }
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            let rv = parse_rv(&o["metadata"]["resourceVersion"])?;
+            if self.delete_object(&LEASES, None, name, Some(rv))?.is_some() {
+                self.delete_attached(name)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 }
 
@@ -1894,15 +1932,68 @@ impl Drop for KubeWatch {
     }
 }
 
-/// The CustomResourceDefinitions of every class and of the leases, as one YAML stream for
-/// `kubectl apply -f`.
+/// The CustomResourceDefinitions of every class and of the leases, then the admission policy
+/// that refuses overlapping pools, as one YAML stream for `kubectl apply -f`.
 pub fn crds_yaml() -> String {
     let mut out = String::new();
     for class in CLASSES.iter().chain(std::iter::once(&LEASES)) {
         out.push_str("---\n");
         out.push_str(&serde_norway::to_string(&crd(class)).unwrap_or_default());
     }
+    for doc in ippool_overlap_policy() {
+        out.push_str("---\n");
+        out.push_str(&serde_norway::to_string(&doc).unwrap_or_default());
+    }
     out
+}
+
+/// The name of the admission policy that refuses overlapping IP pools, and of its binding.
+pub const IPPOOL_OVERLAP_POLICY: &str = "ippools-no-overlap.tern.dev";
+
+/// A ValidatingAdmissionPolicy and its binding that make the API server refuse an IP pool
+/// whose CIDR overlaps another pool's (Calico checks this in calicoctl and its API server).
+/// A CRD's own rules see one object; a policy with the IPPools themselves as its parameters
+/// (`paramRef.selector` matching every pool) is evaluated once per existing pool, and the
+/// request is refused when any evaluation fails. The API server reads the parameters from an
+/// informer, so two overlapping pools created in the same instant can both pass; ternd and
+/// `ternctl apply` check overlap too.
+fn ippool_overlap_policy() -> [Value; 2] {
+    let rule = "params.metadata.name == object.metadata.name \
+        || !isCIDR(object.spec.cidr) || !isCIDR(params.spec.cidr) \
+        || cidr(object.spec.cidr).ip().family() != cidr(params.spec.cidr).ip().family() \
+        || !(cidr(object.spec.cidr).containsCIDR(cidr(params.spec.cidr)) \
+             || cidr(params.spec.cidr).containsCIDR(cidr(object.spec.cidr)))";
+    [
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": IPPOOL_OVERLAP_POLICY},
+            "spec": {
+                "failurePolicy": "Fail",
+                "paramKind": {"apiVersion": format!("{GROUP}/{VERSION}"), "kind": "IPPool"},
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [GROUP], "apiVersions": [VERSION],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["ippools"],
+                }]},
+                "validations": [{
+                    "expression": rule,
+                    "messageExpression": "'spec.cidr ' + object.spec.cidr + ' overlaps IPPool ' \
+                        + params.metadata.name + ' (' + params.spec.cidr + ')'",
+                    "reason": "Invalid",
+                }],
+            },
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": IPPOOL_OVERLAP_POLICY},
+            "spec": {
+                "policyName": IPPOOL_OVERLAP_POLICY,
+                "validationActions": ["Deny"],
+                "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
+            },
+        }),
+    ]
 }
 
 /// The CRD of one class: a structural schema (the IP pool's in full, with the checks the API
@@ -1993,8 +2084,8 @@ pub fn crd(class: &Class) -> Value {
 
 /// The IP pool's schema: the fields tern reads, with what the API server can check itself
 /// (CIDR syntax, block size for the family and within the pool, encapsulation modes, one
-/// encapsulation at most); what only tern can check (overlap with other pools) stays in
-/// `ternctl apply` and ternd.
+/// encapsulation at most); overlap with other pools is the admission policy's
+/// (`ippool_overlap_policy`).
 fn ippool_schema() -> Value {
     let modes =
         json!({"type": "string", "enum": ["Never", "Always", "CrossSubnet"], "default": "Never"});

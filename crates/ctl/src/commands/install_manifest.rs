@@ -356,8 +356,11 @@ metadata:
   labels:
     app.kubernetes.io/name: tern
 data:
-  # The datastore: etcd://host:port[,host:port] (reachable from every node), or
-  # sqlite:///var/lib/tern/FILE on a single-node cluster (the file lives on the node).
+  # The datastore: kubernetes (the cluster's API server, tern's custom resources),
+  # etcd://host:port[,host:port] (reachable from every node), or sqlite:///var/lib/tern/FILE
+  # on a single-node cluster (the file lives on the node). To move a running cluster to
+  # another datastore: `ternctl datastore migrate` with the tern-node pods stopped, then edit
+  # this and bring them back (docs/kubernetes.md).
   store: "@STORE@"
   # etcd over TLS: the CA, client certificate and key as the pods see them (the Secret
   # tern-etcd-certs, mounted at /etc/tern-etcd-certs: etcd-ca, etcd-cert, etcd-key). Empty:
@@ -685,8 +688,14 @@ mod tests {
 
     /// The `kind` of each document, in order.
     /// The CustomResourceDefinitions at the end of every rendering.
+    /// The CRDs (every class and the leases), then the pool-overlap admission policy.
     fn crds() -> Vec<&'static str> {
-        vec!["CustomResourceDefinition"; tern_store::kube::CLASSES.len() + 1]
+        let mut k = vec!["CustomResourceDefinition"; tern_store::kube::CLASSES.len() + 1];
+        k.extend([
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]);
+        k
     }
 
     fn kinds(d: &[Value]) -> Vec<&str> {

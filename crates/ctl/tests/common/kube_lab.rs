@@ -291,6 +291,12 @@ impl KubeLab {
             "daemonset",
             "tern-node",
         ]);
+        self.wait_tern_node_rollout();
+    }
+
+    /// `kubectl rollout status` of the tern-node DaemonSet until its pods are updated and
+    /// ready (240 s at most; then it panics with the diagnostics).
+    pub fn wait_tern_node_rollout(&self) {
         self.kubectl(&[
             "-n",
             "kube-system",
