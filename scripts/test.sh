@@ -22,8 +22,9 @@
 #   test-kube   once the components and agnhost are built: the cargo test targets named
 #               *kube* (real kube-apiserver, kubelet, containerd). When the components were
 #               already built as the build step ended (a warm cache), this step runs before
-#               test and e2e, beside upstream's specs, and the targets that mostly wait
-#               (test-kube-wait: lab_kube_netpol) run after it, beside test and e2e
+#               test and e2e, beside upstream's specs, and two groups run after it, beside
+#               test and e2e, each in a lane (test-kube-wait: lab_kube_netpol; test-kube-more:
+#               lab_kube_etcd_tls, lab_kube_backend, lab_kube_demo)
 # Every step runs even when an earlier one failed, so one run reports everything; a step that
 # needs what a failed step makes is counted failed. Strict mode (TERN_TEST_STRICT=1): a test
 # that cannot run fails saying what is missing; only this kernel's limits (IPIP, dummy, GRE,
@@ -156,18 +157,23 @@ upstream() {
 test_skip_log=$(mktemp)
 export TERN_TEST_SKIP_LOG=$test_skip_log
 # The test targets that need the Kubernetes components: every one named *kube* (a test in
-# crates/testkit checks that no other target reaches for them). Of those, the ones in
-# $beside_plain mostly wait (lab_kube_netpol: on the timeouts of the probes a policy must
-# drop) and, on a warm run, run beside the plain tests instead of before them. The group is
-# sized to last about as long as the plain tests (lab_kube_netpol 283 s and lab_kube_etcd_tls
-# 38 s beside 307 s in the warm run of 25ccc62): more would make it the critical path.
-beside_plain=" lab_kube_netpol lab_kube_etcd_tls "
-other_targets=() kube_targets=() kube_beside=()
+# crates/testkit checks that no other target reaches for them). On a warm run they go first,
+# beside upstream's specs, and the two cores are busy all along (measured: under 5 % idle);
+# the plain tests after them wait on timeouts and leave about 40 % of the cores idle for
+# their 300 s. So two groups run beside the plain tests instead, each in a lane of its own:
+# $beside_netpol (lab_kube_netpol, 190-290 s, which mostly waits on the probes a policy must
+# drop) and $beside_more (lab_kube_etcd_tls, lab_kube_backend, lab_kube_demo: about 180 s
+# alone). Measured in docs/benchmarks.md ("CI run time").
+beside_netpol=" lab_kube_netpol "
+beside_more=" lab_kube_etcd_tls lab_kube_backend lab_kube_demo "
+other_targets=() kube_targets=() kube_beside=() kube_more=()
 while read -r t; do
   if [[ $t != *kube* ]]; then
     other_targets+=("--test=$t")
-  elif [[ $beside_plain == *" $t "* ]]; then
+  elif [[ $beside_netpol == *" $t "* ]]; then
     kube_beside+=("--test=$t")
+  elif [[ $beside_more == *" $t "* ]]; then
+    kube_more+=("--test=$t")
   else
     kube_targets+=("--test=$t")
   fi
@@ -238,11 +244,13 @@ if [ -f "$CI_LOGS/components.rc" ]; then
   echo "=== the components are built: the Kubernetes tests first"
   step test-kube kube_tests "${kube_targets[@]}"
   bg_step test-kube-wait kube_tests "${kube_beside[@]}"
+  bg_step test-kube-more kube_tests "${kube_more[@]}"
   plain_tests
   join_step test-kube-wait
+  join_step test-kube-more
 else
   plain_tests
-  step test-kube kube_tests "${kube_targets[@]}" "${kube_beside[@]}"
+  step test-kube kube_tests "${kube_targets[@]}" "${kube_beside[@]}" "${kube_more[@]}"
 fi
 
 join_step components
