@@ -222,26 +222,27 @@ mod tests {
 
     #[test]
     fn asks_a_server_on_loopback_and_times_out_on_silence() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        std::thread::spawn(move || {
-            if let Some(Ok(mut c)) = l.incoming().next() {
-                let mut b = [0u8; 256];
-                let _ = c.read(&mut b);
-                let _ = c.write_all(b"HTTP/1.0 200 OK\r\n\r\nserver-1");
-            }
-        });
+        // A loopback server answering one connection with `reply` (after reading the request
+        // when `read_first`).
+        let serve_once = |read_first: bool, reply: &'static [u8]| {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            std::thread::spawn(move || {
+                if let Some(Ok(mut c)) = l.incoming().next() {
+                    if read_first {
+                        let _ = c.read(&mut [0u8; 256]);
+                    }
+                    let _ = c.write_all(reply);
+                }
+            });
+            addr
+        };
+        let addr = serve_once(true, b"HTTP/1.0 200 OK\r\n\r\nserver-1");
         assert_eq!(
             hostname(Dial::Http, addr, Duration::from_secs(5)),
             Ok("server-1".to_string())
         );
-        let raw = TcpListener::bind("127.0.0.1:0").unwrap();
-        let raw_addr = raw.local_addr().unwrap();
-        std::thread::spawn(move || {
-            if let Some(Ok(mut c)) = raw.incoming().next() {
-                let _ = c.write_all(b"web-1\n");
-            }
-        });
+        let raw_addr = serve_once(false, b"web-1\n");
         assert_eq!(
             hostname(Dial::Tcp, raw_addr, Duration::from_secs(5)),
             Ok("web-1".to_string())
