@@ -7,6 +7,9 @@
 //! node's `inet tern` table, and from `kubectl label pod` (peer membership) to the change of
 //! the rules, p50/p99 of 20 samples each. Figures only; it asserts that the rules appear.
 //!
+//! `ipam_add_del_latency_per_datastore` (issue 19): p50/p99 of an IPAM ADD and DEL on SQLite,
+//! etcd and the Kubernetes API in one run, with one node and with 1,000 nodes' blocks.
+//!
 //! Remote pods need no `status.podIP`: ternd watches only its own node's pods
 //! (`spec.nodeName`); remote peers come from other nodes' WorkloadEndpoints in the store.
 //!
@@ -285,4 +288,110 @@ fn kube_watch_memory_and_propagation() {
         let _ = ternd.cni(&plugin, "DEL", Some(p), &json!({}));
     }
     drop(ternd);
+}
+
+/// ADD and DEL latency of tern's IPAM (`Ipam::auto_assign` of one IPv4 address, then
+/// `release_by_handle`) on each datastore in one run: SQLite (a file), etcd (the API
+/// server's own, over its JSON gateway) and the Kubernetes API (one object per write), with
+/// the node's block already held; then again once 1,000 other nodes each hold a block of the
+/// pool (a 1,000-node cluster's IPAM), which on the Kubernetes API costs a DEL the list of
+/// every block (the handle is found in the blocks: no handle records there).
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn ipam_add_del_latency_per_datastore() {
+    use tern_ipam::{AssignArgs, Ipam};
+    use tern_model::{IpPool, IpPoolSpec, put_resource};
+    use tern_store::Store;
+    use tern_store::kube::{KubeConfig, KubeStore};
+    const OPS: usize = 200;
+    const OTHER_NODES: usize = 1000;
+    assert!(
+        kube_api::require_k8s(),
+        "root, openssl and the Kubernetes binaries are needed"
+    );
+    let k = kube_api::KubeNode::start(NODE_IP);
+    let api = &k.api;
+    api.kubectl_in(&["apply", "-f", "-"], Some(&tern_store::kube::crds_yaml()))
+        .unwrap_or_else(|e| panic!("applying tern's CRDs: {e}"));
+    api.must(&[
+        "wait",
+        "--for=condition=Established",
+        "crd",
+        "--all",
+        "--timeout=60s",
+    ]);
+    let admin = api.kubeconfig("store-admin", "store-admin", &["system:masters"]);
+    let db = k.tmp.path().join("ipam.db");
+    let ns = format!("/run/netns/{}", k.netns.name);
+    common::in_netns(&ns, || {
+        let stores: Vec<(&str, std::sync::Arc<dyn Store>)> = vec![
+            (
+                "sqlite",
+                tern_store::open(&format!("sqlite://{}", db.display())).unwrap(),
+            ),
+            (
+                "etcd",
+                tern_store::open(&format!("etcd://127.0.0.1:{}", kube_api::ETCD_PORT)).unwrap(),
+            ),
+            (
+                "kubernetes",
+                std::sync::Arc::new(
+                    KubeStore::connect(KubeConfig::from_kubeconfig(&admin).unwrap()).unwrap(),
+                ),
+            ),
+        ];
+        let args = |handle: String, node: String| AssignArgs {
+            handle,
+            node,
+            num_v4: 1,
+            ..AssignArgs::default()
+        };
+        // `OPS` ADDs then DELs on node `bench`, after a first ADD that claims its block.
+        let run = |ipam: &Ipam, what: &str, store: &str| {
+            ipam.auto_assign(&args("warm".into(), "bench".into()))
+                .unwrap();
+            let (mut add, mut del) = (Vec::new(), Vec::new());
+            for i in 0..OPS {
+                let h = format!("{what}-{i}");
+                let t = Instant::now();
+                let got = ipam.auto_assign(&args(h.clone(), "bench".into())).unwrap();
+                add.push(t.elapsed());
+                assert_eq!(got.len(), 1, "{store}: one address");
+                let t = Instant::now();
+                let freed = ipam.release_by_handle(&h).unwrap();
+                del.push(t.elapsed());
+                assert_eq!(freed, got, "{store}: the DEL frees the ADD's address");
+            }
+            let (a50, a99, amax) = pctl(add);
+            let (d50, d99, dmax) = pctl(del);
+            eprintln!(
+                "{store:>10} {what:>12}: ADD p50 {a50:.2} ms, p99 {a99:.2} ms, max {amax:.1} ms; \
+                 DEL p50 {d50:.2} ms, p99 {d99:.2} ms, max {dmax:.1} ms ({OPS} each)"
+            );
+        };
+        for (name, store) in &stores {
+            let mut spec = IpPoolSpec::new("10.80.0.0/14");
+            spec.block_size = 26;
+            put_resource(&**store, &IpPool::new("bench", spec).into()).unwrap();
+            run(&Ipam::new(store.clone()), "one node", name);
+            // 1,000 other nodes, each claiming a block with its first address (4 threads).
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for w in 0..4 {
+                    let ipam = Ipam::new(store.clone());
+                    s.spawn(move || {
+                        for n in (w..OTHER_NODES).step_by(4) {
+                            ipam.auto_assign(&args(format!("pod-{n}"), format!("node-{n}")))
+                                .unwrap();
+                        }
+                    });
+                }
+            });
+            eprintln!(
+                "{name:>10}: {OTHER_NODES} nodes claimed a block each in {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+            run(&Ipam::new(store.clone()), "1000 blocks", name);
+        }
+    });
 }

@@ -62,21 +62,20 @@ impl Cluster {
     /// A new connection `from` → `ip` answered by `want`, retried for up to 30 s (a switch's
     /// routes may still be converging); panics otherwise.
     fn must_reach(&self, from: &str, ip: &str, want: &str) {
-        let t = Instant::now();
-        loop {
-            let got = self.lab.ask(from, ip);
-            if got.as_deref() == Some(want) {
-                // not a skip: control flow
-                return;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "{from} -> {ip} ({want}): {got:?}{}{}",
-                self.routes(),
-                self.lab.diagnostics()
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        common::wait_until(
+            &format!("{from} -> {ip} ({want})"),
+            30,
+            || self.context(),
+            || {
+                let got = self.lab.ask(from, ip);
+                (got.as_deref() != Some(want)).then(|| format!("{got:?}"))
+            },
+        );
+    }
+
+    /// What a failed wait prints after its reason: the nodes' routes and the lab's state.
+    fn context(&self) -> String {
+        format!("{}{}", self.routes(), self.lab.diagnostics())
     }
 
     fn netns(&self, node: &str) -> &str {
@@ -243,18 +242,13 @@ impl Cluster {
         check: impl Fn(&Cluster) -> Option<String>,
     ) -> Duration {
         let t = Instant::now();
-        loop {
-            let Some(why) = check(self) else {
-                return t.elapsed();
-            };
-            assert!(
-                t.elapsed() < Duration::from_secs(secs),
-                "{what} not reached in {secs} s: {why}{}{}",
-                self.routes(),
-                self.lab.diagnostics()
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        common::wait_until(
+            &format!("{what} not reached in {secs} s"),
+            secs,
+            || self.context(),
+            || check(self),
+        );
+        t.elapsed()
     }
 
     /// The operator's switch: edits `tern-config` (`bgp` and the pool's `vxlanMode`), then
@@ -397,20 +391,17 @@ impl Cluster {
         let park =
             r#"{"spec":{"template":{"spec":{"nodeSelector":{"tern.dev/migrating":"true"}}}}}"#;
         self.lab.must(&[&ds[..], &[park]].concat());
-        let t = Instant::now();
-        while !self
-            .lab
-            .must(&[tern_lab::kube::pods::TERN_NODE_PODS, &["-o", "name"]].concat())
-            .trim()
-            .is_empty()
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(120),
-                "the tern-node pods did not stop{}",
-                self.lab.diagnostics()
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        common::wait_until(
+            "the tern-node pods did not stop",
+            120,
+            || self.lab.diagnostics(),
+            || {
+                let pods = self
+                    .lab
+                    .must(&[tern_lab::kube::pods::TERN_NODE_PODS, &["-o", "name"]].concat());
+                (!pods.trim().is_empty()).then(|| pods.trim().replace('\n', " "))
+            },
+        );
         let migrate = ["datastore", "migrate", "--from", &etcd, "--to", &kube];
         let dry = self.ternctl(&etcd, &[&migrate[..], &["--dry-run"]].concat());
         assert!(
@@ -431,15 +422,15 @@ impl Cluster {
         let unpark = r#"{"spec":{"template":{"spec":{"nodeSelector":null}}}}"#;
         self.lab.must(&[&ds[..], &[unpark]].concat());
         self.lab.wait_tern_node_rollout();
-        let t = Instant::now();
-        while self.lab.tern_node_pods_ready().0.len() < NODES.len() {
-            assert!(
-                t.elapsed() < Duration::from_secs(120),
-                "the tern-node pods did not come back{}",
-                self.lab.diagnostics()
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        common::wait_until(
+            "the tern-node pods did not come back",
+            120,
+            || self.lab.diagnostics(),
+            || {
+                let ready = self.lab.tern_node_pods_ready().0.len();
+                (ready < NODES.len()).then(|| format!("{ready} of {} ready", NODES.len()))
+            },
+        );
         assert_eq!(
             self.ternctl(&kube, &["ipam", "show", "--show-blocks"]),
             blocks,

@@ -442,12 +442,13 @@ struct Cell {
 }
 
 /// How many times the cells a full round got wrong are probed again, alone and given
-/// [`RETRY_SECS`], before the round counts as wrong. A round is over a thousand probes from
-/// nine pods at once; on a loaded machine some of them miss their [`PROBE_SECS`] though the
-/// path is open (in one CI run, beside another lab's probes, a third of a round), and a step
-/// whose every round has such misses never matches. A cell that is truly wrong is wrong
-/// again when probed alone; a real verdict is never rescued by a retry.
-const CELL_RETRIES: usize = 2;
+/// [`RETRY_SECS`], before the round counts as wrong ([`netpol::reprobe_wanted`] says when).
+/// A round is over a thousand probes from nine pods at once; on a loaded machine some of
+/// them miss their [`PROBE_SECS`] though the path is open (in one CI run, beside another
+/// lab's probes, a third of a round), and a step whose every round has such misses never
+/// matches. A cell that is truly wrong is wrong again when probed alone; a real verdict is
+/// never rescued by a retry.
+const CELL_RETRIES: usize = netpol::CELL_RETRIES;
 
 /// Re-probes `cells` (each source pod's in parallel, all of one source's at once) and
 /// returns those still not as wanted.
@@ -552,7 +553,7 @@ fn wait_tables(c: &Cluster, m: &Model, tables: &[Table]) -> (Vec<String>, usize,
                 // (a loaded machine; an answer that came is never retried).
                 let late = t0.elapsed() > STEP_DEADLINE;
                 let misses = wrong.iter().all(|cell| want(tables, cell));
-                if !wrong.is_empty() && (wrong.len() <= total / 50 + 2 || late && misses) {
+                if netpol::reprobe_wanted(wrong.len(), misses, total, late) {
                     for _ in 0..CELL_RETRIES {
                         match reprobe(c, m, tables, wrong.clone()) {
                             Ok(still) => wrong = still,

@@ -136,6 +136,38 @@ impl StormReport {
         }
         if v.is_empty() { Ok(()) } else { Err(v) }
     }
+
+    /// The storm's totals on one line, after `name`.
+    pub fn summary(&self, name: &str) -> String {
+        format!(
+            "{name}: {} allocations, {} releases, {} exhausted, {} borrowed, {} blocks released, \
+             {} failed on an outage and retried, in {:?}",
+            self.total(|w| w.allocations),
+            self.total(|w| w.releases),
+            self.total(|w| w.exhausted),
+            self.total(|w| w.borrowed),
+            self.total(|w| w.blocks_released),
+            self.total(|w| w.unavailable),
+            self.elapsed
+        )
+    }
+
+    /// The checks every storm must pass, for a test: prints [`Self::summary`], panics on the
+    /// violations `verified` (what [`Self::verify`] returned) or when the storm was too quiet
+    /// to have contended. Every worker runs until it made `min_allocations` and
+    /// `min_releases` (4 × 25 and 4 × 10 by default, however slow the machine); fewer means a
+    /// worker gave up at its hard limit (20 × the duration).
+    pub fn assert_sound(&self, name: &str, verified: std::result::Result<(), Vec<String>>) {
+        eprintln!("{}", self.summary(name));
+        if let Err(v) = verified {
+            panic!("{name}: {} violations:\n{}", v.len(), v.join("\n"));
+        }
+        assert!(
+            self.total(|w| w.allocations) > 50,
+            "{name}: storm too quiet"
+        );
+        assert!(self.total(|w| w.releases) > 20, "{name}: storm too quiet");
+    }
 }
 
 /// Writes the storm's pool and IPAM configuration.

@@ -21,11 +21,11 @@ use tern_ipam::storm::{self, WorkerReport};
 use tern_ipam::{AssignArgs, Ipam};
 use tern_model::{IpPool, IpPoolSpec, put_resource};
 use tern_store::mem::MemStore;
-use tern_store::testing::{Call, Hook, Hooked, SingleObject, Verdict};
+use tern_store::testing::{Call, Hook, Hooked, Verdict, single_object};
 use tern_store::{Store, StoreError};
 
 fn single() -> Arc<dyn Store> {
-    SingleObject::new(Arc::new(MemStore::new()))
+    single_object(Arc::new(MemStore::new()))
 }
 
 fn args(handle: &str, node: &str, n: usize) -> AssignArgs {

@@ -603,7 +603,16 @@ fn cell_diff(pods: &[K8sPod], from: usize, to: usize, want: bool) -> String {
 /// How long a re-probe of a cell that a round saw closed waits for its answer.
 pub const RETRY_TIMEOUT: Duration = Duration::from_secs(2);
 /// How many times such cells are probed again before the round counts.
-const CELL_RETRIES: usize = 2;
+pub const CELL_RETRIES: usize = 2;
+
+/// The re-probe rule of a probe round (here and in the Kubernetes NetworkPolicy lab): the
+/// `wrong` cells of a round of `total` are probed again, alone, when every one of them is a
+/// miss (`all_misses`: wanted open, seen closed) and they are few, or however many once the
+/// step's deadline passed (`late`). A round with many wrong cells is a step still being
+/// applied, probed whole again; a cell seen open though wanted closed is never retried.
+pub fn reprobe_wanted(wrong: usize, all_misses: bool, total: usize, late: bool) -> bool {
+    wrong > 0 && all_misses && (wrong <= total / 50 + 2 || late)
+}
 
 /// Probes until every matrix equals its expectation or `deadline` passes (policy reaches the
 /// nodes through their store watches, so the first rounds may see the old state). Returns the
@@ -633,10 +642,7 @@ pub fn wait_for_matrices(
             .map(|(c, _)| *c)
             .collect();
         let late = start.elapsed() >= deadline;
-        if !wrong.is_empty()
-            && wrong.iter().all(wants)
-            && (wrong.len() <= cells.len() / 50 + 2 || late)
-        {
+        if reprobe_wanted(wrong.len(), wrong.iter().all(wants), cells.len(), late) {
             for _ in 0..CELL_RETRIES {
                 let again = probe_cells(pods, combos, &wrong, RETRY_TIMEOUT)?;
                 wrong = wrong
@@ -668,6 +674,18 @@ pub fn wait_for_matrices(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_few_misses_are_probed_again_before_the_deadline() {
+        // 612 cells: up to 14 misses are probed again at once, more only once late.
+        assert!(reprobe_wanted(14, true, 612, false));
+        assert!(!reprobe_wanted(15, true, 612, false));
+        assert!(reprobe_wanted(200, true, 612, true));
+        // A cell seen open though wanted closed is never retried, late or not.
+        assert!(!reprobe_wanted(1, false, 612, false));
+        assert!(!reprobe_wanted(1, false, 612, true));
+        assert!(!reprobe_wanted(0, true, 612, true));
+    }
 
     #[test]
     fn netconf_carries_labels_and_ip() {

@@ -43,7 +43,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -591,9 +591,8 @@ impl Store for EtcdStore {
             .spawn(move || store.watch_loop(lines, tx, start, &prefix_owned))
             .map_err(|e| StoreError::Backend(format!("cannot start the etcd watch thread: {e}")))?;
         Ok(Box::new(EtcdWatch {
-            rx,
+            events: crate::ChannelWatch::new(rx, "etcd"),
             shutdown,
-            ended: false,
         }))
     }
 
@@ -775,45 +774,14 @@ fn watch_end_error(msg: &Value, start: i64, prefix: &str) -> StoreError {
 
 /// A live etcd watch; events arrive from a background thread.
 struct EtcdWatch {
-    rx: Receiver<Result<Vec<Event>>>,
+    events: crate::ChannelWatch,
     /// A handle on the stream's socket, to unblock the reader thread on drop.
     shutdown: TcpStream,
-    /// Set once the thread reported the end of the stream (further calls return that error).
-    ended: bool,
 }
 
 impl Watch for EtcdWatch {
     fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>> {
-        if self.ended {
-            return Err(StoreError::Unavailable(
-                "etcd watch already ended; open a new one".to_string(),
-            ));
-        }
-        let first = match self.rx.recv_timeout(timeout) {
-            Ok(batch) => batch,
-            Err(RecvTimeoutError::Timeout) => return Ok(Vec::new()),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.ended = true;
-                return Err(StoreError::Unavailable(
-                    "etcd watch stream closed".to_string(),
-                ));
-            }
-        };
-        let mut out = first.inspect_err(|_| self.ended = true)?;
-        // Hand over everything already received, so callers see whole bursts at once.
-        while let Ok(batch) = self.rx.try_recv() {
-            match batch {
-                Ok(events) => out.extend(events),
-                Err(e) => {
-                    self.ended = true;
-                    if out.is_empty() {
-                        return Err(e);
-                    }
-                    break;
-                }
-            }
-        }
-        Ok(out)
+        self.events.next_events(timeout)
     }
 }
 

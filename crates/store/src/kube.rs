@@ -49,7 +49,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -749,6 +749,12 @@ impl KubeStore {
         Ok(out)
     }
 
+    /// A write (`POST`, `PUT`, `DELETE`) with a JSON body, retried as [`Self::call`] retries
+    /// a call that is not idempotent.
+    fn write_json(&self, method: &str, path: &str, body: &Value) -> Result<Answer> {
+        self.call(method, path, Some(body), "application/json", Idempotent::No)
+    }
+
     /// One API call, retried within [`RETRY_BUDGET`] while the server cannot be reached or
     /// answers 429/503 (for a non-idempotent call, only when it was certainly not applied).
     fn call(
@@ -980,13 +986,7 @@ impl KubeStore {
                 "preconditions": {"resourceVersion": rv.to_string()}}),
             None => json!({"kind": "DeleteOptions", "apiVersion": "v1"}),
         };
-        let a = self.call(
-            "DELETE",
-            &path,
-            Some(&body),
-            "application/json",
-            Idempotent::No,
-        )?;
+        let a = self.write_json("DELETE", &path, &body)?;
         match a.status {
             200 | 202 => {
                 // The answer is the object as deleted, with the deletion's revision.
@@ -1034,13 +1034,7 @@ impl KubeStore {
                 ("PUT", class.object_path(ns.as_deref(), &name))
             }
         };
-        let a = self.call(
-            method,
-            &path,
-            Some(&obj),
-            "application/json",
-            Idempotent::No,
-        )?;
+        let a = self.write_json(method, &path, &obj)?;
         match a.status {
             200 | 201 => Ok(Some(parse_rv(&a.body["metadata"]["resourceVersion"])?)),
             409 => Ok(None),
@@ -1554,10 +1548,9 @@ impl Store for KubeStore {
         // Made first: when a class's stream cannot be opened, dropping it ends the threads
         // already started for the others.
         let watch = KubeWatch {
-            rx,
+            events: crate::ChannelWatch::new(rx, "Kubernetes"),
             closed: Arc::new(AtomicBool::new(false)),
             sockets: Arc::new(Mutex::new(BTreeMap::new())),
-            ended: false,
         };
         for (slot, class) in classes_under(prefixes).enumerate() {
             let first = self.open_watch(class, start)?;
@@ -1587,13 +1580,7 @@ impl Store for KubeStore {
             "metadata": {"name": lease_name(id)},
             "spec": {"ttlMillis": ttl.as_millis() as i64, "renewedAtMillis": now_ms()}});
         let path = LEASES.collection(None);
-        let a = self.call(
-            "POST",
-            &path,
-            Some(&obj),
-            "application/json",
-            Idempotent::No,
-        )?;
+        let a = self.write_json("POST", &path, &obj)?;
         match a.status {
             // The sweep only tidies: the lease is granted whatever it meets.
             201 | 200 => {
@@ -1615,7 +1602,7 @@ impl Store for KubeStore {
             }
             o["spec"]["renewedAtMillis"] = json!(now_ms());
             let path = LEASES.object_path(None, &lease_name(lease));
-            let a = self.call("PUT", &path, Some(&o), "application/json", Idempotent::No)?;
+            let a = self.write_json("PUT", &path, &o)?;
             match a.status {
                 200 => return Ok(()),
                 409 => continue,
@@ -1884,40 +1871,15 @@ impl ClassWatch {
 
 /// A live watch over one or more classes; events arrive from their threads.
 struct KubeWatch {
-    rx: Receiver<Result<Vec<Event>>>,
+    events: crate::ChannelWatch,
     closed: Arc<AtomicBool>,
     sockets: Arc<Mutex<BTreeMap<usize, TcpStream>>>,
-    ended: bool,
 }
 
 impl Watch for KubeWatch {
+    /// In revision order across the classes' streams.
     fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>> {
-        if self.ended {
-            return Err(StoreError::Unavailable(
-                "Kubernetes watch already ended; open a new one".into(),
-            ));
-        }
-        let first = match self.rx.recv_timeout(timeout) {
-            Ok(b) => b,
-            Err(RecvTimeoutError::Timeout) => return Ok(Vec::new()),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.ended = true;
-                return Err(StoreError::Unavailable("Kubernetes watch ended".into()));
-            }
-        };
-        let mut out = first.inspect_err(|_| self.ended = true)?;
-        while let Ok(b) = self.rx.try_recv() {
-            match b {
-                Ok(ev) => out.extend(ev),
-                Err(e) => {
-                    self.ended = true;
-                    if out.is_empty() {
-                        return Err(e);
-                    }
-                    break;
-                }
-            }
-        }
+        let mut out = self.events.next_events(timeout)?;
         out.sort_by_key(|e| e.kv.mod_revision);
         Ok(out)
     }

@@ -290,6 +290,67 @@ impl Watch for FilteredWatch {
     }
 }
 
+/// The receiving end of a watch whose events a reader thread sends (etcd's, Kubernetes'):
+/// batches of events, or the error that ended the stream.
+pub(crate) struct ChannelWatch {
+    rx: std::sync::mpsc::Receiver<Result<Vec<Event>>>,
+    /// The datastore, for the errors ("etcd", "Kubernetes").
+    what: &'static str,
+    /// Set once the thread reported the end of the stream (further calls return that error).
+    ended: bool,
+}
+
+impl ChannelWatch {
+    pub(crate) fn new(
+        rx: std::sync::mpsc::Receiver<Result<Vec<Event>>>,
+        what: &'static str,
+    ) -> Self {
+        ChannelWatch {
+            rx,
+            what,
+            ended: false,
+        }
+    }
+
+    /// [`Watch::next_events`]: the first batch within `timeout`, then everything already
+    /// received, so callers see whole bursts at once; an error ends the watch (returned once
+    /// the events before it were handed over).
+    pub(crate) fn next_events(&mut self, timeout: Duration) -> Result<Vec<Event>> {
+        use std::sync::mpsc::RecvTimeoutError;
+        if self.ended {
+            return Err(StoreError::Unavailable(format!(
+                "{} watch already ended; open a new one",
+                self.what
+            )));
+        }
+        let first = match self.rx.recv_timeout(timeout) {
+            Ok(batch) => batch,
+            Err(RecvTimeoutError::Timeout) => return Ok(Vec::new()),
+            Err(RecvTimeoutError::Disconnected) => {
+                self.ended = true;
+                return Err(StoreError::Unavailable(format!(
+                    "{} watch stream closed",
+                    self.what
+                )));
+            }
+        };
+        let mut out = first.inspect_err(|_| self.ended = true)?;
+        while let Ok(batch) = self.rx.try_recv() {
+            match batch {
+                Ok(events) => out.extend(events),
+                Err(e) => {
+                    self.ended = true;
+                    if out.is_empty() {
+                        return Err(e);
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// A stream of events from a prefix, starting at a revision.
 pub trait Watch: Send {
     /// Waits up to `timeout` for the next batch of events (in revision order). Returns an empty

@@ -39,6 +39,11 @@ pub enum Verdict {
 pub trait Hook: Send + Sync {
     /// Called before `call` is forwarded.
     fn before(&self, call: &Call<'_>) -> Verdict;
+
+    /// What the hooked store answers to [`Store::multi_key_txn`], given `inner`'s answer.
+    fn multi_key_txn(&self, inner: bool) -> bool {
+        inner
+    }
 }
 
 /// A store forwarding to `inner`, with `hook` consulted before each get, range, txn and watch;
@@ -97,54 +102,37 @@ impl<H: Hook> Store for Hooked<H> {
         self.inner.lease_revoke(lease)
     }
     fn multi_key_txn(&self) -> bool {
-        self.inner.multi_key_txn()
+        self.hook.multi_key_txn(self.inner.multi_key_txn())
     }
 }
 
 /// A store forwarding to `inner` that takes transactions on one key only, refusing the
 /// others as the Kubernetes datastore does ([`Store::multi_key_txn`] false): the fast
 /// stand-in for `kube::KubeStore` in unit tests of what callers do on such a store (the
-/// Kubernetes backend itself runs against a real kube-apiserver).
-pub struct SingleObject {
-    pub inner: Arc<dyn Store>,
+/// Kubernetes backend itself runs against a real kube-apiserver). Made by [`single_object`].
+pub type SingleObject = Hooked<SingleKeyOnly>;
+
+/// A [`SingleObject`] store over `inner`.
+pub fn single_object(inner: Arc<dyn Store>) -> Arc<SingleObject> {
+    Hooked::new(inner, SingleKeyOnly)
 }
 
-impl SingleObject {
-    pub fn new(inner: Arc<dyn Store>) -> Arc<SingleObject> {
-        Arc::new(SingleObject { inner })
-    }
-}
+/// The hook of [`SingleObject`]: a transaction touching more than one key fails as the
+/// Kubernetes datastore fails it, without reaching the inner store.
+pub struct SingleKeyOnly;
 
-impl Store for SingleObject {
-    fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        self.inner.get(key)
+impl Hook for SingleKeyOnly {
+    fn before(&self, call: &Call<'_>) -> Verdict {
+        match call {
+            Call::Txn(t) => match crate::single_key(t) {
+                Err(e) => Verdict::Fail(e),
+                Ok(_) => Verdict::Forward,
+            },
+            _ => Verdict::Forward,
+        }
     }
-    fn range(&self, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
-        self.inner.range(prefix)
-    }
-    fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        crate::single_key(&txn)?;
-        self.inner.txn(txn)
-    }
-    fn revision(&self) -> Result<i64> {
-        self.inner.revision()
-    }
-    fn watch(&self, prefix: &str, after_revision: i64) -> Result<Box<dyn Watch>> {
-        self.inner.watch(prefix, after_revision)
-    }
-    fn watch_prefixes(&self, prefixes: &[&str], after_revision: i64) -> Result<Box<dyn Watch>> {
-        self.inner.watch_prefixes(prefixes, after_revision)
-    }
-    fn lease_grant(&self, ttl: Duration) -> Result<i64> {
-        self.inner.lease_grant(ttl)
-    }
-    fn lease_keepalive(&self, lease: i64) -> Result<()> {
-        self.inner.lease_keepalive(lease)
-    }
-    fn lease_revoke(&self, lease: i64) -> Result<()> {
-        self.inner.lease_revoke(lease)
-    }
-    fn multi_key_txn(&self) -> bool {
+
+    fn multi_key_txn(&self, _inner: bool) -> bool {
         false
     }
 }

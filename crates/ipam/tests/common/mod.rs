@@ -15,29 +15,10 @@ const OPTS: &str = "TERN_IPAM_STORM_OPTS";
 /// The variable carrying a child worker's index.
 const INDEX: &str = "TERN_IPAM_STORM_INDEX";
 
-/// Prints the storm's totals and panics on any violation of [`StormReport::verify`] or when the
-/// storm was too quiet to have contended.
+/// Panics on any violation of [`StormReport::verify`] or when the storm was too quiet to have
+/// contended ([`StormReport::assert_sound`]).
 pub fn check(name: &str, report: &StormReport, store: Arc<dyn Store>) {
-    eprintln!(
-        "{name}: {} allocations, {} releases, {} exhausted, {} borrowed, {} blocks released in {:?}",
-        report.total(|w| w.allocations),
-        report.total(|w| w.releases),
-        report.total(|w| w.exhausted),
-        report.total(|w| w.borrowed),
-        report.total(|w| w.blocks_released),
-        report.elapsed
-    );
-    if let Err(v) = report.verify(store) {
-        panic!("{name}: {} violations:\n{}", v.len(), v.join("\n"));
-    }
-    // Every worker runs until it made `min_allocations` and `min_releases` (4 × 25 and 4 × 10
-    // by default, however slow the machine); fewer means a worker gave up at its hard limit
-    // (20 × the duration) and the storm did not actually contend.
-    assert!(
-        report.total(|w| w.allocations) > 50,
-        "{name}: storm too quiet"
-    );
-    assert!(report.total(|w| w.releases) > 20, "{name}: storm too quiet");
+    report.assert_sound(name, report.verify(store));
 }
 
 /// Runs the storm with one thread per node, each with its own store from `open(at)`, and

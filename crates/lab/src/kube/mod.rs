@@ -315,9 +315,31 @@ pub fn kubectl(k: &KubeState, args: &[&str]) -> Result<String> {
     process::run(&mut c)
 }
 
-/// Checks that every binary the cluster needs is there; the error names what is missing and
-/// how to build it.
+/// The directories each node's mount namespace covers with its own (`node::HOLDER_SCRIPT`:
+/// tmpfs on each, `/run/tern-lab` bound back): what lies under one of them is not there for
+/// the node's kubelet, containerd and pods.
+const NODE_PRIVATE_DIRS: [&str; 5] = ["/tmp", "/var/lib", "/var/log", "/opt", "/run"];
+
+/// The node-private directory `p` lies under, if any (`p` as it resolves).
+fn hidden_in_nodes(p: &Path) -> Option<&'static str> {
+    let p = p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    if p.starts_with("/run/tern-lab") {
+        return None;
+    }
+    NODE_PRIVATE_DIRS.into_iter().find(|d| p.starts_with(d))
+}
+
+/// Checks that every binary the cluster needs is there, and where the nodes can run it; the
+/// error names what is missing and how to build it.
 pub fn check_binaries(k8s_bin: &Path) -> Result<()> {
+    if let Some(dir) = hidden_in_nodes(k8s_bin) {
+        return Err(LabError::Invalid(format!(
+            "the Kubernetes components in {} cannot run on the lab's nodes: each node mounts \
+             its own {dir} (as it does /tmp, /var/lib, /var/log, /opt and /run); build them \
+             elsewhere (scripts/k8s-components.sh with TERN_K8S_CACHE, default /var/cache/tern)",
+            k8s_bin.display()
+        )));
+    }
     let mut missing: Vec<String> = K8S_BINARIES
         .iter()
         .map(|b| k8s_bin.join(b))
@@ -663,4 +685,29 @@ pub fn status(k: &KubeState) -> String {
         out.push_str(&format!("export KUBECONFIG={}\n", k.kubeconfig().display()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn components_under_a_node_private_directory_are_refused() {
+        for p in [
+            "/tmp/cache/k8s/v1/bin",
+            "/var/lib/x/bin",
+            "/run/k8s/bin",
+            "/opt/k8s/bin",
+        ] {
+            let e = check_binaries(Path::new(p)).unwrap_err().to_string();
+            assert!(e.contains("cannot run on the lab's nodes"), "{p}: {e}");
+            assert!(e.contains(p), "{p}: {e}");
+        }
+        assert_eq!(hidden_in_nodes(Path::new("/run/tern-lab/x/bin")), None);
+        assert_eq!(
+            hidden_in_nodes(Path::new("/var/cache/tern/k8s/v1/bin")),
+            None
+        );
+        assert_eq!(hidden_in_nodes(Path::new("/tmpfoo/bin")), None);
+    }
 }
