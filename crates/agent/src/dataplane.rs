@@ -75,6 +75,9 @@ pub struct Dataplane {
     bgp: AtomicBool,
     /// Route the nodes' podCIDRs ([`Dataplane::set_pod_cidr_routing`]).
     pod_cidr: AtomicBool,
+    /// Where this node's endpoint records are when not in `store`
+    /// ([`Dataplane::set_endpoint_store`]).
+    endpoint_store: std::sync::OnceLock<Arc<dyn Store>>,
 }
 
 impl Dataplane {
@@ -96,6 +99,7 @@ impl Dataplane {
             policy: Mutex::new(None),
             bgp: AtomicBool::new(false),
             pod_cidr: AtomicBool::new(false),
+            endpoint_store: std::sync::OnceLock::new(),
             cfg,
         })
     }
@@ -115,6 +119,12 @@ impl Dataplane {
     /// it like a block affine to it, and blackhole this node's own ([`crate::routes::compute`]).
     pub fn set_pod_cidr_routing(&self, on: bool) {
         self.pod_cidr.store(on, Ordering::Relaxed);
+    }
+
+    /// The store of this node's endpoint records when it is not the datastore
+    /// ([`crate::endpoints::open_store`]); set once, before the first sync.
+    pub fn set_endpoint_store(&self, store: Arc<dyn Store>) {
+        let _ = self.endpoint_store.set(store);
     }
 
     /// Number of completed syncs.
@@ -674,7 +684,8 @@ impl Dataplane {
         links: &[tern_linux::netlink::Link],
         r: &mut SyncReport,
     ) {
-        let eps = match crate::endpoints::store_io::list(&*self.store, &self.cfg.node_name) {
+        let store = self.endpoint_store.get().unwrap_or(&self.store);
+        let eps = match crate::endpoints::store_io::list(&**store, &self.cfg.node_name) {
             Ok(e) => e,
             Err(e) => {
                 r.errors.push(format!("listing endpoints: {e}"));

@@ -1,7 +1,15 @@
 //! WorkloadEndpoints of this node: the store is the record, the cache answers CHECK and GC
 //! without a store round trip.
+//!
+//! Which store: the datastore itself on etcd and SQLite, where every node's endpoints are
+//! documents all agents read. On a datastore that derives the cluster's endpoints from its
+//! Pods (Kubernetes, [`tern_store::Store::derives_endpoints`]) the node's own records, with
+//! what a Pod does not say (container ID, network, netns, MAC), live in a node-local SQLite
+//! file instead ([`open_store`]): an ADD or DEL then writes the API server once (the IPAM
+//! block), not twice, and no per-pod object of tern's exists there.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tern_api::{Attachment, PodRef};
 use tern_model::EndpointPort;
@@ -82,6 +90,107 @@ pub fn endpoint_name(node: &str, a: &Attachment) -> String {
     }
 }
 
+/// The node an endpoint resource name was made for (the first part of [`endpoint_name`],
+/// whose parts have `-` doubled); `None` when the name is not of that form.
+pub fn endpoint_name_node(name: &str) -> Option<String> {
+    let mut node = String::new();
+    let mut chars = name.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '-' {
+            node.push(c);
+        } else if chars.peek() == Some(&'-') {
+            chars.next();
+            node.push('-');
+        } else {
+            return Some(node);
+        }
+    }
+    None
+}
+
+/// File of the node-local endpoint store, in the state directory.
+pub const LOCAL_STORE_FILE: &str = "endpoints.db";
+
+/// The store holding this node's endpoint records: `main` itself, unless `main` derives its
+/// endpoints from Pods; then `<state_dir>/endpoints.db`, into which the records a
+/// `ternctl datastore migrate` left for this node ([`tern_store::keys::ENDPOINT_IMPORT`]) are
+/// moved first (each written only where the local store has no record of that name, then
+/// deleted from `main` at the revision read, so a crash in between only repeats the move).
+pub fn open_store(
+    main: &Arc<dyn Store>,
+    state_dir: &Path,
+    node: &str,
+) -> Result<Arc<dyn Store>, StoreError> {
+    if !main.derives_endpoints() {
+        export_local(main, state_dir, node)?;
+        return Ok(main.clone());
+    }
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| StoreError::Unavailable(format!("creating {}: {e}", state_dir.display())))?;
+    let local: Arc<dyn Store> = Arc::new(tern_store::sqlite::SqliteStore::open(
+        state_dir.join(LOCAL_STORE_FILE),
+    )?);
+    let prefix = tern_store::keys::node_endpoint_imports(node);
+    let (records, _) = main.range(&prefix)?;
+    let mut moved = 0;
+    for kv in records {
+        let key = format!(
+            "{}{}",
+            tern_store::keys::resource_prefix("WorkloadEndpoint"),
+            &kv.key[prefix.len()..]
+        );
+        let put = local.txn(tern_store::Txn {
+            compare: vec![tern_store::Compare::CreateRevision(key.clone(), 0)],
+            success: vec![tern_store::Op::put(key, kv.value.clone())],
+            failure: vec![],
+        })?;
+        main.txn(tern_store::Txn {
+            compare: vec![tern_store::Compare::ModRevision(
+                kv.key.clone(),
+                kv.mod_revision,
+            )],
+            success: vec![tern_store::Op::delete(kv.key.clone())],
+            failure: vec![],
+        })?;
+        moved += usize::from(put.succeeded);
+    }
+    if moved > 0 {
+        log::info!(
+            "moved {moved} endpoint records of node {node} from the datastore into its local endpoint store"
+        );
+    }
+    Ok(local)
+}
+
+/// After a move from a datastore that derives endpoints onto one that does not (`ternctl
+/// datastore migrate` from Kubernetes to etcd): the node's records in its local endpoint
+/// store are written into `main` (over whatever is there: the records are the node's own),
+/// then the local file is removed. A crash in between only writes them again.
+fn export_local(main: &Arc<dyn Store>, state_dir: &Path, node: &str) -> Result<(), StoreError> {
+    let path = state_dir.join(LOCAL_STORE_FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    let local = tern_store::sqlite::SqliteStore::open(&path)?;
+    let records = store_io::list(&local, node)?;
+    for ep in &records {
+        store_io::put(&**main, ep)?;
+    }
+    drop(local);
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.clone().into_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+    if !records.is_empty() {
+        log::info!(
+            "moved {} endpoint records of node {node} from its local endpoint store into the datastore",
+            records.len()
+        );
+    }
+    Ok(())
+}
+
 /// Key identifying an attachment within the node: (network, containerID, ifname).
 pub type AttachmentKey = (String, String, String);
 
@@ -129,6 +238,16 @@ impl Endpoints {
         };
         eps.refresh()?;
         Ok(eps)
+    }
+
+    /// The store the records live in ([`open_store`]).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The node's endpoints as the store has them now (not the cache).
+    pub fn list_stored(&self) -> Result<Vec<Endpoint>, StoreError> {
+        store_io::list(&*self.store, &self.node)
     }
 
     /// Re-reads the node's endpoints from the store into the cache.
@@ -600,5 +719,48 @@ mod tests {
         assert_eq!(w.spec.container_id, "c2");
         assert_eq!(w.spec.ports, vec![port("web", 80, Protocol::Tcp)]);
         assert_eq!(w.metadata.labels.get("tier"), None);
+    }
+
+    /// Onto the Kubernetes datastore (endpoints derived) a migration's endpoint-import
+    /// record of this node moves into the node-local store, and is gone from the datastore;
+    /// back on a datastore that does not derive them, the local records are written into it
+    /// and the local file is removed.
+    #[test]
+    fn endpoint_records_follow_the_datastore_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let kube: Arc<dyn Store> = tern_store::testing::kube_like(inner.clone());
+        let e = ep("c1", vec![]);
+        let doc = store_io::put(&*inner, &e).unwrap();
+        let key = store_io::key(&doc);
+        let import = format!(
+            "{}prod/{}",
+            tern_store::keys::node_endpoint_imports("n1"),
+            e.name()
+        );
+        let value = inner.get(&key).unwrap().unwrap().value;
+        inner.delete(&key).unwrap();
+        inner.put(&import, &value).unwrap();
+        let local = open_store(&kube, dir.path(), "n1").unwrap();
+        assert!(!Arc::ptr_eq(&local, &kube));
+        assert_eq!(
+            store_io::list(&*local, "n1").unwrap(),
+            std::slice::from_ref(&e)
+        );
+        assert!(inner.get(&import).unwrap().is_none(), "import record moved");
+        drop(local);
+        // Started again on the same store: nothing to move, the record stays local.
+        let local = open_store(&kube, dir.path(), "n1").unwrap();
+        assert_eq!(
+            store_io::list(&*local, "n1").unwrap(),
+            std::slice::from_ref(&e)
+        );
+        drop(local);
+        // On etcd or SQLite again (after a migration back).
+        let plain: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let same = open_store(&plain, dir.path(), "n1").unwrap();
+        assert!(Arc::ptr_eq(&same, &plain));
+        assert_eq!(store_io::list(&*plain, "n1").unwrap(), [e]);
+        assert!(!dir.path().join(LOCAL_STORE_FILE).exists());
     }
 }

@@ -204,8 +204,8 @@ impl LeakTracker {
         if due.is_empty() {
             return r;
         }
-        // Re-check against the store itself: the endpoint cache may lag a concurrent refresh.
-        let fresh = match crate::endpoints::store_io::list(inp.store, node) {
+        // Re-check against the stored records: the endpoint cache may lag a concurrent refresh.
+        let fresh = match inp.endpoints.list_stored() {
             Ok(eps) => eps,
             Err(e) => {
                 r.errors.push(format!("re-reading endpoints: {e}"));

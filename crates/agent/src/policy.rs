@@ -194,6 +194,10 @@ const KINDS: [Kind; 5] = [
 /// The policy state of this node and the kernel table it drives.
 pub struct PolicyEngine {
     store: Arc<dyn Store>,
+    /// The store of this node's own endpoint records when it is not `store`
+    /// ([`crate::endpoints::open_store`]): this node's endpoints are read from it, and the
+    /// ones `store` derives for this node (from its Pods) are ignored.
+    local: Option<Arc<dyn Store>>,
     /// Objects from a source other than the store (the Kubernetes API, see [`crate::kube`]):
     /// applied over the store's at every resync, so a resync never drops them. Locked before
     /// `state` whenever both are held.
@@ -229,6 +233,31 @@ pub fn load_policy_set(store: &dyn Store) -> Result<PolicySet, PolicyAgentError>
 pub fn load_policy_set_reporting(
     store: &dyn Store,
 ) -> Result<(PolicySet, BTreeMap<PolicyKey, String>), PolicyAgentError> {
+    load_sources(store, None, "")
+}
+
+/// Where an event or a stored object came from: the datastore, or the node-local store of
+/// this node's endpoint records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Datastore,
+    Local,
+}
+
+/// Whether an object of the datastore is left out because the node-local store has it: an
+/// endpoint of this node, when there is such a store.
+fn shadowed(local: bool, node: &str, kind: Kind, name: &str) -> bool {
+    local
+        && kind == Kind::WorkloadEndpoint
+        && crate::endpoints::endpoint_name_node(name).as_deref() == Some(node)
+}
+
+/// [`load_policy_set_reporting`], with this node's endpoints from `local` when given.
+fn load_sources(
+    store: &dyn Store,
+    local: Option<&dyn Store>,
+    node: &str,
+) -> Result<(PolicySet, BTreeMap<PolicyKey, String>), PolicyAgentError> {
     let mut set = PolicySet::new();
     let mut unusable = BTreeMap::new();
     // Namespaces first so their labels exist when anything else is evaluated.
@@ -240,10 +269,20 @@ pub fn load_policy_set_reporting(
         Kind::GlobalNetworkPolicy,
     ] {
         let prefix = keys::resource_prefix(kind.as_str());
-        let (kvs, _) = store.range(&prefix).map_err(|e| PolicyAgentError::Store {
-            what: format!("{} objects", kind.as_str()),
-            source: e,
-        })?;
+        let read = |s: &dyn Store| {
+            s.range(&prefix).map_err(|e| PolicyAgentError::Store {
+                what: format!("{} objects", kind.as_str()),
+                source: e,
+            })
+        };
+        let (mut kvs, _) = read(store)?;
+        kvs.retain(|kv| {
+            !parse_key(&kv.key)
+                .is_some_and(|(k, _, name)| shadowed(local.is_some(), node, k, &name))
+        });
+        if let (Some(l), Kind::WorkloadEndpoint) = (local, kind) {
+            kvs.extend(read(l)?.0);
+        }
         for kv in kvs {
             let why = match Resource::from_stored(&kv.value) {
                 Ok(r) => match set.apply(&r) {
@@ -310,9 +349,20 @@ impl PolicyEngine {
     /// Reads the cluster's policy state for `node`; nothing is applied yet (see
     /// [`PolicyEngine::resync`]), so the table already in the kernel keeps enforcing.
     pub fn load(store: Arc<dyn Store>, node: &str) -> Result<PolicyEngine, PolicyAgentError> {
-        let (set, unusable) = load_policy_set_reporting(&*store)?;
+        Self::load_with(store, None, node)
+    }
+
+    /// As [`PolicyEngine::load`], with this node's endpoints read from `local` (its endpoint
+    /// store, when that is not the datastore) instead of from `store`.
+    pub fn load_with(
+        store: Arc<dyn Store>,
+        local: Option<Arc<dyn Store>>,
+        node: &str,
+    ) -> Result<PolicyEngine, PolicyAgentError> {
+        let (set, unusable) = load_sources(&*store, local.as_deref(), node)?;
         Ok(PolicyEngine {
             store,
+            local,
             external: Mutex::new(BTreeMap::new()),
             unusable: Mutex::new(unusable),
             state: Mutex::new(Incremental::new(node, set)),
@@ -373,7 +423,8 @@ impl PolicyEngine {
     /// one), so a resync or an upgrade never switches a policy's protection off; it is
     /// listed in [`PolicyEngine::unusable_policies`].
     pub fn resync(&self) -> Result<(), PolicyAgentError> {
-        let (mut set, unusable) = load_policy_set_reporting(&*self.store)?;
+        let node = self.state.lock().unwrap().node().to_string();
+        let (mut set, unusable) = load_sources(&*self.store, self.local.as_deref(), &node)?;
         let external = self.external.lock().unwrap();
         for (k, r) in external.iter() {
             if let Err(e) = set.apply(r) {
@@ -502,13 +553,25 @@ impl PolicyEngine {
 
     /// Applies a batch of store events in one transaction.
     pub fn handle_events(&self, events: &[tern_store::Event]) -> Result<usize, PolicyAgentError> {
+        self.handle_events_from(events, Source::Datastore)
+    }
+
+    fn handle_events_from(
+        &self,
+        events: &[tern_store::Event],
+        source: Source,
+    ) -> Result<usize, PolicyAgentError> {
         let external = self.external.lock().unwrap();
         let mut inc = self.state.lock().unwrap();
+        let node = inc.node().to_string();
         let mut n = 0;
         for ev in events {
             let Some((kind, ns, name)) = parse_key(&ev.kv.key) else {
                 continue;
             };
+            if source == Source::Datastore && shadowed(self.local.is_some(), &node, kind, &name) {
+                continue;
+            }
             n += 1;
             // An unusable update leaves the previous version in force (`inc` is unchanged).
             let unusable = match ev.kind {
@@ -552,22 +615,36 @@ impl PolicyEngine {
     /// table stale.
     pub fn spawn_watch(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
         let me = self.clone();
+        let stop2 = stop.clone();
         std::thread::Builder::new()
             .name("policy-watch".into())
-            .spawn(move || me.watch_loop(&stop))
-            .map(|_| ())
+            .spawn(move || me.watch_loop(&stop, Source::Datastore))?;
+        if self.local.is_some() {
+            let me = self.clone();
+            std::thread::Builder::new()
+                .name("policy-watch-local".into())
+                .spawn(move || me.watch_loop(&stop2, Source::Local))?;
+        }
+        Ok(())
     }
 
-    fn watch_loop(&self, stop: &AtomicBool) {
+    fn watch_loop(&self, stop: &AtomicBool, source: Source) {
+        let (store, kinds): (&Arc<dyn Store>, &[Kind]) = match (source, &self.local) {
+            (Source::Local, Some(l)) => (l, &[Kind::WorkloadEndpoint]),
+            _ => (&self.store, &KINDS),
+        };
         let mut watch: Option<Box<dyn tern_store::Watch>> = None;
         while !stop.load(Ordering::Relaxed) {
             let w = match watch.as_mut() {
                 Some(w) => w,
                 None => {
-                    let started = self.store.revision().and_then(|rev| {
-                        let prefixes = KINDS.map(|k| keys::resource_prefix(k.as_str()));
-                        let prefixes = prefixes.each_ref().map(String::as_str);
-                        Ok((rev, self.store.watch_prefixes(&prefixes, rev)?))
+                    let started = store.revision().and_then(|rev| {
+                        let prefixes: Vec<String> = kinds
+                            .iter()
+                            .map(|k| keys::resource_prefix(k.as_str()))
+                            .collect();
+                        let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+                        Ok((rev, store.watch_prefixes(&prefixes, rev)?))
                     });
                     match started {
                         Ok((_, w)) => {
@@ -597,7 +674,7 @@ impl PolicyEngine {
                             Err(_) => break,
                         }
                     }
-                    if let Err(e) = self.handle_events(&ev) {
+                    if let Err(e) = self.handle_events_from(&ev, source) {
                         log::warn!("policy: {e}");
                     }
                 }
@@ -699,6 +776,98 @@ mod tests {
             .args(["list", "chain", "inet", "tern", chain])
             .output()
             .unwrap()
+    }
+
+    #[test]
+    fn this_nodes_endpoints_come_from_its_local_store_on_a_derived_datastore() {
+        in_private_netns(derived_endpoints_in_private_netns);
+    }
+
+    /// A WorkloadEndpoint document (`labels` as YAML flow mapping).
+    fn wep(name: &str, node: &str, labels: &str, ifname: &str, ip: &str) -> (String, Vec<u8>) {
+        let yaml = format!(
+            "apiVersion: tern.dev/v1\nkind: WorkloadEndpoint\nmetadata: {{name: {name}, namespace: x, labels: {labels}}}\nspec: {{node: {node}, pod: {name}, orchestrator: k8s, interfaceName: {ifname}, ipNetworks: [{ip}/32]}}\n"
+        );
+        let r = tern_model::parse_documents(&yaml, "t.yaml")
+            .unwrap()
+            .remove(0);
+        let key = tern_model::resource_key(Kind::WorkloadEndpoint, Some("x"), name);
+        (key, r.to_json().into_bytes())
+    }
+
+    /// On a datastore that derives endpoints from Pods (the Kubernetes datastore): this
+    /// node's endpoints are its local records (the derived copy of one of them, with other
+    /// labels, is ignored, at load and in events), other nodes' are the derived ones.
+    fn derived_endpoints_in_private_netns() {
+        let inner: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let main: Arc<dyn Store> = tern_store::testing::kube_like(inner.clone());
+        let local: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        // The Pods as the datastore derives them: this node's web (stale labels) and n2's db.
+        let (k, v) = wep(
+            "n1-k8s-web-eth0",
+            "n1",
+            "{app: stale}",
+            "ternweb",
+            "10.0.1.5",
+        );
+        inner.put(&k, &v).unwrap();
+        let (k, v) = wep("n2-k8s-db-eth0", "n2", "{app: db}", "terndb", "10.0.2.5");
+        inner.put(&k, &v).unwrap();
+        let (k, v) = wep("n1-k8s-web-eth0", "n1", "{app: web}", "ternweb", "10.0.1.5");
+        local.put(&k, &v).unwrap();
+        let yaml = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: x}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  ingress: [{from: [{podSelector: {matchLabels: {app: db}}}]}]\n";
+        let r = tern_model::parse_documents(yaml, "t.yaml")
+            .unwrap()
+            .remove(0);
+        let key = tern_model::resource_key(Kind::K8sNetworkPolicy, Some("x"), "web");
+        inner.put(&key, r.to_json().as_bytes()).unwrap();
+        let engine = PolicyEngine::load_with(main.clone(), Some(local.clone()), "n1").unwrap();
+        engine.resync().unwrap();
+        let desired = format!("{:?}", engine.desired());
+        assert!(
+            desired.contains("ternweb") && desired.contains("10.0.2.5"),
+            "web (app: web, from the local store) is selected, db's address allowed: {desired}"
+        );
+        // A derived update of this node's endpoint is not this node's record: ignored.
+        let event = |kv: (String, Vec<u8>)| tern_store::Event {
+            kind: EventKind::Put,
+            kv: tern_store::KeyValue {
+                key: kv.0,
+                value: kv.1,
+                create_revision: 2,
+                mod_revision: 2,
+                version: 1,
+                lease: 0,
+            },
+        };
+        let stale = wep(
+            "n1-k8s-web-eth0",
+            "n1",
+            "{app: other}",
+            "ternweb",
+            "10.0.1.5",
+        );
+        assert_eq!(engine.handle_events(&[event(stale)]).unwrap(), 0);
+        assert_eq!(format!("{:?}", engine.desired()), desired);
+        // The local record's change is applied: web is no longer selected.
+        let relabelled = wep(
+            "n1-k8s-web-eth0",
+            "n1",
+            "{app: other}",
+            "ternweb",
+            "10.0.1.5",
+        );
+        assert_eq!(
+            engine
+                .handle_events_from(&[event(relabelled)], Source::Local)
+                .unwrap(),
+            1
+        );
+        let after = engine.desired();
+        assert!(
+            after.sets["ep-in"].elements.is_empty() && !format!("{after:?}").contains("ternweb"),
+            "{after:?}"
+        );
     }
 
     #[test]

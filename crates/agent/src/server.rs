@@ -130,7 +130,13 @@ impl Agent {
             Ok(false) => {}
             Err(e) => log::warn!("cannot check IP pools now (will serve anyway): {e}"),
         }
-        let endpoints = match Endpoints::load(store.clone(), &cfg.node_name) {
+        let endpoint_store =
+            crate::endpoints::open_store(&store, &cfg.state_dir, &cfg.node_name)
+                .with_context(|| format!("opening the endpoint store of node {}", cfg.node_name))?;
+        // The node's own endpoints come from there when it is not the datastore.
+        let local_endpoints =
+            (!Arc::ptr_eq(&endpoint_store, &store)).then(|| endpoint_store.clone());
+        let endpoints = match Endpoints::load(endpoint_store.clone(), &cfg.node_name) {
             Ok(e) => e,
             Err(e) => {
                 return Err(anyhow::Error::new(e)
@@ -139,8 +145,12 @@ impl Agent {
         };
         let policy = if cfg.dataplane {
             Some(Arc::new(
-                crate::policy::PolicyEngine::load(store.clone(), &cfg.node_name)
-                    .context("loading network policy")?,
+                crate::policy::PolicyEngine::load_with(
+                    store.clone(),
+                    local_endpoints.clone(),
+                    &cfg.node_name,
+                )
+                .context("loading network policy")?,
             ))
         } else {
             None
@@ -150,9 +160,14 @@ impl Agent {
         let external = policy
             .clone()
             .map(|p| p as Arc<dyn crate::external::ExternalObjects>);
-        let kube = crate::kube::from_config(&cfg, &store, external)?;
+        let kube = crate::kube::from_config(&cfg, &store, &endpoint_store, external)?;
         let dataplane = if cfg.dataplane {
-            Some(Arc::new(start_dataplane(&cfg, &store, policy.clone())?))
+            Some(Arc::new(start_dataplane(
+                &cfg,
+                &store,
+                local_endpoints,
+                policy.clone(),
+            )?))
         } else {
             None
         };
@@ -589,6 +604,7 @@ impl Agent {
 fn start_dataplane(
     cfg: &AgentConfig,
     store: &Arc<dyn Store>,
+    endpoint_store: Option<Arc<dyn Store>>,
     policy: Option<Arc<crate::policy::PolicyEngine>>,
 ) -> anyhow::Result<crate::dataplane::Dataplane> {
     let dp = crate::dataplane::Dataplane::new(
@@ -601,6 +617,9 @@ fn start_dataplane(
         store.clone(),
     )
     .context("--node-ip")?;
+    if let Some(s) = endpoint_store {
+        dp.set_endpoint_store(s);
+    }
     // Before the first sync: with BGP, direct routes must never be installed over BGP's.
     dp.set_bgp_routing(cfg.bgp);
     dp.set_pod_cidr_routing(cfg.use_pod_cidr);

@@ -6,8 +6,9 @@
 //! refusal of multi-key transactions); IPAM storms of four simulated nodes (roomy, exhausted
 //! with borrowing, strict affinity with empty blocks released) keep every invariant with one
 //! object per write, and a DEL of everything leaves nothing allocated; ternd with `--store
-//! kubernetes` serves a pod's ADD (its block and WorkloadEndpoint visible to kubectl) and
-//! DEL through the real plugin; an IPPool applied with `kubectl apply` in `ternctl
+//! kubernetes` serves a pod's ADD (its block visible to kubectl, its WorkloadEndpoint derived
+//! from the Pod once the Pod's status has the address; one API write) and DEL (one write)
+//! through the real plugin; an IPPool applied with `kubectl apply` in `ternctl
 //! apply`'s YAML is the pool tern's model reads, and one tern writes is what `kubectl get
 //! ippools` shows; the API server itself refuses invalid pools (bad CIDR, block size for the
 //! family or bigger than the pool, two encapsulations) with the reason; an IPAM block record
@@ -97,12 +98,19 @@ fn api_writes(api: &kube_api::KubeApi) -> BTreeMap<(String, String), u64> {
 /// The watch streams open on tern's resources (group tern.dev), by resource, from the API
 /// server's `apiserver_longrunning_requests`.
 fn tern_watches(api: &kube_api::KubeApi) -> BTreeMap<String, u64> {
+    watches(api, "tern.dev")
+}
+
+/// The watch streams open on the resources of API `group` ("" for the core group), by
+/// resource, from the API server's `apiserver_longrunning_requests`.
+fn watches(api: &kube_api::KubeApi, group: &str) -> BTreeMap<String, u64> {
     let text = api.must(&["get", "--raw", "/metrics"]);
     let mut out = BTreeMap::new();
+    let group = format!("group=\"{group}\"");
     for line in text
         .lines()
         .filter(|l| l.starts_with("apiserver_longrunning_requests{"))
-        .filter(|l| l.contains("group=\"tern.dev\"") && l.contains("verb=\"WATCH\""))
+        .filter(|l| l.contains(&group) && l.contains("verb=\"WATCH\""))
     {
         let Some((labels, value)) = line.rsplit_once(' ') else {
             continue;
@@ -450,22 +458,21 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     // a stream per class of those, not one per class of the whole root (48 streams a node).
     let t0 = std::time::Instant::now();
     let mut watches = tern_watches(api);
-    while watches.values().sum::<u64>() < 8 && t0.elapsed() < Duration::from_secs(20) {
+    while watches.values().sum::<u64>() < 7 && t0.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(200));
         watches = tern_watches(api);
     }
     let streams: u64 = watches.values().sum();
-    eprintln!("ternd's watch streams on tern.dev: {streams} {watches:?}");
+    let core = self::watches(api, "");
+    eprintln!(
+        "ternd's watch streams on tern.dev: {streams} {watches:?}; on the core group: {core:?}"
+    );
     assert!(
-        (8..=13).contains(&streams),
-        "ternd's watch streams on tern.dev (dataplane 4, policy 4, BGP 5 when on): {watches:?}\n{}",
+        (7..=12).contains(&streams),
+        "ternd's watch streams on tern.dev (dataplane 4, policy 3, BGP 5 when on): {watches:?}\n{}",
         ternd.log()
     );
-    for (r, n) in [
-        ("ipamblocks", 1),
-        ("networkpolicies", 1),
-        ("workloadendpoints", 1),
-    ] {
+    for (r, n) in [("ipamblocks", 1), ("networkpolicies", 1)] {
         assert!(
             watches.get(r).copied().unwrap_or(0) >= n,
             "{r}: {watches:?}"
@@ -474,6 +481,11 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     assert!(
         !watches.contains_key("ipamhandles") && !watches.contains_key("ipamowners"),
         "nobody reads handles or owners from a watch: {watches:?}"
+    );
+    // The cluster's endpoints are its Pods: no per-pod object of tern's is watched.
+    assert!(
+        !watches.contains_key("workloadendpoints") && core.get("pods").copied().unwrap_or(0) >= 1,
+        "endpoints are watched as Pods: tern.dev {watches:?}, core {core:?}"
     );
     let pods = ternd.add_api_pods(api, &plugin, "prod", &["web"]);
     let ip = pods[0].ip.unwrap();
@@ -495,8 +507,61 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
         }),
         "no block of {NODE} with an address in use:\n{wide}"
     );
-    let weps = api.must(&["get", "workloadendpoints.tern.dev", "-n", "prod"]);
-    assert!(weps.contains("web"), "{weps}");
+    // No WorkloadEndpoint object of tern's: the endpoint is derived from the Pod once its
+    // status has the address (which kubelet writes from the CNI result; here the test does).
+    assert!(
+        api.kubectl(&["get", "crd", "workloadendpoints.tern.dev"])
+            .is_err(),
+        "WorkloadEndpoints are no custom resource on the Kubernetes datastore"
+    );
+    let wep_prefix = tern_store::keys::namespaced_resource("WorkloadEndpoint", "prod", "");
+    let derived = || {
+        in_netns(&ns, || {
+            store
+                .range(&wep_prefix)
+                .unwrap()
+                .0
+                .into_iter()
+                .map(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    assert!(
+        derived().is_empty(),
+        "no address in the Pod's status yet: {:?}",
+        derived()
+    );
+    api.must(&[
+        "patch",
+        "pod",
+        "web",
+        "-n",
+        "prod",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]}}}}"#),
+    ]);
+    let weps = derived();
+    assert_eq!(weps.len(), 1, "{weps:?}");
+    assert_eq!(weps[0]["spec"]["pod"], "web", "{weps:?}");
+    assert_eq!(weps[0]["spec"]["node"], NODE, "{weps:?}");
+    assert_eq!(
+        weps[0]["spec"]["ipNetworks"][0],
+        format!("{ip}/32"),
+        "{weps:?}"
+    );
+    // The audit matches the Pod's address with the allocation made for it.
+    let report = in_netns(&ns, || {
+        let s: Arc<dyn Store> = Arc::new(store.clone());
+        tern_ipam::audit::check(&*s, &tern_ipam::Ipam::new(s.clone())).unwrap()
+    });
+    assert_eq!(
+        report.problems(),
+        0,
+        "{}",
+        tern_ipam::audit::summary(&report)
+    );
     // The API writes of one more pod's ADD (from the block the node holds) and of its DEL,
     // by verb and resource, from the API server's own request counter.
     api.apply(&format!(
@@ -520,6 +585,24 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     };
     assert_eq!(blocks(&add), 1, "block writes of an ADD: {add:?}");
     assert_eq!(blocks(&del), 1, "block writes of a DEL: {del:?}");
+    // And nothing else of tern's: the block is the one write (ternd's own node-status patch,
+    // on its period, is not the pod's).
+    let pod_writes = |d: &BTreeMap<(String, String), u64>| {
+        d.iter()
+            .filter(|((_, r), _)| r != "nodes")
+            .map(|(k, n)| (k.clone(), *n))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        pod_writes(&add).values().sum::<u64>(),
+        1,
+        "API writes of an ADD from a held block: {add:?}"
+    );
+    assert_eq!(
+        pod_writes(&del).values().sum::<u64>(),
+        1,
+        "API writes of a DEL: {del:?}"
+    );
 
     let (st, out) = ternd.cni(&plugin, "DEL", Some(&pods[0]), &serde_json::json!({}));
     assert_eq!(st, 0, "DEL: {out}\n{}", ternd.log());

@@ -11,6 +11,7 @@
 
 pub mod ident;
 pub mod journal;
+pub mod veth_name;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -6,6 +6,15 @@
 //! can only be checked on its node, so the check here is conservative: such allocations are
 //! never reported as leaked; the node's agent releases them when the sandbox is gone).
 //!
+//! On a store that derives its WorkloadEndpoints from the cluster's Pods (the Kubernetes
+//! datastore, [`Store::derives_endpoints`]) an endpoint carries no container ID, so no handle:
+//! an allocation is in use there when a Pod of its namespace and name holds its address, and
+//! an allocation made for no pod (a bare CNI attachment, a tunnel address) is never reported,
+//! since the record of its user is only on its node (whose agent repairs it, as for owner
+//! records). Calico's `calicoctl ipam check` on its Kubernetes datastore compares the same way.
+//! A pod whose kubelet has not reported its address yet looks unused for that moment: a
+//! release from a report checks again first ([`release_from_report`]).
+//!
 //! The audit reads the records the agent writes (WorkloadEndpoints, owner records under
 //! [`keys::OWNERS`]) itself, through [`list_endpoints`] and the owner-record functions below,
 //! so that `ternctl` needs IPAM and the store but not the agent (`tern_agent::audit` re-exports
@@ -215,6 +224,22 @@ pub fn compare(
     endpoints: &[EndpointUse],
     owner_handles: &HashSet<String>,
 ) -> IpamReport {
+    compare_with(allocs, endpoints, owner_handles, false)
+}
+
+/// Whether `e` is an endpoint derived from a Pod: a pod's, with no container ID.
+fn is_derived(e: &EndpointUse) -> bool {
+    e.attachment.container_id.is_empty() && e.attachment.pod.is_some()
+}
+
+/// [`compare`]; with `derived`, the endpoints come from a store that derives them from Pods
+/// (see the module documentation).
+pub fn compare_with(
+    allocs: &[Allocation],
+    endpoints: &[EndpointUse],
+    owner_handles: &HashSet<String>,
+    derived: bool,
+) -> IpamReport {
     let mut r = IpamReport {
         allocations_checked: allocs.len(),
         endpoints_checked: endpoints.len(),
@@ -223,11 +248,34 @@ pub fn compare(
     let ep_handles: HashSet<String> = endpoints
         .iter()
         .filter(|e| !e.delegated_ipam)
+        .filter(|e| !(derived && is_derived(e)))
         .flat_map(|e| [e.attachment.handle(), e.attachment.legacy_handle()])
+        .collect();
+    // (namespace, pod, address) of every endpoint derived from a Pod.
+    let pod_uses: HashSet<(&str, &str, IpAddr)> = endpoints
+        .iter()
+        .filter(|e| derived && is_derived(e) && !e.delegated_ipam)
+        .flat_map(|e| {
+            let p = e
+                .attachment
+                .pod
+                .as_ref()
+                .expect("derived endpoints have a pod");
+            e.ip_networks
+                .iter()
+                .filter_map(|n| n.parse::<ipnet::IpNet>().ok())
+                .map(move |n| (p.namespace.as_str(), p.name.as_str(), n.addr()))
+        })
         .collect();
     for a in allocs {
         let Some(h) = &a.handle else { continue };
         if ep_handles.contains(h) || owner_handles.contains(h) {
+            continue;
+        }
+        if derived
+            && (a.attrs.pod.is_empty()
+                || pod_uses.contains(&(a.attrs.namespace.as_str(), a.attrs.pod.as_str(), a.ip)))
+        {
             continue;
         }
         r.allocated_not_in_use.push(LeakedAllocation {
@@ -253,8 +301,27 @@ pub fn compare(
             if e.delegated_ipam {
                 continue;
             }
-            let handle = e.attachment.handle();
             let held_by = by_ip.get(&ip).map(|a| a.handle.clone().unwrap_or_default());
+            if derived && is_derived(e) {
+                let pod = e
+                    .attachment
+                    .pod
+                    .as_ref()
+                    .expect("derived endpoints have a pod");
+                let held = by_ip
+                    .get(&ip)
+                    .is_some_and(|a| a.attrs.namespace == pod.namespace && a.attrs.pod == pod.name);
+                if !held {
+                    r.in_use_not_allocated.push(UnallocatedUse {
+                        ip,
+                        endpoint: e.label(),
+                        node: e.node.clone(),
+                        allocated_to: held_by,
+                    });
+                }
+                continue;
+            }
+            let handle = e.attachment.handle();
             // A pod added before handles were unambiguous holds its address under the
             // legacy form, made for this container and interface.
             let legacy = by_ip.get(&ip).is_some_and(|a| {
@@ -287,7 +354,12 @@ pub fn check(store: &dyn Store, ipam: &Ipam) -> Result<IpamReport, AuditError> {
     let allocs = ipam.allocations(None)?;
     let eps = list_endpoints(store)?;
     let owners = owner_handles(store)?;
-    Ok(compare(&allocs, &eps, &owners))
+    Ok(compare_with(
+        &allocs,
+        &eps,
+        &owners,
+        store.derives_endpoints(),
+    ))
 }
 
 /// Human summary of a report, in the manner of `calicoctl ipam check`.
@@ -540,6 +612,62 @@ mod tests {
         assert!(json.contains("\"sequenceNumber\":7"), "{json}");
         let back: IpamReport = serde_json::from_str(&json).unwrap();
         assert_eq!(back, leaky);
+    }
+
+    /// On a store that derives endpoints from Pods: an allocation is in use when the Pod of
+    /// its namespace and name holds its address; one made for no pod is never reported; a
+    /// pod's address held for another pod is reported, as is a pod address nobody holds.
+    #[test]
+    fn derived_endpoints_are_matched_by_pod_and_address() {
+        let for_pod = |ip: &str, handle: &str, pod: &str| {
+            let mut a = alloc(ip, handle, 1);
+            a.attrs.namespace = "prod".into();
+            a.attrs.pod = pod.into();
+            a
+        };
+        let derived = |pod: &str, ip: &str| {
+            let mut e = ep("", ip);
+            e.attachment.network = String::new();
+            e.attachment.pod = Some(PodRef {
+                namespace: "prod".into(),
+                name: pod.into(),
+                ..Default::default()
+            });
+            e
+        };
+        let allocs = vec![
+            for_pod("10.0.0.1", "net:eth0.c1", "web"),
+            for_pod("10.0.0.2", "net:eth0.c2", "gone"),
+            alloc("10.0.0.3", "net:eth0.bare", 3),
+            for_pod("10.0.0.4", "net:eth0.c4", "db"),
+        ];
+        let eps = vec![
+            derived("web", "10.0.0.1"),
+            derived("api", "10.0.0.4"),
+            derived("cache", "10.0.0.9"),
+        ];
+        let r = compare_with(&allocs, &eps, &HashSet::new(), true);
+        let leaked: Vec<&str> = r
+            .allocated_not_in_use
+            .iter()
+            .map(|l| l.pod.as_str())
+            .collect();
+        assert_eq!(leaked, ["gone", "db"], "{r:?}");
+        let unalloc: Vec<(String, Option<String>)> = r
+            .in_use_not_allocated
+            .iter()
+            .map(|u| (u.ip.to_string(), u.allocated_to.clone()))
+            .collect();
+        assert_eq!(
+            unalloc,
+            [
+                ("10.0.0.4".to_string(), Some("net:eth0.c4".to_string())),
+                ("10.0.0.9".to_string(), None)
+            ]
+        );
+        // The same endpoints read as full records (not derived) match nothing by handle.
+        let plain = compare(&allocs, &eps, &HashSet::new());
+        assert_eq!(plain.allocated_not_in_use.len(), 4, "{plain:?}");
     }
 
     /// A pod added before handles were unambiguous holds its address under the legacy

@@ -47,7 +47,14 @@ impl Ipam {
         let model = IpamError::Model;
         // Endpoints first: once gone, their addresses are allocated-not-in-use and the audit
         // would report them until released just below.
-        let (kvs, _) = store.range(&keys::resource_prefix(Kind::WorkloadEndpoint.as_str()))?;
+        // Where endpoints are derived (from the Pods, on the Kubernetes datastore) there is
+        // nothing to delete: the node's own records went with the node, and the endpoint
+        // records a migration left for its agent are removed below.
+        let (kvs, _) = if store.derives_endpoints() {
+            (Vec::new(), 0)
+        } else {
+            store.range(&keys::resource_prefix(Kind::WorkloadEndpoint.as_str()))?
+        };
         for kv in kvs {
             let Ok(w) = serde_json::from_slice::<WorkloadEndpoint>(&kv.value) else {
                 continue;
@@ -69,7 +76,8 @@ impl Ipam {
             }
         }
         let (owners, _) = store.range(&format!("{}{node}/", keys::OWNERS))?;
-        for kv in owners {
+        let (imports, _) = store.range(&keys::node_endpoint_imports(node))?;
+        for kv in owners.into_iter().chain(imports) {
             store.delete(&kv.key)?;
         }
         // Addresses this node allocated: by attribute, or unattributed in its own blocks.

@@ -71,6 +71,16 @@ pub const IPAM_CONFIG: &str = "/tern/v1/ipam/config";
 /// pods were recorded in.
 pub const CLUSTER_ID: &str = "/tern/v1/cluster/id";
 
+/// Prefix of the endpoint records `ternctl datastore migrate` leaves for each node's agent
+/// when the target derives its WorkloadEndpoints from Pods (the Kubernetes datastore): the
+/// agent moves its node's into its local endpoint store at start and deletes them here.
+pub const ENDPOINT_IMPORT: &str = "/tern/v1/endpoint-import/";
+
+/// Prefix of the endpoint records left for `node`'s agent.
+pub fn node_endpoint_imports(node: &str) -> String {
+    format!("{ENDPOINT_IMPORT}{node}/")
+}
+
 /// Prefix of the owner records of standalone `tern-ipam` allocations (`<node>/<handle>`).
 pub const OWNERS: &str = "/tern/v1/ipam/owners/";
 

@@ -12,6 +12,11 @@
 //!   annotation `tern.dev/key`, and a few fields derived from the value in `spec` for
 //!   `kubectl get` columns (a block's CIDR, node, used and free addresses). The object's name
 //!   is the key's tail made a DNS subdomain, with a hash of the key when that changed it.
+//! - **WorkloadEndpoints derived from Pods** ([`crate::kube_pods`]): no custom resource; a
+//!   `range`, `get` or `watch` under the WorkloadEndpoint prefix reads `/api/v1/pods` and
+//!   gives each running pod with addresses the endpoint document ternd would have written;
+//!   writes there are refused ([`Store::derives_endpoints`]). Each agent keeps its own
+//!   node's records in a node-local store, so an ADD or a DEL is one API write (the block).
 //!
 //! ## What a transaction can be
 //! The Kubernetes API has compare-and-swap on one object (`resourceVersion`, and the
@@ -43,7 +48,7 @@
 //! needs is a dozen REST calls over the same bounded HTTP/1.1 client as the etcd backend
 //! ([`crate::http`]). kube-rs (and its tokio runtime) stays in the agent's Kubernetes watchers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -101,6 +106,9 @@ pub enum Shape {
     Document,
     /// The value's bytes are kept exactly in the object.
     Record,
+    /// Read-only documents derived from Pods ([`crate::kube_pods`]): no custom resource of
+    /// tern's, nothing written.
+    DerivedFromPods,
 }
 
 /// One class of keys: a key prefix (or, for a singleton, the one key) and the custom resource
@@ -151,6 +159,7 @@ pub const CLASSES: &[Class] = &[
     doc("/tern/v1/resources/node/", "Node", "nodes"),
     Class {
         namespaced: true,
+        shape: Shape::DerivedFromPods,
         ..doc(
             "/tern/v1/resources/workloadendpoint/",
             "WorkloadEndpoint",
@@ -241,6 +250,12 @@ impl Class {
     }
 
     fn collection(&self, namespace: Option<&str>) -> String {
+        if self.shape == Shape::DerivedFromPods {
+            return match namespace {
+                Some(ns) => format!("/api/v1/namespaces/{ns}/pods"),
+                None => "/api/v1/pods".to_string(),
+            };
+        }
         match namespace {
             Some(ns) => format!("/apis/{API_VERSION}/namespaces/{ns}/{}", self.plural),
             None => format!("/apis/{API_VERSION}/{}", self.plural),
@@ -253,7 +268,7 @@ impl Class {
             return Ok((None, name.to_string()));
         }
         let tail = &key[self.prefix.len()..];
-        if self.shape == Shape::Document {
+        if self.shape != Shape::Record {
             let (ns, name) = if self.namespaced {
                 match tail.split_once('/') {
                     Some((ns, name)) => (Some(ns.to_string()), name),
@@ -886,11 +901,21 @@ impl KubeStore {
     /// Lists a class (every page), optionally with a label selector: objects and the list's
     /// resource version.
     fn list(&self, class: &Class, selector: Option<&str>) -> Result<(Vec<Value>, i64)> {
+        self.list_in(class, None, selector)
+    }
+
+    /// [`KubeStore::list`] of one namespace (`None`: every namespace).
+    fn list_in(
+        &self,
+        class: &Class,
+        namespace: Option<&str>,
+        selector: Option<&str>,
+    ) -> Result<(Vec<Value>, i64)> {
         let mut out = Vec::new();
         let mut cont = String::new();
         let mut rev = None;
         loop {
-            let mut path = format!("{}?limit={LIST_PAGE}", class.collection(None));
+            let mut path = format!("{}?limit={LIST_PAGE}", class.collection(namespace));
             if let Some(s) = selector {
                 let _ = write!(path, "&labelSelector={}", url_escape(s));
             }
@@ -1067,6 +1092,36 @@ impl KubeStore {
     }
 }
 
+impl KubeStore {
+    /// The endpoints derived from Pods under `prefix` (one namespace's when `prefix` names
+    /// one) and the list's revision ([`crate::kube_pods`]).
+    fn derived_range(&self, class: &Class, prefix: &str) -> Result<(Vec<KeyValue>, i64)> {
+        let ns = prefix
+            .strip_prefix(class.prefix)
+            .and_then(|tail| tail.split_once('/'))
+            .map(|(ns, _)| ns)
+            .filter(|ns| is_dns_subdomain(ns));
+        let (pods, rev) = self.list_in(class, ns, None)?;
+        let mut out = Vec::new();
+        for p in &pods {
+            if let crate::kube_pods::Derived::Endpoint { key, .. } = crate::kube_pods::derive(p)
+                && key.starts_with(prefix)
+            {
+                out.push(decode(class, p)?);
+            }
+        }
+        Ok((out, rev))
+    }
+}
+
+/// Why a derived key cannot be written.
+fn derived_read_only(key: &str) -> StoreError {
+    StoreError::Backend(format!(
+        "{key:?}: on the Kubernetes datastore WorkloadEndpoints are derived from Pods and \
+         cannot be written; change the Pod instead (kubectl label pod, kubectl edit pod)"
+    ))
+}
+
 /// True when nothing can be read from the idle socket without waiting (neither data nor EOF).
 fn idle_and_open(s: &TcpStream) -> bool {
     if s.set_nonblocking(true).is_err() {
@@ -1170,6 +1225,7 @@ fn encode(class: &Class, key: &str, value: &[u8], ns: Option<&str>, name: &str) 
             map.insert("metadata".into(), meta);
             Ok(d)
         }
+        Shape::DerivedFromPods => Err(derived_read_only(key)),
         Shape::Record => {
             meta["annotations"] = json!({ KEY_ANNOTATION: key });
             let mut obj = json!({"apiVersion": API_VERSION, "kind": class.kind, "metadata": meta});
@@ -1338,6 +1394,14 @@ fn decode(class: &Class, obj: &Value) -> Result<KeyValue> {
             };
             (key, value)
         }
+        Shape::DerivedFromPods => match crate::kube_pods::derive(obj) {
+            crate::kube_pods::Derived::Endpoint { key, doc } => {
+                (key, serde_json::to_vec(&doc).unwrap_or_default())
+            }
+            crate::kube_pods::Derived::Nothing { .. } => {
+                return Err(StoreError::Backend(format!("pod {name} has no endpoint")));
+            }
+        },
     };
     Ok(KeyValue {
         key,
@@ -1390,6 +1454,10 @@ impl Store for KubeStore {
     fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let class = class_of(key);
         let (ns, name) = class.locate(key)?;
+        if class.shape == Shape::DerivedFromPods {
+            let (kvs, _) = self.derived_range(class, key)?;
+            return Ok(kvs.into_iter().find(|kv| kv.key == key));
+        }
         let Some((_, kv)) = self.get_current(key)? else {
             return Ok(None);
         };
@@ -1400,6 +1468,12 @@ impl Store for KubeStore {
         let mut rev = i64::MAX;
         let mut found = Vec::new();
         for class in CLASSES.iter().filter(|c| c.overlaps(prefix)) {
+            if class.shape == Shape::DerivedFromPods {
+                let (kvs, r) = self.derived_range(class, prefix)?;
+                rev = rev.min(r);
+                found.extend(kvs.into_iter().map(|kv| (kv, class, None, String::new())));
+                continue;
+            }
             let (objs, r) = self.list(class, None)?;
             rev = rev.min(r);
             for o in &objs {
@@ -1434,6 +1508,9 @@ impl Store for KubeStore {
             });
         };
         let key = key.to_string();
+        if class_of(&key).shape == Shape::DerivedFromPods {
+            return Err(derived_read_only(&key));
+        }
         for op in txn.success.iter().chain(&txn.failure) {
             if let Op::Put { lease, .. } = op
                 && *lease != 0
@@ -1563,6 +1640,7 @@ impl Store for KubeStore {
                 closed: watch.closed.clone(),
                 sockets: watch.sockets.clone(),
                 slot,
+                derived_sent: HashMap::new(),
             };
             thread::Builder::new()
                 .name("kube-watch".into())
@@ -1625,6 +1703,10 @@ impl Store for KubeStore {
         self.delete_attached(&lease_name(lease))
     }
 
+    fn derives_endpoints(&self) -> bool {
+        true
+    }
+
     fn multi_key_txn(&self) -> bool {
         false
     }
@@ -1634,7 +1716,7 @@ impl KubeStore {
     /// Deletes the keys attached to the lease object `name` (its label on them).
     fn delete_attached(&self, name: &str) -> Result<()> {
         let selector = format!("{LEASE_LABEL}={name}");
-        for class in CLASSES {
+        for class in CLASSES.iter().filter(|c| c.shape != Shape::DerivedFromPods) {
             let (objs, _) = self.list(class, Some(&selector))?;
             for o in objs {
                 let ns = o["metadata"]["namespace"].as_str();
@@ -1753,6 +1835,10 @@ struct ClassWatch {
     sockets: Arc<Mutex<BTreeMap<usize, TcpStream>>>,
     /// This class's place in `sockets`.
     slot: usize,
+    /// For a class derived from Pods: what was last sent for each key (a digest of the
+    /// document, `None` after a delete), so that the many pod updates that change nothing of
+    /// the endpoint (conditions, container statuses) are not delivered.
+    derived_sent: HashMap<String, Option<u64>>,
 }
 
 impl ClassWatch {
@@ -1849,6 +1935,17 @@ impl ClassWatch {
                     )));
                 }
             };
+            if self.class.shape == Shape::DerivedFromPods {
+                let rev = parse_rv(&obj["metadata"]["resourceVersion"])?;
+                self.rev = self.rev.max(rev);
+                let Some(ev) = self.derived_event(kind, obj, rev)? else {
+                    continue;
+                };
+                if self.tx.send(Ok(vec![ev])).is_err() {
+                    return Err(StoreError::Unavailable("watch closed".into()));
+                }
+                continue;
+            }
             let mut kv = decode(self.class, obj)?;
             self.rev = self.rev.max(kv.mod_revision);
             if !self.prefixes.iter().any(|p| kv.key.starts_with(p.as_str()))
@@ -1866,6 +1963,77 @@ impl ClassWatch {
                 return Err(StoreError::Unavailable("watch closed".into()));
             }
         }
+    }
+}
+
+impl ClassWatch {
+    /// The event a Pod's change makes of its derived endpoint: a put when the pod has an
+    /// endpoint that differs from the last one sent, a delete when it has none (any more),
+    /// nothing when neither changed or the key is outside the watched prefixes.
+    fn derived_event(&mut self, kind: EventKind, pod: &Value, rev: i64) -> Result<Option<Event>> {
+        use crate::kube_pods::{Derived, derive};
+        let derived = match (&kind, derive(pod)) {
+            (EventKind::Delete, d) => Derived::Nothing {
+                key: d.key().map(str::to_string),
+            },
+            (_, d) => d,
+        };
+        let Some(key) = derived.key().map(str::to_string) else {
+            return Ok(None);
+        };
+        if !self.prefixes.iter().any(|p| key.starts_with(p.as_str())) {
+            return Ok(None);
+        }
+        let ev = match derived {
+            Derived::Endpoint { doc, .. } => {
+                let value = serde_json::to_vec(&doc).unwrap_or_default();
+                let digest = Some({
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    value.hash(&mut h);
+                    h.finish()
+                });
+                if self.derived_sent.get(&key) == Some(&digest) {
+                    return Ok(None);
+                }
+                self.derived_sent.insert(key.clone(), digest);
+                Event {
+                    kind: EventKind::Put,
+                    kv: KeyValue {
+                        key,
+                        value,
+                        create_revision: rev,
+                        mod_revision: rev,
+                        version: 1,
+                        lease: 0,
+                    },
+                }
+            }
+            Derived::Nothing { .. } => {
+                // A key never sent may still be in the watcher's own list: send its delete
+                // once. A pod gone for good is forgotten.
+                let sent = if kind == EventKind::Delete {
+                    self.derived_sent.remove(&key)
+                } else {
+                    self.derived_sent.insert(key.clone(), None)
+                };
+                if sent == Some(None) {
+                    return Ok(None);
+                }
+                Event {
+                    kind: EventKind::Delete,
+                    kv: KeyValue {
+                        key,
+                        value: Vec::new(),
+                        create_revision: 0,
+                        mod_revision: rev,
+                        version: 0,
+                        lease: 0,
+                    },
+                }
+            }
+        };
+        Ok(Some(ev))
     }
 }
 
@@ -1898,7 +2066,8 @@ impl Drop for KubeWatch {
 /// that refuses overlapping pools, as one YAML stream for `kubectl apply -f`.
 pub fn crds_yaml() -> String {
     let mut out = String::new();
-    for class in CLASSES.iter().chain(std::iter::once(&LEASES)) {
+    let with_crd = CLASSES.iter().filter(|c| c.shape != Shape::DerivedFromPods);
+    for class in with_crd.chain(std::iter::once(&LEASES)) {
         out.push_str("---\n");
         out.push_str(&serde_norway::to_string(&crd(class)).unwrap_or_default());
     }
@@ -1967,7 +2136,7 @@ pub fn crd(class: &Class) -> Value {
     let col =
         |name: &str, ty: &str, path: &str| json!({"name": name, "type": ty, "jsonPath": path});
     match class.shape {
-        Shape::Document => {
+        Shape::Document | Shape::DerivedFromPods => {
             props.insert(
                 "spec".into(),
                 if class.kind == "IPPool" {

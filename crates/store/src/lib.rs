@@ -19,6 +19,7 @@ pub mod etcd;
 mod http;
 pub mod keys;
 pub mod kube;
+pub mod kube_pods;
 pub mod mem;
 pub mod migrate;
 pub mod sqlite;
@@ -405,6 +406,14 @@ pub trait Store: Send + Sync {
     /// writes so that a crash between any two leaves the store consistent.
     fn multi_key_txn(&self) -> bool {
         true
+    }
+
+    /// True when the WorkloadEndpoints under [`keys::resource_prefix`]`("WorkloadEndpoint")`
+    /// are derived from another source and cannot be written: on the Kubernetes datastore they
+    /// are the cluster's Pods ([`kube_pods`]), and each agent keeps the records of its own
+    /// node's attachments in a node-local store instead.
+    fn derives_endpoints(&self) -> bool {
+        false
     }
 
     /// True when at least one key has the prefix. Backends read at most one key (etcd

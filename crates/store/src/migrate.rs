@@ -11,6 +11,15 @@
 //! the target, so an interrupted migration is finished by running it again with `--force`
 //! (every key is written whole; nothing depends on the order).
 //!
+//! WorkloadEndpoints onto a store that derives them from Pods (the Kubernetes datastore, see
+//! [`crate::kube_pods`]) cannot be written as such: each becomes an endpoint record for its
+//! node's agent under [`keys::ENDPOINT_IMPORT`], which the agent moves into its node-local
+//! endpoint store when it starts on the new store (so it keeps recognising its pods' veths).
+//! From such a store the derived endpoints are not copied (they carry no container ID): each
+//! agent writes its node's own records, kept in its local endpoint store, into the target
+//! when it starts there (`tern_agent::endpoints::open_store`); endpoint records no agent took
+//! yet are copied back as the endpoints they are.
+//!
 //! The source should not change while it runs: stop the agents (or scale the DaemonSet to
 //! zero) first; pods keep running, and their addresses are in the blocks copied.
 
@@ -77,7 +86,14 @@ fn bump(list: &mut Vec<(String, usize)>, name: String) {
 /// that already holds tern keys is refused unless `force` (then keys are overwritten).
 pub fn migrate(from: &dyn Store, to: &dyn Store, dry_run: bool, force: bool) -> Result<Plan> {
     let (kvs, rev) = from.range(keys::ROOT)?;
-    let (existing, _) = to.range(keys::ROOT)?;
+    let wep_prefix = keys::resource_prefix("WorkloadEndpoint");
+    // The target's derived endpoints (its running Pods) are not tern state of its own.
+    let existing: Vec<_> = to
+        .range(keys::ROOT)?
+        .0
+        .into_iter()
+        .filter(|kv| !(to.derives_endpoints() && kv.key.starts_with(&wep_prefix)))
+        .collect();
     let mut plan = Plan {
         source_revision: rev,
         target_keys: existing.len(),
@@ -105,6 +121,47 @@ pub fn migrate(from: &dyn Store, to: &dyn Store, dry_run: bool, force: bool) -> 
                 &mut plan.skip,
                 "IPAM handle records (the target keeps allocations in the blocks only)".into(),
             );
+        } else if from.derives_endpoints() && kv.key.starts_with(&wep_prefix) {
+            bump(
+                &mut plan.skip,
+                "endpoints derived from Pods (each agent brings its node's own records from its \
+                 local endpoint store when it starts on the target)"
+                    .into(),
+            );
+        } else if kv.key.starts_with(keys::ENDPOINT_IMPORT) && !to.derives_endpoints() {
+            // Records no agent took yet are the endpoints themselves.
+            let Some(tail) = kv.key[keys::ENDPOINT_IMPORT.len()..]
+                .split_once('/')
+                .map(|(_, t)| t.to_string())
+            else {
+                bump(&mut plan.skip, "malformed endpoint-import keys".into());
+                continue;
+            };
+            bump(&mut plan.copy, class(&wep_prefix));
+            todo.push(crate::KeyValue {
+                key: format!("{wep_prefix}{tail}"),
+                ..kv
+            });
+        } else if to.derives_endpoints() && kv.key.starts_with(&wep_prefix) {
+            let tail = &kv.key[wep_prefix.len()..];
+            let node = serde_json::from_slice::<serde_json::Value>(&kv.value)
+                .ok()
+                .and_then(|d| d["spec"]["node"].as_str().map(str::to_string))
+                .filter(|n| !n.is_empty() && !n.contains('/'))
+                .ok_or_else(|| {
+                    StoreError::Backend(format!(
+                        "endpoint {}: no spec.node, so no agent would take it",
+                        kv.key
+                    ))
+                })?;
+            bump(
+                &mut plan.copy,
+                "endpoint records for the nodes' agents (endpoint-import)".into(),
+            );
+            todo.push(crate::KeyValue {
+                key: format!("{}{tail}", keys::node_endpoint_imports(&node)),
+                ..kv
+            });
         } else {
             bump(&mut plan.copy, class(&kv.key));
             todo.push(kv);
@@ -162,5 +219,43 @@ mod tests {
         let e = migrate(&from, &to, false, false).unwrap_err().to_string();
         assert!(e.contains("not empty") && e.contains("--force"), "{e}");
         assert_eq!(migrate(&from, &to, false, true).unwrap().target_keys, 4);
+    }
+
+    #[test]
+    fn endpoints_onto_a_store_that_derives_them_become_records_for_their_agents() {
+        let from = MemStore::new();
+        let wep = keys::namespaced_resource("WorkloadEndpoint", "prod", "n1-k8s-web-eth0");
+        from.put(
+            &wep,
+            br#"{"kind":"WorkloadEndpoint","spec":{"node":"n1","pod":"web"}}"#,
+        )
+        .unwrap();
+        from.put(&keys::resource("IPPool", "p"), b"{}").unwrap();
+        let inner: std::sync::Arc<dyn Store> = std::sync::Arc::new(MemStore::new());
+        // A running pod of the target cluster: derived, not state that makes it non-empty.
+        let pod = keys::namespaced_resource("WorkloadEndpoint", "kube", "n9-k8s-dns-eth0");
+        inner.put(&pod, b"{}").unwrap();
+        let to = crate::testing::kube_like(inner.clone());
+        let plan = migrate(&from, &*to, false, false).unwrap();
+        assert_eq!(plan.copied(), 2, "{plan}");
+        assert!(plan.to_string().contains("endpoint-import"), "{plan}");
+        let record = format!("{}prod/n1-k8s-web-eth0", keys::node_endpoint_imports("n1"));
+        assert_eq!(
+            inner.get(&record).unwrap().unwrap().value,
+            from.get(&wep).unwrap().unwrap().value
+        );
+        assert!(inner.get(&wep).unwrap().is_none());
+        // And back: the records no agent took are the endpoints again; the derived ones
+        // (the Pods) are not copied.
+        let back = MemStore::new();
+        let plan = migrate(&*to, &back, false, false).unwrap();
+        assert!(back.get(&record).unwrap().is_none(), "{plan}");
+        assert_eq!(
+            back.get(&wep).unwrap().unwrap().value,
+            from.get(&wep).unwrap().unwrap().value,
+            "{plan}"
+        );
+        assert!(back.get(&pod).unwrap().is_none(), "{plan}");
+        assert!(plan.to_string().contains("derived from Pods"), "{plan}");
     }
 }

@@ -44,6 +44,11 @@ pub trait Hook: Send + Sync {
     fn multi_key_txn(&self, inner: bool) -> bool {
         inner
     }
+
+    /// What the hooked store answers to [`Store::derives_endpoints`], given `inner`'s answer.
+    fn derives_endpoints(&self, inner: bool) -> bool {
+        inner
+    }
 }
 
 /// A store forwarding to `inner`, with `hook` consulted before each get, range, txn and watch;
@@ -104,6 +109,9 @@ impl<H: Hook> Store for Hooked<H> {
     fn multi_key_txn(&self) -> bool {
         self.hook.multi_key_txn(self.inner.multi_key_txn())
     }
+    fn derives_endpoints(&self) -> bool {
+        self.hook.derives_endpoints(self.inner.derives_endpoints())
+    }
 }
 
 /// A store forwarding to `inner` that takes transactions on one key only, refusing the
@@ -134,6 +142,44 @@ impl Hook for SingleKeyOnly {
 
     fn multi_key_txn(&self, _inner: bool) -> bool {
         false
+    }
+}
+
+/// A store that behaves as the Kubernetes datastore does towards its callers: transactions on
+/// one key only, and WorkloadEndpoints derived from elsewhere ([`Store::derives_endpoints`]),
+/// so a write under their prefix is refused. A test stands in for the cluster's Pods by
+/// writing endpoint documents into `inner` directly. Made by [`kube_like`].
+pub type KubeLike = Hooked<KubeLikeHook>;
+
+/// A [`KubeLike`] store over `inner`.
+pub fn kube_like(inner: Arc<dyn Store>) -> Arc<KubeLike> {
+    Hooked::new(inner, KubeLikeHook)
+}
+
+/// The hook of [`KubeLike`].
+pub struct KubeLikeHook;
+
+impl Hook for KubeLikeHook {
+    fn before(&self, call: &Call<'_>) -> Verdict {
+        let weps = crate::keys::resource_prefix("WorkloadEndpoint");
+        match call {
+            Call::Txn(t) => match crate::single_key(t) {
+                Err(e) => Verdict::Fail(e),
+                Ok(Some(k)) if k.starts_with(&weps) => Verdict::Fail(StoreError::Backend(format!(
+                    "{k:?}: WorkloadEndpoints are derived and cannot be written"
+                ))),
+                Ok(_) => Verdict::Forward,
+            },
+            _ => Verdict::Forward,
+        }
+    }
+
+    fn multi_key_txn(&self, _inner: bool) -> bool {
+        false
+    }
+
+    fn derives_endpoints(&self, _inner: bool) -> bool {
+        true
     }
 }
 

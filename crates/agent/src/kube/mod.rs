@@ -114,6 +114,9 @@ const NODES: &str = "nodes";
 struct Inner {
     settings: KubeSettings,
     store: Arc<dyn Store>,
+    /// Where this node's endpoint records are (`store`, or the node-local store when the
+    /// datastore derives endpoints from Pods): the pods' labels and ports go there.
+    endpoint_store: Arc<dyn Store>,
     policy: Option<Arc<dyn ExternalObjects>>,
     pods: Mutex<HashMap<(String, String), PodInfo>>,
     /// Every namespace's IPAM annotations ([`annotations::relevant`]), for pool defaults.
@@ -157,6 +160,17 @@ impl Kube {
         store: Arc<dyn Store>,
         policy: Option<Arc<dyn ExternalObjects>>,
     ) -> Result<Kube, KubeError> {
+        Self::with_endpoint_store(settings, store.clone(), store, policy)
+    }
+
+    /// As [`Kube::new`], with this node's endpoint records in `endpoint_store`
+    /// ([`crate::endpoints::open_store`]).
+    pub fn with_endpoint_store(
+        settings: KubeSettings,
+        store: Arc<dyn Store>,
+        endpoint_store: Arc<dyn Store>,
+        policy: Option<Arc<dyn ExternalObjects>>,
+    ) -> Result<Kube, KubeError> {
         if let Some(p) = &settings.kubeconfig {
             ::kube::config::Kubeconfig::read_from(p).map_err(|e| KubeError::Kubeconfig {
                 path: p.clone(),
@@ -166,6 +180,7 @@ impl Kube {
         let inner = Arc::new(Inner {
             settings,
             store,
+            endpoint_store,
             policy,
             pods: Mutex::new(HashMap::new()),
             ns_annotations: Mutex::new(HashMap::new()),
@@ -406,7 +421,11 @@ impl Kube {
         {
             return;
         }
-        if let Err(e) = wep::sync_pod(&*self.inner.store, &self.inner.settings.node_name, &pod) {
+        if let Err(e) = wep::sync_pod(
+            &*self.inner.endpoint_store,
+            &self.inner.settings.node_name,
+            &pod,
+        ) {
             log::warn!(
                 "kubernetes: labelling pod {}/{}: {e}",
                 pod.namespace,
@@ -422,6 +441,7 @@ impl Kube {
 pub fn from_config(
     cfg: &crate::config::AgentConfig,
     store: &Arc<dyn Store>,
+    endpoint_store: &Arc<dyn Store>,
     policy: Option<Arc<dyn ExternalObjects>>,
 ) -> Result<Option<Kube>, KubeError> {
     if !cfg.kubernetes {
@@ -434,7 +454,7 @@ pub fn from_config(
         node_gc_grace: Duration::from_secs(cfg.node_gc_grace_seconds),
         lease_duration: gc::DEFAULT_LEASE_DURATION,
     };
-    Kube::new(settings, store.clone(), policy).map(Some)
+    Kube::with_endpoint_store(settings, store.clone(), endpoint_store.clone(), policy).map(Some)
 }
 
 /// Puts what the API server says about `pod` into a new endpoint: labels (tern's derived
@@ -746,7 +766,7 @@ impl Inner {
 
     fn sync_node_endpoints(&self) {
         let pods = self.pods.lock().unwrap().clone();
-        match wep::sync_node(&*self.store, self.node(), &pods) {
+        match wep::sync_node(&*self.endpoint_store, self.node(), &pods) {
             Ok(n) => {
                 self.pods_dirty.store(false, Ordering::Relaxed);
                 if n > 0 {
@@ -784,7 +804,7 @@ impl Inner {
                 let before = self.pods.lock().unwrap().insert(key(&i), i.clone());
                 if before.as_ref() != Some(&i) {
                     log::debug!("kubernetes: pod {}/{} changed", i.namespace, i.name);
-                    if let Err(e) = wep::sync_pod(&*self.store, self.node(), &i) {
+                    if let Err(e) = wep::sync_pod(&*self.endpoint_store, self.node(), &i) {
                         log::warn!("kubernetes: labelling pod {}/{}: {e}", i.namespace, i.name);
                         self.pods_dirty.store(true, Ordering::Relaxed);
                     }

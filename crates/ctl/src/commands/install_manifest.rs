@@ -656,7 +656,8 @@ pub fn render(o: &ManifestOptions) -> anyhow::Result<String> {
 const CRDS_HEADER: &str =
     "# tern's state as custom resources (group tern.dev), for the Kubernetes datastore
 # (--store kubernetes): IP pools, policies and BGP resources are the documents `ternctl apply`
-# takes; IPAM blocks, affinities and handles are records tern writes (`kubectl get ipamblocks`).
+# takes; IPAM blocks, affinities and handles are records tern writes (`kubectl get ipamblocks`);
+# WorkloadEndpoints are no resource of tern's: they are derived from the Pods.
 ";
 
 #[cfg(test)]
@@ -690,7 +691,13 @@ mod tests {
     /// The CustomResourceDefinitions at the end of every rendering.
     /// The CRDs (every class and the leases), then the pool-overlap admission policy.
     fn crds() -> Vec<&'static str> {
-        let mut k = vec!["CustomResourceDefinition"; tern_store::kube::CLASSES.len() + 1];
+        // One per class of keys with objects of its own (not the endpoints derived from
+        // Pods), and the leases'.
+        let with_crd = tern_store::kube::CLASSES
+            .iter()
+            .filter(|c| c.shape != tern_store::kube::Shape::DerivedFromPods)
+            .count();
+        let mut k = vec!["CustomResourceDefinition"; with_crd + 1];
         k.extend([
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
