@@ -326,7 +326,7 @@ pub enum LabCommand {
     /// Build the lab and start the agents. The datastore is chosen with the global
     /// `--store sqlite|etcd|kubernetes` (default sqlite; etcd runs in a namespace of its own;
     /// with --kubernetes the default is kubernetes: tern's state in the lab's API server, no
-    /// etcd of tern's once the cluster runs).
+    /// etcd of tern's and no host ternd at all).
     Up {
         /// Number of nodes.
         #[arg(long, default_value_t = 1)]

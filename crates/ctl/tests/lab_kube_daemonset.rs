@@ -16,6 +16,9 @@
 //!   a missing ternd); `ternctl lab node add` joins node3 to the cluster: Ready, its own
 //!   tern-node pod running, no host ternd, and a pod there gets a tern address and reaches
 //!   a pod on node1 both ways;
+//! - tern's state is in the cluster's API server from the start (the Kubernetes datastore,
+//!   the default): no etcd of tern's runs, only the control plane's, before and after
+//!   `lab node add`, and `lab status` shows no etcd;
 //! - `lab down` removes the manifest's objects and leaves no namespace, cgroup or sysctl
 //!   behind.
 //!
@@ -29,7 +32,8 @@ use tern_lab::kube::pods::TERN_NODE_PODS;
 
 mod common;
 use common::kube_lab::{
-    KubeLab as Lab, NAME_SERVER, assert_tern_addresses, busybox_pod, shell_pod, ternctl_store,
+    KubeLab as Lab, NAME_SERVER, assert_no_tern_etcd, assert_tern_addresses, busybox_pod,
+    shell_pod, ternctl_store,
 };
 
 /// The workspace's binaries, rebuilt when stale (the shared lab harness).
@@ -115,6 +119,8 @@ fn tern_installed_by_its_daemonset() {
     for n in &st.nodes {
         assert_eq!(n.ternd_pid, None, "{}: a host ternd runs", n.name);
     }
+    // The Kubernetes datastore from the start: the API server's etcd is the only one.
+    assert_no_tern_etcd(&st);
     let (on, ds) = lab.tern_node_pods_ready();
     assert_eq!(on, ["node1", "node2"], "tern-node pods:\n{ds}");
     let (ready, nodes) = lab.ready_nodes();
@@ -311,6 +317,14 @@ fn tern_installed_by_its_daemonset() {
         "lab status of a DaemonSet lab:\n{}",
         status.stdout
     );
+    assert!(
+        status
+            .stdout
+            .contains(&format!("  store {}\n", st.store_url()))
+            && !status.stdout.lines().any(|l| l.starts_with("etcd ")),
+        "lab status on the Kubernetes datastore (no etcd line):\n{}",
+        status.stdout
+    );
 
     // `lab node add`: node3 joins the cluster with its own tern-node pod.
     let t2 = Instant::now();
@@ -342,6 +356,7 @@ fn tern_installed_by_its_daemonset() {
         st3.kube.as_ref().unwrap().node("node3").is_ok(),
         "node3 recorded in the cluster"
     );
+    assert_no_tern_etcd(&st3);
     let ready = lab.must(&[
         "get",
         "node",

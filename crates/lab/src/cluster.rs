@@ -1,6 +1,8 @@
 //! The lab's datastore: applying the default IPPool before the agents start, reading Nodes and
 //! removing a node's records when it leaves. An etcd store listens on the underlay, which only
-//! the lab's namespaces reach, so its client runs on a thread inside the etcd namespace.
+//! the lab's namespaces reach, so its client runs on a thread inside the etcd namespace; the
+//! Kubernetes datastore (the cluster's API server, through the admin kubeconfig) likewise from
+//! inside the control plane's.
 
 use std::sync::Arc;
 
@@ -25,7 +27,8 @@ fn store_err(st: &LabState, e: impl std::fmt::Display) -> LabError {
     ))
 }
 
-/// Opens the lab's store and runs `f` on it, from inside the etcd namespace for an etcd store.
+/// Opens the lab's store and runs `f` on it, from inside the etcd namespace for an etcd store
+/// and the control plane's for the Kubernetes datastore.
 pub fn with_store<T, F>(st: &LabState, f: F) -> Result<T>
 where
     F: FnOnce(Arc<dyn Store>) -> Result<T> + Send,
@@ -71,7 +74,8 @@ pub fn default_pool(st: &LabState, cidr: &str) -> Resource {
 }
 
 /// Writes the lab's default IPPool (as `ternctl apply` would). Done before any agent starts, so
-/// no agent creates a pool of its own.
+/// no agent creates a pool of its own (on the Kubernetes datastore by `kube::up`, once the API
+/// server runs and tern's CRDs are there).
 pub fn apply_default_pool(st: &LabState, cidr: &str) -> Result<()> {
     let pool = default_pool(st, cidr);
     with_store(st, move |s| {

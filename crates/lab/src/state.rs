@@ -49,6 +49,11 @@ pub struct LabState {
     /// The Kubernetes cluster on this lab (`lab up --kubernetes`), when there is one.
     #[serde(default)]
     pub kube: Option<crate::kube::KubeState>,
+    /// CIDR of the lab's default IPPool ([`crate::cluster::apply_default_pool`]): applied by
+    /// `up`, or, on the Kubernetes datastore, by `kube::up` once the API server runs. `None`
+    /// in state files from before it was recorded.
+    #[serde(default)]
+    pub pool_cidr: Option<String>,
 }
 
 /// How pod traffic between nodes is carried; set by the lab's default IPPool.
@@ -109,8 +114,9 @@ pub enum StoreKind {
     Sqlite,
     /// An `etcd` server in a namespace of its own on the underlay.
     Etcd,
-    /// The lab's Kubernetes API server (tern's custom resources; `--kubernetes` only). The lab
-    /// is built on its etcd and moved onto the API server once that runs.
+    /// The lab's Kubernetes API server (tern's custom resources; `--kubernetes` with tern as
+    /// its DaemonSet only). No etcd of tern's runs: the lab writes tern's state into the API
+    /// server once that runs (`kube::up`), and runs no host ternd.
     Kubernetes,
 }
 
@@ -310,9 +316,15 @@ impl LabState {
                 format!("etcd://{}:{}", e.address, ETCD_CLIENT_PORT)
             }
             // The admin kubeconfig names the API server's underlay address: reachable from the
-            // lab's namespaces, as the etcd.
-            (StoreKind::Kubernetes, _, Some(k)) => {
-                format!("kubernetes://{}", k.admin_kubeconfig().display())
+            // lab's namespaces. Its path is known before the cluster is built.
+            (StoreKind::Kubernetes, _, k) => {
+                let admin = match k {
+                    Some(k) => k.admin_kubeconfig(),
+                    None => {
+                        crate::kube::admin_kubeconfig_in(&crate::kube::cluster_dir(&self.dir()))
+                    }
+                };
+                format!("kubernetes://{}", admin.display())
             }
             _ => format!("sqlite://{}", self.dir().join("store.db").display()),
         }
@@ -525,6 +537,15 @@ mod tests {
             tls: None,
         });
         assert_eq!(s.store_url(), "etcd://198.18.0.2:2379");
+        // The Kubernetes datastore has no etcd; its URL is known before the cluster exists.
+        let mut s = sample();
+        s.store = StoreKind::Kubernetes;
+        assert_eq!(
+            s.store_url(),
+            "kubernetes:///run/tern-lab/lab/kube/admin.conf"
+        );
+        assert_eq!(s.store_tls(), None);
+        assert!(s.store_tls_args().is_empty());
     }
 
     #[test]

@@ -43,7 +43,9 @@ pub struct UpOptions {
     pub agent_timeout: Duration,
     /// Encapsulation between nodes (and the underlay layout for `Crosssubnet`).
     pub encap: Encap,
-    /// Datastore shared by the agents.
+    /// Datastore shared by the agents. [`StoreKind::Kubernetes`] is the API server of the
+    /// cluster `kube::up` builds next: until then the lab has no store, so `up` starts no
+    /// agent and writes no pool (`kube::up` does, and installs tern's DaemonSet).
     pub store: StoreKind,
     /// `--resync-seconds` of every agent, when set.
     pub resync_seconds: Option<u64>,
@@ -146,8 +148,9 @@ pub fn kernel_supports(kind: &str) -> Result<bool> {
     })
 }
 
-/// Builds the lab and starts one agent per node. The state file is updated after every step,
-/// so on error [`down`] removes whatever was created.
+/// Builds the lab and starts one agent per node (none on the Kubernetes datastore, see
+/// [`UpOptions::store`]). The state file is updated after every step, so on error [`down`]
+/// removes whatever was created.
 pub fn up(opts: &UpOptions) -> Result<LabState> {
     state::validate_name(&opts.name)?;
     if opts.nodes == 0 || opts.nodes > MAX_NODES {
@@ -204,9 +207,14 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             opts.encap
         )));
     }
+    let cidr = opts
+        .default_ipv4_pool
+        .as_deref()
+        .unwrap_or(cluster::DEFAULT_POOL_CIDR);
     let mut st = LabState::new(&opts.name, &opts.bin_dir);
     st.encap = opts.encap;
     st.store = opts.store;
+    st.pool_cidr = Some(cidr.to_string());
     if let Some(pool) = &opts.default_ipv4_pool {
         st.agent_args
             .extend(["--default-ipv4-pool".to_string(), pool.clone()]);
@@ -223,17 +231,18 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
         start_etcd(&mut st, opts.etcd_tls)?;
     }
     // The pool decides the encapsulation; it exists before any agent could create its own.
-    let cidr = opts
-        .default_ipv4_pool
-        .as_deref()
-        .unwrap_or(cluster::DEFAULT_POOL_CIDR);
-    cluster::apply_default_pool(&st, cidr)?;
+    // The Kubernetes datastore is not up yet: `kube::up` applies it there.
+    if host_agents(&st) {
+        cluster::apply_default_pool(&st, cidr)?;
+    }
 
     for i in 1..=opts.nodes {
         add_node(&mut st, i)?;
     }
     for n in &st.nodes {
-        wait_for_agent(n, opts.agent_timeout)?;
+        if n.ternd_pid.is_some() {
+            wait_for_agent(n, opts.agent_timeout)?;
+        }
     }
     Ok(st)
 }
@@ -484,13 +493,30 @@ fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
     sysctl_in(&ns, "net.ipv4.ip_forward", "0")?;
     std::fs::create_dir_all(&dir)
         .map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
-    start_agent(st, &name, false)?;
+    if host_agents(st) {
+        start_agent(st, &name, false)?;
+    }
     Ok(st.node(&name)?.clone())
+}
+
+/// Whether the lab runs a ternd of its own on each node: not on the Kubernetes datastore,
+/// where tern's only agents are its DaemonSet's (the store is the cluster's API server, which
+/// a lab's first nodes are created before).
+fn host_agents(st: &LabState) -> bool {
+    st.store != StoreKind::Kubernetes
 }
 
 /// Starts `ternd` of an existing node (again), without waiting for its socket. The log is
 /// appended to when `append_log`.
 pub fn start_agent(st: &mut LabState, node: &str, append_log: bool) -> Result<u32> {
+    if !host_agents(st) {
+        return Err(LabError::Invalid(format!(
+            "lab {}: tern runs as the tern-node DaemonSet on the Kubernetes datastore; no \
+             ternd of the lab's is started on {node} (restart its pod: kubectl -n kube-system \
+             delete pod -l k8s-app=tern-node --field-selector spec.nodeName={node})",
+            st.name
+        )));
+    }
     let n = st.node(node)?.clone();
     let log_path = n.state_dir.join("ternd.log");
     let mut cmd = netns_exec(&n.netns, &st.bin_dir.join("ternd"));
@@ -534,7 +560,9 @@ pub fn restart_agent(st: &mut LabState, node: &str, timeout: Duration) -> Result
     wait_for_agent(st.node(node)?, timeout)
 }
 
-/// Joins a new node to a running lab (`node<max+1>`), starts its agent and waits for it.
+/// Joins a new node to a running lab (`node<max+1>`), starts its agent and waits for it (on
+/// the Kubernetes datastore the lab starts none: the DaemonSet's serves it, see
+/// `kube::node_joined`).
 pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
     crate::kube::check_node_add(st)?;
     let next = st
@@ -551,7 +579,9 @@ pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
         )));
     }
     let n = add_node(st, next)?;
-    wait_for_agent(&n, timeout)?;
+    if n.ternd_pid.is_some() {
+        wait_for_agent(&n, timeout)?;
+    }
     // A Kubernetes lab's new node joins the cluster too.
     crate::kube::node_joined(st, &n.name)?;
     Ok(n)

@@ -40,16 +40,14 @@ pub struct DemoOptions {
     pub nodes: usize,
     /// Encapsulation between nodes.
     pub encap: Encap,
-    /// Datastore.
+    /// Datastore ([`StoreKind::Kubernetes`], with `kubernetes` only: the cluster's API server,
+    /// no etcd of tern's and no host ternd).
     pub store: StoreKind,
     /// Run the agents with `--bgp` (routes between nodes learned over BGP).
     pub bgp: bool,
     /// Run a real Kubernetes cluster on the lab, with its components from this directory
     /// (`scripts/k8s-components.sh`).
     pub kubernetes: Option<PathBuf>,
-    /// With `kubernetes`: move tern's state onto the Kubernetes datastore once the API
-    /// server runs (the lab is built on `store`, etcd).
-    pub kubernetes_store: bool,
 }
 
 /// Removes the lab when dropped, unless disarmed after an orderly teardown.
@@ -372,12 +370,14 @@ pub fn run(name: &str, bin_dir: &Path, o: &DemoOptions) -> anyhow::Result<i32> {
         match tern_lab::up(&opts) {
             Ok(s) => {
                 for n in &s.nodes {
+                    let agent = match n.ternd_pid {
+                        Some(p) => format!("ternd pid {p}"),
+                        // The Kubernetes datastore: the cluster's API server, not up yet.
+                        None => "ternd from the tern-node DaemonSet, once the cluster runs".into(),
+                    };
                     println!(
-                        "node {}: netns {}, eth0 {}, ternd pid {}",
-                        n.name,
-                        n.netns,
-                        n.address,
-                        n.ternd_pid.map_or("-".into(), |p| p.to_string())
+                        "node {}: netns {}, eth0 {}, {agent}",
+                        n.name, n.netns, n.address
                     );
                 }
                 st = Some(s);
@@ -665,7 +665,6 @@ fn kube_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, k8s: &Path, v: 
     ));
     let mut ko = tern_lab::kube::KubeOptions::from_env();
     ko.k8s_bin = k8s.to_path_buf();
-    ko.kubernetes_store = o.kubernetes_store;
     let t = Instant::now();
     if let Err(e) = tern_lab::kube::up(s, &ko) {
         v.fail("kubernetes up", e);
@@ -755,7 +754,7 @@ fn kube_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, k8s: &Path, v: 
             );
         }
     }
-    if o.kubernetes_store {
+    if o.store == StoreKind::Kubernetes {
         section(
             "kubectl get ippools,ipamblocks -o wide: tern's state is custom resources in the API server",
         );

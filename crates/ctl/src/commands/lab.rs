@@ -63,23 +63,16 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             o.nodes = *nodes;
             o.default_ipv4_pool = default_ipv4_pool.clone();
             o.encap = *encap;
-            o.store = lab_store(store)?;
             let daemonset = *kubernetes && !*host_ternd && !*reference_cni;
-            // The Kubernetes datastore (the default of tern as a DaemonSet; `--store etcd`
-            // keeps tern's own etcd): the lab is built on its etcd, then moved onto the API
-            // server once that runs.
-            let kubernetes_store =
-                o.store == StoreKind::Kubernetes || (daemonset && store.is_none());
-            if kubernetes_store {
-                if !daemonset {
-                    bail!("--store kubernetes needs --kubernetes with tern as a DaemonSet");
+            // The DaemonSet's ternd on every node needs one store they all reach: by default
+            // the cluster's API server (no etcd of tern's runs); `--store etcd` keeps tern's.
+            o.store = match lab_store(store)? {
+                _ if daemonset && store.is_none() => StoreKind::Kubernetes,
+                StoreKind::Kubernetes if !daemonset => {
+                    bail!("--store kubernetes needs --kubernetes with tern as a DaemonSet")
                 }
-                o.store = StoreKind::Etcd;
-            }
-            if daemonset && store.is_none() {
-                // The DaemonSet's ternd on every node needs one store they all reach.
-                o.store = StoreKind::Etcd;
-            }
+                s => s,
+            };
             o.resync_seconds = *resync_seconds;
             o.etcd_tls = *etcd_tls;
             if *bgp {
@@ -92,7 +85,6 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                 }
                 k.reference_cni = *reference_cni;
                 k.host_ternd = *host_ternd;
-                k.kubernetes_store = kubernetes_store;
                 k
             });
             if let Some(k) = &kube {
@@ -142,14 +134,11 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                     nodes: *nodes,
                     encap: *encap,
                     // As `lab up --kubernetes`: tern's DaemonSet needs a store every node reaches,
-                    // by default the Kubernetes datastore (the lab built on etcd, then moved).
+                    // by default the Kubernetes datastore (no etcd of tern's).
                     store: match lab_store(store)? {
-                        StoreKind::Kubernetes => StoreKind::Etcd,
-                        _ if *kubernetes && store.is_none() => StoreKind::Etcd,
+                        _ if *kubernetes && store.is_none() => StoreKind::Kubernetes,
                         s => s,
                     },
-                    kubernetes_store: *kubernetes
-                        && (store.is_none() || lab_store(store)? == StoreKind::Kubernetes),
                     // BGP carries the routes when nothing else does (no encapsulation).
                     bgp: *bgp || (!*no_bgp && *encap == tern_lab::Encap::None && *nodes > 1),
                     kubernetes: kubernetes.then(|| {

@@ -454,3 +454,63 @@ pub fn ternctl_store(st: &LabState, args: &[&str]) -> (bool, String) {
             .args(args),
     )
 }
+
+/// The etcd processes of lab `name` (PID and command line): every process whose program is
+/// an `etcd` and whose command line names the lab's directory (its data directory lies there).
+pub fn lab_etcd_processes(name: &str) -> Vec<(u32, String)> {
+    let dir = format!("{}/", tern_lab::state::lab_dir(name).display());
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        // A process that exits meanwhile has no command line: not an etcd of ours.
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_etcd = args
+            .first()
+            .is_some_and(|a| Path::new(a).file_name().is_some_and(|f| f == "etcd"));
+        if is_etcd && args.iter().any(|a| a.starts_with(&dir)) {
+            found.push((pid, args.join(" ")));
+        }
+    }
+    found
+}
+
+/// Asserts that the only etcd of lab `st` is its control plane's (the API server's own): the
+/// lab runs on the Kubernetes datastore and started no etcd of tern's (no etcd recorded, no
+/// etcd namespace, no such process).
+pub fn assert_no_tern_etcd(st: &LabState) {
+    assert_eq!(st.store, tern_lab::StoreKind::Kubernetes, "the lab's store");
+    assert!(
+        st.store_url().starts_with("kubernetes://"),
+        "{}",
+        st.store_url()
+    );
+    assert_eq!(st.etcd, None, "the lab records an etcd of tern's");
+    let etcd_ns = tern_lab::state::etcd_ns(&st.name);
+    assert!(
+        !tern_lab::process::netns_with_prefix(&etcd_ns).contains(&etcd_ns),
+        "namespace {etcd_ns} exists"
+    );
+    let k = st.kube.as_ref().expect("a Kubernetes lab");
+    let cp = k
+        .control
+        .iter()
+        .find(|p| p.name == "etcd")
+        .expect("the control plane's etcd is recorded");
+    let procs = lab_etcd_processes(&st.name);
+    let cp_data = format!("{}/etcd", k.dir.display());
+    assert!(
+        procs.len() == 1 && procs[0].0 == cp.pid && procs[0].1.contains(&cp_data),
+        "etcd processes of lab {} (only the control plane's, pid {}, {cp_data}, may run): {procs:?}",
+        st.name,
+        cp.pid
+    );
+}

@@ -48,13 +48,13 @@ pub fn node_socket(node_k8s_dir: &Path) -> PathBuf {
     node_k8s_dir.join("run-tern/ternd.sock")
 }
 
-/// Checks the lab can run tern as a DaemonSet: more than one node needs the lab's etcd
-/// (the nodes' `/var/lib` is private to each).
+/// Checks the lab can run tern as a DaemonSet: more than one node needs the Kubernetes
+/// datastore or the lab's etcd (the nodes' `/var/lib` is private to each).
 pub fn check(st: &LabState) -> Result<()> {
     if st.nodes.len() > 1 && !matches!(st.store, StoreKind::Etcd | StoreKind::Kubernetes) {
         return Err(LabError::Invalid(format!(
-            "tern as a DaemonSet on {} nodes needs a store every node reaches: use --store etcd \
-             (or --host-ternd)",
+            "tern as a DaemonSet on {} nodes needs a store every node reaches: the Kubernetes \
+             datastore (the default), --store etcd, or --host-ternd",
             st.nodes.len()
         )));
     }

@@ -4,19 +4,23 @@
 //! ```text
 //!   tl-<lab>-cp      eth0 198.18.0.3: etcd (loopback), kube-apiserver :6443 (TLS, Node+RBAC),
 //!                    kube-controller-manager (node CIDRs from tern's pool), kube-scheduler
-//!   tl-<lab>-nodeN   ternd (started by the lab), and in one private mount namespace held by a
-//!                    `pause` process: containerd (CRI), kubelet (cgroupfs, cgroup root
-//!                    /tl-<lab>-nodeN), kube-proxy (iptables). The mount namespace has tmpfs over
-//!                    /run, /var/lib, /var/log, /opt and /tmp, so nothing the components write
-//!                    by default reaches the machine; every configured path is under
-//!                    /run/tern-lab/<lab>/nodeN/k8s, the CNI directories included.
+//!   tl-<lab>-nodeN   ternd (the tern-node pod's, or the lab's), and in one private mount
+//!                    namespace held by a `pause` process: containerd (CRI), kubelet
+//!                    (cgroupfs, cgroup root /tl-<lab>-nodeN), kube-proxy (iptables). The
+//!                    mount namespace has tmpfs over /run, /var/lib, /var/log, /opt and /tmp,
+//!                    so nothing the components write by default reaches the machine; every
+//!                    configured path is under /run/tern-lab/<lab>/nodeN/k8s, the CNI
+//!                    directories included.
 //!   root namespace   only a TCP relay on 127.0.0.1:<port> into tl-<lab>-cp:6443, for the
 //!                    operator's kubectl (`export KUBECONFIG=/run/tern-lab/<lab>/kube/kubeconfig`).
 //! ```
 //!
 //! tern is installed as a user would ([`daemonset`]): the tern-node image imported on every
 //! node, `ternctl install manifest` applied with kubectl; `KubeOptions::host_ternd` keeps the
-//! lab's host-run ternd (and the lab's `ternctl install-cni`) instead, for debugging.
+//! lab's host-run ternd (and the lab's `ternctl install-cni`) instead, for debugging. On the
+//! Kubernetes datastore (the lab's `StoreKind::Kubernetes`) tern's state lives in this
+//! cluster's API server from the start: no etcd of tern's and no host ternd run, and the lab
+//! writes the CRDs and its default pool there once the API server is up.
 //! Each node's conflist is written (by `ternctl install-cni`) only after its ternd serves, so
 //! containerd reports NetworkReady, and the kubelet Ready, only once tern is ready there.
 //! [`teardown`] (called by `lab down`) stops everything, removes every pod with CNI DEL while
@@ -39,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::LabState;
+use crate::state::{LabState, StoreKind};
 use crate::{LabError, Result, process};
 
 /// The Kubernetes release `scripts/k8s-components.sh` builds.
@@ -101,10 +105,6 @@ pub struct KubeOptions {
     /// Run tern as the lab's host processes (ternd per node, `ternctl install-cni` by the
     /// lab) instead of the `tern-node` DaemonSet; for debugging ternd outside a pod.
     pub host_ternd: bool,
-    /// Move tern's state onto the Kubernetes datastore once the API server runs (the lab is
-    /// built on its etcd; `ternctl datastore migrate` to the API server, then the DaemonSet
-    /// with `--store kubernetes`). Needs the DaemonSet and a lab on etcd.
-    pub kubernetes_store: bool,
 }
 
 impl KubeOptions {
@@ -117,7 +117,6 @@ impl KubeOptions {
             ready_timeout: Duration::from_secs(180),
             reference_cni: false,
             host_ternd: false,
-            kubernetes_store: false,
         }
     }
 }
@@ -208,7 +207,7 @@ impl KubeState {
     /// The admin kubeconfig for use inside the lab's namespaces (the API server's underlay
     /// address).
     pub fn admin_kubeconfig(&self) -> PathBuf {
-        self.dir.join("admin.conf")
+        admin_kubeconfig_in(&self.dir)
     }
 
     /// The cluster's PKI directory.
@@ -240,6 +239,16 @@ impl Proc {
     pub fn log_tail(&self, lines: usize) -> String {
         tail(&self.log, lines)
     }
+}
+
+/// The cluster's directory in the directory of its lab.
+pub fn cluster_dir(lab_dir: &Path) -> PathBuf {
+    lab_dir.join("kube")
+}
+
+/// The admin kubeconfig in a cluster directory (see [`KubeState::admin_kubeconfig`]).
+pub fn admin_kubeconfig_in(cluster_dir: &Path) -> PathBuf {
+    cluster_dir.join("admin.conf")
 }
 
 /// The last `lines` lines of a file.
@@ -376,7 +385,8 @@ pub fn images_dir(k8s_bin: &Path) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("images"))
 }
 
-/// Builds the cluster on a running lab (its nodes' ternd already serve): control plane, then
+/// Builds the cluster on a running lab (its nodes' ternd already serve, unless the lab's store
+/// is the Kubernetes datastore, which this brings up and bootstraps): control plane, then
 /// every node, then waits until every node is Ready. The state is saved after every step, so
 /// `lab down` removes a half-built cluster.
 pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
@@ -399,15 +409,16 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
     if daemonset {
         daemonset::check(st)?;
     }
-    if opts.kubernetes_store && (!daemonset || st.store != crate::state::StoreKind::Etcd) {
+    let kubernetes_store = st.store == StoreKind::Kubernetes;
+    if kubernetes_store && !daemonset {
         return Err(LabError::Invalid(
             "the Kubernetes datastore needs tern as a DaemonSet (not --host-ternd or \
-             --reference-cni) on a lab built on etcd"
+             --reference-cni)"
                 .into(),
         ));
     }
     let cluster_cidr = pool_cidr(st)?;
-    let dir = st.dir().join("kube");
+    let dir = cluster_dir(&st.dir());
     mkdir(&dir)?;
     st.kube = Some(KubeState {
         k8s_bin: opts.k8s_bin.clone(),
@@ -431,14 +442,15 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
         st.save()?;
     }
     control::up(st)?;
+    if kubernetes_store {
+        // The store exists now: what `topology::up` writes into any other store.
+        bootstrap_store(st)?;
+    }
     let names: Vec<String> = st.nodes.iter().map(|n| n.name.clone()).collect();
     if daemonset {
-        // No host ternd: the DaemonSet's takes over each node's routes and records.
+        // No host ternd (on the Kubernetes datastore none was started): the DaemonSet's takes
+        // over each node's routes and records.
         daemonset::replace_host_agents(st)?;
-    }
-    if opts.kubernetes_store {
-        // The agents are stopped: the lab's records move to the API server.
-        move_to_kubernetes(st)?;
     }
     for n in &names {
         node::up(st, n)?;
@@ -453,15 +465,18 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
     Ok(())
 }
 
-/// Installs tern's CustomResourceDefinitions, copies the lab's store (its etcd) onto the API
-/// server as `ternctl datastore migrate` does, and makes the API server the lab's store.
-fn move_to_kubernetes(st: &mut LabState) -> Result<()> {
-    let k = st.kube.clone().expect("cluster state");
+/// Writes tern's starting state into the Kubernetes datastore, the lab's store, once the API
+/// server runs: tern's CustomResourceDefinitions (`tern_store::kube::crds_yaml`, applied and
+/// Established) and the lab's default IPPool, as `topology::up` applies it to an etcd or
+/// SQLite store before any agent starts. The rest (the cluster ID, Nodes, blocks) is the
+/// DaemonSet's ternd's to write, as on any new store.
+fn bootstrap_store(st: &LabState) -> Result<()> {
+    let k = st.kube.as_ref().expect("cluster state");
     let crds = k.dir.join("tern-crds.yaml");
     write(&crds, &tern_store::kube::crds_yaml())?;
-    kubectl(&k, &["apply", "-f", &crds.display().to_string()])?;
+    kubectl(k, &["apply", "-f", &crds.display().to_string()])?;
     kubectl(
-        &k,
+        k,
         &[
             "wait",
             "--for=condition=Established",
@@ -470,31 +485,19 @@ fn move_to_kubernetes(st: &mut LabState) -> Result<()> {
             "--timeout=60s",
         ],
     )?;
-    let from = st.store_url();
-    let tls = st.store_tls().cloned();
-    let admin = k.admin_kubeconfig();
-    let plan = crate::netns::in_netns(&k.cp_netns, move || -> Result<String> {
-        let src = match &tls {
-            None => tern_store::open(&from),
-            Some(t) => {
-                tern_store::etcd::open_with_tls(&from, Some(&t.ca), Some(&t.cert), Some(&t.key))
-            }
-        }
-        .map_err(|e| LabError::Invalid(format!("cannot open datastore {from}: {e}")))?;
-        let dst = tern_store::kube::KubeConfig::from_kubeconfig(&admin)
-            .and_then(tern_store::kube::KubeStore::connect)
-            .map_err(|e| LabError::Invalid(format!("cannot open the Kubernetes datastore: {e}")))?;
-        let plan = tern_store::migrate::migrate(&*src, &dst, false, false)
-            .map_err(|e| LabError::Invalid(format!("migrating {from} to kubernetes: {e}")))?;
-        Ok(plan.to_string())
-    })??;
-    write(&k.dir.join("datastore-migrate.txt"), &plan)?;
-    st.store = crate::state::StoreKind::Kubernetes;
-    st.save()
+    // Through the KubeStore on the admin kubeconfig, from the control plane's namespace.
+    crate::cluster::apply_default_pool(st, &k.cluster_cidr)
 }
 
-/// The lab's pool CIDR (what the lab applied; see `cluster::apply_default_pool`).
+/// The lab's pool CIDR (what the lab applied; see `cluster::apply_default_pool`). The
+/// Kubernetes datastore does not exist yet: the CIDR the lab will apply there.
 fn pool_cidr(st: &LabState) -> Result<String> {
+    if st.store == StoreKind::Kubernetes {
+        return Ok(st
+            .pool_cidr
+            .clone()
+            .unwrap_or_else(|| crate::cluster::DEFAULT_POOL_CIDR.to_string()));
+    }
     let pools = crate::cluster::with_store(st, |s| {
         tern_model::list_resources(&*s, tern_model::Kind::IpPool)
             .map_err(|e| LabError::Invalid(format!("cannot list IPPools: {e}")))
@@ -549,14 +552,12 @@ pub fn check_node_add(st: &LabState) -> Result<()> {
     match &st.kube {
         Some(k)
             if k.manifest.is_some()
-                && !matches!(
-                    st.store,
-                    crate::state::StoreKind::Etcd | crate::state::StoreKind::Kubernetes
-                ) =>
+                && !matches!(st.store, StoreKind::Etcd | StoreKind::Kubernetes) =>
         {
             Err(LabError::Invalid(format!(
                 "lab {} runs tern as a DaemonSet with the {} store of its first node; a node \
-                 can join only a lab with --store etcd (or --host-ternd)",
+                 can join only a lab on the Kubernetes datastore or --store etcd (or \
+                 --host-ternd)",
                 st.name,
                 st.store_url()
             )))

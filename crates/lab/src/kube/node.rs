@@ -1,6 +1,7 @@
 //! One node's Kubernetes side: a private mount namespace (held by a `pause` process) in the
 //! node's network namespace, containerd with the CRI and a private CNI directory, kubelet
-//! (cgroupfs, a cgroup root of its own) and kube-proxy (iptables), next to the lab's ternd.
+//! (cgroupfs, a cgroup root of its own) and kube-proxy (iptables), next to tern (the
+//! DaemonSet's ternd, or with `--host-ternd` the lab's own).
 //!
 //! The mount namespace is entered with `nsenter --net` (not `ip netns exec`, which would give
 //! a /sys without the cgroup mounts) and then gets: a sysfs of the node's network namespace
