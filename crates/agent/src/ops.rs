@@ -50,6 +50,12 @@ fn store_err(what: &str, e: &StoreError) -> ErrorReply {
             code::TRY_AGAIN,
             format!("{what}: the datastore is unreachable ({e}); retry when it is back"),
         ),
+        // Refused by the API server's authorizer: for a moment after its restart, or until
+        // the agent's ClusterRole is fixed; either way the runtime's retry can succeed.
+        StoreError::Forbidden(_) => err(
+            code::TRY_AGAIN,
+            format!("{what}: {e}; retry once the agent's RBAC allows it"),
+        ),
         _ => err(code::INTERNAL, format!("{what}: {e}")),
     }
 }
@@ -164,7 +170,8 @@ impl Agent {
             .collect()
     }
 
-    /// Releases a handle after a failed ADD; a store outage turns into a journal entry.
+    /// Releases a handle after a failed ADD. A failure (the store unreachable) is only logged:
+    /// the runtime DELs a failed ADD, and leak repair releases what no endpoint holds.
     fn release_quietly(&self, handle: &str) {
         if let Err(e) = self.ipam.release_by_handle(handle) {
             log::warn!("rolling back allocation of {handle}: {e}");
@@ -889,6 +896,27 @@ pub fn endpoint_ports(ports: &[tern_api::NamedPort]) -> Result<Vec<EndpointPort>
 mod tests {
     use super::*;
     use crate::testutil::port;
+
+    /// An unreachable store, a lost answer and an authorizer's refusal are "try again" (11)
+    /// to the runtime; anything else is an internal error (101).
+    #[test]
+    fn store_errors_map_to_cni_codes() {
+        let code = |e: StoreError| store_err("IPAM", &e).code;
+        assert_eq!(
+            code(StoreError::Unavailable("down".into())),
+            code::TRY_AGAIN
+        );
+        assert_eq!(code(StoreError::Ambiguous("lost".into())), code::TRY_AGAIN);
+        let forbidden = StoreError::Forbidden("list ippools.tern.dev: forbidden".into());
+        let r = store_err("IPAM", &forbidden);
+        assert_eq!(r.code, code::TRY_AGAIN);
+        assert!(
+            r.msg.contains("ippools.tern.dev") && r.msg.contains("RBAC"),
+            "{}",
+            r.msg
+        );
+        assert_eq!(code(StoreError::Backend("bad".into())), code::INTERNAL);
+    }
 
     #[test]
     fn endpoint_ports_convert_and_reject_bad_ones() {

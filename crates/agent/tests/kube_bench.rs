@@ -311,15 +311,7 @@ fn ipam_add_del_latency_per_datastore() {
     );
     let k = kube_api::KubeNode::start(NODE_IP);
     let api = &k.api;
-    api.kubectl_in(&["apply", "-f", "-"], Some(&tern_store::kube::crds_yaml()))
-        .unwrap_or_else(|e| panic!("applying tern's CRDs: {e}"));
-    api.must(&[
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-        "--timeout=60s",
-    ]);
+    api.install_crds();
     let admin = api.kubeconfig("store-admin", "store-admin", &["system:masters"]);
     let db = k.tmp.path().join("ipam.db");
     let ns = format!("/run/netns/{}", k.netns.name);

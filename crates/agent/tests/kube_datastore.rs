@@ -148,15 +148,7 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     }
     let mut k = KubeNode::start(NODE_IP);
     let api = &k.api;
-    api.kubectl_in(&["apply", "-f", "-"], Some(&tern_store::kube::crds_yaml()))
-        .unwrap_or_else(|e| panic!("applying tern's CRDs: {e}"));
-    api.must(&[
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-        "--timeout=60s",
-    ]);
+    api.install_crds();
     let admin = api.kubeconfig("store-admin", "store-admin", &["system:masters"]);
     let nobody = api.kubeconfig("nobody", "nobody", &[]);
     let ns = format!("/run/netns/{}", k.netns.name);
@@ -679,7 +671,7 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     });
     let msg = e.to_string();
     assert!(
-        matches!(e, StoreError::Backend(_))
+        matches!(e, StoreError::Forbidden(_))
             && msg.contains("forbidden")
             && msg.contains("list")
             && msg.contains("datastoreentries"),

@@ -33,24 +33,6 @@ use tern_store::Store;
 const NODE_IP: &str = "198.18.0.40";
 const GRACE: Duration = Duration::from_secs(5);
 const LEASE: Duration = Duration::from_secs(3);
-const SA_USER: &str = "system:serviceaccount:kube-system:tern-node";
-
-/// The ServiceAccount, ClusterRole and ClusterRoleBinding of `manifests/tern.yaml`.
-fn manifest_rbac() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../manifests/tern.yaml");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-    let docs: Vec<&str> = text
-        .split("\n---\n")
-        .filter(|d| {
-            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
-                .iter()
-                .any(|k| d.lines().any(|l| l.trim() == format!("kind: {k}")))
-        })
-        .collect();
-    assert_eq!(docs.len(), 3, "RBAC documents of {path}");
-    docs.join("\n---\n")
-}
-
 /// A pod of `node` with an address from tern IPAM and its WorkloadEndpoint.
 fn pod(store: &Arc<dyn Store>, ipam: &Ipam, node: &str, name: &str) -> IpAddr {
     let att = tern_api::Attachment {
@@ -161,13 +143,13 @@ fn deleted_nodes_are_released_by_one_elected_agent() {
     let _ = env_logger::builder().is_test(true).try_init();
     let k = KubeNode::start(NODE_IP);
     let (api, tmp, n) = (&k.api, &k.tmp, &k.netns.name);
-    api.apply(&manifest_rbac());
+    api.apply(&kube_api::manifest_rbac());
     let node_yaml =
         |name: &str| format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n");
     for name in ["node1", "node2", "node3", "node4"] {
         api.apply(&node_yaml(name));
     }
-    let kubeconfig = api.kubeconfig("tern-node", SA_USER, &[]);
+    let kubeconfig = api.kubeconfig("tern-node", kube_api::SA_USER, &[]);
 
     let url = format!("sqlite://{}", tmp.path().join("store.db").display());
     let store = tern_store::open(&url).unwrap();

@@ -863,7 +863,7 @@ impl KubeStore {
                 "{}: the API server refused tern's credentials (401) for {what}",
                 self.inner.cfg.source
             )),
-            403 => StoreError::Backend(format!("{what}: forbidden: {}", a.message())),
+            403 => StoreError::Forbidden(format!("{what}: forbidden: {}", a.message())),
             404 => StoreError::Config(format!(
                 "{what}: the API server does not know {}.{GROUP}: install tern's \
                  CustomResourceDefinitions (`ternctl install crds | kubectl apply -f -`, or \

@@ -146,6 +146,12 @@ pub enum StoreError {
     /// A store URL or option is malformed.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// The store refused this caller the request (Kubernetes RBAC, HTTP 403); the message
+    /// names the verb and the resource. To a CNI runtime it means "try again later": an API
+    /// server that has just restarted answers 403 until its authorizer's caches are filled
+    /// (kubernetes#121635), and a missing grant is fixed without restarting anything.
+    #[error("datastore refused the request: {0}")]
+    Forbidden(String),
     /// Anything else the backend reports.
     #[error("datastore error: {0}")]
     Backend(String),

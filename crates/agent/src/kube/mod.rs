@@ -893,7 +893,7 @@ fn describe_client_error(verb: &str, resource: &str, e: &::kube::Error) -> Strin
 fn rbac_message(verb: &str, resource: &str, s: &::kube::core::Status) -> String {
     format!(
         "RBAC: ternd may not {verb} {resource} (HTTP {}): {}; grant the agent's ClusterRole \
-         get, list and watch on {resource}",
+         what manifests/tern.yaml grants on {resource} (here at least {verb})",
         s.code, s.message
     )
 }

@@ -125,6 +125,9 @@ pub struct KubeApi {
     pub ca: Ca,
     /// The node's underlay address, advertised by the API server.
     pub advertise: String,
+    /// kube-apiserver's `--bind-address`: the namespace's loopback, or `0.0.0.0` (every
+    /// address of the namespace) when other namespaces reach it at `advertise`.
+    pub bind_address: String,
     etcd: Option<Child>,
     apiserver: Option<Child>,
     apiserver_starts: usize,
@@ -142,8 +145,20 @@ pub struct KubectlOut {
 
 impl KubeApi {
     /// Starts etcd and kube-apiserver in `netns` with files under `dir`, and waits until the
-    /// API server is ready (RBAC bootstrap roles included).
+    /// API server is ready (RBAC bootstrap roles included). It listens on the namespace's
+    /// loopback only.
     pub fn start(netns: &str, dir: &Path, advertise: &str) -> KubeApi {
+        KubeApi::start_bound(netns, dir, advertise, "127.0.0.1")
+    }
+
+    /// As [`KubeApi::start`], kube-apiserver listening on every address of `netns`
+    /// (`--bind-address=0.0.0.0`), so that node namespaces on an underlay reach it at
+    /// `advertise` ([`KubeApi::remote_kubeconfig`]). etcd stays on the loopback.
+    pub fn start_reachable(netns: &str, dir: &Path, advertise: &str) -> KubeApi {
+        KubeApi::start_bound(netns, dir, advertise, "0.0.0.0")
+    }
+
+    fn start_bound(netns: &str, dir: &Path, advertise: &str, bind: &str) -> KubeApi {
         let bin = bin_dir();
         std::fs::create_dir_all(dir).unwrap();
         let ca = Ca::new(&dir.join("pki"));
@@ -167,6 +182,7 @@ impl KubeApi {
             bin,
             ca,
             advertise: advertise.to_string(),
+            bind_address: bind.to_string(),
             etcd: None,
             apiserver: None,
             apiserver_starts: 0,
@@ -242,7 +258,7 @@ impl KubeApi {
         let p = |f: &str| pki.join(f).display().to_string();
         let args: Vec<String> = vec![
             format!("--etcd-servers=http://127.0.0.1:{ETCD_PORT}"),
-            "--bind-address=127.0.0.1".into(),
+            format!("--bind-address={}", self.bind_address),
             format!("--secure-port={API_PORT}"),
             format!("--advertise-address={}", self.advertise),
             format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
@@ -293,13 +309,24 @@ impl KubeApi {
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
-    /// Writes a kubeconfig for user `cn` (groups `orgs`) with a client certificate.
+    /// Writes a kubeconfig for user `cn` (groups `orgs`) with a client certificate, for
+    /// clients in the API server's namespace (server `127.0.0.1`).
     pub fn kubeconfig(&self, name: &str, cn: &str, orgs: &[&str]) -> PathBuf {
+        self.write_kubeconfig(name, cn, orgs, "127.0.0.1")
+    }
+
+    /// As [`KubeApi::kubeconfig`], for clients in other namespaces: the server is the
+    /// advertised underlay address (needs [`KubeApi::start_reachable`]).
+    pub fn remote_kubeconfig(&self, name: &str, cn: &str, orgs: &[&str]) -> PathBuf {
+        self.write_kubeconfig(name, cn, orgs, &self.advertise)
+    }
+
+    fn write_kubeconfig(&self, name: &str, cn: &str, orgs: &[&str], host: &str) -> PathBuf {
         let (crt, key) = self.ca.client(name, cn, orgs);
         let path = self.dir.join(format!("{name}.kubeconfig"));
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: \
-             https://127.0.0.1:{API_PORT}\n    certificate-authority: {}\nusers:\n- name: {name}\n  \
+             https://{host}:{API_PORT}\n    certificate-authority: {}\nusers:\n- name: {name}\n  \
              user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: test\n  \
              context:\n    cluster: test\n    user: {name}\ncurrent-context: test\n",
             self.ca.cert().display(),
@@ -363,6 +390,20 @@ impl KubeApi {
         }
     }
 
+    /// Applies tern's CustomResourceDefinitions (`tern_store::kube::crds_yaml`) and waits
+    /// until every CRD is Established.
+    pub fn install_crds(&self) {
+        self.kubectl_in(&["apply", "-f", "-"], Some(&tern_store::kube::crds_yaml()))
+            .unwrap_or_else(|e| panic!("applying tern's CRDs: {e}"));
+        self.must(&[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ]);
+    }
+
     /// The UID the API server gave pod `ns/name`.
     pub fn pod_uid(&self, ns: &str, name: &str) -> String {
         self.must(&[
@@ -417,6 +458,26 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tern-nod
 subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: tern-agent}
 "#;
+
+/// The user of the manifest's ServiceAccount `kube-system/tern-node` (a kubeconfig of
+/// [`KubeApi::kubeconfig`] for it authenticates as the DaemonSet's ternd does).
+pub const SA_USER: &str = "system:serviceaccount:kube-system:tern-node";
+
+/// The ServiceAccount, ClusterRole and ClusterRoleBinding of `manifests/tern.yaml`.
+pub fn manifest_rbac() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../manifests/tern.yaml");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    let docs: Vec<&str> = text
+        .split("\n---\n")
+        .filter(|d| {
+            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+                .iter()
+                .any(|k| d.lines().any(|l| l.trim() == format!("kind: {k}")))
+        })
+        .collect();
+    assert_eq!(docs.len(), 3, "RBAC documents of {path}");
+    docs.join("\n---\n")
+}
 
 /// Where the reference CNI plugins (host-local) are installed.
 pub const REFERENCE_PLUGINS: &str = super::common::REFERENCE_PLUGINS;
