@@ -231,7 +231,11 @@ fn check_rbac(api: &KubeApi) {
     ];
     // resource, subresource, allowed verbs
     let datastore: &[&str] = &["get", "list", "watch", "create", "update", "delete"];
-    let table: [(&str, &str, &[&str]); 13] = [
+    let create_once: &[&str] = &["get", "list", "watch", "create"];
+    // The apply-ippool init container applies tern-config's pool: created, then updated.
+    let pools: &[&str] = &["get", "list", "watch", "create", "update"];
+    let read: &[&str] = &["get", "list", "watch"];
+    let table: [(&str, &str, &[&str]); 17] = [
         ("pods", "", &["get", "list", "watch"]),
         ("namespaces", "", &["get", "list", "watch"]),
         ("nodes", "", &["get", "list", "watch"]),
@@ -248,7 +252,11 @@ fn check_rbac(api: &KubeApi) {
         ),
         // tern's own resources, for the Kubernetes datastore.
         ("ipamblocks.tern.dev", "", datastore),
-        ("ippools.tern.dev", "", datastore),
+        ("blockaffinities.tern.dev", "", datastore),
+        ("ippools.tern.dev", "", pools),
+        ("clusterinformations.tern.dev", "", create_once),
+        ("globalnetworkpolicies.tern.dev", "", read),
+        ("bgppeers.tern.dev", "", read),
         ("secrets", "", &[]),
         ("configmaps", "", &[]),
         ("services", "", &[]),

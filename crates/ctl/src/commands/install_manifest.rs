@@ -327,10 +327,24 @@ rules:
   resources: [leases]
   verbs: [get, create, update]
 # tern's own state when the datastore is the Kubernetes API (the CustomResourceDefinitions at
-# the end of this manifest).
+# the end of this manifest), per kind: what ternd writes (IPAM, its Node, liveness, leases,
+# other records), the pools (the apply-ippool init container applies tern-config's), the
+# cluster ID (created once), and what it only reads (policies, BGP, reservations, IPAM
+# configuration: the operator's).
 - apiGroups: [tern.dev]
-  resources: ["*"]
+  resources: [ipamblocks, blockaffinities, ipamhandles, ipamowners, nodes, nodelivenesses,
+    datastoreentries, datastoreleases]
   verbs: [get, list, watch, create, update, delete]
+- apiGroups: [tern.dev]
+  resources: [ippools]
+  verbs: [get, list, watch, create, update]
+- apiGroups: [tern.dev]
+  resources: [clusterinformations]
+  verbs: [get, list, watch, create]
+- apiGroups: [tern.dev]
+  resources: [ipreservations, networkpolicies, globalnetworkpolicies, bgpconfigurations,
+    bgppeers, ipamconfigs]
+  verbs: [get, list, watch]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
