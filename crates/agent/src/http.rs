@@ -71,6 +71,9 @@ impl Agent {
             "tern_endpoints{{node=\"{en}\"}} {}",
             self.endpoints.len()
         );
+        if let Some(k) = &self.kube {
+            k.render_metrics(node, &mut out);
+        }
         self.metrics.render_counters(node, &mut out);
         self.host.render_metrics(node, &mut out);
         out

@@ -51,6 +51,21 @@ metadata: {name: tern-datastore}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tern-datastore}
 subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: tern-agent}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tern-datastore-gc}
+rules:
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tern-datastore-gc}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tern-datastore-gc}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: tern-agent}
 ";
 
 const POOL: &str = "apiVersion: tern.dev/v1
@@ -443,7 +458,14 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
         "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: prod}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: prod}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: prod}}\nspec: {{nodeName: {NODE}, automountServiceAccountToken: false, containers: [{{name: c, image: pause}}]}}\n"
     ));
     let plugin = common::tern_plugin();
-    let mut ternd = k.ternd(NODE, &["--store=kubernetes", "--resync-seconds=5"]);
+    let mut ternd = k.ternd(
+        NODE,
+        &[
+            "--store=kubernetes",
+            "--resync-seconds=5",
+            "--node-gc-grace=2",
+        ],
+    );
     ternd.start();
     ternd.wait_ready(Duration::from_secs(30));
     // Each of ternd's watchers (dataplane, policy, BGP) watches only the resources it reads:
@@ -607,6 +629,95 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
             .collect::<Vec<_>>()
     });
     assert!(left.is_empty(), "after DEL: {left:?}");
+
+    // The pod IPAM GC of the Lease holder (ternd, here): allocations of pods on another node
+    // (whose agent is down) that no Pod uses. Gone: the one whose Pod was deleted, the one
+    // whose Pod finished, the one whose Pod runs with another address. Kept: the one whose Pod
+    // is still starting (no address reported yet).
+    api.apply(
+        "apiVersion: v1\nkind: Node\nmetadata: {name: gc-node}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: starting, namespace: prod}\nspec: {nodeName: gc-node, automountServiceAccountToken: false, containers: [{name: c, image: pause}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: moved, namespace: prod}\nspec: {nodeName: gc-node, automountServiceAccountToken: false, containers: [{name: c, image: pause}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: done, namespace: prod}\nspec: {nodeName: gc-node, automountServiceAccountToken: false, containers: [{name: c, image: pause}]}\n",
+    );
+    for (pod, status) in [
+        (
+            "moved",
+            r#"{"status":{"phase":"Running","podIPs":[{"ip":"10.250.255.254"}]}}"#,
+        ),
+        ("done", r#"{"status":{"phase":"Succeeded"}}"#),
+    ] {
+        api.must(&[
+            "patch",
+            "pod",
+            pod,
+            "-n",
+            "prod",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            status,
+        ]);
+    }
+    let gc_ipam = || tern_ipam::Ipam::new(Arc::new(store.clone()));
+    let held_by = |pod: &str| {
+        in_netns(&ns, || {
+            gc_ipam()
+                .allocations(None)
+                .unwrap()
+                .into_iter()
+                .filter(|a| a.attrs.node == "gc-node" && a.attrs.pod == pod)
+                .count()
+        })
+    };
+    for pod in ["gone", "starting", "moved", "done"] {
+        in_netns(&ns, || {
+            gc_ipam()
+                .auto_assign(&tern_ipam::AssignArgs {
+                    num_v4: 1,
+                    handle: format!("k8s-pod-network.gc-{pod}"),
+                    node: "gc-node".into(),
+                    attrs: tern_ipam::AllocationAttrs {
+                        namespace: "prod".into(),
+                        pod: pod.into(),
+                        node: "gc-node".into(),
+                        container_id: format!("gc-{pod}"),
+                        ifname: "eth0".into(),
+                    },
+                    ..Default::default()
+                })
+                .unwrap()
+        });
+    }
+    let released = common::wait_until(Duration::from_secs(40), || {
+        ["gone", "moved", "done"].iter().all(|p| held_by(p) == 0)
+    });
+    assert!(
+        released,
+        "the pod IPAM GC left {:?}\n{}",
+        ["gone", "moved", "done"].map(held_by),
+        ternd.log()
+    );
+    assert_eq!(held_by("starting"), 1, "a starting pod keeps its address");
+    let (_, metrics) = ternd.http_get("/metrics");
+    let counted = metrics
+        .lines()
+        .find(|l| l.starts_with("tern_ipam_gc_released_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert_eq!(counted, Some(3), "tern_ipam_gc_released_total:\n{metrics}");
+    assert!(metrics.contains("tern_gc_leader{"), "{metrics}");
+    in_netns(&ns, || {
+        gc_ipam()
+            .release_by_handle("k8s-pod-network.gc-starting")
+            .unwrap();
+    });
+    api.must(&[
+        "delete",
+        "pod",
+        "-n",
+        "prod",
+        "starting",
+        "moved",
+        "done",
+        "--wait=false",
+    ]);
     drop(ternd);
     // The node is gone for this test: its VXLAN tunnel address goes too.
     in_netns(&ns, || {

@@ -18,13 +18,28 @@
 //! Kubernetes node cache does not have once it is synced; every agent times them from when it
 //! first saw them missing, a node that reappears is forgotten, and the leader confirms the
 //! deletion with a GET before it releases. Never this agent's own node.
+//!
+//! On a datastore that derives endpoints from Pods (the Kubernetes datastore) the holder also
+//! runs the **pod IPAM GC** (Calico's kube-controllers IPAM GC, with its safety rules): an
+//! allocation made for a pod that the audit finds unused ([`tern_ipam::audit::check`], which
+//! there matches allocations with the Pods' addresses) is a suspect; one still unused after
+//! the grace period is released only when a GET confirms its pod is gone, finished
+//! (`Succeeded`/`Failed`), or running with other addresses (an earlier incarnation's), and the
+//! release checks the allocation again (same address, handle and sequence number: never an
+//! address reused since). A pod still starting (no address reported yet) keeps its
+//! allocation. At most [`POD_GC_CAP`] releases a pass, a pass every half grace period; what
+//! it freed is counted (`tern_ipam_gc_released_total`). Each node's own leak repair and the
+//! runtime's DEL release almost everything first; this catches what a node whose agent is down
+//! leaves when its pods are deleted.
 
 use super::Inner;
 use super::slim::SlimNode;
 use ::kube::api::{Api, PostParams};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -39,6 +54,8 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
 /// Default Lease duration.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 const LEASES: &str = "leases.coordination.k8s.io";
+/// Most allocations the pod IPAM GC releases in one pass.
+pub const POD_GC_CAP: usize = 100;
 
 /// One agent's side of the Lease.
 struct Elector {
@@ -158,7 +175,9 @@ pub(super) async fn run(inner: Arc<Inner>, client: ::kube::Client) {
     let duration = inner.settings.lease_duration.max(Duration::from_secs(1));
     let grace = inner.settings.node_gc_grace;
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
+    let pods: Api<Pod> = Api::all(client.clone());
     let nodes: Api<SlimNode> = Api::all(client);
+    let mut pod_gc = PodGc::default();
     let mut elector = Elector {
         identity: inner.settings.node_name.clone(),
         duration,
@@ -187,6 +206,11 @@ pub(super) async fn run(inner: Arc<Inner>, client: ::kube::Client) {
             track_missing(&inner, &mut missing);
             if elector.leading() {
                 collect(&inner, &nodes, &mut missing, grace).await;
+                if inner.store.derives_endpoints() {
+                    collect_pods(&inner, &pods, &mut pod_gc, grace).await;
+                }
+            } else {
+                pod_gc = PodGc::default();
             }
         }
         tokio::time::sleep(duration / 3).await;
@@ -285,10 +309,154 @@ async fn collect(
     }
 }
 
+/// The pod IPAM GC's memory: suspects (address, handle, sequence number) and since when.
+#[derive(Default)]
+struct PodGc {
+    suspects: HashMap<(IpAddr, String, u64), Instant>,
+    last_pass: Option<Instant>,
+}
+
+/// What a GET of its pod says of a suspect allocation of `ip`: whether it may go.
+fn pod_lets_go(pod: Option<&Pod>, ip: IpAddr) -> Result<(), String> {
+    let Some(p) = pod else {
+        return Ok(());
+    };
+    let status = p.status.clone().unwrap_or_default();
+    let phase = status.phase.unwrap_or_default();
+    if matches!(phase.as_str(), "Succeeded" | "Failed") {
+        return Ok(());
+    }
+    let ips: Vec<IpAddr> = status
+        .pod_ips
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| a.ip.parse().ok())
+        .collect();
+    if phase == "Running" && !ips.is_empty() && !ips.contains(&ip) {
+        return Ok(());
+    }
+    Err(format!(
+        "its pod exists ({}, addresses {ips:?})",
+        if phase.is_empty() { "no phase" } else { &phase }
+    ))
+}
+
+/// One pass of the pod IPAM GC (see the module documentation).
+async fn collect_pods(inner: &Inner, pods: &Api<Pod>, gc: &mut PodGc, grace: Duration) {
+    let every = grace.max(Duration::from_secs(2)) / 2;
+    if gc.last_pass.is_some_and(|t| t.elapsed() < every) {
+        return;
+    }
+    gc.last_pass = Some(Instant::now());
+    let ipam = tern_ipam::Ipam::new(inner.store.clone());
+    let report = match tern_ipam::audit::check(&*inner.store, &ipam) {
+        Ok(r) => r,
+        Err(e) => {
+            log::warn!("kubernetes: ipam gc: checking IPAM: {e}");
+            return;
+        }
+    };
+    let key = |l: &tern_ipam::audit::LeakedAllocation| (l.ip, l.handle.clone(), l.sequence_number);
+    let leaked: Vec<_> = report
+        .allocated_not_in_use
+        .iter()
+        .filter(|l| !l.pod.is_empty() && !l.namespace.is_empty())
+        .collect();
+    let now = Instant::now();
+    gc.suspects
+        .retain(|k, _| leaked.iter().any(|l| key(l) == *k));
+    let mut due = Vec::new();
+    for l in leaked {
+        let since = *gc.suspects.entry(key(l)).or_insert(now);
+        if since.elapsed() >= grace && due.len() < POD_GC_CAP {
+            due.push(l.clone());
+        }
+    }
+    let mut todo = Vec::new();
+    for l in due {
+        let pod = match Api::<Pod>::namespaced(pods.clone().into_client(), &l.namespace)
+            .get_opt(&l.pod)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn!(
+                    "kubernetes: ipam gc: cannot confirm pod {}/{} is gone: {e}",
+                    l.namespace,
+                    l.pod
+                );
+                continue;
+            }
+        };
+        match pod_lets_go(pod.as_ref(), l.ip) {
+            Ok(()) => todo.push(l),
+            Err(why) => log::debug!(
+                "kubernetes: ipam gc: {} of {}/{} kept: {why}",
+                l.ip,
+                l.namespace,
+                l.pod
+            ),
+        }
+    }
+    if todo.is_empty() {
+        return;
+    }
+    let batch = tern_ipam::audit::IpamReport {
+        allocated_not_in_use: todo,
+        ..Default::default()
+    };
+    match tern_ipam::audit::release_from_report(&*inner.store, &ipam, &batch) {
+        Ok(out) => {
+            inner
+                .ipam_gc_released
+                .fetch_add(out.released.len() as u64, Ordering::Relaxed);
+            for l in &batch.allocated_not_in_use {
+                if out.released.contains(&l.ip) {
+                    gc.suspects.remove(&key(l));
+                    log::info!(
+                        "kubernetes: ipam gc: released {} (handle {}, node {}) of pod {}/{}, \
+                         unused for over {grace:?} and its pod gone or finished",
+                        l.ip,
+                        l.handle,
+                        l.node,
+                        l.namespace,
+                        l.pod
+                    );
+                }
+            }
+            for (ip, why) in out.skipped {
+                log::info!("kubernetes: ipam gc: {ip} left alone: {why}");
+            }
+        }
+        Err(e) => log::warn!("kubernetes: ipam gc: releasing: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kube::{Kube, KubeSettings, NodeInfo};
+
+    /// A suspect allocation goes when its pod is gone, finished, or running with other
+    /// addresses; never while the pod is starting or holds the address.
+    #[test]
+    fn the_pod_gc_releases_only_for_pods_gone_finished_or_readdressed() {
+        let ip: IpAddr = "10.250.0.5".parse().unwrap();
+        let pod = |phase: &str, ips: &[&str]| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "x"},
+                "status": {"phase": phase, "podIPs": ips.iter().map(|i| serde_json::json!({"ip": i})).collect::<Vec<_>>()},
+            }))
+            .unwrap()
+        };
+        assert!(pod_lets_go(None, ip).is_ok());
+        assert!(pod_lets_go(Some(&pod("Succeeded", &["10.250.0.5"])), ip).is_ok());
+        assert!(pod_lets_go(Some(&pod("Failed", &[])), ip).is_ok());
+        assert!(pod_lets_go(Some(&pod("Running", &["10.250.0.9"])), ip).is_ok());
+        assert!(pod_lets_go(Some(&pod("Running", &["10.250.0.5"])), ip).is_err());
+        assert!(pod_lets_go(Some(&pod("Pending", &[])), ip).is_err());
+        assert!(pod_lets_go(Some(&pod("Running", &[])), ip).is_err());
+    }
 
     /// Candidates are tern's nodes missing from Kubernetes, never this agent's own; a node
     /// that comes back is forgotten.

@@ -135,6 +135,8 @@ struct Inner {
     node_condition_set: AtomicBool,
     /// This agent holds the node garbage collector's Lease.
     gc_leader: AtomicBool,
+    /// Addresses the pod IPAM GC released ([`gc`]).
+    ipam_gc_released: std::sync::atomic::AtomicU64,
     /// Permission problems by resource (cleared by the next successful event of it).
     rbac: Mutex<BTreeMap<&'static str, String>>,
     client: OnceLock<::kube::Client>,
@@ -194,6 +196,7 @@ impl Kube {
             snapshot_dirty: AtomicBool::new(false),
             node_condition_set: AtomicBool::new(false),
             gc_leader: AtomicBool::new(false),
+            ipam_gc_released: std::sync::atomic::AtomicU64::new(0),
             rbac: Mutex::new(BTreeMap::new()),
             client: OnceLock::new(),
             client_error: Mutex::new(None),
@@ -261,6 +264,31 @@ impl Kube {
     /// Whether this agent holds the Lease of the node garbage collector ([`gc`]).
     pub fn node_gc_leader(&self) -> bool {
         self.inner.gc_leader.load(Ordering::Relaxed)
+    }
+
+    /// Addresses the pod IPAM GC has released since start ([`gc`]).
+    pub fn ipam_gc_released(&self) -> u64 {
+        self.inner.ipam_gc_released.load(Ordering::Relaxed)
+    }
+
+    /// The Kubernetes source's lines of `/metrics`: whether this agent leads the garbage
+    /// collection, and what the pod IPAM GC released.
+    pub fn render_metrics(&self, node: &str, out: &mut String) {
+        use std::fmt::Write as _;
+        let node = crate::metrics::escape(node);
+        let _ = writeln!(
+            out,
+            "# HELP tern_gc_leader Whether this agent holds the Lease kube-system/tern-node-gc.\n\
+             # TYPE tern_gc_leader gauge\ntern_gc_leader{{node=\"{node}\"}} {}",
+            u8::from(self.node_gc_leader())
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tern_ipam_gc_released_total Addresses of pods gone or finished that the \
+             pod IPAM GC released.\n# TYPE tern_ipam_gc_released_total counter\n\
+             tern_ipam_gc_released_total{{node=\"{node}\"}} {}",
+            self.ipam_gc_released()
+        );
     }
 
     /// A node of the cluster as last seen by the node watch (`None` before the first list or
