@@ -19,7 +19,8 @@
 mod common;
 mod kube_api;
 
-use kube_api::{AGENT_RBAC, KubeApi, KubeNode};
+use common::pctl;
+use kube_api::{AGENT_RBAC, KubeNode};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -52,21 +53,6 @@ fn docs(objs: &[serde_json::Value]) -> String {
         .join("\n---\n")
 }
 
-/// `kubectl create -f -` of `objs` in `parallel` chunks at once.
-fn create_parallel(api: &KubeApi, objs: &[serde_json::Value], parallel: usize) {
-    let chunk = objs.len().div_ceil(parallel).max(1);
-    std::thread::scope(|s| {
-        for part in objs.chunks(chunk) {
-            s.spawn(move || {
-                let yaml = docs(part);
-                if let Err(e) = api.kubectl_in(&["create", "-f", "-"], Some(&yaml)) {
-                    panic!("kubectl create failed: {e}");
-                }
-            });
-        }
-    });
-}
-
 fn pod(ns: &str, name: &str, node: &str, labels: serde_json::Value) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -74,13 +60,6 @@ fn pod(ns: &str, name: &str, node: &str, labels: serde_json::Value) -> serde_jso
         "spec": {"nodeName": node, "automountServiceAccountToken": false,
                  "containers": [{"name": "c", "image": "pause"}]}
     })
-}
-
-fn pctl(mut v: Vec<Duration>) -> (f64, f64, f64) {
-    v.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let p99 = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
-    (ms(v[v.len() / 2]), ms(v[p99]), ms(v[v.len() - 1]))
 }
 
 fn print_samples(what: &str, total: Vec<Duration>, kubectl: Vec<Duration>) {
@@ -143,7 +122,7 @@ fn kube_watch_memory_and_propagation() {
         })
         .collect();
     let t0 = Instant::now();
-    create_parallel(api, &local, 2);
+    api.create_parallel(&local, 2);
     eprintln!("created {} local pods in {:?}", local.len(), t0.elapsed());
     std::thread::sleep(Duration::from_secs(5));
     let rss_local = ternd.rss_kib();
@@ -179,7 +158,7 @@ fn kube_watch_memory_and_propagation() {
         })
         .collect();
     let t0 = Instant::now();
-    create_parallel(api, &base, 2);
+    api.create_parallel(&base, 2);
     // No controller-manager: each namespace's `default` service account by hand.
     let accounts: Vec<_> = (0..NAMESPACES)
         .map(|i| {
@@ -187,10 +166,10 @@ fn kube_watch_memory_and_propagation() {
                    "metadata": {"name": "default", "namespace": format!("bench-{i}")}})
         })
         .collect();
-    create_parallel(api, &accounts, 2);
+    api.create_parallel(&accounts, 2);
     let mut rest = remote.clone();
     rest.extend(policies.iter().cloned());
-    create_parallel(api, &rest, 4);
+    api.create_parallel(&rest, 4);
     eprintln!(
         "created {} nodes+namespaces, {} remote pods, {} policies in {:?}",
         base.len(),

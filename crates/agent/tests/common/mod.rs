@@ -77,6 +77,14 @@ pub fn in_netns<T: Send>(ns_path: &str, f: impl FnOnce() -> T + Send) -> T {
         .unwrap_or_else(|e| panic!("running in {ns_path}: {e}"))
 }
 
+/// p50, p99 and max of `v` in milliseconds (`v` not empty).
+pub fn pctl(mut v: Vec<Duration>) -> (f64, f64, f64) {
+    v.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let p99 = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
+    (ms(v[v.len() / 2]), ms(v[p99]), ms(v[v.len() - 1]))
+}
+
 /// A uniquely named network namespace with `lo` up, deleted on drop.
 pub struct Netns {
     pub name: String,
@@ -325,6 +333,8 @@ pub struct Ternd {
     pub args: Vec<String>,
     /// The umask it starts under (the socket's mode must not depend on it).
     pub umask: Option<libc::mode_t>,
+    /// How long a start waits for the socket to answer (30 s).
+    pub listen_timeout: Duration,
     child: Option<Child>,
     starts: usize,
 }
@@ -352,6 +362,7 @@ impl Ternd {
             dir: dir.to_path_buf(),
             args: all,
             umask: None,
+            listen_timeout: Duration::from_secs(30),
             child: None,
             starts: 0,
         }
@@ -437,7 +448,8 @@ impl Ternd {
             .expect("spawning ternd");
         self.child = Some(child);
         let sock = self.socket();
-        let up = wait_until(Duration::from_secs(30), || {
+        let timeout = self.listen_timeout;
+        let up = wait_until(timeout, || {
             if let Some(c) = self.child.as_mut()
                 && let Ok(Some(st)) = c.try_wait()
             {
@@ -445,7 +457,11 @@ impl Ternd {
             }
             UnixStream::connect(&sock).is_ok()
         });
-        assert!(up, "ternd did not listen within 30 s:\n{}", self.log());
+        assert!(
+            up,
+            "ternd did not listen within {timeout:?}:\n{}",
+            self.log()
+        );
     }
 
     /// SIGKILL by PID and reap; nothing when it is not running.

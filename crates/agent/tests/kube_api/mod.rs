@@ -11,6 +11,7 @@
 
 use super::common::{Netns, Ternd, in_netns, wait_until};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::net::IpAddr;
@@ -422,6 +423,116 @@ impl KubeApi {
         self.kubectl(args)
             .unwrap_or_else(|e| panic!("kubectl {} failed: {e}", args.join(" ")))
     }
+
+    /// `kubectl create -f -` of `objs` in `parallel` chunks at once (one kubectl each).
+    pub fn create_parallel(&self, objs: &[Value], parallel: usize) {
+        self.run_parallel(&["create", "-f", "-"], objs, parallel);
+    }
+
+    /// `kubectl ARGS` with `objs` as a multi-document stream on its stdin, split into
+    /// `parallel` chunks run at once; each must succeed.
+    pub fn run_parallel(&self, args: &[&str], objs: &[Value], parallel: usize) {
+        let chunk = objs.len().div_ceil(parallel.max(1)).max(1);
+        std::thread::scope(|s| {
+            for part in objs.chunks(chunk) {
+                s.spawn(move || {
+                    let yaml = part
+                        .iter()
+                        .map(Value::to_string)
+                        .collect::<Vec<_>>()
+                        .join("\n---\n");
+                    if let Err(e) = self.kubectl_in(args, Some(&yaml)) {
+                        panic!("kubectl {} failed: {e}", args.join(" "));
+                    }
+                });
+            }
+        });
+    }
+
+    /// The API server's `/metrics`, parsed ([`parse_metrics`]).
+    pub fn metrics(&self) -> Vec<Sample> {
+        parse_metrics(&self.must(&["get", "--raw", "/metrics"]))
+    }
+
+    /// kube-apiserver's PID while it runs (`ip netns exec` execs it: the child is the server).
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Child::id)
+    }
+
+    /// etcd's PID while it runs.
+    pub fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.as_ref().map(Child::id)
+    }
+}
+
+/// One sample of a Prometheus text exposition (the API server's `/metrics`): the metric's
+/// name, its labels and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of label `name`, "" when the sample has none.
+    pub fn label(&self, name: &str) -> &str {
+        self.labels.get(name).map_or("", String::as_str)
+    }
+}
+
+/// Every sample line of a Prometheus text exposition (`name{k="v",...} value [timestamp]`);
+/// comments, blank lines and lines that do not parse are skipped.
+pub fn parse_metrics(text: &str) -> Vec<Sample> {
+    text.lines().filter_map(parse_sample).collect()
+}
+
+fn parse_sample(line: &str) -> Option<Sample> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(['{', ' '])?;
+    let name = line[..name_end].to_string();
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(body) = rest.strip_prefix('{') {
+        // label="value" pairs; a value may hold escaped quotes, commas and braces.
+        let mut chars = body.char_indices();
+        let mut key = String::new();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '}' => break i,
+                ',' | ' ' => {}
+                '=' => {
+                    if chars.next()?.1 != '"' {
+                        return None;
+                    }
+                    let mut value = String::new();
+                    loop {
+                        match chars.next()?.1 {
+                            '"' => break,
+                            '\\' => match chars.next()?.1 {
+                                'n' => value.push('\n'),
+                                c => value.push(c),
+                            },
+                            c => value.push(c),
+                        }
+                    }
+                    labels.insert(std::mem::take(&mut key), value);
+                }
+                c => key.push(c),
+            }
+        };
+        rest = &body[end + 1..];
+    }
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    Some(Sample {
+        name,
+        labels,
+        value,
+    })
 }
 
 impl Drop for KubeApi {
