@@ -418,6 +418,11 @@ impl Agent {
         let Some(_claim) = self.in_flight.claim(&host_if, CLAIM_WAIT) else {
             return Err(busy(&host_if));
         };
+        // Read again under the claim: an ADD of this very attachment may have held it and
+        // finished meanwhile (a runtime DELs after an ADD timed out). Its endpoint is this
+        // DEL's, not "another endpoint's": deleting only the addresses would leave the live
+        // veth with an address IPAM hands out again.
+        let ep = self.endpoints.get(a).or(ep);
         // Without an endpoint of its own (a stale sandbox of the pod, a repeated DEL), the
         // derived name may be the veth of another attachment: another sandbox of the same pod
         // shares it. That veth is not this DEL's to touch; only the addresses are released.
