@@ -2020,17 +2020,7 @@ impl ClassWatch {
                 if sent == Some(None) {
                     return Ok(None);
                 }
-                Event {
-                    kind: EventKind::Delete,
-                    kv: KeyValue {
-                        key,
-                        value: Vec::new(),
-                        create_revision: 0,
-                        mod_revision: rev,
-                        version: 0,
-                        lease: 0,
-                    },
-                }
+                crate::mem::delete_event(key, rev)
             }
         };
         Ok(Some(ev))
