@@ -143,12 +143,13 @@ if [ "$PLUGIN" = tern ]; then
   check "host veth tern* exists while A runs" bash -c "ip -o link show | grep -qE '^[0-9]+: tern'"
   check "A's allocation is listed by ternctl ipam show" ip_allocated "$A_IP"
 fi
-# httpd needs a moment to bind after printing the address.
+# httpd needs a moment to bind after printing the address (on a loaded machine more than a
+# moment): B tries for up to ~10 s.
 sleep 0.5
 
 # --- container B: client -------------------------------------------------------------------------
 timeout 60 ctr --address "$T/ctrd/containerd.sock" --namespace "$NS" run --rm --cni "$IMAGE" e2e-b sh -c \
-  "ip -4 -o addr show dev eth0; printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 5 $A_IP 80" \
+  "ip -4 -o addr show dev eth0; for i in 1 2 3 4 5 6 7 8 9 10; do printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 5 $A_IP 80 | grep . && break; sleep 0.5; done" \
   >"$T/b.out" 2>&1 &
 B_PID=$!
 wait "$B_PID"; b_rc=$?; B_PID=
