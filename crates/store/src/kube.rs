@@ -652,6 +652,18 @@ struct Answer {
 }
 
 impl Answer {
+    /// An answer from its status and body bytes (a body that is not JSON becomes a message).
+    fn parse(status: u16, raw: &[u8]) -> Answer {
+        let body: Value = if raw.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(raw).unwrap_or_else(
+                |_| json!({"message": String::from_utf8_lossy(&raw[..raw.len().min(300)])}),
+            )
+        };
+        Answer { status, body }
+    }
+
     fn message(&self) -> String {
         self.body["message"]
             .as_str()
@@ -780,6 +792,20 @@ impl KubeStore {
         ctype: &str,
         idem: Idempotent,
     ) -> Result<Answer> {
+        let (status, raw) = self.call_raw(method, path, body, ctype, idem)?;
+        Ok(Answer::parse(status, &raw))
+    }
+
+    /// [`Self::call`], the answer's body as it came (a caller that decodes it into a type of
+    /// its own, such as a page of Pods, never holds it as a JSON value).
+    fn call_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        ctype: &str,
+        idem: Idempotent,
+    ) -> Result<(u16, Vec<u8>)> {
         let payload = body.map(|b| b.to_string().into_bytes());
         let request = self.request_bytes(method, path, payload.as_deref().map(|b| (ctype, b)))?;
         let deadline = Instant::now() + RETRY_BUDGET;
@@ -816,18 +842,13 @@ impl KubeStore {
             match attempt {
                 Ok(r) => {
                     let status = r.status;
-                    let body: Value = if r.body.is_empty() {
-                        Value::Null
-                    } else {
-                        serde_json::from_slice(&r.body).unwrap_or_else(|_| {
-                            json!({"message": String::from_utf8_lossy(&r.body[..r.body.len().min(300)])})
-                        })
-                    };
-                    let answer = Answer { status, body };
                     if matches!(status, 429 | 503) && Instant::now() < deadline {
-                        last = format!("HTTP {status}: {}", answer.message());
+                        last = format!(
+                            "HTTP {status}: {}",
+                            Answer::parse(status, &r.body).message()
+                        );
                     } else {
-                        return Ok(answer);
+                        return Ok((status, r.body));
                     }
                 }
                 Err((sent, stale, e)) => {
@@ -1101,16 +1122,72 @@ impl KubeStore {
             .and_then(|tail| tail.split_once('/'))
             .map(|(ns, _)| ns)
             .filter(|ns| is_dns_subdomain(ns));
-        let (pods, rev) = self.list_in(class, ns, None)?;
         let mut out = Vec::new();
-        for p in &pods {
-            if let crate::kube_pods::Derived::Endpoint { key, .. } = crate::kube_pods::derive(p)
-                && key.starts_with(prefix)
+        let rev = self.list_pods(ns, |pod| {
+            if let Some(kv) = derived_kv(&pod)
+                && kv.key.starts_with(prefix)
             {
-                out.push(decode(class, p)?);
+                out.push(kv);
+            }
+        })?;
+        Ok((out, rev))
+    }
+
+    /// Lists the Pods (of `namespace`, or all), page by page, each page decoded into slim
+    /// [`crate::kube_pods::Pod`]s handed to `each`; the list's revision.
+    fn list_pods(
+        &self,
+        namespace: Option<&str>,
+        mut each: impl FnMut(crate::kube_pods::Pod),
+    ) -> Result<i64> {
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct ListMeta {
+            #[serde(rename = "resourceVersion")]
+            resource_version: String,
+            #[serde(rename = "continue")]
+            cont: Option<String>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct Page {
+            metadata: ListMeta,
+            items: Vec<crate::kube_pods::Pod>,
+        }
+        let class = class_of(&keys::resource_prefix(crate::kube_pods::KIND));
+        let mut cont = String::new();
+        let mut rev = None;
+        loop {
+            let mut path = format!("{}?limit={LIST_PAGE}", class.collection(namespace));
+            if !cont.is_empty() {
+                let _ = write!(path, "&continue={}", url_escape(&cont));
+            }
+            let (status, raw) = self.call_raw("GET", &path, None, "", Idempotent::Yes)?;
+            if status == 410 && rev.is_some() {
+                return Err(StoreError::Compacted {
+                    requested: rev.unwrap_or(0),
+                    oldest: 0,
+                });
+            }
+            if status != 200 {
+                return Err(self.unexpected(
+                    &format!("GET {path}"),
+                    &Answer::parse(status, &raw),
+                    class,
+                ));
+            }
+            let page: Page = serde_json::from_slice(&raw)
+                .map_err(|e| StoreError::Backend(format!("GET {path}: {e}")))?;
+            drop(raw);
+            if rev.is_none() {
+                rev = Some(parse_rv(&json!(page.metadata.resource_version))?);
+            }
+            cont = page.metadata.cont.unwrap_or_default();
+            page.items.into_iter().for_each(&mut each);
+            if cont.is_empty() {
+                return Ok(rev.unwrap_or(0));
             }
         }
-        Ok((out, rev))
     }
 }
 
@@ -1308,6 +1385,12 @@ fn free_count(v: &Value) -> u64 {
         .unwrap_or(0)
 }
 
+/// The key-value an object of `class` stands for, as [`KubeStore`] reads it: what a watcher
+/// of the class outside the store (the agent's cache feed) makes of each object it gets.
+pub fn decode_object(class: &Class, obj: &Value) -> Result<KeyValue> {
+    decode(class, obj)
+}
+
 /// The key-value an object stands for.
 fn decode(class: &Class, obj: &Value) -> Result<KeyValue> {
     let meta = &obj["metadata"];
@@ -1394,14 +1477,12 @@ fn decode(class: &Class, obj: &Value) -> Result<KeyValue> {
             };
             (key, value)
         }
-        Shape::DerivedFromPods => match crate::kube_pods::derive(obj) {
-            crate::kube_pods::Derived::Endpoint { key, doc } => {
-                (key, serde_json::to_vec(&doc).unwrap_or_default())
-            }
-            crate::kube_pods::Derived::Nothing { .. } => {
-                return Err(StoreError::Backend(format!("pod {name} has no endpoint")));
-            }
-        },
+        Shape::DerivedFromPods => {
+            let pod = crate::kube_pods::Pod::from_value(obj)
+                .map_err(|e| StoreError::Backend(format!("pod {name}: {e}")))?;
+            return derived_kv(&pod)
+                .ok_or_else(|| StoreError::Backend(format!("pod {name} has no endpoint")));
+        }
     };
     Ok(KeyValue {
         key,
@@ -1410,6 +1491,24 @@ fn decode(class: &Class, obj: &Value) -> Result<KeyValue> {
         mod_revision,
         version,
         lease,
+    })
+}
+
+/// The key-value of the endpoint a Pod stands for ([`crate::kube_pods`]), when it has one:
+/// the document, revisions from the Pod's `resourceVersion` (an endpoint has no history of
+/// its own).
+pub fn derived_kv(pod: &crate::kube_pods::Pod) -> Option<KeyValue> {
+    let crate::kube_pods::Derived::Endpoint { key, doc } = crate::kube_pods::derive(pod) else {
+        return None;
+    };
+    let rev = pod.metadata.resource_version.parse().unwrap_or(0);
+    Some(KeyValue {
+        key,
+        value: serde_json::to_vec(&doc).unwrap_or_default(),
+        create_revision: rev,
+        mod_revision: rev,
+        version: 1,
+        lease: 0,
     })
 }
 
@@ -1971,8 +2070,11 @@ impl ClassWatch {
     /// endpoint that differs from the last one sent, a delete when it has none (any more),
     /// nothing when neither changed or the key is outside the watched prefixes.
     fn derived_event(&mut self, kind: EventKind, pod: &Value, rev: i64) -> Result<Option<Event>> {
-        use crate::kube_pods::{Derived, derive};
-        let derived = match (&kind, derive(pod)) {
+        use crate::kube_pods::{Derived, Pod, derive};
+        let pod = Pod::from_value(pod).map_err(|e| {
+            StoreError::Backend(format!("watch of {}: bad pod: {e}", self.class.plural))
+        })?;
+        let derived = match (&kind, derive(&pod)) {
             (EventKind::Delete, d) => Derived::Nothing {
                 key: d.key().map(str::to_string),
             },

@@ -23,6 +23,7 @@
 //!
 //! These documents cannot be written: the store refuses, saying to label the Pod instead.
 
+use serde::Deserialize as _;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 
@@ -48,6 +49,107 @@ pub fn endpoint_name(node: &str, pod: &str, ifname: &str) -> String {
     format!("{}-k8s-{}-{}", esc(node), esc(pod), esc(ifname))
 }
 
+/// A Pod with only the fields an endpoint is derived from: serde skips the rest of the API
+/// server's document (managed fields, conditions, container statuses, the spec's volumes)
+/// without keeping it, so a list of 10,000 Pods is never held as JSON values.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct Pod {
+    #[serde(deserialize_with = "null_default")]
+    pub metadata: PodMeta,
+    #[serde(deserialize_with = "null_default")]
+    pub spec: PodSpec,
+    #[serde(deserialize_with = "null_default")]
+    pub status: PodStatus,
+}
+
+/// The Pod's `metadata`, as much as tern reads.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct PodMeta {
+    #[serde(deserialize_with = "null_default")]
+    pub name: String,
+    #[serde(deserialize_with = "null_default")]
+    pub namespace: String,
+    #[serde(deserialize_with = "null_default")]
+    pub uid: String,
+    #[serde(deserialize_with = "null_default")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(deserialize_with = "null_default")]
+    pub resource_version: String,
+}
+
+/// The Pod's `spec`, as much as tern reads.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(deserialize_with = "null_default")]
+    pub node_name: String,
+    #[serde(deserialize_with = "null_default")]
+    pub host_network: bool,
+    #[serde(deserialize_with = "null_default")]
+    pub service_account_name: String,
+    #[serde(deserialize_with = "null_default")]
+    pub containers: Vec<Container>,
+}
+
+/// A container's ports.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct Container {
+    #[serde(deserialize_with = "null_default")]
+    pub ports: Vec<ContainerPort>,
+}
+
+/// One `containers[].ports[]` entry.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct ContainerPort {
+    #[serde(deserialize_with = "null_default")]
+    pub name: String,
+    #[serde(deserialize_with = "null_default")]
+    pub container_port: i64,
+    #[serde(deserialize_with = "null_default")]
+    pub protocol: String,
+}
+
+/// The Pod's `status`, as much as tern reads.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct PodStatus {
+    #[serde(deserialize_with = "null_default")]
+    pub phase: String,
+    #[serde(rename = "podIP", deserialize_with = "null_default")]
+    pub pod_ip: String,
+    #[serde(rename = "podIPs", deserialize_with = "null_default")]
+    pub pod_ips: Vec<PodIp>,
+}
+
+/// One `status.podIPs[]` entry.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct PodIp {
+    #[serde(deserialize_with = "null_default")]
+    pub ip: String,
+}
+
+/// A field the API server may send as `null` reads as its default.
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + serde::Deserialize<'de>,
+{
+    use serde::Deserialize;
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+impl Pod {
+    /// The slim form of a Pod document; an error when a field tern reads has the wrong type.
+    pub fn from_value(v: &Value) -> Result<Pod, serde_json::Error> {
+        Pod::deserialize(v)
+    }
+}
+
 /// What one Pod says about its endpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Derived {
@@ -68,52 +170,41 @@ impl Derived {
     }
 }
 
-fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
-    let mut v = v;
-    for p in path {
-        v = &v[*p];
-    }
-    v.as_str().unwrap_or_default()
-}
-
-/// The endpoint of one Pod object (as the API server serves it).
-pub fn derive(pod: &Value) -> Derived {
-    let ns = str_at(pod, &["metadata", "namespace"]);
-    let name = str_at(pod, &["metadata", "name"]);
-    let node = str_at(pod, &["spec", "nodeName"]);
+/// The endpoint of one Pod.
+pub fn derive(pod: &Pod) -> Derived {
+    let (ns, name, node) = (
+        pod.metadata.namespace.as_str(),
+        pod.metadata.name.as_str(),
+        pod.spec.node_name.as_str(),
+    );
     if ns.is_empty() || name.is_empty() || node.is_empty() {
         return Derived::Nothing { key: None };
     }
     let ep_name = endpoint_name(node, name, "eth0");
     let key = keys::namespaced_resource(KIND, ns, &ep_name);
-    let phase = str_at(pod, &["status", "phase"]);
-    if pod["spec"]["hostNetwork"].as_bool() == Some(true) || matches!(phase, "Succeeded" | "Failed")
-    {
+    if pod.spec.host_network || matches!(pod.status.phase.as_str(), "Succeeded" | "Failed") {
         return Derived::Nothing { key: Some(key) };
     }
     let ips = pod_ips(pod);
     if ips.is_empty() {
         return Derived::Nothing { key: Some(key) };
     }
-    let sa = str_at(pod, &["spec", "serviceAccountName"]);
-    let mut labels: BTreeMap<String, String> = pod["metadata"]["labels"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| !k.starts_with(TERN_LABEL_PREFIX))
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                .collect()
-        })
-        .unwrap_or_default();
+    let sa = pod.spec.service_account_name.as_str();
+    let mut labels: BTreeMap<String, String> = pod
+        .metadata
+        .labels
+        .iter()
+        .filter(|(k, _)| !k.starts_with(TERN_LABEL_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     labels.insert(NAMESPACE_LABEL.into(), ns.into());
     labels.insert(ORCHESTRATOR_LABEL.into(), "k8s".into());
     if !sa.is_empty() {
         labels.insert(SERVICE_ACCOUNT_LABEL.into(), sa.into());
     }
     let mut annotations = Map::new();
-    let uid = str_at(pod, &["metadata", "uid"]);
-    if !uid.is_empty() {
-        annotations.insert(POD_UID_ANNOTATION.into(), uid.into());
+    if !pod.metadata.uid.is_empty() {
+        annotations.insert(POD_UID_ANNOTATION.into(), pod.metadata.uid.clone().into());
     }
     let mut spec = json!({
         "node": node,
@@ -149,14 +240,10 @@ pub fn derive(pod: &Value) -> Derived {
 }
 
 /// `status.podIPs` (else `status.podIP`) as host CIDRs, each address once.
-fn pod_ips(pod: &Value) -> Vec<String> {
+fn pod_ips(pod: &Pod) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    let listed = pod["status"]["podIPs"]
-        .as_array()
-        .map(|a| a.iter().map(|p| str_at(p, &["ip"])).collect::<Vec<_>>())
-        .unwrap_or_default();
-    let single = str_at(pod, &["status", "podIP"]);
-    for ip in listed.into_iter().chain([single]) {
+    let listed = pod.status.pod_ips.iter().map(|p| p.ip.as_str());
+    for ip in listed.chain([pod.status.pod_ip.as_str()]) {
         let Ok(addr) = ip.parse::<std::net::IpAddr>() else {
             continue;
         };
@@ -173,30 +260,24 @@ fn pod_ips(pod: &Value) -> Vec<String> {
 
 /// The containers' named ports a policy can reference (`spec.containers[].ports[]` with a
 /// name, a port in 1..=65535 and TCP, UDP or SCTP), the first of each name, in order.
-fn named_ports(pod: &Value) -> Vec<Value> {
-    let mut seen: Vec<String> = Vec::new();
+fn named_ports(pod: &Pod) -> Vec<Value> {
+    let mut seen: Vec<&str> = Vec::new();
     let mut out = Vec::new();
-    let containers = pod["spec"]["containers"].as_array().cloned();
-    for c in containers.unwrap_or_default() {
-        for p in c["ports"].as_array().cloned().unwrap_or_default() {
-            let name = str_at(&p, &["name"]);
-            let Some(port) = p["containerPort"]
-                .as_u64()
-                .filter(|n| (1..=65535).contains(n))
-            else {
-                continue;
-            };
-            let proto = match p["protocol"].as_str().unwrap_or("TCP") {
-                "" => "TCP",
-                s @ ("TCP" | "UDP" | "SCTP") => s,
-                _ => continue,
-            };
-            if name.is_empty() || seen.iter().any(|s| s == name) {
-                continue;
-            }
-            seen.push(name.to_string());
-            out.push(json!({"name": name, "protocol": proto, "port": port}));
+    for p in pod.spec.containers.iter().flat_map(|c| &c.ports) {
+        let name = p.name.as_str();
+        if !(1..=65535).contains(&p.container_port) {
+            continue;
         }
+        let proto = match p.protocol.as_str() {
+            "" => "TCP",
+            s @ ("TCP" | "UDP" | "SCTP") => s,
+            _ => continue,
+        };
+        if name.is_empty() || seen.contains(&name) {
+            continue;
+        }
+        seen.push(name);
+        out.push(json!({"name": name, "protocol": proto, "port": p.container_port}));
     }
     out
 }
@@ -204,6 +285,10 @@ fn named_ports(pod: &Value) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn slim(v: &Value) -> Pod {
+        Pod::from_value(v).unwrap()
+    }
 
     fn pod() -> Value {
         json!({
@@ -223,7 +308,7 @@ mod tests {
 
     #[test]
     fn a_running_pod_is_an_endpoint() {
-        let Derived::Endpoint { key, doc } = derive(&pod()) else {
+        let Derived::Endpoint { key, doc } = derive(&slim(&pod())) else {
             panic!("no endpoint");
         };
         assert_eq!(
@@ -257,17 +342,26 @@ mod tests {
     fn pods_without_an_interface_of_terns_are_not() {
         let mut p = pod();
         p["spec"]["hostNetwork"] = true.into();
-        assert!(matches!(derive(&p), Derived::Nothing { key: Some(_) }));
+        assert!(matches!(
+            derive(&slim(&p)),
+            Derived::Nothing { key: Some(_) }
+        ));
         for phase in ["Succeeded", "Failed"] {
             let mut p = pod();
             p["status"]["phase"] = phase.into();
-            assert!(matches!(derive(&p), Derived::Nothing { key: Some(_) }));
+            assert!(matches!(
+                derive(&slim(&p)),
+                Derived::Nothing { key: Some(_) }
+            ));
         }
         let mut p = pod();
         p["status"] = json!({"phase": "Pending"});
-        assert!(matches!(derive(&p), Derived::Nothing { key: Some(_) }));
+        assert!(matches!(
+            derive(&slim(&p)),
+            Derived::Nothing { key: Some(_) }
+        ));
         let mut p = pod();
         p["spec"]["nodeName"] = Value::Null;
-        assert_eq!(derive(&p), Derived::Nothing { key: None });
+        assert_eq!(derive(&slim(&p)), Derived::Nothing { key: None });
     }
 }

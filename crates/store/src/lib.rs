@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod cache;
 #[cfg(feature = "test-support")]
 pub mod conformance;
 pub mod etcd;
