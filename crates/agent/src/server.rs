@@ -81,6 +81,42 @@ pub struct Agent {
     stop: AtomicBool,
 }
 
+/// How long the agent waits at start for the first list of every cached class of the
+/// Kubernetes datastore before it reads through to the API server.
+const CACHE_SYNC_WAIT: Duration = Duration::from_secs(30);
+
+/// The Kubernetes datastore behind the agent's copy of what it reads ([`crate::kube::feed`]):
+/// the copy's watchers start now, and the agent waits (bounded) for their first lists, so
+/// its start-up reads come from memory.
+fn cached_kube_store(
+    kube: Arc<dyn Store>,
+    kubeconfig: Option<std::path::PathBuf>,
+) -> anyhow::Result<Arc<dyn Store>> {
+    let cache = tern_store::cache::Cache::new(crate::kube::feed::cached_classes());
+    crate::kube::feed::spawn(cache.clone(), kubeconfig).context("starting the datastore feed")?;
+    let t0 = Instant::now();
+    let missing = cache.wait_synced(CACHE_SYNC_WAIT);
+    if missing.is_empty() {
+        log::info!(
+            "datastore copy listed in {} ms: {}",
+            t0.elapsed().as_millis(),
+            cache
+                .sizes()
+                .iter()
+                .map(|(p, n)| format!("{p} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    } else {
+        log::warn!(
+            "datastore copy: not listed after {}s: {}; reading those from the API server",
+            CACHE_SYNC_WAIT.as_secs(),
+            missing.join(", ")
+        );
+    }
+    Ok(Arc::new(tern_store::cache::CachedStore::new(kube, cache)))
+}
+
 impl Agent {
     /// Opens the store, creates the default pool if no pool exists, loads this node's endpoints,
     /// replays the release journal and reconciles the node's interfaces.
@@ -88,11 +124,21 @@ impl Agent {
         // `--store kubernetes`: the API server of `--kubeconfig` when given (else the pod's
         // service account or $KUBECONFIG), the one ternd watches pods on.
         let store: Arc<dyn Store> = match (cfg.store_url.as_str(), &cfg.kubeconfig) {
-            ("kubernetes" | "kubernetes://", Some(path)) => Arc::new(
-                tern_store::kube::KubeConfig::from_kubeconfig(path)
-                    .and_then(tern_store::kube::KubeStore::connect)
-                    .with_context(|| format!("opening store kubernetes ({})", path.display()))?,
-            ),
+            ("kubernetes" | "kubernetes://", kubeconfig) => {
+                let kube = match kubeconfig {
+                    Some(path) => tern_store::kube::KubeConfig::from_kubeconfig(path),
+                    None => tern_store::kube::KubeConfig::discover(None),
+                }
+                .and_then(tern_store::kube::KubeStore::connect)
+                .with_context(|| {
+                    let from = kubeconfig.as_ref().map(|p| p.display().to_string());
+                    format!(
+                        "opening store kubernetes ({})",
+                        from.as_deref().unwrap_or("in-cluster or $KUBECONFIG")
+                    )
+                })?;
+                cached_kube_store(Arc::new(kube), kubeconfig.clone())?
+            }
             _ => tern_store::etcd::open_with_tls(
                 &cfg.store_url,
                 cfg.etcd_ca.as_deref(),

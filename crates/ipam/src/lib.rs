@@ -398,6 +398,11 @@ impl Pool {
     }
 }
 
+/// Whether `needle` occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 /// FNV-1a: a stable hash, so a node walks the pool's blocks in the same order across restarts
 /// and nodes start at different places.
 fn node_hash(node: &str) -> u64 {
@@ -1519,8 +1524,18 @@ impl Ipam {
             }
             return Ok(out);
         }
+        // Every block is read (there is no handle record to say which), but only the few
+        // whose bytes hold the handle are decoded: a DEL at 1,000 nodes reads 1,000 blocks.
+        // The handle is in a block's JSON as serde_json writes the string (tern writes every
+        // block with serde_json).
+        let quoted = serde_json::to_string(handle).unwrap_or_default();
+        let needle = quoted.as_bytes();
+        let needle = &needle[1..needle.len().saturating_sub(1).max(1)];
         let (kvs, _) = self.store.range(keys::BLOCKS)?;
         for kv in &kvs {
+            if !needle.is_empty() && !contains(&kv.value, needle) {
+                continue;
+            }
             let b: Block = decode(kv)?;
             if !b.ordinals_of(handle).is_empty() {
                 out.push((kv.key.clone(), b));
@@ -1632,6 +1647,13 @@ impl Ipam {
         let (kvs, _) = self.store.range(keys::BLOCKS)?;
         let mut by_block: BTreeMap<String, Vec<(IpAddr, Option<u64>)>> = BTreeMap::new();
         for kv in &kvs {
+            // A block's key names its CIDR: only the blocks holding an address are decoded.
+            let key_cidr: Option<IpNet> = keys::segment_cidr(&kv.key[keys::BLOCKS.len()..])
+                .parse()
+                .ok();
+            if key_cidr.is_some_and(|c| !ips.iter().any(|ip| c.contains(ip))) {
+                continue;
+            }
             let b: Block = decode(kv)?;
             for ip in ips.iter().filter(|ip| b.cidr.contains(*ip)) {
                 by_block

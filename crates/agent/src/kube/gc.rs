@@ -15,8 +15,9 @@
 //! younger than two thirds of the duration, so two agents never act at once.
 //!
 //! Candidates are the nodes tern knows (tern Nodes and nodes with block affinities) that the
-//! Kubernetes node cache does not have once it is synced; every agent times them from when it
-//! first saw them missing, a node that reappears is forgotten, and the leader confirms the
+//! Kubernetes node cache does not have once it is synced; the holder times them from when it
+//! first saw them missing (a new holder starts every grace period again: the other agents
+//! read nothing for this), a node that reappears is forgotten, and the holder confirms the
 //! deletion with a GET before it releases. Never this agent's own node.
 //!
 //! On a datastore that derives endpoints from Pods (the Kubernetes datastore) the holder also
@@ -202,16 +203,18 @@ pub(super) async fn run(inner: Arc<Inner>, client: ::kube::Client) {
             }
         }
         inner.gc_leader.store(elector.leading(), Ordering::Relaxed);
-        if inner.nodes_synced.load(Ordering::Relaxed) {
+        // Only the holder tracks and collects: at 1,000 nodes, reading every node and
+        // affinity every few seconds on every agent is a cost nobody uses. A new holder
+        // starts its grace periods from when it took the Lease.
+        if inner.nodes_synced.load(Ordering::Relaxed) && elector.leading() {
             track_missing(&inner, &mut missing);
-            if elector.leading() {
-                collect(&inner, &nodes, &mut missing, grace).await;
-                if inner.store.derives_endpoints() {
-                    collect_pods(&inner, &pods, &mut pod_gc, grace).await;
-                }
-            } else {
-                pod_gc = PodGc::default();
+            collect(&inner, &nodes, &mut missing, grace).await;
+            if inner.store.derives_endpoints() {
+                collect_pods(&inner, &pods, &mut pod_gc, grace).await;
             }
+        } else {
+            missing.clear();
+            pod_gc = PodGc::default();
         }
         tokio::time::sleep(duration / 3).await;
     }

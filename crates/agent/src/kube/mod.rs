@@ -42,6 +42,7 @@
 //!   logged and fails `/readiness` and STATUS, so a missing permission is never an empty cache.
 
 pub mod annotations;
+pub mod feed;
 pub mod gc;
 pub mod slim;
 pub mod wep;
@@ -938,8 +939,11 @@ fn rbac_problem(resource: &str, e: &watcher::Error) -> Option<String> {
     (status.code == 401 || status.code == 403).then(|| rbac_message(verb, resource, status))
 }
 
-async fn make_client(s: &KubeSettings) -> Result<::kube::Client, String> {
-    let mut cfg = match &s.kubeconfig {
+/// A client of the API server of `kubeconfig` (`None`: kube-rs's inference order).
+pub(crate) async fn make_client(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<::kube::Client, String> {
+    let mut cfg = match kubeconfig {
         Some(p) => {
             let kc = ::kube::config::Kubeconfig::read_from(p).map_err(|e| e.to_string())?;
             ::kube::Config::from_custom_kubeconfig(
@@ -1008,7 +1012,7 @@ fn convert<K>(
 
 async fn run(inner: Arc<Inner>) {
     let client = loop {
-        match make_client(&inner.settings).await {
+        match make_client(inner.settings.kubeconfig.as_deref()).await {
             Ok(c) => {
                 *inner.client_error.lock().unwrap() = None;
                 break c;

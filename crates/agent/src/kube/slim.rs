@@ -82,6 +82,43 @@ macro_rules! core_v1_resource {
 
 core_v1_resource!(SlimPod, "Pod", "pods", k8s_openapi::NamespaceResourceScope);
 
+/// A pod as the datastore's endpoints are derived from it ([`tern_store::kube_pods`]): the
+/// cache feed's watch of every Pod of the cluster decodes into this, never the full object.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct EndpointPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: tern_store::kube_pods::PodSpec,
+    #[serde(default)]
+    pub status: tern_store::kube_pods::PodStatus,
+}
+
+core_v1_resource!(
+    EndpointPod,
+    "Pod",
+    "pods",
+    k8s_openapi::NamespaceResourceScope
+);
+
+impl EndpointPod {
+    /// The store's slim pod (moved out of this one).
+    pub fn into_pod(self) -> tern_store::kube_pods::Pod {
+        let m = self.metadata;
+        tern_store::kube_pods::Pod {
+            metadata: tern_store::kube_pods::PodMeta {
+                name: m.name.unwrap_or_default(),
+                namespace: m.namespace.unwrap_or_default(),
+                uid: m.uid.unwrap_or_default(),
+                labels: m.labels.unwrap_or_default(),
+                resource_version: m.resource_version.unwrap_or_default(),
+            },
+            spec: self.spec,
+            status: self.status,
+        }
+    }
+}
+
 /// What tern keeps of one pod of this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodInfo {
