@@ -651,7 +651,7 @@ impl Incremental {
     /// The full-resync script of the desired table (one transaction).
     pub fn full_script(&self) -> Script {
         Script {
-            text: self.desired().render_full(),
+            text: crate::nft::render_full_merged(&self.rs, &self.extra),
             full: true,
         }
     }
