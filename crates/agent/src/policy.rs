@@ -886,6 +886,9 @@ mod tests {
     /// the last good version across resyncs and is reported.
     fn big_policies_in_private_netns() {
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        // A pod of this node that both policies select (only such policies are compiled).
+        let (k, v) = wep("w1", "n1", "{app: w}", "ternw1", "198.18.0.9");
+        store.put(&k, &v).unwrap();
         let peers: Vec<String> = (0..64)
             .map(|i| format!("{{podSelector: {{matchLabels: {{app: a{i}}}}}}}"))
             .collect();
@@ -1007,6 +1010,23 @@ mod tests {
             ips: vec![ip.parse().unwrap()],
             ports: Vec::new(),
         };
+        let local = |n: u8| Endpoint {
+            node: "n1".into(),
+            interface: format!("ternlocal{n}"),
+            name: format!("local{n}"),
+            ..remote(&format!("198.18.0.{}", 10 + n), "b")
+        };
+        // The policy selects no pod of this node: it is not compiled, so a remote pod its
+        // source selector matches changes nothing.
+        inc.upsert_endpoint(remote("198.18.0.4", "b"));
+        assert_eq!(inc.pending(), 0);
+        // The first filtered local pod brings the policy's chain and source set and adds the
+        // conntrack rules to the base chain: nft's job.
+        inc.upsert_endpoint(local(1));
+        assert_eq!(apply_netlink(&mut inc), None);
+        engine.flush(&mut inc).unwrap();
+        let listing = table();
+        assert!(listing.contains("198.18.0.4"), "{listing}");
         // A remote pod joins the source set: applied without nft, and the kernel has it.
         inc.upsert_endpoint(remote("198.18.0.5", "b"));
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
@@ -1018,16 +1038,6 @@ mod tests {
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         let listing = table();
         assert!(!listing.contains("198.18.0.5"), "{listing}");
-        // The first filtered local pod adds the conntrack rules to the base chain: nft's job.
-        let local = |n: u8| Endpoint {
-            node: "n1".into(),
-            interface: format!("ternlocal{n}"),
-            name: format!("local{n}"),
-            ..remote(&format!("198.18.0.{}", 10 + n), "b")
-        };
-        inc.upsert_endpoint(local(1));
-        assert_eq!(apply_netlink(&mut inc), None);
-        engine.flush(&mut inc).unwrap();
         // The next one only brings its own chain, map entry and set elements: netlink.
         inc.upsert_endpoint(local(2));
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
@@ -1086,6 +1096,10 @@ mod tests {
 
     fn events_in_private_netns() {
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        // A pod of this node in namespace x, so the policy below selects a local endpoint
+        // (only such policies are compiled).
+        let (k, v) = wep("w1", "n1", "{app: w}", "ternw1", "198.18.0.9");
+        store.put(&k, &v).unwrap();
         let engine = PolicyEngine::load(store.clone(), "n1").unwrap();
         let yaml = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n";
         let r = tern_model::parse_documents(yaml, "t.yaml")

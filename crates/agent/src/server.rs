@@ -1139,7 +1139,6 @@ mod kube_policy_tests {
     #[test]
     fn external_objects_survive_a_store_reload_and_lists_replace_them() {
         let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
-        let engine = Arc::new(PolicyEngine::load(store.clone(), "n1").unwrap());
         // A local endpoint the policy selects.
         let mut inc_ep = tern_policy::Endpoint {
             namespace: "prod".into(),
@@ -1177,6 +1176,9 @@ mod kube_policy_tests {
             w
         });
         tern_model::put_resource(&*store, &ep).unwrap();
+        // Loaded with the endpoint, so the engine compiles the policy (only policies selecting
+        // a local endpoint have chains).
+        let engine = Arc::new(PolicyEngine::load(store.clone(), "n1").unwrap());
         let np: k8s_openapi::api::networking::v1::NetworkPolicy =
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": "deny", "namespace": "prod"},

@@ -189,7 +189,8 @@ fn kube_watch_memory_and_propagation() {
     );
 
     // Propagation 1: kubectl apply of a NetworkPolicy selecting web -> its chain in nft.
-    // The 500 bench policies have chains of their own; a new policy adds one.
+    // The 500 bench policies select no pod of this node, so they have no chain here (only
+    // policies selecting a local pod are compiled); a new policy selecting web adds one.
     let base_chains = ternd.policy_chains();
     eprintln!("policy chains in inet tern before the samples: {base_chains}");
     let (mut total, mut kubectl) = (Vec::new(), Vec::new());

@@ -13,7 +13,8 @@
 //!   clears the bit first, returns to the base chain as soon as it is set (the receiver's
 //!   ingress is checked next). Endpoints no policy selects have no chain and no map entry, so
 //!   they are not filtered.
-//! - per policy and direction: `pol-<hash>-in|out`, compiled once and shared by all endpoints.
+//! - per policy and direction that a local endpoint's chain jumps to: `pol-<hash>-in|out`,
+//!   compiled once and shared by all endpoints (a policy selecting no local endpoint has none).
 //!   Allow/Pass accept (ingress) or mark and return (egress), Deny drops, Log logs and
 //!   continues.
 //! - per endpoint selector: address sets `sel-<hash>-v4|v6` of the matching endpoints'
@@ -28,7 +29,9 @@ use ipnet::IpNet;
 use sha1::{Digest, Sha1};
 use tern_model::{Action, Port, Protocol};
 
-use crate::model::{Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match, PolicySet};
+use crate::model::{
+    Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match, PolicyKey, PolicySet,
+};
 use crate::nft::{Chain, Ruleset, Set};
 
 /// Packet mark bit meaning "a policy allowed this packet in the current direction".
@@ -52,11 +55,17 @@ pub fn short_hash(s: &str) -> String {
 
 /// Name of a policy's chain for a direction.
 pub fn policy_chain(p: &IrPolicy, dir: Direction) -> String {
+    policy_key_chain(&p.key, dir)
+}
+
+/// Name of the chain of the policy with key `key` for a direction (a policy's chains are
+/// named after its key alone).
+pub fn policy_key_chain(key: &PolicyKey, dir: Direction) -> String {
     let d = match dir {
         Direction::Ingress => "in",
         Direction::Egress => "out",
     };
-    format!("pol-{}-{d}", short_hash(&p.key.to_string()))
+    format!("pol-{}-{d}", short_hash(&key.to_string()))
 }
 
 /// Name of an endpoint's chain for a direction.
@@ -269,8 +278,6 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[String])
     Some(Chain { base: None, rules })
 }
 
-/// Compiles everything: `node` picks the local endpoints that get chains and map entries;
-/// address sets cover endpoints of every node.
 /// The rules of the forward base chain. Conntrack is only asked for while some local endpoint
 /// is filtered: a `ct` expression makes the kernel track every forwarded packet of the node,
 /// which an unfiltered node should not pay for.
@@ -305,6 +312,10 @@ pub fn sync_forward_chain(rs: &mut Ruleset) -> bool {
     }
 }
 
+/// Compiles everything: `node` picks the local endpoints that get chains and map entries. A
+/// policy's chain for a direction is present only when some local endpoint's chain jumps to it
+/// (the policy selects a local endpoint and has rules for that direction), and so are the
+/// address sets its rules use; those sets cover endpoints of every node.
 pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
     let mut c = Compiler::new(set);
     c.base();

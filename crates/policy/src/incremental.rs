@@ -1,18 +1,27 @@
 //! Incremental compilation: the desired `inet tern` ruleset of one node kept up to date change
 //! by change, and the `nft -f` script that brings the kernel from the last applied state to it.
 //!
+//! What is compiled is exactly what [`crate::compile()`] puts in the table: the chains of the
+//! *active* policies only, those that select at least one local endpoint (as Calico's Felix
+//! renders only policies that apply to a local endpoint), one per direction the policy has
+//! rules for, since each such chain is jumped to from the endpoint chain of every local
+//! endpoint the policy selects; and the address sets those chains use. A policy selecting no
+//! local endpoint (on a large cluster: most policies on most nodes) costs the node nothing but
+//! its entry in the [`PolicySet`]: no chain, no set, no work when endpoints change. Every policy
+//! stays in [`Incremental::policy_set`] all the same (a daemon keeps last good versions there).
+//!
 //! Cost model (what makes a pod joining a selected set cheap at 1,000 policies x 1,000
 //! endpoints): every compiled address set remembers what it holds ([`SetSource`]), so an
-//! endpoint change re-evaluates each set for that endpoint only, plus (for a local endpoint)
-//! its own chains. A policy change recompiles that policy's chains and the chains of the local
-//! endpoints it selected before or selects now. A namespace change (labels feed namespace
+//! endpoint change re-evaluates each set of the active policies for that endpoint only, plus
+//! (for a local endpoint) which policies select it and its own chains. A remote endpoint never
+//! touches an inactive policy. A policy becomes active when the first local endpoint it selects
+//! appears (its chains and the sets they use are compiled once, with full membership) and
+//! inactive when the last one goes (its chains go, and the sets no other active policy uses).
+//! A policy change recompiles that policy's chains (if it is active) and the chains of the
+//! local endpoints it selected before or selects now. A namespace change (labels feed namespace
 //! selectors) rebuilds everything, then applies only what differs. Scripts only touch the
 //! chains and sets that changed since the last commit ("dirty"), so their size and the kernel's
 //! work are O(change).
-//!
-//! Unlike [`crate::compile()`], the chains of every policy are present, used by a local endpoint
-//! or not: this keeps endpoint changes from compiling or deleting policy chains. Unused chains
-//! are never jumped to, so they cost memory only.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -20,7 +29,7 @@ use tern_model::{Kind, Resource};
 
 use crate::PolicyError;
 use crate::compile::{
-    Compiler, SetSource, endpoint_chain, endpoint_map, endpoint_parts, policy_chain,
+    Compiler, SetSource, endpoint_chain, endpoint_map, endpoint_parts, policy_key_chain,
 };
 use crate::model::{Direction, Endpoint, PolicyKey, PolicySet};
 use crate::nft::{Chain, Ruleset, Set};
@@ -66,9 +75,15 @@ pub struct Incremental {
     rs: Ruleset,
     /// Chains and sets of other users of the table (natOutgoing), rendered with ours.
     extra: Ruleset,
+    /// What each set of the active policies' chains holds: the sets an endpoint change
+    /// re-evaluates.
     sources: BTreeMap<String, SetSource>,
+    /// The sets each active policy's chains use.
     policy_sets: HashMap<PolicyKey, BTreeSet<String>>,
+    /// How many active policies use each set.
     set_refs: HashMap<String, usize>,
+    /// The active policies: how many local endpoints each selects (never 0).
+    selected: HashMap<PolicyKey, usize>,
     /// Fast-path sets (shared by content) and how many endpoint chains look each up.
     fp_refs: HashMap<String, usize>,
     /// The fast-path sets each local endpoint chain looks up.
@@ -120,6 +135,7 @@ impl Incremental {
             sources: BTreeMap::new(),
             policy_sets: HashMap::new(),
             set_refs: HashMap::new(),
+            selected: HashMap::new(),
             fp_refs: HashMap::new(),
             ep_fp: HashMap::new(),
             applied: None,
@@ -138,6 +154,22 @@ impl Incremental {
     /// The policy model.
     pub fn policy_set(&self) -> &PolicySet {
         &self.set
+    }
+
+    /// Whether a policy is active: it selects a local endpoint, so its chains are compiled.
+    pub fn is_active(&self, key: &PolicyKey) -> bool {
+        self.selected.contains_key(key)
+    }
+
+    /// Number of active policies (see [`Self::is_active`]).
+    pub fn active_policies(&self) -> usize {
+        self.selected.len()
+    }
+
+    /// Names of the address sets the active policies' chains use: the sets an endpoint change
+    /// re-evaluates.
+    pub fn tracked_sets(&self) -> impl Iterator<Item = &str> {
+        self.sources.keys().map(String::as_str)
     }
 
     /// The desired table: policy chains and sets merged with the other users' ([`Self::set_extra`]).
@@ -172,11 +204,30 @@ impl Incremental {
     pub fn rebuild(&mut self) {
         let mut fp_refs: HashMap<String, usize> = HashMap::new();
         let mut ep_fp: HashMap<String, Vec<String>> = HashMap::new();
+        let local: Vec<&Endpoint> = self
+            .set
+            .endpoints()
+            .filter(|e| is_local(e, &self.node))
+            .collect();
+        let mut selected = HashMap::new();
+        for p in self.set.policies() {
+            let n = local
+                .iter()
+                .filter(|e| self.set.selects(&p.applies_to, e))
+                .count();
+            if n > 0 {
+                selected.insert(p.key.clone(), n);
+            }
+        }
         let mut c = Compiler::new(&self.set);
         c.base();
         let mut policy_sets: HashMap<PolicyKey, BTreeSet<String>> = HashMap::new();
         let mut sources = BTreeMap::new();
-        for p in self.set.policies() {
+        for p in self
+            .set
+            .policies()
+            .filter(|p| selected.contains_key(&p.key))
+        {
             let mut used = BTreeSet::new();
             for dir in DIRS {
                 if p.rules(dir).is_none() {
@@ -184,15 +235,17 @@ impl Incremental {
                 }
                 let rules = c.policy_rules(p, dir);
                 c.rs.chains
-                    .insert(policy_chain(p, dir), Chain { base: None, rules });
+                    .insert(policy_key_chain(&p.key, dir), Chain { base: None, rules });
                 for (name, src) in std::mem::take(&mut c.used) {
                     used.insert(name.clone());
                     sources.insert(name, src);
                 }
             }
-            policy_sets.insert(p.key.clone(), used);
+            if !used.is_empty() {
+                policy_sets.insert(p.key.clone(), used);
+            }
         }
-        for ep in self.set.endpoints().filter(|e| is_local(e, &self.node)) {
+        for ep in local {
             for dir in DIRS {
                 let pols = self.set.policies_for(ep, dir);
                 let parts = endpoint_parts(&pols, dir);
@@ -232,6 +285,7 @@ impl Incremental {
         self.sources = sources;
         self.policy_sets = policy_sets;
         self.set_refs = refs;
+        self.selected = selected;
     }
 
     fn put_chain(&mut self, name: String, chain: Option<Chain>) {
@@ -305,7 +359,8 @@ impl Incremental {
         }
     }
 
-    /// Moves the set elements `old` contributed to the ones `new` contributes.
+    /// Moves the set elements `old` contributed to the ones `new` contributes, in the sets of
+    /// the active policies (the only sets there are).
     fn update_members(&mut self, old: Option<&Endpoint>, new: Option<&Endpoint>) {
         for (name, src) in &self.sources {
             let before = old.map(|e| src.elements(&self.set, e)).unwrap_or_default();
@@ -326,8 +381,51 @@ impl Incremental {
         }
     }
 
-    /// Rebuilds a local endpoint's chains and map entries (or removes them when `ep` is gone).
+    /// Counts a local endpoint that went (`old`) and one that came (`new`) in the number of
+    /// local endpoints each policy selects, then compiles the policies this made active and
+    /// removes the chains of those it made inactive. O(policies) selector evaluations, and
+    /// only for local endpoints.
+    fn update_selected(&mut self, old: Option<&Endpoint>, new: Option<&Endpoint>) {
+        let old = old.filter(|o| is_local(o, &self.node));
+        let new = new.filter(|n| is_local(n, &self.node));
+        if old.is_none() && new.is_none() || old == new {
+            return;
+        }
+        let mut flipped = Vec::new();
+        for p in self.set.policies() {
+            let before = old.is_some_and(|o| self.set.selects(&p.applies_to, o));
+            let after = new.is_some_and(|n| self.set.selects(&p.applies_to, n));
+            match (before, after) {
+                (false, true) => {
+                    let n = self.selected.entry(p.key.clone()).or_insert(0);
+                    *n += 1;
+                    if *n == 1 {
+                        flipped.push(p.key.clone());
+                    }
+                }
+                (true, false) => {
+                    let Some(n) = self.selected.get_mut(&p.key) else {
+                        continue;
+                    };
+                    *n -= 1;
+                    if *n == 0 {
+                        self.selected.remove(&p.key);
+                        flipped.push(p.key.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+        for key in flipped {
+            self.sync_policy(&key);
+        }
+    }
+
+    /// Rebuilds a local endpoint's chains and map entries (or removes them when `ep` is gone),
+    /// activating and deactivating the policies it makes start or stop selecting a local
+    /// endpoint.
     fn update_local(&mut self, old: Option<&Endpoint>, new: Option<&Endpoint>) {
+        self.update_selected(old, new);
         let node = self.node.clone();
         if let Some(o) = old.filter(|o| is_local(o, &node))
             && new.is_none_or(|n| !is_local(n, &node) || n.interface != o.interface)
@@ -353,8 +451,9 @@ impl Incremental {
         }
     }
 
-    /// Adds or replaces an endpoint: O(number of sets) selector evaluations, plus its own
-    /// chains when it is local.
+    /// Adds or replaces an endpoint: one evaluation of each set of the active policies, plus,
+    /// when it is local, one selector evaluation per policy (which policies select it: some
+    /// may become active or inactive) and its own chains.
     pub fn upsert_endpoint(&mut self, ep: Endpoint) {
         let old = self.set.endpoint(&ep.namespace, &ep.name).cloned();
         if old.as_ref() == Some(&ep) {
@@ -440,22 +539,58 @@ impl Incremental {
 
     fn policy_changed(&mut self, key: &PolicyKey, old: Option<crate::IrPolicy>) {
         let new = self.set.policy(key).cloned();
-        // The policy's own chains and the sets they use.
+        // Local endpoints the policy selected before or selects now; how many it selects now
+        // says whether it is active.
+        let node = self.node.clone();
+        let mut count = 0;
+        let affected: Vec<Endpoint> = self
+            .set
+            .endpoints()
+            .filter(|e| is_local(e, &node))
+            .filter(|e| {
+                let now = new
+                    .as_ref()
+                    .is_some_and(|p| self.set.selects(&p.applies_to, e));
+                count += usize::from(now);
+                now || old
+                    .as_ref()
+                    .is_some_and(|p| self.set.selects(&p.applies_to, e))
+            })
+            .cloned()
+            .collect();
+        let was_active = self.selected.contains_key(key);
+        if count > 0 {
+            self.selected.insert(key.clone(), count);
+        } else {
+            self.selected.remove(key);
+        }
+        // Neither active before nor now: nothing of it was or is compiled.
+        if was_active || count > 0 {
+            self.sync_policy(key);
+        }
+        for e in affected {
+            self.update_local(Some(&e), Some(&e));
+        }
+    }
+
+    /// Makes policy `key`'s chains and the sets they use what they should be: compiled from its
+    /// current rules while it is active, absent otherwise; a set goes when no active policy
+    /// uses it any more. A set new to the table is created with its full membership.
+    fn sync_policy(&mut self, key: &PolicyKey) {
+        let policy = self
+            .set
+            .policy(key)
+            .filter(|_| self.selected.contains_key(key));
         let mut c = Compiler::new(&self.set);
         c.rs = std::mem::take(&mut self.rs);
         let mut chains = Vec::new();
         let mut used = BTreeMap::new();
         for dir in DIRS {
-            let name = match (&new, &old) {
-                (Some(p), _) | (None, Some(p)) => policy_chain(p, dir),
-                (None, None) => return,
-            };
-            let rules = new
-                .as_ref()
+            let rules = policy
                 .filter(|p| p.rules(dir).is_some())
                 .map(|p| c.policy_rules(p, dir));
             used.append(&mut c.used);
-            chains.push((name, rules));
+            chains.push((policy_key_chain(key, dir), rules));
         }
         self.rs = c.rs;
         for (name, src) in &used {
@@ -485,25 +620,8 @@ impl Incremental {
                 self.dirty_sets.insert(n.clone());
             }
         }
-        if new.is_some() {
+        if !now.is_empty() {
             self.policy_sets.insert(key.clone(), now);
-        }
-        // Local endpoints the policy selected before or selects now.
-        let node = self.node.clone();
-        let affected: Vec<Endpoint> = self
-            .set
-            .endpoints()
-            .filter(|e| is_local(e, &node))
-            .filter(|e| {
-                [&old, &new].iter().any(|p| {
-                    p.as_ref()
-                        .is_some_and(|p| self.set.selects(&p.applies_to, e))
-                })
-            })
-            .cloned()
-            .collect();
-        for e in affected {
-            self.update_local(Some(&e), Some(&e));
         }
     }
 
@@ -566,12 +684,15 @@ impl Incremental {
 
     /// The pending change as element changes plus regular-chain changes (created, re-filled,
     /// deleted), when that is all it is: the "a local pod is selected / leaves / changes
-    /// labels" case, whose endpoint chains are new or changed while every policy chain and set
-    /// declaration stays. `None` when the kernel state is unknown, a base chain changed or a
+    /// labels" case, whose endpoint chains are new or changed while every set declaration
+    /// stays (a policy activated or deactivated along with it is here too when its chains use
+    /// no address set). `None` when the kernel state is unknown, a base chain changed or a
     /// set was declared, deleted or redeclared. In the order one transaction must apply them:
-    /// element removals, new chains, flushed chains, their rules, element additions (map
-    /// entries jump to chains that now exist), chain deletions (nothing jumps to them any
-    /// more). Commit with the [`Self::script`] it goes with.
+    /// element removals, new chains, flushed chains, their rules (a new endpoint chain's jump
+    /// to a new policy chain comes after that chain exists), element additions (map entries
+    /// jump to chains that now exist), then the chains that go: all flushed first (no rule of
+    /// theirs jumps any more, so an endpoint chain and the policy chain it jumped to can go in
+    /// one transaction), then deleted. Commit with the [`Self::script`] it goes with.
     pub fn table_delta(&self) -> Option<Vec<TableChange>> {
         let applied = self.applied.as_ref()?;
         let (removed, added) = self.element_changes(applied)?;
@@ -579,7 +700,7 @@ impl Incremental {
         let mut created = Vec::new();
         let mut flushed = Vec::new();
         let mut rules = Vec::new();
-        let mut deleted = Vec::new();
+        let mut gone = Vec::new();
         for n in &self.dirty_chains {
             let desired = self.rs.chains.get(n).or(self.extra.chains.get(n));
             let old = applied.chains.get(n);
@@ -590,7 +711,7 @@ impl Incremental {
                 return None;
             }
             match (old, desired) {
-                (_, None) => deleted.push(TableChange::DeleteChain(n.clone())),
+                (_, None) => gone.push(n.clone()),
                 (None, Some(_)) => created.push(TableChange::AddChain(n.clone())),
                 (Some(_), Some(_)) => flushed.push(TableChange::FlushChain(n.clone())),
             }
@@ -605,7 +726,8 @@ impl Incremental {
         out.append(&mut flushed);
         out.append(&mut rules);
         out.extend(added.into_iter().map(TableChange::Element));
-        out.append(&mut deleted);
+        out.extend(gone.iter().cloned().map(TableChange::FlushChain));
+        out.extend(gone.into_iter().map(TableChange::DeleteChain));
         Some(out)
     }
 
@@ -651,7 +773,7 @@ impl Incremental {
     /// The full-resync script of the desired table (one transaction).
     pub fn full_script(&self) -> Script {
         Script {
-            text: self.desired().render_full(),
+            text: crate::nft::render_full_merged(&self.rs, &self.extra),
             full: true,
         }
     }

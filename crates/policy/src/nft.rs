@@ -76,15 +76,7 @@ impl Ruleset {
     /// chain, set, rule and element, all in one transaction (stale chains and drift vanish,
     /// and no packet ever sees the table missing).
     pub fn render_full(&self) -> String {
-        let mut s = format!("add table {TABLE}\ndelete table {TABLE}\nadd table {TABLE}\n");
-        self.render_declarations(&mut s, self.chains.keys(), self.sets.keys());
-        for (name, c) in &self.chains {
-            render_rules(&mut s, name, &c.rules);
-        }
-        for (name, set) in &self.sets {
-            render_elements(&mut s, "add", name, set.elements.values());
-        }
-        s
+        render_full_merged(self, &Ruleset::new())
     }
 
     /// True when a chain or set of `self` also exists in `old` with another declaration (a
@@ -98,35 +90,53 @@ impl Ruleset {
                 .iter()
                 .any(|(n, s)| old.sets.get(n).is_some_and(|o| o.spec != s.spec))
     }
+}
 
-    fn render_declarations<'a>(
-        &self,
-        s: &mut String,
-        chains: impl Iterator<Item = &'a String>,
-        sets: impl Iterator<Item = &'a String>,
-    ) {
-        for name in chains {
-            match &self.chains[name].base {
-                Some(b) => {
-                    let _ = writeln!(s, "add chain {TABLE} {name} {{ {b} }}");
-                }
-                None => {
-                    let _ = writeln!(s, "add chain {TABLE} {name}");
-                }
+/// The full-resync script ([`Ruleset::render_full`]) of `base` merged with `over` (entries of
+/// `over` win on a name clash, as in [`Ruleset::merge`]), rendered without building the merged
+/// table.
+pub fn render_full_merged(base: &Ruleset, over: &Ruleset) -> String {
+    let mut chains: BTreeMap<&String, &Chain> = base.chains.iter().collect();
+    chains.extend(&over.chains);
+    let mut sets: BTreeMap<&String, &Set> = base.sets.iter().collect();
+    sets.extend(&over.sets);
+    let mut s = format!("add table {TABLE}\ndelete table {TABLE}\nadd table {TABLE}\n");
+    render_declarations(
+        &mut s,
+        chains.iter().map(|(n, c)| (*n, *c)),
+        sets.iter().map(|(n, v)| (*n, *v)),
+    );
+    for (name, c) in &chains {
+        render_rules(&mut s, name, &c.rules);
+    }
+    for (name, set) in &sets {
+        render_elements(&mut s, "add", name, set.elements.values());
+    }
+    s
+}
+
+fn render_declarations<'a>(
+    s: &mut String,
+    chains: impl Iterator<Item = (&'a String, &'a Chain)>,
+    sets: impl Iterator<Item = (&'a String, &'a Set)>,
+) {
+    for (name, chain) in chains {
+        match &chain.base {
+            Some(b) => {
+                let _ = writeln!(s, "add chain {TABLE} {name} {{ {b} }}");
+            }
+            None => {
+                let _ = writeln!(s, "add chain {TABLE} {name}");
             }
         }
-        for name in sets {
-            let kind = if self.sets[name].spec.contains(" : ") {
-                "map"
-            } else {
-                "set"
-            };
-            let _ = writeln!(
-                s,
-                "add {kind} {TABLE} {name} {{ {} }}",
-                self.sets[name].spec
-            );
-        }
+    }
+    for (name, set) in sets {
+        let kind = if set.spec.contains(" : ") {
+            "map"
+        } else {
+            "set"
+        };
+        let _ = writeln!(s, "add {kind} {TABLE} {name} {{ {} }}", set.spec);
     }
 }
 
@@ -160,9 +170,12 @@ pub fn render_delta(old: &Ruleset, new: &Ruleset) -> String {
         return new.render_full();
     }
     let mut s = String::new();
-    let new_chains = new.chains.keys().filter(|n| !old.chains.contains_key(*n));
-    let new_sets = new.sets.keys().filter(|n| !old.sets.contains_key(*n));
-    new.render_declarations(&mut s, new_chains, new_sets);
+    let new_chains = new
+        .chains
+        .iter()
+        .filter(|(n, _)| !old.chains.contains_key(*n));
+    let new_sets = new.sets.iter().filter(|(n, _)| !old.sets.contains_key(*n));
+    render_declarations(&mut s, new_chains, new_sets);
     // Elements first added to sets (before rules use them), map entries later (after the
     // chains they jump to have rules).
     let empty = Set::default();

@@ -4,7 +4,9 @@
 //! changes (`apply` a YAML stream, or `delete` one object by kind and name); `output.nft`
 //! is the nft script [`Incremental`] renders after the config (a full resync) and after every
 //! event (a delta), each then committed, with the set-element fast path when it applies.
-//! After every step the incremental state must equal a fresh compile. Pure: no kernel.
+//! After every step the incremental state must equal a fresh compile and the table of
+//! `tern_policy::compile()` (only policies selecting a local endpoint have chains). Pure: no
+//! kernel.
 //!
 //! Regenerate the expected files with `TERN_GOLDEN_UPDATE=1 cargo test -p tern-policy --test
 //! golden`, then review the diff.
@@ -39,6 +41,11 @@ fn step(out: &mut String, title: &str, inc: &mut Incremental) {
         inc.desired(),
         fresh,
         "{title}: incremental state != fresh compile"
+    );
+    assert_eq!(
+        inc.desired(),
+        tern_policy::compile(inc.policy_set(), inc.node()),
+        "{title}: incremental state != compile()"
     );
     let script = inc.script();
     writeln!(out, "## {title}").unwrap();
