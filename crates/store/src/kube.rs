@@ -44,9 +44,13 @@
 //! deletes its keys.
 //!
 //! ## Why our own client and not kube-rs
-//! The store is synchronous and linked into `ternctl` and the CNI path of `ternd`; what it
-//! needs is a dozen REST calls over the same bounded HTTP/1.1 client as the etcd backend
-//! ([`crate::http`]). kube-rs (and its tokio runtime) stays in the agent's Kubernetes watchers.
+//! The store is synchronous and linked into `ternctl` (which links no async runtime) and the
+//! CNI path of `ternd`; what it needs is a dozen REST calls over the same bounded HTTP/1.1
+//! client as the etcd backend ([`crate::http`]). The agent does not watch through
+//! [`KubeStore::watch_prefixes`]: it reads this store through a [`crate::cache::CachedStore`]
+//! kept current by kube-rs watchers (`tern_agent::kube::feed`, using [`decode_object`] and
+//! [`derived_kv`] for what each object stands for); this store's own watch serves `ternctl`,
+//! the tests and anything that opens the store without that copy.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
