@@ -61,6 +61,9 @@ fn store_err(what: &str, e: &StoreError) -> ErrorReply {
 }
 
 fn ipam_err(e: &IpamError) -> ErrorReply {
+    if let IpamError::Locked(_) = e {
+        return err(code::TRY_AGAIN, format!("IPAM: {e}"));
+    }
     if e.is_unavailable() {
         return err(
             code::TRY_AGAIN,

@@ -311,6 +311,21 @@ fn ipam_add_del_latency_per_datastore() {
                     KubeStore::connect(KubeConfig::from_kubeconfig(&admin).unwrap()).unwrap(),
                 ),
             ),
+            // As ternd reads it: through its watched copy (kube-rs watchers). Runs after the
+            // plain Kubernetes store on the same API server, so its "one node" already has
+            // the other 1,000 nodes' blocks around it.
+            ("kubernetes+copy", {
+                let cache = tern_store::cache::Cache::new(tern_agent::kube::feed::cached_classes());
+                tern_agent::kube::feed::spawn(cache.clone(), Some(admin.clone())).unwrap();
+                let missing = cache.wait_synced(Duration::from_secs(30));
+                assert!(missing.is_empty(), "the copy did not sync: {missing:?}");
+                let kube =
+                    KubeStore::connect(KubeConfig::from_kubeconfig(&admin).unwrap()).unwrap();
+                std::sync::Arc::new(tern_store::cache::CachedStore::new(
+                    std::sync::Arc::new(kube),
+                    cache,
+                ))
+            }),
         ];
         let args = |handle: String, node: String| AssignArgs {
             handle,

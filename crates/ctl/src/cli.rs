@@ -137,6 +137,8 @@ pub enum DatastoreCommand {
     /// cluster ID) from one datastore to another, e.g. `--from etcd://10.0.0.5:2379 --to
     /// kubernetes`. Stop the agents first (pods keep running and keep their addresses); point
     /// them at the new store after. Refuses a target that holds tern keys unless --force.
+    /// The source is locked first (as `datastore lock`) and left locked, so no agent still
+    /// using it allocates an address the copy does not have; the copy is unlocked.
     Migrate {
         /// The datastore to copy from (a store URL, as --store).
         #[arg(long)]
@@ -150,7 +152,20 @@ pub enum DatastoreCommand {
         /// Copy into a target that already holds tern keys (overwriting them).
         #[arg(long)]
         force: bool,
+        /// Do not lock the source (only when nothing can use it any more).
+        #[arg(long)]
+        no_lock: bool,
     },
+    /// Lock the datastore (`--store`) for a migration, as `calicoctl datastore migrate lock`:
+    /// until unlocked no address is allocated or released there (a pod's ADD answers "try
+    /// again later", a DEL is journaled by its node's agent and replayed later).
+    Lock {
+        /// Why, shown in every refusal.
+        #[arg(long, default_value = "ternctl datastore lock")]
+        reason: String,
+    },
+    /// Unlock the datastore (`--store`) locked by `datastore lock` or `datastore migrate`.
+    Unlock,
 }
 
 /// `install` subcommands.

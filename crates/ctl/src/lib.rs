@@ -238,12 +238,36 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Lab(args) => return lab::run(&args, store.url),
         Command::Datastore {
+            command: cli::DatastoreCommand::Lock { reason },
+        } => {
+            let s = open_store(&store)?;
+            tern_ipam::Ipam::new(s)
+                .set_migration_lock(Some(reason.clone()))
+                .with_context(|| format!("locking datastore {}", store.url.unwrap_or_default()))?;
+            println!(
+                "locked datastore {} ({reason})",
+                store.url.unwrap_or_default()
+            );
+        }
+        Command::Datastore {
+            command: cli::DatastoreCommand::Unlock,
+        } => {
+            let s = open_store(&store)?;
+            tern_ipam::Ipam::new(s)
+                .set_migration_lock(None)
+                .with_context(|| {
+                    format!("unlocking datastore {}", store.url.unwrap_or_default())
+                })?;
+            println!("unlocked datastore {}", store.url.unwrap_or_default());
+        }
+        Command::Datastore {
             command:
                 cli::DatastoreCommand::Migrate {
                     from,
                     to,
                     dry_run,
                     force,
+                    no_lock,
                 },
         } => {
             // The etcd TLS files (--etcd-ca ...) belong to whichever side is etcd.
@@ -258,8 +282,27 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                     .with_context(|| format!("cannot open datastore {url}"))
             };
             let (src, dst) = (open(&from)?, open(&to)?);
+            if !dry_run && !no_lock {
+                // Locked before it is read: an agent still on the source allocates nothing
+                // the copy would miss (on etcd or SQLite its allocation's guard on the IPAM
+                // configuration refuses at once; elsewhere within its policy TTL, waited out).
+                tern_ipam::Ipam::new(src.clone())
+                    .set_migration_lock(Some(format!("ternctl datastore migrate to {to}")))
+                    .with_context(|| format!("locking {from} for the migration"))?;
+                std::thread::sleep(3 * tern_ipam::DEFAULT_POLICY_TTL);
+                println!(
+                    "locked {from} (`ternctl --store {from} datastore unlock` to use it again)"
+                );
+            }
             let plan = tern_store::migrate::migrate(&*src, &*dst, dry_run, force)
                 .with_context(|| format!("migrating {from} to {to}"))?;
+            if !dry_run {
+                // The copy of a locked source's configuration is locked too: the new
+                // datastore is the one to use.
+                tern_ipam::Ipam::new(dst.clone())
+                    .set_migration_lock(None)
+                    .with_context(|| format!("unlocking {to} after the copy"))?;
+            }
             println!(
                 "{} {from} to {to}: {plan}",
                 if dry_run { "would migrate" } else { "migrated" }

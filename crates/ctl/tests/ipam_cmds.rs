@@ -199,3 +199,68 @@ fn check_release_configure_show() {
     assert!(out.contains("| IP Pool  | 10.90.0.0/24"), "{out}");
     assert!(out.contains("| Block    |"), "{out}");
 }
+
+/// `datastore migrate` locks its source first and leaves it locked (an agent still on it
+/// allocates nothing the copy lacks), the copy unlocked; `datastore lock`/`unlock` do it by
+/// hand; `ipam show --show-configuration` shows the lock while it is set.
+#[test]
+fn migrate_locks_its_source_and_unlock_releases_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (
+        format!("sqlite://{}", dir.path().join("src.db").display()),
+        format!("sqlite://{}", dir.path().join("dst.db").display()),
+    );
+    let s = tern_store::open(&src).unwrap();
+    let ipam = Ipam::new(s.clone());
+    ipam.ensure_default_pool("10.77.0.0/24").unwrap();
+    let ip = allocate(&ipam, "c1", "n1");
+    let (code, out, err) = ternctl(
+        &src,
+        &["datastore", "migrate", "--from", &src, "--to", &dst],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("locked") && out.contains("migrated"), "{out}");
+    // The source refuses changes; the copy serves (and holds the allocation).
+    let e = Ipam::new(s.clone())
+        .auto_assign(&AssignArgs {
+            handle: "h2".into(),
+            node: "n1".into(),
+            num_v4: 1,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(e, tern_ipam::IpamError::Locked(_)), "{e}");
+    let (_, shown, _) = ternctl(&src, &["ipam", "show", "--show-configuration"]);
+    assert!(shown.contains("MigrationLock"), "{shown}");
+    let d = tern_store::open(&dst).unwrap();
+    assert_eq!(Ipam::new(d.clone()).config().unwrap().migration_lock, None);
+    assert_eq!(
+        Ipam::new(d).ips_by_handle("k8s-pod-network.c1").unwrap(),
+        [ip]
+    );
+    // By hand: unlock, lock with a reason, unlock.
+    let (code, out, err) = ternctl(&src, &["datastore", "unlock"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(Ipam::new(s.clone()).config().unwrap().migration_lock, None);
+    let (code, out, err) = ternctl(&src, &["datastore", "lock", "--reason", "moving to etcd"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        Ipam::new(s.clone())
+            .config()
+            .unwrap()
+            .migration_lock
+            .as_deref(),
+        Some("moving to etcd")
+    );
+    assert!(matches!(
+        Ipam::new(s.clone()).release_by_handle("k8s-pod-network.c1"),
+        Err(tern_ipam::IpamError::Locked(_))
+    ));
+    ternctl(&src, &["datastore", "unlock"]);
+    assert_eq!(
+        Ipam::new(s)
+            .release_by_handle("k8s-pod-network.c1")
+            .unwrap(),
+        [ip]
+    );
+}

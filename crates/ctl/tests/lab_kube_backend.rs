@@ -413,6 +413,14 @@ impl Cluster {
             done.contains("migrated") && done.contains("ipam/blocks"),
             "{done}"
         );
+        // The source is left locked for the migration, the copy is not.
+        let source_cfg = self.ternctl(&etcd, &["ipam", "show", "--show-configuration"]);
+        assert!(
+            done.contains("locked") && source_cfg.contains("MigrationLock"),
+            "{done}\n{source_cfg}"
+        );
+        let target_cfg = self.ternctl(&kube, &["ipam", "show", "--show-configuration"]);
+        assert!(!target_cfg.contains("MigrationLock"), "{target_cfg}");
         let (ok, again) = ternctl_output(ternctl_in(self.netns("node1")).args(migrate));
         assert!(
             !ok && again.contains("not empty"),

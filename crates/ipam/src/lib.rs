@@ -70,6 +70,12 @@ pub enum IpamError {
     /// Compare-and-swap kept failing.
     #[error("gave up on {key} after {RETRIES} conflicting concurrent updates")]
     Contention { key: String },
+    /// The datastore is locked for a migration (`IPAMConfig` `spec.migrationLock`): nothing is
+    /// allocated or released until it is unlocked (or the agent uses the new datastore).
+    #[error(
+        "the datastore is locked for a migration ({0}); no address is allocated or released          until `ternctl datastore unlock` or the agents use the new datastore"
+    )]
+    Locked(String),
     /// A stored IPAM record does not decode.
     #[error("corrupt IPAM record at {key}: {message}")]
     Corrupt { key: String, message: String },
@@ -96,6 +102,7 @@ impl IpamError {
         matches!(
             self,
             IpamError::Store(StoreError::Unavailable(_) | StoreError::Ambiguous(_))
+                | IpamError::Locked(_)
         )
     }
 }
@@ -276,6 +283,8 @@ struct Cache {
     affine: HashMap<String, Vec<IpNet>>,
     /// Per node, the affine block that last had room: tried first.
     hints: HashMap<String, IpNet>,
+    /// The migration lock as last read (releases check it at most every policy TTL).
+    lock: Option<(Instant, Option<String>)>,
 }
 
 /// Everything automatic assignment decides on besides blocks, with the `mod_revision`s that
@@ -480,6 +489,29 @@ impl Ipam {
         // A poisoned lock only means another thread panicked mid-update of a hint: the cache
         // is advisory, so carry on without it.
         self.cache.lock().ok().map(|mut c| f(&mut c))
+    }
+
+    /// [`IpamError::Locked`] while the datastore is locked for a migration, read at most
+    /// every policy TTL (allocations read it with their policy, and on a store with
+    /// multi-key transactions their guard on the IPAM configuration's revision refuses an
+    /// allocation decided before the lock).
+    pub fn ensure_unlocked(&self) -> Result<()> {
+        let cached = self
+            .with_cache(|c| c.lock.clone())
+            .flatten()
+            .filter(|(at, _)| at.elapsed() < self.policy_ttl);
+        let lock = match cached {
+            Some((_, l)) => l,
+            None => {
+                let l = self.config()?.migration_lock;
+                self.with_cache(|c| c.lock = Some((Instant::now(), l.clone())));
+                l
+            }
+        };
+        match lock {
+            Some(why) => Err(IpamError::Locked(why)),
+            None => Ok(()),
+        }
     }
 
     fn remember(&self, node: &str, block: IpNet) {
@@ -687,6 +719,40 @@ impl Ipam {
         })
     }
 
+    /// Sets or clears the migration lock (`IPAMConfig` `spec.migrationLock`, see
+    /// [`IpamError::Locked`]), keeping the other fields: one compare-and-swap on the
+    /// configuration as read, retried.
+    pub fn set_migration_lock(&self, lock: Option<String>) -> Result<()> {
+        for _ in 0..RETRIES {
+            let (mut spec, rv) =
+                match tern_model::get_resource(&*self.store, Kind::IpamConfig, None, "default")? {
+                    Some(Resource::IpamConfig(c)) => (c.spec, c.metadata.resource_version),
+                    Some(r) => (
+                        IpamConfigSpec::default(),
+                        r.metadata().resource_version.clone(),
+                    ),
+                    None => (IpamConfigSpec::default(), Some("0".to_string())),
+                };
+            spec.migration_lock = lock.clone();
+            let mut c = IpamConfig::new("default", spec);
+            c.metadata.resource_version = rv;
+            match tern_model::put_resource(&*self.store, &c.into()) {
+                Ok(_) => {
+                    self.with_cache(|c| {
+                        c.lock = None;
+                        c.policy.clear();
+                    });
+                    return Ok(());
+                }
+                Err(ModelError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::Contention {
+            key: keys::IPAM_CONFIG.to_string(),
+        })
+    }
+
     /// `ipam configure`: sets `strictAffinity` and `maxBlocksPerHost`, keeping the other
     /// fields. Existing allocations stay valid either way (borrowed addresses are kept and
     /// still released normally).
@@ -770,6 +836,9 @@ impl Ipam {
         let mut fresh = false;
         for _ in 0..RETRIES {
             let (policy, read_now) = self.policy(&args.node, fresh)?;
+            if let Some(why) = &policy.cfg.migration_lock {
+                return Err(IpamError::Locked(why.clone()));
+            }
             let filter = Filter {
                 reserved: policy.reserved.clone(),
                 cooldown: policy.cfg.release_cooldown_seconds,
@@ -1331,6 +1400,7 @@ impl Ipam {
     /// only keep addresses out of automatic assignment, and an explicit request (a static
     /// pod IP, a gateway) is the operator's decision.
     pub fn assign_ip(&self, ip: IpAddr, handle: &str, attrs: &AllocationAttrs) -> Result<()> {
+        self.ensure_unlocked()?;
         let pools = self.pools()?;
         let Some(pool) = pools
             .iter()
@@ -1551,6 +1621,7 @@ impl Ipam {
     /// cached) that is two round trips: read the handle, then the transaction; the block is
     /// read only when it is not cached or the cached copy turned out stale.
     pub fn release_by_handle(&self, handle: &str) -> Result<Vec<IpAddr>> {
+        self.ensure_unlocked()?;
         if !self.indexed {
             // One compare-and-swap per block holding the handle; each allocation is released
             // only while it still has the sequence number read (never a later allocation of
@@ -1644,6 +1715,7 @@ impl Ipam {
     /// Releases the given addresses (whoever holds them); returns those that were allocated.
     /// Addresses not allocated are ignored.
     pub fn release_ips(&self, ips: &[IpAddr]) -> Result<Vec<IpAddr>> {
+        self.ensure_unlocked()?;
         let (kvs, _) = self.store.range(keys::BLOCKS)?;
         let mut by_block: BTreeMap<String, Vec<(IpAddr, Option<u64>)>> = BTreeMap::new();
         for kv in &kvs {
@@ -1864,6 +1936,7 @@ impl Ipam {
     /// transaction that holds only if the block is unchanged (still empty); if an allocation
     /// (a borrower's) slipped in, the affinity is put back to `Confirmed`.
     pub fn release_empty_blocks(&self, node: &str, grace: Duration) -> Result<Vec<IpNet>> {
+        self.ensure_unlocked()?;
         let now = self.now();
         let mine = self.affine_blocks(node)?;
         let mut remaining = mine.len();

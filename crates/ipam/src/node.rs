@@ -42,6 +42,7 @@ impl Ipam {
     /// Idempotent: a second call finds nothing. Every block change is a compare-and-swap, so a
     /// concurrent allocation is never lost (the block then stays).
     pub fn release_node(&self, node: &str) -> Result<ReleasedNode> {
+        self.ensure_unlocked()?;
         let store = self.store().clone();
         let mut out = ReleasedNode::default();
         let model = IpamError::Model;

@@ -502,3 +502,74 @@ fn bad_input_is_refused_with_reasons() {
         .to_string();
     assert_eq!(e, "10.0.0.7 is already in use (handle h)");
 }
+
+/// A datastore locked for a migration (`ternctl datastore lock`, and `migrate` on its source)
+/// changes no block: allocations and releases are refused as "try again later" (the agent
+/// answers ADD with code 11 and journals the DEL); an allocator that decided under a policy
+/// read before the lock is stopped by its guard on the configuration's revision (a store with
+/// multi-key transactions), not only after its policy TTL; unlocked, everything works again.
+#[test]
+fn a_migration_lock_stops_every_change_of_the_blocks() {
+    let s = mem();
+    pool(&*s, "p", "10.9.0.0/24", 26, "all()", false);
+    // Policies read once and trusted for a minute: only the guard can stop these.
+    let a = Ipam::new(s.clone()).with_policy_ttl(Duration::from_secs(60));
+    let before = a.auto_assign(&args("h1", "n1", 1, 0)).unwrap();
+    let admin = Ipam::new(s.clone());
+    admin
+        .set_migration_lock(Some("ternctl datastore migrate to kubernetes".into()))
+        .unwrap();
+    assert_eq!(
+        admin.config().unwrap().migration_lock.as_deref(),
+        Some("ternctl datastore migrate to kubernetes")
+    );
+    let blocks = |s: &Arc<dyn Store>| s.range(keys::BLOCKS).unwrap().0;
+    let frozen = blocks(&s);
+    let e = a.auto_assign(&args("h2", "n1", 1, 0)).unwrap_err();
+    assert!(
+        matches!(e, IpamError::Locked(_)) && e.is_unavailable(),
+        "{e}"
+    );
+    assert!(e.to_string().contains("ternctl datastore migrate"), "{e}");
+    let fresh = Ipam::new(s.clone());
+    assert!(matches!(
+        fresh.auto_assign(&args("h3", "n2", 1, 0)),
+        Err(IpamError::Locked(_))
+    ));
+    assert!(matches!(
+        fresh.assign_ip(ip("10.9.0.200"), "h4", &AllocationAttrs::default()),
+        Err(IpamError::Locked(_))
+    ));
+    assert!(matches!(
+        fresh.release_by_handle("h1"),
+        Err(IpamError::Locked(_))
+    ));
+    assert!(matches!(
+        fresh.release_ips(&before),
+        Err(IpamError::Locked(_))
+    ));
+    assert!(matches!(
+        fresh.release_node("n1"),
+        Err(IpamError::Locked(_))
+    ));
+    assert_eq!(
+        blocks(&s),
+        frozen,
+        "a locked datastore's blocks did not change"
+    );
+    // The other settings survive the lock and the unlock.
+    admin.set_config(true, 7).unwrap();
+    admin.set_migration_lock(None).unwrap();
+    let cfg = admin.config().unwrap();
+    assert_eq!(
+        (
+            cfg.strict_affinity,
+            cfg.max_blocks_per_host,
+            cfg.migration_lock
+        ),
+        (true, 7, None)
+    );
+    let b = Ipam::new(s.clone());
+    assert_eq!(b.release_by_handle("h1").unwrap(), before);
+    assert_eq!(b.auto_assign(&args("h2", "n1", 1, 0)).unwrap().len(), 1);
+}

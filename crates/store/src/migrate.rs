@@ -21,7 +21,10 @@
 //! yet are copied back as the endpoints they are.
 //!
 //! The source should not change while it runs: stop the agents (or scale the DaemonSet to
-//! zero) first; pods keep running, and their addresses are in the blocks copied.
+//! zero) first; pods keep running, and their addresses are in the blocks copied. `ternctl
+//! datastore migrate` also locks the source first and leaves it locked (the IPAM
+//! configuration's `migrationLock`, `tern_ipam::IpamError::Locked`): an agent still using it
+//! allocates and releases nothing there, so nothing is allocated that the copy lacks.
 
 use crate::{Result, Store, StoreError, keys};
 

@@ -59,6 +59,10 @@ pub fn render(spec: &IpamConfigSpec) -> String {
         "MaxBlocksPerHost".into(),
         spec.max_blocks_per_host.to_string(),
     ]);
+    // Only while set (`ternctl datastore lock`, a migration's source).
+    if let Some(why) = &spec.migration_lock {
+        t.row(vec!["MigrationLock".into(), why.clone()]);
+    }
     t.render()
 }
 

@@ -31,6 +31,13 @@ pub struct IpamConfigSpec {
     /// released (never the node's last block).
     #[serde(default = "default_empty_block_grace")]
     pub empty_block_grace_seconds: u64,
+    /// Set while the datastore is locked for a migration (`ternctl datastore lock`, and
+    /// `ternctl datastore migrate` on its source; Calico's `datastore migrate lock`): why and
+    /// by whom. While set no address is allocated or released here (a CNI ADD answers "try
+    /// again later", a DEL is journaled and replayed on the datastore the agent uses next),
+    /// so nothing changes in the blocks after they were copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_lock: Option<String>,
 }
 
 fn default_empty_block_grace() -> u64 {
@@ -44,6 +51,7 @@ impl Default for IpamConfigSpec {
             max_blocks_per_host: default_max_blocks(),
             release_cooldown_seconds: 0,
             empty_block_grace_seconds: default_empty_block_grace(),
+            migration_lock: None,
         }
     }
 }
