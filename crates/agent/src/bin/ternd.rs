@@ -106,7 +106,21 @@ fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
     Ok(PathBuf::from(s))
 }
 
+/// glibc's malloc arenas ternd keeps at most, unless `MALLOC_ARENA_MAX` says otherwise. By
+/// default glibc gives each of up to 8 x cores threads an arena of its own; ternd runs a
+/// thread per CNI request besides its watchers, and the memory those arenas hold once (a
+/// relist of 10,000 Pods, a burst of ADDs) stays in the RSS: at 1,000 nodes that was about
+/// twice the RSS of two arenas (docs/benchmarks.md, the scale benchmark).
+const MALLOC_ARENAS: i32 = 2;
+
 fn main() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets a tunable of glibc's allocator; it is called before
+        // ternd starts any other thread, and M_ARENA_MAX takes any positive value.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+        }
+    }
     let args = Args::parse();
     tern_agent::logger::init(&args.log_level);
     let mut cfg = AgentConfig::new(&args.node_name, &args.store, args.socket);
