@@ -305,6 +305,49 @@ async fn watch_pods(client: ::kube::Client, src: Source) {
 mod tests {
     use super::*;
 
+    /// A Pod as the API server sends it (managed fields, statuses and all) becomes the
+    /// endpoint the store derives from it; one without an address yet, none.
+    #[test]
+    fn a_watched_pod_becomes_its_endpoint() {
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "prod", "uid": "u-1",
+                "resourceVersion": "4711", "labels": {"app": "web"},
+                "managedFields": [{"manager": "kubelet", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:status": {"f:podIP": {}}}}]},
+            "spec": {"nodeName": "n1", "serviceAccountName": "sa",
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "containers": [{"name": "c", "image": "x",
+                    "ports": [{"name": "http", "containerPort": 8080}]}]},
+            "status": {"phase": "Running", "podIP": "10.1.0.5",
+                "podIPs": [{"ip": "10.1.0.5"}],
+                "containerStatuses": [{"name": "c", "ready": true}]}
+        });
+        let p: EndpointPod = serde_json::from_value(pod.clone()).unwrap();
+        let kv = kstore::derived_kv(&p.into_pod()).unwrap();
+        assert_eq!(
+            kv.key,
+            "/tern/v1/resources/workloadendpoint/prod/n1-k8s-web--1-eth0"
+        );
+        assert_eq!(kv.mod_revision, 4711);
+        let doc: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+        assert_eq!(
+            doc["spec"]["ipNetworks"],
+            serde_json::json!(["10.1.0.5/32"])
+        );
+        assert_eq!(doc["metadata"]["labels"]["app"], "web");
+        assert_eq!(doc["spec"]["ports"][0]["port"], 8080);
+        let mut pending = pod;
+        pending["status"] = serde_json::json!({"phase": "Pending"});
+        let p: EndpointPod = serde_json::from_value(pending).unwrap();
+        let pod = p.into_pod();
+        assert!(kstore::derived_kv(&pod).is_none());
+        assert_eq!(
+            tern_store::kube_pods::derive(&pod).key(),
+            Some("/tern/v1/resources/workloadendpoint/prod/n1-k8s-web--1-eth0")
+        );
+    }
+
     /// Every cached prefix lies in one custom resource of the store, the catch-all only for
     /// the kinds that have none of their own; the derived endpoints are the one class whose
     /// gets the copy answers.
