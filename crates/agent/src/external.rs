@@ -28,4 +28,9 @@ pub trait ExternalObjects: Send + Sync {
 
     /// The objects held now (the Kubernetes source snapshots them to disk).
     fn objects(&self) -> Vec<Resource>;
+
+    /// The objects held now as one JSON array (the snapshot's form), without copying them.
+    fn objects_json(&self) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(&self.objects())
+    }
 }

@@ -182,6 +182,29 @@ pub fn apply_netlink(inc: &mut Incremental) -> Option<Applied> {
     }
 }
 
+/// Logs how long a change of one object from the Kubernetes source (a NetworkPolicy, a
+/// namespace: rare next to pods) took to reach the kernel, and where the time went.
+fn log_apply(
+    k: &ObjectKey,
+    t0: Instant,
+    locked: Duration,
+    compiled: Duration,
+    how: &Result<Applied, PolicyAgentError>,
+) {
+    let total = t0.elapsed();
+    log::info!(
+        "policy: {} {}{} in force after {} ms (waited {} ms for the engine, compiled in {} ms,          applied {:?} in {} ms)",
+        k.0.as_str(),
+        k.1.as_deref().map(|n| format!("{n}/")).unwrap_or_default(),
+        k.2,
+        total.as_millis(),
+        locked.as_millis(),
+        (compiled - locked).as_millis(),
+        how.as_ref().map_err(|e| e.to_string()),
+        (total - compiled).as_millis()
+    );
+}
+
 /// Kinds whose objects feed policy.
 const KINDS: [Kind; 5] = [
     Kind::K8sNetworkPolicy,
@@ -516,17 +539,24 @@ impl PolicyEngine {
 
     /// Adds or replaces one external object.
     pub fn external_apply(&self, r: Resource) -> Result<(), PolicyAgentError> {
+        let t0 = Instant::now();
         let mut external = self.external.lock().unwrap();
         let k = object_key(&r);
         if external.get(&k) == Some(&r) {
             return Ok(());
         }
         let mut inc = self.state.lock().unwrap();
+        let locked = t0.elapsed();
         if let Err(e) = inc.apply(&r) {
             log::warn!("policy: ignoring {k:?}: {e}");
         }
-        external.insert(k, r);
-        self.flush(&mut inc)
+        external.insert(k.clone(), r);
+        let compiled = t0.elapsed();
+        let how = apply_pending(&mut inc);
+        log_apply(&k, t0, locked, compiled, &how);
+        let how = how?;
+        self.count(how);
+        Ok(())
     }
 
     /// Removes one external object.
@@ -720,6 +750,11 @@ impl crate::external::ExternalObjects for PolicyEngine {
 
     fn objects(&self) -> Vec<Resource> {
         self.external_objects()
+    }
+
+    fn objects_json(&self) -> serde_json::Result<Vec<u8>> {
+        let external = self.external.lock().unwrap();
+        serde_json::to_vec(&external.values().collect::<Vec<&Resource>>())
     }
 }
 

@@ -689,6 +689,45 @@ fn proc_kib(pid: u32, field: &str) -> u64 {
 
 /// CPU time (user + system) of process `pid`, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
+    cpu_ticks(pid, &[11, 12])
+}
+
+/// CPU seconds of each thread of process `pid`, by thread ID, with the thread's name.
+fn thread_cpu(pid: u32) -> BTreeMap<u32, (String, f64)> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |x| x.1)
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+            .sum();
+        // SAFETY: sysconf only reads a system constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        out.insert(tid, (comm.trim().to_string(), ticks / hz.max(1) as f64));
+    }
+    out
+}
+
+/// [`cpu_seconds`] with that of its waited-for children (an agent's `nft` processes).
+fn cpu_seconds_with_children(pid: u32) -> f64 {
+    cpu_ticks(pid, &[11, 12, 13, 14])
+}
+
+/// The sum of the `/proc/<pid>/stat` fields at `idx` (counted from the state field), in
+/// seconds.
+fn cpu_ticks(pid: u32, idx: &[usize]) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The fields after the command name (which may hold spaces), from field 3 on.
     let fields: Vec<&str> = s
@@ -696,7 +735,7 @@ fn cpu_seconds(pid: u32) -> f64 {
         .map_or("", |x| x.1)
         .split_whitespace()
         .collect();
-    let ticks: f64 = [11, 12]
+    let ticks: f64 = idx
         .iter()
         .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
         .sum();
@@ -1323,6 +1362,16 @@ fn kube_scale_1000_nodes_10000_pods_20_agents() {
     std::thread::sleep(Duration::from_secs(1));
     let monitors = c.monitors.as_ref().unwrap();
     let (mut all, mut each, mut kubectl) = (Vec::new(), Vec::new(), Vec::new());
+    let prop_cpu = |c: &Cluster| {
+        let agents: f64 = c
+            .agents
+            .iter()
+            .map(|a| cpu_seconds_with_children(a.ternd.pid()))
+            .sum();
+        (agents, c.api.apiserver_pid().map_or(0.0, cpu_seconds))
+    };
+    let (prop_cpu0, prop_t0) = (prop_cpu(&c), Instant::now());
+    let threads0 = thread_cpu(c.agents[0].ternd.pid());
     for i in 0..SAMPLES {
         let name = format!("np-prop-{i}");
         let chain = ingress_chain(WEB_NS, &name);
@@ -1354,6 +1403,40 @@ fn kube_scale_1000_nodes_10000_pods_20_agents() {
             .unwrap_or_else(|e| panic!("policy {name} deleted: {e}\n{}", c.logs()));
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Where an agent's time went, from its own log (`tern_agent::policy`'s "in force after"
+    // line of each propagation policy): waiting for the engine, compiling, the kernel.
+    let mut inside: [Vec<Duration>; 4] = Default::default();
+    for a in &c.agents {
+        for line in a.ternd.log().lines() {
+            if !line.contains("np-prop-") || !line.contains(" in force after ") {
+                continue;
+            }
+            let nums: Vec<u64> = line
+                .split(|ch: char| !ch.is_ascii_digit())
+                .rev()
+                .filter(|w| !w.is_empty())
+                .take(4)
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            // The last four numbers: total, waited, compiled, applied (read backwards).
+            if let [applied, compiled, waited, total] = nums[..] {
+                for (v, ms) in inside.iter_mut().zip([total, waited, compiled, applied]) {
+                    v.push(Duration::from_millis(ms));
+                }
+            }
+        }
+    }
+    let prop_wall = prop_t0.elapsed();
+    let prop_cpu1 = prop_cpu(&c);
+    let threads1 = thread_cpu(c.agents[0].ternd.pid());
+    let mut by_thread: BTreeMap<String, f64> = BTreeMap::new();
+    for (tid, (comm, t1)) in &threads1 {
+        let t0 = threads0.get(tid).map_or(0.0, |x| x.1);
+        *by_thread.entry(comm.clone()).or_default() += t1 - t0;
+    }
+    let mut by_thread: Vec<(String, f64)> =
+        by_thread.into_iter().filter(|(_, v)| *v > 0.0).collect();
+    by_thread.sort_by(|a, b| b.1.total_cmp(&a.1));
     let chains: Vec<usize> = c
         .agents
         .iter()
@@ -1515,6 +1598,37 @@ fn kube_scale_1000_nodes_10000_pods_20_agents() {
         each.len(),
         ms_line(each),
         ms_line(kubectl)
+    ));
+    let [t_total, t_wait, t_compile, t_apply] = inside;
+    out.push(format!(
+        "    inside each agent ({} applies, its log): watch event to rules in force {}; of \
+         which waiting for the engine {}, compiling {}, the kernel (nft) {}",
+        t_total.len(),
+        ms_line(t_total),
+        ms_line(t_wait),
+        ms_line(t_compile),
+        ms_line(t_apply)
+    ));
+    out.push(format!(
+        "    CPU of the {SAMPLES} samples (each an apply and a delete, {:.1} s): the agents \
+         {:.2} s ({:.0} ms per agent and sample, their nft included), kube-apiserver {:.2} s; \
+         {:.0} % of the {} cores",
+        prop_wall.as_secs_f64(),
+        prop_cpu1.0 - prop_cpu0.0,
+        (prop_cpu1.0 - prop_cpu0.0) * 1000.0 / (SAMPLES * AGENTS) as f64,
+        prop_cpu1.1 - prop_cpu0.1,
+        (prop_cpu1.0 - prop_cpu0.0 + prop_cpu1.1 - prop_cpu0.1) * 100.0
+            / prop_wall.as_secs_f64()
+            / std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    ));
+    out.push(format!(
+        "    agent 0's threads' CPU over the samples: {}",
+        by_thread
+            .iter()
+            .map(|(t, v)| format!("{t} {:.0} ms", v * 1000.0))
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
     out.push(format!(
         "    policy chains per agent after the samples: {:?}",

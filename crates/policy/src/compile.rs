@@ -388,7 +388,7 @@ impl<'a> Compiler<'a> {
             .insert(name.clone(), SetSource::Selector(sel.clone(), fam));
         if !self.rs.sets.contains_key(&name) {
             let mut s = Set::new(format!("type {};", fam.addr_type()));
-            for ep in self.set.endpoints().filter(|e| self.set.selects(sel, e)) {
+            for ep in self.set.endpoints_selected(sel) {
                 for ip in ep.ips.iter().filter(|ip| Family::of(ip) == fam) {
                     s.insert(ip.to_string());
                 }
@@ -411,7 +411,7 @@ impl<'a> Compiler<'a> {
         );
         if !self.rs.sets.contains_key(&name) {
             let mut s = Set::new(format!("type {} . inet_service;", fam.addr_type()));
-            for ep in self.set.endpoints() {
+            for ep in self.set.endpoints_with_port(port) {
                 for cp in ep
                     .ports
                     .iter()

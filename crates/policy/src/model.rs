@@ -16,7 +16,7 @@
 //! - Named ports are resolved on the destination endpoint (name and protocol must match); a
 //!   name no endpoint has matches nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -181,6 +181,9 @@ pub struct Flow {
 pub struct PolicySet {
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
     endpoints: BTreeMap<(String, String), Endpoint>,
+    /// The endpoints with a named port, by port name: a named-port set is built from these
+    /// few instead of from every endpoint.
+    named_ports: BTreeMap<String, BTreeSet<(String, String)>>,
     policies: BTreeMap<PolicyKey, IrPolicy>,
 }
 
@@ -211,7 +214,9 @@ impl PolicySet {
     }
 
     /// Adds or replaces a namespace's labels.
-    pub fn upsert_namespace(&mut self, name: &str, labels: BTreeMap<String, String>) {
+    pub fn upsert_namespace(&mut self, name: &str, mut labels: BTreeMap<String, String>) {
+        // Kept with the implicit name label, so a selector reads them without a copy.
+        labels.insert(NAMESPACE_NAME_LABEL.to_string(), name.to_string());
         self.namespaces.insert(name.to_string(), labels);
     }
 
@@ -222,22 +227,113 @@ impl PolicySet {
 
     /// The labels of a namespace, including [`NAMESPACE_NAME_LABEL`].
     pub fn namespace_labels(&self, name: &str) -> BTreeMap<String, String> {
-        let mut l = self.namespaces.get(name).cloned().unwrap_or_default();
-        l.insert(NAMESPACE_NAME_LABEL.to_string(), name.to_string());
-        l
+        self.namespace_labels_ref(name).into_owned()
+    }
+
+    /// [`PolicySet::namespace_labels`] without a copy for a namespace the set knows.
+    fn namespace_labels_ref(&self, name: &str) -> std::borrow::Cow<'_, BTreeMap<String, String>> {
+        match self.namespaces.get(name) {
+            Some(l) => std::borrow::Cow::Borrowed(l),
+            None => std::borrow::Cow::Owned(BTreeMap::from([(
+                NAMESPACE_NAME_LABEL.to_string(),
+                name.to_string(),
+            )])),
+        }
+    }
+
+    /// Whether the namespace scope of `sel` takes namespace `ns`.
+    fn in_scope(&self, sel: &EndpointSelector, ns: &str) -> bool {
+        match &sel.scope {
+            NamespaceScope::Any => true,
+            NamespaceScope::Named(n) => ns == n,
+            NamespaceScope::Selector(s) => s.matches(&self.namespace_labels_ref(ns)),
+        }
+    }
+
+    /// The endpoints `sel` selects, in key order. The namespace scope is decided once per
+    /// namespace (endpoints are kept by namespace, then name), not once per endpoint: a
+    /// policy's peer set over 10,000 endpoints evaluates its namespace selector once per
+    /// namespace and its pod selector only inside the namespaces it takes.
+    pub fn endpoints_selected<'a>(
+        &'a self,
+        sel: &'a EndpointSelector,
+    ) -> impl Iterator<Item = &'a Endpoint> + 'a {
+        let mut current: Option<(&'a str, bool)> = None;
+        let range: Box<dyn Iterator<Item = &'a Endpoint> + 'a> = match &sel.scope {
+            NamespaceScope::Named(n) => Box::new(
+                self.endpoints
+                    .range((n.clone(), String::new())..)
+                    .take_while(move |((ns, _), _)| ns == n)
+                    .map(|(_, e)| e),
+            ),
+            _ => Box::new(self.endpoints.values()),
+        };
+        range.filter(move |e| {
+            let taken = match current {
+                Some((ns, t)) if ns == e.namespace => t,
+                _ => {
+                    let t = self.in_scope(sel, &e.namespace);
+                    current = Some((&e.namespace, t));
+                    t
+                }
+            };
+            taken && sel.selector.matches(&e.labels)
+        })
     }
 
     /// Adds or replaces an endpoint (keyed by namespace and name).
     pub fn upsert_endpoint(&mut self, ep: Endpoint) {
-        self.endpoints
-            .insert((ep.namespace.clone(), ep.name.clone()), ep);
+        let key = (ep.namespace.clone(), ep.name.clone());
+        for p in &ep.ports {
+            self.named_ports
+                .entry(p.name.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        if let Some(old) = self.endpoints.insert(key.clone(), ep) {
+            self.unindex_ports(&old, &key);
+        }
+    }
+
+    /// Drops `old`'s ports from the named-port index, but those the endpoint now at `key`
+    /// still has.
+    fn unindex_ports(&mut self, old: &Endpoint, key: &(String, String)) {
+        for p in &old.ports {
+            let still = self
+                .endpoints
+                .get(key)
+                .is_some_and(|e| e.ports.iter().any(|q| q.name == p.name));
+            if still {
+                continue;
+            }
+            if let Some(keys) = self.named_ports.get_mut(&p.name) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.named_ports.remove(&p.name);
+                }
+            }
+        }
     }
 
     /// Removes an endpoint; true when it existed.
     pub fn remove_endpoint(&mut self, namespace: &str, name: &str) -> bool {
-        self.endpoints
-            .remove(&(namespace.to_string(), name.to_string()))
-            .is_some()
+        let key = (namespace.to_string(), name.to_string());
+        match self.endpoints.remove(&key) {
+            Some(old) => {
+                self.unindex_ports(&old, &key);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The endpoints with a named port called `name`.
+    pub fn endpoints_with_port<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a Endpoint> {
+        self.named_ports
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.endpoints.get(k))
     }
 
     /// One endpoint by namespace and name.
@@ -518,12 +614,7 @@ impl PolicySet {
 
     /// Whether an endpoint is in an endpoint selector's set.
     pub fn selects(&self, sel: &EndpointSelector, ep: &Endpoint) -> bool {
-        let in_scope = match &sel.scope {
-            NamespaceScope::Any => true,
-            NamespaceScope::Named(n) => &ep.namespace == n,
-            NamespaceScope::Selector(s) => s.matches(&self.namespace_labels(&ep.namespace)),
-        };
-        in_scope && sel.selector.matches(&ep.labels)
+        self.in_scope(sel, &ep.namespace) && sel.selector.matches(&ep.labels)
     }
 
     /// The policies that apply to `ep` in `dir`, in evaluation order.
@@ -623,5 +714,56 @@ impl DefaultNet for IpBlock {
     /// real, so a bug here fails closed.
     fn default_net() -> IpNet {
         IpNet::from(IpAddr::from([0, 0, 0, 0]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tern_model::{EndpointPort, Protocol};
+
+    fn ep(name: &str, ports: &[&str]) -> Endpoint {
+        Endpoint {
+            namespace: "ns".into(),
+            name: name.into(),
+            node: "n".into(),
+            interface: String::new(),
+            labels: BTreeMap::new(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            ports: ports
+                .iter()
+                .map(|p| EndpointPort {
+                    name: p.to_string(),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                })
+                .collect(),
+        }
+    }
+
+    fn with_port(s: &PolicySet, port: &str) -> Vec<String> {
+        s.endpoints_with_port(port)
+            .map(|e| e.name.clone())
+            .collect()
+    }
+
+    /// The named-port index follows every upsert and removal.
+    #[test]
+    fn the_named_port_index_follows_the_endpoints() {
+        let mut s = PolicySet::new();
+        s.upsert_endpoint(ep("a", &["http", "dns"]));
+        s.upsert_endpoint(ep("b", &["http"]));
+        s.upsert_endpoint(ep("c", &[]));
+        assert_eq!(with_port(&s, "http"), ["a", "b"]);
+        assert_eq!(with_port(&s, "dns"), ["a"]);
+        s.upsert_endpoint(ep("a", &["web"]));
+        assert_eq!(with_port(&s, "http"), ["b"]);
+        assert!(with_port(&s, "dns").is_empty());
+        assert_eq!(with_port(&s, "web"), ["a"]);
+        s.upsert_endpoint(ep("b", &["http"]));
+        assert_eq!(with_port(&s, "http"), ["b"]);
+        assert!(s.remove_endpoint("ns", "b"));
+        assert!(with_port(&s, "http").is_empty());
+        assert!(s.named_ports.keys().eq(["web"]));
     }
 }

@@ -552,14 +552,10 @@ impl Inner {
         let Some(policy) = &self.policy else {
             return;
         };
-        let docs: Vec<serde_json::Value> = policy
-            .objects()
-            .iter()
-            .filter_map(|r| serde_json::to_value(r).ok())
-            .collect();
         let path = self.snapshot_path();
         let tmp = path.with_extension("json.tmp");
-        let written = serde_json::to_vec(&docs)
+        let written = policy
+            .objects_json()
             .map_err(std::io::Error::other)
             .and_then(|b| {
                 std::fs::create_dir_all(&self.settings.state_dir)?;
