@@ -76,6 +76,7 @@ impl Agent {
         }
         self.metrics.render_counters(node, &mut out);
         self.host.render_metrics(node, &mut out);
+        crate::metrics::render_heap(node, &mut out);
         out
     }
 

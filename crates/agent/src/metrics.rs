@@ -112,6 +112,30 @@ impl Metrics {
     }
 }
 
+/// glibc's view of the agent's heap (`mallinfo2`): the bytes in use, the bytes freed but
+/// kept by the allocator (fragmentation, arenas), and the bytes in whole mapped blocks. The
+/// difference between the RSS and the bytes in use tells memory held from memory lost.
+pub fn render_heap(node: &str, out: &mut String) {
+    // SAFETY: mallinfo2 only reads the allocator's counters; it takes no argument.
+    let m = unsafe { libc::mallinfo2() };
+    let en = escape(node);
+    for (name, help, v) in [
+        (
+            "tern_heap_in_use_bytes",
+            "Heap bytes allocated and not freed (glibc mallinfo2 uordblks + hblkhd).",
+            m.uordblks + m.hblkhd,
+        ),
+        (
+            "tern_heap_free_bytes",
+            "Heap bytes freed but kept by the allocator (glibc mallinfo2 fordblks).",
+            m.fordblks,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        let _ = writeln!(out, "{name}{{node=\"{en}\"}} {v}");
+    }
+}
+
 /// Escapes a Prometheus label value.
 pub fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")

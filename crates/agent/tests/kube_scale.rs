@@ -827,12 +827,32 @@ fn rss_line(c: &Cluster, when: &str) -> String {
         .iter()
         .map(|a| proc_kib(a.ternd.pid(), "VmHWM"))
         .collect();
+    // The heap the agents' allocator says is in use, and what it keeps freed (their
+    // /metrics: glibc's mallinfo2), in KiB as the RSS.
+    let heap = |metric: &str| -> Vec<u64> {
+        c.agents
+            .iter()
+            .map(|a| {
+                let (_, text) = a.ternd.http_get("/metrics");
+                text.lines()
+                    .find(|l| l.starts_with(metric))
+                    .and_then(|l| l.rsplit_once(' '))
+                    .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+                    / 1024
+            })
+            .collect()
+    };
+    let (in_use, kept) = (heap("tern_heap_in_use_bytes"), heap("tern_heap_free_bytes"));
     let api = c.api.apiserver_pid().map_or(0, |p| proc_kib(p, "VmRSS"));
     let etcd = c.api.etcd_pid().map_or(0, |p| proc_kib(p, "VmRSS"));
     let line = format!(
-        "ternd RSS {when}: {} (peak VmHWM max {:.1} MiB); kube-apiserver {:.0} MiB, etcd {:.0} MiB",
+        "ternd RSS {when}: {} (peak VmHWM max {:.1} MiB; heap in use {}, freed and kept {}); \
+         kube-apiserver {:.0} MiB, etcd {:.0} MiB",
         mib_spread(&rss),
         hwm.iter().copied().max().unwrap_or(0) as f64 / 1024.0,
+        mib_spread(&in_use),
+        mib_spread(&kept),
         api as f64 / 1024.0,
         etcd as f64 / 1024.0,
     );
