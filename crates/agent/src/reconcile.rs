@@ -513,6 +513,7 @@ impl Agent {
                     leaks.errors
                 );
             }
+            crate::metrics::trim_heap();
         }
     }
 

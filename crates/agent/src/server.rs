@@ -275,6 +275,8 @@ impl Agent {
         if report.journal_pending > 0 {
             agent.journal_dirty.store(true, Ordering::Relaxed);
         }
+        // What the start-up reads (the datastore copy's lists, the first loads) freed.
+        crate::metrics::trim_heap();
         log::info!(
             "ternd node {} ready: {} endpoints, mtu {}; start-up reconcile: {report}",
             agent.cfg.node_name,
