@@ -1355,6 +1355,9 @@ fn kube_scale_1000_nodes_10000_pods_20_agents() {
     std::thread::sleep(STEADY);
     let m3 = c.api.metrics();
     let api_cpu = c.api.apiserver_pid().map_or(0.0, cpu_seconds) - api_cpu0;
+    // At rest: two resync periods with nothing changing (the agents' figure to compare with
+    // the target).
+    let rss_steady = rss_line(&c, "at rest (after the steady state)");
     let cpu: Vec<f64> = c
         .agents
         .iter()
@@ -1580,6 +1583,7 @@ fn kube_scale_1000_nodes_10000_pods_20_agents() {
         status_time.as_secs_f64()
     ));
     out.push(format!("    {rss_wave}"));
+    out.push(format!("    {rss_steady}"));
     out.push(format!(
         "steady state ({} s, nothing changing): API requests {:.2}/s in all = {:.3}/s per \
          agent: {}",

@@ -113,12 +113,24 @@ fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
 /// twice the RSS of two arenas (docs/benchmarks.md, the scale benchmark).
 const MALLOC_ARENAS: i32 = 2;
 
+/// Allocations from this size on get a mapping of their own (glibc's default, held fixed).
+const MMAP_THRESHOLD: i32 = 128 * 1024;
+
 fn main() {
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
         // SAFETY: mallopt only sets a tunable of glibc's allocator; it is called before
         // ternd starts any other thread, and M_ARENA_MAX takes any positive value.
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+        }
+    }
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        // SAFETY: as above. A fixed threshold keeps glibc from raising it (up to 32 MiB)
+        // after the first large buffer is freed, so the large transient buffers of a
+        // resync (a list of every endpoint) stay whole mappings, unmapped when freed,
+        // instead of fragmenting the heap.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
         }
     }
     let args = Args::parse();
