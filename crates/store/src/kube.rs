@@ -27,7 +27,9 @@
 //! from a fresh read when another writer got in between. A transaction over several keys is
 //! refused with [`StoreError::Backend`] naming them; [`Store::multi_key_txn`] is `false`, and
 //! callers that need several writes order them so that a crash between any two leaves a
-//! consistent store.
+//! consistent store. A transaction whose compares failed and that wrote nothing answers the
+//! key's revision as read (0 when absent) rather than the store's: a lost compare-and-swap
+//! (frequent when many pods of a node are added at once) costs no further request.
 //!
 //! Revisions are `resourceVersion`s, which the API server takes from its etcd's revision:
 //! one counter over every resource of the cluster, so revisions of different kinds compare.
@@ -1654,9 +1656,11 @@ impl Store for KubeStore {
                 // (absent to readers): the read below decides.
                 Some(None) if matches!(op, Op::Put { .. }) => {}
                 Some(None) => {
+                    // Lost: the revision of the store is not worth a request here (see
+                    // "What a transaction can be").
                     return Ok(TxnResponse {
                         succeeded: false,
-                        revision: self.revision()?,
+                        revision: 0,
                     });
                 }
                 None => {}
@@ -1683,9 +1687,9 @@ impl Store for KubeStore {
             let ops = if ok { &txn.success } else { &txn.failure };
             let done = match branch(ops, &key) {
                 Effect::Nothing => Some(match kv {
-                    Some(k) if !ok || txn.compare.is_empty() => {
-                        k.mod_revision.max(self.revision()?)
-                    }
+                    Some(k) if !ok => k.mod_revision,
+                    None if !ok => 0,
+                    Some(k) if txn.compare.is_empty() => k.mod_revision.max(self.revision()?),
                     _ => self.revision()?,
                 }),
                 Effect::Put(value, lease) => self.write(&key, &value, lease, obj)?,
