@@ -253,7 +253,8 @@ const MAX_CACHED_BLOCKS: usize = 4096;
 ///   one node can win it), affinity `Confirmed`. Releasing an empty block marks its affinity
 ///   `PendingDeletion`, deletes the block if unchanged, then the affinity; a crash in between
 ///   leaves an affinity that [`Ipam::release_node`] or the node's next read of its blocks
-///   removes or confirms.
+///   settles by the block: confirmed again while the block is there and the node's, removed
+///   once it is gone.
 /// - The policy guards cannot ride along (they compare other objects): an allocation racing
 ///   an edit of its pool or of the IPAM configuration is decided on the policy read at most
 ///   [`DEFAULT_POLICY_TTL`] before, as in Calico.
@@ -496,10 +497,24 @@ impl Ipam {
     /// multi-key transactions their guard on the IPAM configuration's revision refuses an
     /// allocation decided before the lock).
     pub fn ensure_unlocked(&self) -> Result<()> {
+        let ttl = self.policy_ttl;
+        // The lock as last read, or with a policy read within the TTL (it holds the
+        // configuration): no request of its own in the common case.
         let cached = self
-            .with_cache(|c| c.lock.clone())
-            .flatten()
-            .filter(|(at, _)| at.elapsed() < self.policy_ttl);
+            .with_cache(|c| {
+                let from_policy = c
+                    .policy
+                    .values()
+                    .filter(|p| p.read_at.elapsed() < ttl)
+                    .max_by_key(|p| p.read_at)
+                    .map(|p| (p.read_at, p.cfg.migration_lock.clone()));
+                let own = c.lock.clone().filter(|(at, _)| at.elapsed() < ttl);
+                match (own, from_policy) {
+                    (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
+                    (a, b) => a.or(b),
+                }
+            })
+            .flatten();
         let lock = match cached {
             Some((_, l)) => l,
             None => {
@@ -1093,13 +1108,10 @@ impl Ipam {
                     }
                 }
                 AffinityState::PendingDeletion => {
-                    // Its block went, the affinity's own delete did not happen (a crash
-                    // between the two writes of a single-object store): it goes now.
-                    if self.store.get(&keys::block(&cidr.to_string()))?.is_none() {
-                        self.store.txn(Txn::when(
-                            vec![Compare::ModRevision(kv.key.clone(), kv.mod_revision)],
-                            vec![Op::delete(kv.key.clone())],
-                        ))?;
+                    // An empty-block release did not finish (a crash between the writes of a
+                    // single-object store): settled by what the block says.
+                    if self.settle_pending_deletion(node, &cidr, &kv.key, kv.mod_revision)? {
+                        out.push(cidr);
                     }
                 }
             }
@@ -1107,6 +1119,33 @@ impl Ipam {
         out.sort();
         self.with_cache(|c| c.affine.insert(node.to_string(), out.clone()));
         Ok(out)
+    }
+
+    /// Settles an affinity left `PendingDeletion` (at revision `rev`) by an empty-block
+    /// release that did not finish, from the block itself: still there and the node's, it is
+    /// `Confirmed` again (a later release tries again) and `true` is returned; gone or
+    /// another node's, the affinity goes. Everyone who meets such an affinity (the node's next
+    /// read of its blocks, the release racing it) applies the same rule, so they agree.
+    fn settle_pending_deletion(
+        &self,
+        node: &str,
+        cidr: &IpNet,
+        akey: &str,
+        rev: i64,
+    ) -> Result<bool> {
+        let mine = match self.store.get(&keys::block(&cidr.to_string()))? {
+            Some(bkv) => decode::<Block>(&bkv)?.affine_node() == Some(node),
+            None => false,
+        };
+        if mine {
+            self.confirm_affinity(node, cidr, rev)?;
+        } else {
+            self.store.txn(Txn::when(
+                vec![Compare::ModRevision(akey.to_string(), rev)],
+                vec![Op::delete(akey.to_string())],
+            ))?;
+        }
+        Ok(mine)
     }
 
     fn confirm_affinity(&self, node: &str, cidr: &IpNet, rev: i64) -> Result<()> {
@@ -2009,10 +2048,20 @@ impl Ipam {
                     Err(e) => return Err(e.into()),
                 };
                 if d.succeeded {
-                    self.store.txn(Txn::when(
+                    let gone = self.store.txn(Txn::when(
                         vec![Compare::ModRevision(akey.clone(), marked.revision)],
                         vec![Op::delete(akey.clone())],
                     ))?;
+                    // Confirmed again meanwhile (the node read its blocks): its block is gone
+                    // now, so the affinity goes, from whatever revision it has.
+                    if !gone.succeeded
+                        && let Some(akv) = self.store.get(&akey)?
+                    {
+                        self.store.txn(Txn::when(
+                            vec![Compare::ModRevision(akey.clone(), akv.mod_revision)],
+                            vec![Op::delete(akey.clone())],
+                        ))?;
+                    }
                 }
                 d
             };
@@ -2020,18 +2069,13 @@ impl Ipam {
                 self.forget_block(&cidr);
                 remaining -= 1;
                 out.push(cidr);
-            } else {
+            } else if self.indexed {
                 // Someone allocated in the block meanwhile: it stays the node's.
-                self.store.txn(Txn {
-                    compare: vec![Compare::ModRevision(akey.clone(), marked.revision)],
-                    success: vec![Op::put(
-                        akey,
-                        encode(&Affinity {
-                            state: AffinityState::Confirmed,
-                        }),
-                    )],
-                    failure: vec![],
-                })?;
+                self.confirm_affinity(node, &cidr, marked.revision)?;
+            } else {
+                // The block changed, or went (deleted by whoever settled the affinity first):
+                // the same rule as every reader's.
+                self.settle_pending_deletion(node, &cidr, &akey, marked.revision)?;
             }
         }
         Ok(out)

@@ -38,7 +38,8 @@ use super::slim::EndpointPod;
 const PAGE: u32 = 500;
 
 /// The prefixes the agent reads from the copy, with whether `get` may be answered from it
-/// (only the endpoints derived from Pods, which nothing writes).
+/// (the endpoints derived from Pods, which nothing writes, and the IPAM configuration, which
+/// the agent never writes: no compare-and-swap of the agent's starts from a stale copy).
 pub fn cached_classes() -> Vec<ClassSpec> {
     let mut out: Vec<ClassSpec> = [
         Kind::IpPool,
@@ -58,12 +59,13 @@ pub fn cached_classes() -> Vec<ClassSpec> {
         serve_gets: true,
         ..ClassSpec::new(keys::resource_prefix(Kind::WorkloadEndpoint.as_str()))
     });
-    for p in [
-        keys::IPAM_CONFIG,
-        keys::BLOCKS,
-        keys::AFFINITIES,
-        keys::OWNERS,
-    ] {
+    // The IPAM configuration too: IPAM reads it (its policy, the migration lock) at most
+    // every second, and the agent never writes it.
+    out.push(ClassSpec {
+        serve_gets: true,
+        ..ClassSpec::new(keys::IPAM_CONFIG)
+    });
+    for p in [keys::BLOCKS, keys::AFFINITIES, keys::OWNERS] {
         out.push(ClassSpec::new(p));
     }
     out
@@ -372,6 +374,12 @@ mod tests {
             .filter(|c| c.serve_gets)
             .map(|c| c.prefix)
             .collect();
-        assert_eq!(gets, [keys::resource_prefix("WorkloadEndpoint")]);
+        assert_eq!(
+            gets,
+            [
+                keys::resource_prefix("WorkloadEndpoint"),
+                keys::IPAM_CONFIG.to_string()
+            ]
+        );
     }
 }
