@@ -33,6 +33,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use ipnet::IpNet;
 
 use crate::error::{LinuxError, Result};
+
+mod batch;
+mod elems;
+mod expr;
 use crate::netlink::framing::{
     Answer, MsgBuilder, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLMSG_ERROR, open_bound,
     parse_datagram, recv_retrying, send_all,
@@ -939,18 +943,25 @@ impl NftSocket {
     }
 
     fn send(&self, bytes: &[u8], context: &str) -> Result<()> {
-        // Big batches need a send buffer to match (best effort: capped by wmem_max).
+        // A batch is one datagram: big ones need a send buffer to match. SO_SNDBUFFORCE
+        // (CAP_NET_ADMIN, which changing nftables needs anyway) goes past wmem_max; without it,
+        // best effort.
         if bytes.len() > 128 * 1024 {
             let size = libc::c_int::try_from(bytes.len() * 2).unwrap_or(libc::c_int::MAX);
-            // SAFETY: valid fd; pointer and length describe `size`.
-            unsafe {
-                libc::setsockopt(
-                    self.fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUF,
-                    (&size as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
+            for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+                // SAFETY: valid fd; pointer and length describe `size`.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        self.fd.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        opt,
+                        (&size as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                if rc == 0 {
+                    break;
+                }
             }
         }
         send_all(&self.fd, bytes)
@@ -1192,6 +1203,11 @@ fn current_netns() -> Result<(u64, u64)> {
 /// dropped, so no stale answer can confuse the next exchange.
 pub fn apply_cached(table: &str, changes: &[ElementChange]) -> Result<()> {
     with_cached(|sock| sock.apply(table, changes))
+}
+
+/// [`NftSocket::apply_changes`] on the socket [`apply_cached`] keeps per thread.
+pub fn apply_changes_cached(table: &str, changes: &[tern_nft::TableChange]) -> Result<()> {
+    with_cached(|sock| sock.apply_changes(table, changes))
 }
 
 /// [`NftSocket::apply_ops`] on the socket [`apply_cached`] keeps per thread.
