@@ -157,11 +157,11 @@ fn both_ways(first: Ruleset, then: Option<Ruleset>) -> (Listing, Listing) {
     });
     let by_netlink = in_netns(move || {
         let mut s = tern_linux::nft_netlink::NftSocket::new().unwrap();
-        s.apply_changes("tern", &first.full_changes())
+        s.apply("tern", &first.full_changes())
             .unwrap_or_else(|e| panic!("full apply over netlink: {e}"));
         if let Some(t) = &then {
             let changes = tern_nft::delta_changes(&first, t).unwrap_or_else(|| t.full_changes());
-            s.apply_changes("tern", &changes)
+            s.apply("tern", &changes)
                 .unwrap_or_else(|e| panic!("delta over netlink: {e}"));
         }
         listing()
@@ -1035,11 +1035,11 @@ fn a_refused_batch_changes_nothing_and_names_the_change() {
     in_netns(|| {
         let rs = rich();
         let mut s = tern_linux::nft_netlink::NftSocket::new().unwrap();
-        s.apply_changes("tern", &rs.full_changes()).unwrap();
+        s.apply("tern", &rs.full_changes()).unwrap();
         let before = listing();
         // A new chain and a rule jumping to a chain that does not exist: refused as one.
         let err = s
-            .apply_changes(
+            .apply(
                 "tern",
                 &[
                     TableChange::AddChain("c-new".into()),
@@ -1054,7 +1054,7 @@ fn a_refused_batch_changes_nothing_and_names_the_change() {
         assert_eq!(listing(), before);
         // Deleting a set a rule still looks up is refused too.
         let err = s
-            .apply_changes(
+            .apply(
                 "tern",
                 &[TableChange::DeleteSet {
                     name: "sel-a-v4".into(),

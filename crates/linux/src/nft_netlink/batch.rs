@@ -117,14 +117,20 @@ pub(super) fn describe(u: &Unit<'_>, table: &str) -> String {
     format!("{} (table inet {table})", text.trim_end())
 }
 
-/// Numbers the messages of a batch and the anonymous sets it creates.
+/// Numbers the messages of a batch and the sets it creates.
 pub(super) struct Encoder<'b> {
-    pub(super) b: &'b mut Batch,
-    pub(super) seq: u32,
+    b: &'b mut Batch,
+    /// The sequence number of the last message written.
+    seq: u32,
     set_id: u32,
 }
 
-impl Encoder<'_> {
+impl<'b> Encoder<'b> {
+    /// Writes into `b`, numbering messages after `seq`.
+    pub(super) fn new(b: &'b mut Batch, seq: u32) -> Encoder<'b> {
+        Encoder { b, seq, set_id: 0 }
+    }
+
     fn begin(&mut self, kind: u8, flags: u16) -> u32 {
         self.seq = self.seq.wrapping_add(1);
         begin(
@@ -299,11 +305,7 @@ impl NftSocket {
         b.end();
         // (first sequence number, number of messages) of each unit.
         let mut spans = Vec::with_capacity(units.len());
-        let mut enc = Encoder {
-            b: &mut b,
-            seq: self.seq,
-            set_id: 0,
-        };
+        let mut enc = Encoder::new(&mut b, self.seq);
         for u in units {
             let first = enc.seq.wrapping_add(1);
             let n = enc.unit(table, u)?;
@@ -363,7 +365,7 @@ impl NftSocket {
     /// [`LinuxError::NotFound`]; anything else the kernel refuses (a rule jumping to a missing
     /// chain, deleting a chain something still jumps to, a key of the wrong size) fails the
     /// whole transaction with [`LinuxError::Netlink`] naming the change.
-    pub fn apply_changes(&mut self, table: &str, changes: &[TableChange]) -> Result<()> {
+    pub fn apply(&mut self, table: &str, changes: &[TableChange]) -> Result<()> {
         let mut us = units(changes);
         // Each round either succeeds, fails for good, or strictly shrinks a tolerated failure
         // (split a run into single elements, or drop a single no-op element or chain).
