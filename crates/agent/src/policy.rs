@@ -97,17 +97,22 @@ pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAg
 /// chain or set changed behind the agent's back) is retried as a full resync over netlink;
 /// a full resync the kernel refuses goes through `nft -f`, which encodes by itself.
 pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError> {
-    if let Some(how) = apply_netlink(inc) {
-        return Ok(how);
+    let mut full = match try_netlink(inc) {
+        Ok(how) => return Ok(how),
+        Err(full) => full,
+    };
+    if !full {
+        // The batch was one transaction: it changed nothing. Resync it all.
+        inc.invalidate();
+        match try_netlink(inc) {
+            Ok(how) => return Ok(how),
+            Err(f) => full = f,
+        }
     }
-    // The batch was one transaction: it changed nothing.
-    inc.invalidate();
-    if let Some(how) = apply_netlink(inc) {
-        return Ok(how);
-    }
+    debug_assert!(full);
     log::warn!("policy: the kernel refused the full resync over netlink; resyncing with nft -f");
-    let full = inc.full_script();
-    run_script(inc, &full)
+    let script = inc.full_script();
+    run_script(inc, &script)
 }
 
 /// Applies the pending changes ([`Incremental::changes`]: the delta since the last commit, or
@@ -117,10 +122,15 @@ pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError>
 /// `None` when the kernel refused the batch (the batch is one transaction: nothing changed,
 /// nothing is committed).
 pub fn apply_netlink(inc: &mut Incremental) -> Option<Applied> {
+    try_netlink(inc).ok()
+}
+
+/// [`apply_netlink`]; on a refusal, whether the refused batch was a full resync.
+fn try_netlink(inc: &mut Incremental) -> Result<Applied, bool> {
     let c = inc.changes();
     if c.changes.is_empty() {
         inc.commit_changes(&c);
-        return Some(Applied::Nothing);
+        return Ok(Applied::Nothing);
     }
     // Like the `nft` child process it replaces, this acts in the network namespace of the
     // calling thread (the socket is cached per thread and namespace).
@@ -132,7 +142,7 @@ pub fn apply_netlink(inc: &mut Incremental) -> Option<Applied> {
                 c.full
             );
             inc.commit_changes(&c);
-            Some(if c.full {
+            Ok(if c.full {
                 Applied::Full
             } else {
                 Applied::Netlink
@@ -144,7 +154,7 @@ pub fn apply_netlink(inc: &mut Incremental) -> Option<Applied> {
                 c.changes.len(),
                 c.full
             );
-            None
+            Err(c.full)
         }
     }
 }

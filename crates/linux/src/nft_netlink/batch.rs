@@ -233,7 +233,7 @@ impl<'b> Encoder<'b> {
                         "an empty rule for chain {chain}"
                     )));
                 }
-                let sets = anon_sets(rule, &mut self.set_id);
+                let sets = anon_sets(rule, &mut self.set_id)?;
                 for s in &sets {
                     self.begin(NFT_MSG_NEWSET, NLM_F_CREATE);
                     encode_anon_set(self.b, table, s);
@@ -361,7 +361,8 @@ impl NftSocket {
 
     /// Applies `changes` in order to table `inet table` as one transaction: either all take
     /// effect or none. Adding an element that exists, deleting one that does not and creating
-    /// a chain or set that exists are no-ops; a missing table or set of an element change is
+    /// a chain or set that exists (declared alike) are no-ops; a missing table or set of an
+    /// element change is
     /// [`LinuxError::NotFound`]; anything else the kernel refuses (a rule jumping to a missing
     /// chain, deleting a chain something still jumps to, a key of the wrong size) fails the
     /// whole transaction with [`LinuxError::Netlink`] naming the change.
@@ -391,9 +392,7 @@ impl NftSocket {
                         fresh,
                         ..
                     } => (*set, *add, elements, *fresh),
-                    Unit::Change(TableChange::AddChain(_) | TableChange::AddSet { .. })
-                        if a.errno == libc::EEXIST =>
-                    {
+                    Unit::Change(TableChange::AddChain(_)) if a.errno == libc::EEXIST => {
                         continue;
                     }
                     Unit::Change(_) => {

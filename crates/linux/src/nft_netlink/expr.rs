@@ -144,13 +144,21 @@ fn anon_set(id: u32, key: AnonKey, width: usize, ranges: Vec<Range>, interval: b
 }
 
 /// The anonymous sets `rule` needs, in the order its matches use them; ids from `next_id`.
-pub(super) fn anon_sets(rule: &Rule, next_id: &mut u32) -> Vec<AnonSet> {
+/// Prefixes of another family than the address they match are refused.
+pub(super) fn anon_sets(rule: &Rule, next_id: &mut u32) -> Result<Vec<AnonSet>> {
     let mut out = Vec::new();
     let mut id = || {
         *next_id += 1;
         *next_id
     };
     for m in &rule.matches {
+        if let Match::AddrInNets { addr, nets, .. } = m
+            && let Some(n) = nets.iter().find(|n| Family::of_net(n) != addr.family)
+        {
+            return Err(crate::error::LinuxError::InvalidArgument(format!(
+                "prefix {n} matched against {addr} in rule {rule}"
+            )));
+        }
         match m {
             Match::AddrInNets { addr, nets, .. } if nets.len() > 1 => {
                 let ranges = nets
@@ -177,7 +185,7 @@ pub(super) fn anon_sets(rule: &Rule, next_id: &mut u32) -> Vec<AnonSet> {
             _ => {}
         }
     }
-    out
+    Ok(out)
 }
 
 /// One expression: `NFTA_LIST_ELEM { name, data { ... } }`.
