@@ -381,7 +381,7 @@ impl PolicyEngine {
             .collect()
     }
 
-    /// Number of scripts applied (full and delta).
+    /// Number of changes applied to the kernel (full resyncs and deltas).
     pub fn applies(&self) -> u64 {
         self.applies.load(Ordering::Relaxed)
     }

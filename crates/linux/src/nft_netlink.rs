@@ -9,7 +9,7 @@
 //! `nft_ir` test applies the same tables both ways in two private namespaces and compares what
 //! the kernels report.
 //!
-//! - [`batch`]-level: one message per change (`NEWTABLE`/`DELTABLE`, `NEWCHAIN` with hook,
+//! - `batch`: one message per change (`NEWTABLE`/`DELTABLE`, `NEWCHAIN` with hook,
 //!   priority, policy and type for a base chain, `DELRULE` without a handle to flush a chain,
 //!   `DELCHAIN`, `NEWSET`/`DELSET`, `DELSETELEM` without elements to flush a set), a run of
 //!   element changes of one set per `NEWSETELEM`/`DELSETELEM` (split at 256 entries);

@@ -433,7 +433,7 @@ impl Incremental {
             self.set_endpoint_fast_path(endpoint_chain(n, dir), parts.sets);
             let name = endpoint_chain(n, dir);
             let target = parts.chain.as_ref().map(|_| name.clone());
-            // Chain before map entry: the script declares and fills the chain first.
+            // Chain before map entry: the delta declares and fills the chain first.
             self.put_chain(name, parts.chain);
             self.put_map_entry(endpoint_map(dir), map_key(n), target);
         }
@@ -763,7 +763,8 @@ impl Incremental {
         self.dirty_sets.clear();
     }
 
-    /// Forgets what the kernel holds (after a failed apply): the next script is a full resync.
+    /// Forgets what the kernel holds (after a failed apply): the next changes are a full
+    /// resync.
     pub fn invalidate(&mut self) {
         self.applied = None;
     }

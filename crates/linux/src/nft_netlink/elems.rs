@@ -10,7 +10,10 @@
 //!   `NFT_SET_ELEM_INTERVAL_END`); one that reaches the end of the key space has no end entry
 //!   and is flagged open in its user data. The first elements given to a new or flushed
 //!   interval set come with an end entry at 0 ("no interval below the first"), as nft sends
-//!   them. Auto-merge and anonymous interval sets hold the merged ranges.
+//!   them. (nft also sends it with the first elements added to a set of the kernel that is
+//!   empty; this encoding does not know the kernel's elements and does not: that entry bounds
+//!   nothing, both tables match the same packets.) Auto-merge and anonymous interval sets
+//!   hold the merged ranges.
 //! - An interval concatenation's element is one entry with `NFTA_SET_ELEM_KEY_END`.
 
 use std::net::IpAddr;
