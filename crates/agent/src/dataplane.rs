@@ -66,10 +66,11 @@ pub struct Dataplane {
     pod_mtu: AtomicU64,
     syncs: AtomicU64,
     lock: Mutex<()>,
-    /// The nft script last applied successfully: event-driven syncs skip `nft` when unchanged.
-    nat_applied: Mutex<Option<String>>,
+    /// The natOutgoing changes last applied successfully: event-driven syncs skip the kernel
+    /// when unchanged.
+    nat_applied: Mutex<Option<Vec<tern_nft::TableChange>>>,
     /// When set, natOutgoing is rendered with the policy chains in one table (the policy
-    /// engine, attached by the root) instead of by its own script.
+    /// engine, attached by the root) instead of by its own changes.
     policy: Mutex<Option<Arc<dyn NatTable>>>,
     /// BGP routes the unencapsulated pools ([`Dataplane::set_bgp_routing`]).
     bgp: AtomicBool,
@@ -271,11 +272,11 @@ impl Dataplane {
             }
             return self.finish(r);
         }
-        let script = crate::nat::ruleset(&snap.pools);
+        let changes = crate::nat::changes(&snap.pools);
         let mut applied = self.nat_applied.lock().unwrap();
-        if full || applied.as_deref() != Some(script.as_str()) {
-            match tern_linux::nft::apply(&script) {
-                Ok(()) => *applied = Some(script),
+        if full || applied.as_ref() != Some(&changes) {
+            match crate::nat::apply(&changes) {
+                Ok(()) => *applied = Some(changes),
                 Err(e) => {
                     *applied = None;
                     r.errors

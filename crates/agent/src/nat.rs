@@ -2,12 +2,16 @@
 //!
 //! Everything lives in the nftables table `inet tern`, the only table tern writes. This module
 //! owns the chain `nat-postrouting` and the sets `all-ipv4-pools`, `masq-ipv4-pools`,
-//! `all-ipv6-pools`, `masq-ipv6-pools`; it flushes and refills only those, in one `nft -f -`
-//! transaction, so chains other code adds to the table (policy) are left alone.
+//! `all-ipv6-pools`, `masq-ipv6-pools`, as typed values (`tern-nft`): with the policy engine
+//! they are part of its table ([`chains`]); without it, [`changes`] flushes and refills only
+//! those in one netlink transaction ([`apply`]), so chains other code adds to the table are
+//! left alone.
 
 use crate::snapshot::PoolInfo;
-use ipnet::IpNet;
-use std::fmt::Write;
+use tern_nft::{
+    Addr, BaseChain, Chain, ChainPolicy, ChainType, Element, ElementChange, Family, Hook, Key,
+    Match, Rule, Ruleset, Set, SetType, Stmt, TableChange,
+};
 
 /// Family and name of tern's nftables table.
 pub const TABLE_FAMILY: &str = "inet";
@@ -15,81 +19,130 @@ pub const TABLE_FAMILY: &str = "inet";
 pub const TABLE: &str = "tern";
 /// The chain holding the masquerade rules.
 pub const CHAIN: &str = "nat-postrouting";
+/// The comment of the masquerade rules.
+const COMMENT: &str = "tern natOutgoing";
 
-/// The nft script that makes tern's NAT state match `pools` (idempotent).
+/// The nat chain's declaration.
+const NAT_BASE: BaseChain = BaseChain {
+    chain_type: ChainType::Nat,
+    hook: Hook::Postrouting,
+    priority: 100,
+    policy: ChainPolicy::Accept,
+};
+
+const FAMILIES: [(&str, Family); 2] = [("ipv4", Family::V4), ("ipv6", Family::V6)];
+
+/// The pools' sets (`all-<fam>-pools`, `masq-<fam>-pools`) of one family, with their elements
+/// in pool order.
+fn pool_sets(pools: &[PoolInfo], fam: Family) -> [(String, Vec<Key>); 2] {
+    let of_family = |p: &&PoolInfo| Family::of_net(&p.cidr) == fam;
+    let all = pools
+        .iter()
+        .filter(of_family)
+        .map(|p| Key::Net(p.cidr.trunc()))
+        .collect();
+    let masq = pools
+        .iter()
+        .filter(of_family)
+        .filter(|p| p.nat_outgoing)
+        .map(|p| Key::Net(p.cidr.trunc()))
+        .collect();
+    let fam = if fam == Family::V4 { "ipv4" } else { "ipv6" };
+    [
+        (format!("all-{fam}-pools"), all),
+        (format!("masq-{fam}-pools"), masq),
+    ]
+}
+
+/// `ip saddr @masq-ipv4-pools ip daddr != @all-ipv4-pools masquerade comment "tern natOutgoing"`.
+fn masquerade(fam: Family, name: &str) -> Rule {
+    Rule::new(
+        vec![
+            Match::AddrInSet {
+                addr: Addr::saddr(fam),
+                negate: false,
+                set: format!("masq-{name}-pools"),
+            },
+            Match::AddrInSet {
+                addr: Addr::daddr(fam),
+                negate: true,
+                set: format!("all-{name}-pools"),
+            },
+        ],
+        vec![Stmt::Masquerade],
+    )
+    .with_comment(COMMENT)
+}
+
+/// The changes that make tern's NAT state match `pools` (idempotent): the table, sets and
+/// chain declared if absent, then the chain and sets flushed and refilled.
+pub fn changes(pools: &[PoolInfo]) -> Vec<TableChange> {
+    let set_type = |fam| SetType::addr(fam).auto_merge();
+    let mut out = vec![TableChange::AddTable];
+    for (name, fam) in FAMILIES {
+        for set in ["all", "masq"] {
+            out.push(TableChange::AddSet {
+                name: format!("{set}-{name}-pools"),
+                set_type: set_type(fam),
+            });
+        }
+    }
+    out.push(TableChange::AddBaseChain {
+        name: CHAIN.into(),
+        base: NAT_BASE,
+    });
+    out.push(TableChange::FlushChain(CHAIN.into()));
+    for (name, fam) in FAMILIES {
+        for set in ["all", "masq"] {
+            out.push(TableChange::FlushSet {
+                name: format!("{set}-{name}-pools"),
+                set_type: set_type(fam),
+            });
+        }
+    }
+    for (name, fam) in FAMILIES {
+        let [all, masq] = pool_sets(pools, fam);
+        let any_masq = !masq.1.is_empty();
+        for (set, keys) in [all, masq] {
+            out.extend(keys.into_iter().map(|key| {
+                TableChange::Element(ElementChange {
+                    set: set.clone(),
+                    set_type: set_type(fam),
+                    add: true,
+                    element: Element { key, verdict: None },
+                })
+            }));
+        }
+        if any_masq {
+            out.push(TableChange::AddRule {
+                chain: CHAIN.into(),
+                rule: masquerade(fam, name),
+            });
+        }
+    }
+    out
+}
+
+/// [`changes`] as an `nft -f` script.
 pub fn ruleset(pools: &[PoolInfo]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "add table {TABLE_FAMILY} {TABLE}");
-    for (fam, ty) in [("ipv4", "ipv4_addr"), ("ipv6", "ipv6_addr")] {
-        for set in ["all", "masq"] {
-            let _ = writeln!(
-                s,
-                "add set {TABLE_FAMILY} {TABLE} {set}-{fam}-pools {{ type {ty}; flags interval; auto-merge; }}"
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        "add chain {TABLE_FAMILY} {TABLE} {CHAIN} {{ type nat hook postrouting priority srcnat; policy accept; }}"
-    );
-    let _ = writeln!(s, "flush chain {TABLE_FAMILY} {TABLE} {CHAIN}");
-    for fam in ["ipv4", "ipv6"] {
-        for set in ["all", "masq"] {
-            let _ = writeln!(s, "flush set {TABLE_FAMILY} {TABLE} {set}-{fam}-pools");
-        }
-    }
-    for (fam, v4) in [("ipv4", true), ("ipv6", false)] {
-        let of_family = |p: &&PoolInfo| p.cidr.addr().is_ipv4() == v4;
-        let all: Vec<IpNet> = pools.iter().filter(of_family).map(|p| p.cidr).collect();
-        let masq: Vec<IpNet> = pools
-            .iter()
-            .filter(of_family)
-            .filter(|p| p.nat_outgoing)
-            .map(|p| p.cidr)
-            .collect();
-        for (set, nets) in [("all", &all), ("masq", &masq)] {
-            if !nets.is_empty() {
-                let list: Vec<String> = nets.iter().map(|n| n.trunc().to_string()).collect();
-                let _ = writeln!(
-                    s,
-                    "add element {TABLE_FAMILY} {TABLE} {set}-{fam}-pools {{ {} }}",
-                    list.join(", ")
-                );
-            }
-        }
-        if !masq.is_empty() {
-            let ipk = if v4 { "ip" } else { "ip6" };
-            let _ = writeln!(
-                s,
-                "add rule {TABLE_FAMILY} {TABLE} {CHAIN} {ipk} saddr @masq-{fam}-pools {ipk} daddr != @all-{fam}-pools masquerade comment \"tern natOutgoing\""
-            );
-        }
-    }
-    s
+    tern_nft::render_changes(&changes(pools))
 }
 
 /// natOutgoing's chain and sets as part of the shared table's desired state, rendered together
 /// with the policy chains (see [`crate::policy`]).
-pub fn chains(pools: &[PoolInfo]) -> tern_policy::Ruleset {
-    let mut rs = tern_policy::Ruleset::new();
+pub fn chains(pools: &[PoolInfo]) -> Ruleset {
+    let mut rs = Ruleset::new();
     let mut rules = Vec::new();
-    for (fam, v4) in [("ipv4", true), ("ipv6", false)] {
-        let ty = if v4 { "ipv4_addr" } else { "ipv6_addr" };
-        let of_family = |p: &&PoolInfo| p.cidr.addr().is_ipv4() == v4;
-        for set in ["all", "masq"] {
-            let mut s = tern_policy::Set::new(format!("type {ty}; flags interval; auto-merge;"));
-            for p in pools.iter().filter(of_family) {
-                if set == "all" || p.nat_outgoing {
-                    s.insert(p.cidr.trunc().to_string());
-                }
-            }
-            rs.sets.insert(format!("{set}-{fam}-pools"), s);
+    for (name, fam) in FAMILIES {
+        let sets = pool_sets(pools, fam);
+        let any_masq = !sets[1].1.is_empty();
+        for (set, keys) in sets {
+            let mut s = Set::new(SetType::addr(fam).auto_merge());
+            keys.into_iter().for_each(|k| s.insert(k));
+            rs.sets.insert(set, s);
         }
-        if pools.iter().filter(of_family).any(|p| p.nat_outgoing) {
-            let ipk = if v4 { "ip" } else { "ip6" };
-            rules.push(format!(
-                "{ipk} saddr @masq-{fam}-pools {ipk} daddr != @all-{fam}-pools masquerade comment \"tern natOutgoing\""
-            ));
+        if any_masq {
+            rules.push(masquerade(fam, name));
         }
     }
     // No masquerading pool, no nat chain: a registered nat hook would put every forwarded
@@ -97,8 +150,8 @@ pub fn chains(pools: &[PoolInfo]) -> tern_policy::Ruleset {
     if !rules.is_empty() {
         rs.chains.insert(
             CHAIN.into(),
-            tern_policy::Chain {
-                base: Some("type nat hook postrouting priority srcnat; policy accept;".into()),
+            Chain {
+                base: Some(NAT_BASE),
                 rules,
             },
         );
@@ -111,15 +164,19 @@ pub fn chains(pools: &[PoolInfo]) -> tern_policy::Ruleset {
 /// importing the engine, and the root wires the two.
 pub trait NatTable: Send + Sync {
     /// Replaces natOutgoing's chains and sets in the table and applies it.
-    fn replace_nat(
-        &self,
-        nat: tern_policy::Ruleset,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+    fn replace_nat(&self, nat: Ruleset) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
-/// Applies [`ruleset`] atomically in the caller's network namespace.
-pub fn apply(pools: &[PoolInfo]) -> Result<(), tern_linux::LinuxError> {
-    tern_linux::nft::apply(&ruleset(pools))
+/// Applies `changes` (from [`changes`]) atomically in the caller's network namespace: one
+/// netlink batch; if the kernel refuses it, the same changes through `nft -f`.
+pub fn apply(changes: &[TableChange]) -> Result<(), tern_linux::LinuxError> {
+    match tern_linux::nft_netlink::apply_cached(TABLE, changes) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            log::warn!("natOutgoing: netlink update failed ({e}); retrying with nft -f");
+            tern_linux::nft::apply(&tern_nft::render_changes(changes))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -177,6 +234,31 @@ mod tests {
         // Only tern's own chain and sets are flushed; the table itself is never deleted.
         assert!(!r.contains("delete"));
         assert!(r.contains("flush chain inet tern nat-postrouting"));
+    }
+
+    #[test]
+    fn standalone_script_text_is_pinned() {
+        let r = ruleset(&[p("10.244.0.0/16", true), p("fd00::/64", true)]);
+        assert_eq!(
+            r,
+            "add table inet tern\n\
+             add set inet tern all-ipv4-pools { type ipv4_addr; flags interval; auto-merge; }\n\
+             add set inet tern masq-ipv4-pools { type ipv4_addr; flags interval; auto-merge; }\n\
+             add set inet tern all-ipv6-pools { type ipv6_addr; flags interval; auto-merge; }\n\
+             add set inet tern masq-ipv6-pools { type ipv6_addr; flags interval; auto-merge; }\n\
+             add chain inet tern nat-postrouting { type nat hook postrouting priority srcnat; policy accept; }\n\
+             flush chain inet tern nat-postrouting\n\
+             flush set inet tern all-ipv4-pools\n\
+             flush set inet tern masq-ipv4-pools\n\
+             flush set inet tern all-ipv6-pools\n\
+             flush set inet tern masq-ipv6-pools\n\
+             add element inet tern all-ipv4-pools { 10.244.0.0/16 }\n\
+             add element inet tern masq-ipv4-pools { 10.244.0.0/16 }\n\
+             add rule inet tern nat-postrouting ip saddr @masq-ipv4-pools ip daddr != @all-ipv4-pools masquerade comment \"tern natOutgoing\"\n\
+             add element inet tern all-ipv6-pools { fd00::/64 }\n\
+             add element inet tern masq-ipv6-pools { fd00::/64 }\n\
+             add rule inet tern nat-postrouting ip6 saddr @masq-ipv6-pools ip6 daddr != @all-ipv6-pools masquerade comment \"tern natOutgoing\"\n"
+        );
     }
 
     #[test]

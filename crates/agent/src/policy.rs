@@ -1,16 +1,21 @@
 //! NetworkPolicy enforcement: the node's `inet tern` table, kept equal to the policies,
 //! namespaces and endpoints of the whole cluster by [`tern_policy::Incremental`].
 //!
+//! - Every change reaches the kernel as one nfnetlink batch ([`apply_pending`]): the
+//!   [`tern_policy::TableChange`]s of the delta (a pod joining a set, a policy becoming active
+//!   with its chains, sets and elements, ...) or of the full resync (the table deleted and
+//!   re-created in one transaction). No `nft` process, except as the fallback when the kernel
+//!   refuses a batch (then a full resync through `nft -f`).
 //! - The table is shared with natOutgoing: [`crate::dataplane`] hands its chains and sets over
-//!   ([`PolicyEngine::set_nat`]) and they are rendered in the same transactions, so a full
-//!   resync (delete + re-create the table in one `nft -f`) never drops them.
-//! - Start: the table the previous agent left in the kernel stays until the first full render
+//!   ([`PolicyEngine::set_nat`]) and they are applied in the same transactions, so a full
+//!   resync never drops them.
+//! - Start: the table the previous agent left in the kernel stays until the first full resync
 //!   replaces it in one transaction, so a restart never opens a window of allow-all.
 //! - ADD: [`PolicyEngine::endpoint_added`] puts the endpoint's chains, map entries and set
 //!   elements into the kernel before the pod has an address or a route (see `ops.rs`), so no
 //!   packet reaches or leaves the pod unpoliced.
-//! - Watch: every policy / namespace / endpoint change in the store becomes a delta script of
-//!   the chains and sets it touched. A periodic full resync (from the maintenance loop) repairs
+//! - Watch: every policy / namespace / endpoint change in the store becomes a delta of the
+//!   chains and sets it touched. A periodic full resync (from the maintenance loop) repairs
 //!   drift.
 
 use std::collections::BTreeMap;
@@ -19,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tern_model::{Kind, Resource};
-use tern_policy::{Endpoint, Incremental, PolicyKey, PolicySet, Ruleset, Script, TableChange};
+use tern_policy::{Endpoint, Incremental, PolicyKey, PolicySet, Ruleset, Script};
 use tern_store::{EventKind, Store, keys};
 
 /// Errors of policy enforcement.
@@ -44,63 +49,29 @@ pub enum PolicyAgentError {
     },
 }
 
-/// The netlink form of a table delta, or `None` when some element or rule has a shape
-/// `tern_linux::nft_netlink` does not encode (then `nft -f` applies it).
-pub fn netlink_ops(delta: &[TableChange]) -> Option<Vec<tern_linux::nft_netlink::TableOp>> {
-    use tern_linux::nft_netlink::{ElementChange, ElementOp, Rule, SetKind, TableOp};
-    delta
-        .iter()
-        .map(|c| {
-            Some(match c {
-                TableChange::Element(e) => {
-                    // Set kinds nft must handle itself (auto-merge intervals, ...) go to nft.
-                    let element = SetKind::from_spec(&e.spec)?
-                        .parse_element(&e.element)
-                        .ok()?;
-                    TableOp::Element(ElementChange {
-                        set: e.set.clone(),
-                        op: if e.add {
-                            ElementOp::Add
-                        } else {
-                            ElementOp::Delete
-                        },
-                        element,
-                    })
-                }
-                TableChange::AddChain(n) => TableOp::AddChain(n.clone()),
-                TableChange::FlushChain(n) => TableOp::FlushChain(n.clone()),
-                TableChange::DeleteChain(n) => TableOp::DeleteChain(n.clone()),
-                TableChange::AddRule { chain, rule } => TableOp::AddRule {
-                    chain: chain.clone(),
-                    rule: Rule::parse(rule)?,
-                },
-            })
-        })
-        .collect()
-}
-
 /// How [`apply_pending`] brought a change to the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     /// Nothing was pending.
     Nothing,
-    /// One nfnetlink batch (elements and endpoint chains).
+    /// A delta, as one nfnetlink batch.
     Netlink,
-    /// An `nft -f` delta script.
-    Delta,
-    /// A full resync: the table deleted and re-created in one `nft -f` transaction.
+    /// A full resync (the table deleted and re-created), as one nfnetlink batch.
     Full,
+    /// An `nft -f` script ([`run_script`]; a full resync when `full`): the fallback when the
+    /// kernel refused the netlink batch.
+    Nft { full: bool },
 }
 
 /// Applies a script with `nft -f` and commits it; a failure forgets the kernel state, so the
-/// next script is a full resync.
+/// next change is a full resync.
 pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAgentError> {
     if s.text.is_empty() {
         inc.commit(s);
         return Ok(Applied::Nothing);
     }
     log::debug!(
-        "policy: applying {} lines (full: {}): {:.200}",
+        "policy: applying {} lines with nft (full: {}): {:.200}",
         s.text.lines().count(),
         s.full,
         s.text
@@ -108,11 +79,7 @@ pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAg
     match tern_linux::nft::apply(&s.text) {
         Ok(()) => {
             inc.commit(s);
-            Ok(if s.full {
-                Applied::Full
-            } else {
-                Applied::Delta
-            })
+            Ok(Applied::Nft { full: s.full })
         }
         Err(e) => {
             inc.invalidate();
@@ -126,58 +93,68 @@ pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAg
 }
 
 /// Brings the `inet tern` table of the calling thread's network namespace to `inc`'s desired
-/// state: over netlink when the change allows ([`apply_netlink`]), else as an `nft -f` delta;
-/// a delta the kernel refuses (drift) is retried as a full resync.
+/// state as one nfnetlink batch ([`apply_netlink`]). A delta the kernel refuses (drift: a
+/// chain or set changed behind the agent's back) is retried as a full resync over netlink;
+/// a full resync the kernel refuses goes through `nft -f`, which encodes by itself.
 pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError> {
-    if let Some(how) = apply_netlink(inc) {
-        return Ok(how);
-    }
-    let s = inc.script();
-    match run_script(inc, &s) {
-        Err(e) if !s.full => {
-            log::warn!("policy: {e}; resyncing the whole table");
-            let full = inc.full_script();
-            run_script(inc, &full)
+    let mut full = match try_netlink(inc) {
+        Ok(how) => return Ok(how),
+        Err(full) => full,
+    };
+    if !full {
+        // The batch was one transaction: it changed nothing. Resync it all.
+        inc.invalidate();
+        match try_netlink(inc) {
+            Ok(how) => return Ok(how),
+            Err(f) => full = f,
         }
-        other => other,
     }
+    debug_assert!(full);
+    log::warn!("policy: the kernel refused the full resync over netlink; resyncing with nft -f");
+    let script = inc.full_script();
+    run_script(inc, &script)
 }
 
-/// Fast path of [`apply_pending`]: a delta that only adds and removes set / map elements and
-/// creates, re-fills or deletes endpoint chains (a pod joining or leaving selected sets, a
-/// local pod that policies select) goes to the kernel as one nfnetlink batch instead of
-/// `nft -f`, which would first load the whole table (15-40 ms at 1,000 policies); no script
-/// text is rendered for it. `Some` when applied (or nothing was pending) and committed; `None`
-/// when the delta is anything else (a policy's own rules, a base chain, a set declaration) or
-/// the kernel state is unknown, or on any netlink error, after which the caller applies the
-/// same delta with `nft -f` (the batch is one transaction, so a failed one changed nothing),
-/// then a full resync if that fails too.
+/// Applies the pending changes ([`Incremental::changes`]: the delta since the last commit, or
+/// the full resync when the kernel state is unknown) as one nfnetlink batch instead of
+/// `nft -f`, which would first load the whole table (tens of milliseconds at 1,000 policies);
+/// no script text is rendered. `Some` when applied (or nothing was pending) and committed;
+/// `None` when the kernel refused the batch (the batch is one transaction: nothing changed,
+/// nothing is committed).
 pub fn apply_netlink(inc: &mut Incremental) -> Option<Applied> {
-    let delta = inc.table_delta()?;
-    // Commits the dirty state; a delta script's text is never looked at by commit.
-    let done = Script {
-        text: String::new(),
-        full: false,
-    };
-    if delta.is_empty() {
-        inc.commit(&done);
-        return Some(Applied::Nothing);
+    try_netlink(inc).ok()
+}
+
+/// [`apply_netlink`]; on a refusal, whether the refused batch was a full resync.
+fn try_netlink(inc: &mut Incremental) -> Result<Applied, bool> {
+    let c = inc.changes();
+    if c.changes.is_empty() {
+        inc.commit_changes(&c);
+        return Ok(Applied::Nothing);
     }
-    let ops = netlink_ops(&delta)?;
-    let table = tern_policy::nft::TABLE
-        .strip_prefix("inet ")
-        .expect("the policy table is an inet table");
     // Like the `nft` child process it replaces, this acts in the network namespace of the
     // calling thread (the socket is cached per thread and namespace).
-    match tern_linux::nft_netlink::apply_ops_cached(table, &ops) {
+    match tern_linux::nft_netlink::apply_cached(tern_policy::nft::TABLE_NAME, &c.changes) {
         Ok(()) => {
-            log::debug!("policy: applied {} table changes over netlink", ops.len());
-            inc.commit(&done);
-            Some(Applied::Netlink)
+            log::debug!(
+                "policy: applied {} table changes over netlink (full: {})",
+                c.changes.len(),
+                c.full
+            );
+            inc.commit_changes(&c);
+            Ok(if c.full {
+                Applied::Full
+            } else {
+                Applied::Netlink
+            })
         }
         Err(e) => {
-            log::warn!("policy: netlink table update failed ({e}); retrying with nft -f");
-            None
+            log::warn!(
+                "policy: the kernel refused a netlink batch of {} changes (full: {}): {e}",
+                c.changes.len(),
+                c.full
+            );
+            Err(c.full)
         }
     }
 }
@@ -404,7 +381,7 @@ impl PolicyEngine {
             .collect()
     }
 
-    /// Number of scripts applied (full and delta).
+    /// Number of changes applied to the kernel (full resyncs and deltas).
     pub fn applies(&self) -> u64 {
         self.applies.load(Ordering::Relaxed)
     }
@@ -423,11 +400,13 @@ impl PolicyEngine {
         if how != Applied::Nothing {
             self.applies.fetch_add(1, Ordering::Relaxed);
         }
-        if how == Applied::Full {
+        if matches!(how, Applied::Full | Applied::Nft { full: true }) {
             self.full_applies.fetch_add(1, Ordering::Relaxed);
         }
     }
 
+    /// Applies `s` through `nft -f` (tests compare it with what netlink builds).
+    #[cfg(test)]
     fn run(&self, inc: &mut Incremental, s: &Script) -> Result<(), PolicyAgentError> {
         let how = run_script(inc, s)?;
         self.count(how);
@@ -440,7 +419,8 @@ impl PolicyEngine {
         Ok(())
     }
 
-    /// Re-reads everything from the store and replaces the table in one transaction.
+    /// Re-reads everything from the store and replaces the table in one transaction (one
+    /// netlink batch).
     ///
     /// A stored policy that cannot be used keeps the version enforced now (its last good
     /// one), so a resync or an upgrade never switches a policy's protection off; it is
@@ -469,9 +449,9 @@ impl PolicyEngine {
         let extra = inc.extra().clone();
         let mut next = Incremental::new(&node, set);
         next.set_extra(extra);
-        let full = next.full_script();
+        // A fresh state does not know the kernel's: its first apply is the full resync.
         *inc = next;
-        self.run(&mut inc, &full)
+        self.flush(&mut inc)
     }
 
     /// Puts a local endpoint's rules into the kernel now (called by ADD before the pod gets
@@ -1056,10 +1036,9 @@ mod tests {
         inc.upsert_endpoint(remote("198.18.0.4", "b"));
         assert_eq!(inc.pending(), 0);
         // The first filtered local pod brings the policy's chain and source set and adds the
-        // conntrack rules to the base chain: nft's job.
+        // conntrack rules to the base chain: one batch too.
         inc.upsert_endpoint(local(1));
-        assert_eq!(apply_netlink(&mut inc), None);
-        engine.flush(&mut inc).unwrap();
+        assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         let listing = table();
         assert!(listing.contains("198.18.0.4"), "{listing}");
         // A remote pod joins the source set: applied without nft, and the kernel has it.
@@ -1095,16 +1074,15 @@ mod tests {
         inc.remove_endpoint("x", "local2");
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         assert!(!chain().status.success(), "the chain was deleted");
-        // An allow-only CIDR policy gives local1 a fast-path set (declared: nft). A pod with
-        // the same policies shares that set, so its chain, with the set lookup, goes over
-        // netlink and equals what nft builds.
+        // An allow-only CIDR policy gives local1 a fast-path set (declared in the same
+        // batch). A pod with the same policies shares that set, so its chain, with the set
+        // lookup, goes over netlink and equals what nft builds.
         let cidr = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: from-net, namespace: x}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n  ingress:\n  - from:\n    - ipBlock: {cidr: 198.19.0.0/16}\n    ports:\n    - {port: 80, protocol: TCP}\n";
         let r = tern_model::parse_documents(cidr, "t.yaml")
             .unwrap()
             .remove(0);
         inc.apply(&r).unwrap();
-        assert_eq!(apply_netlink(&mut inc), None);
-        engine.flush(&mut inc).unwrap();
+        assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         inc.upsert_endpoint(local(3));
         assert_eq!(apply_netlink(&mut inc), Some(Applied::Netlink));
         let chain3 = || list_chain("ep-in-ternlocal3");
@@ -1127,6 +1105,112 @@ mod tests {
         assert_eq!(engine.full_applies(), fulls + 1);
         let listing = table();
         assert!(listing.contains("198.18.0.7"), "{listing}");
+    }
+
+    #[test]
+    fn policy_activation_and_deactivation_are_one_netlink_batch_each() {
+        in_private_netns(activation_in_private_netns);
+    }
+
+    /// The table as `nft -j` lists it, handles removed and elements sorted: comparable
+    /// between a table built over netlink and one built by `nft -f`.
+    fn table_json() -> String {
+        fn normalise(v: &mut serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    m.remove("handle");
+                    for (k, x) in m.iter_mut() {
+                        normalise(x);
+                        if (k == "elem" || k == "set")
+                            && let serde_json::Value::Array(a) = x
+                        {
+                            a.sort_by_key(|e| e.to_string());
+                        }
+                    }
+                }
+                serde_json::Value::Array(a) => a.iter_mut().for_each(normalise),
+                _ => {}
+            }
+        }
+        let out = std::process::Command::new("nft")
+            .args(["-j", "list", "table", "inet", "tern"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let mut v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        normalise(&mut v);
+        // Objects list in the order the kernel created them, which differs between a delta
+        // and a full resync: order them by kind and name, rules of a chain kept in order.
+        if let Some(a) = v["nftables"].as_array_mut() {
+            a.sort_by_key(|o| {
+                let (kind, body) = o.as_object().and_then(|m| m.iter().next()).unwrap();
+                let name = body.get("chain").or(body.get("name")).cloned();
+                (kind.clone(), name.map(|n| n.to_string()))
+            });
+        }
+        serde_json::to_string_pretty(&v).unwrap()
+    }
+
+    /// A NetworkPolicy that selects local pods becomes active (its chain, a new selector set
+    /// with its members, a named-port set, an anonymous CIDR set, the pods' chains rewritten,
+    /// the conntrack rules of the base chain) in one netlink batch, and the kernel then holds
+    /// what `nft -f` makes of the same desired table; deleting it is one batch too.
+    fn activation_in_private_netns() {
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        for (name, ifname, ip) in [
+            ("w1", "ternw1", "198.18.0.9"),
+            ("w2", "ternw2", "198.18.0.10"),
+        ] {
+            let (k, v) = wep(name, "n1", "{app: w}", ifname, ip);
+            store.put(&k, &v).unwrap();
+        }
+        for i in 0..20 {
+            let (k, v) = wep(
+                &format!("c{i}"),
+                "n2",
+                "{role: client}",
+                &format!("ternc{i}"),
+                &format!("198.18.1.{}", i + 1),
+            );
+            store.put(&k, &v).unwrap();
+        }
+        let engine = PolicyEngine::load(store, "n1").unwrap();
+        engine.resync().unwrap();
+        assert_eq!(engine.full_applies(), 1);
+        let yaml = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: clients, namespace: x}\nspec:\n  podSelector: {matchLabels: {app: w}}\n  policyTypes: [Ingress, Egress]\n  ingress:\n  - from:\n    - podSelector: {matchLabels: {role: client}}\n    ports:\n    - {port: 8080, protocol: TCP}\n  - from:\n    - ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16, 10.2.0.0/16]}\n  egress:\n  - to:\n    - ipBlock: {cidr: 0.0.0.0/0}\n";
+        let r = tern_model::parse_documents(yaml, "t.yaml")
+            .unwrap()
+            .remove(0);
+        let mut inc = engine.state.lock().unwrap();
+        let before = table_json();
+        inc.apply(&r).unwrap();
+        let key = tern_policy::policy_key(&r).unwrap();
+        assert!(inc.is_active(&key));
+        let d = inc.table_delta().expect("a delta");
+        assert!(
+            d.iter()
+                .any(|c| matches!(c, tern_policy::TableChange::AddSet { name, .. } if name.starts_with("sel-"))),
+            "{d:#?}"
+        );
+        assert_eq!(apply_pending(&mut inc).unwrap(), Applied::Netlink);
+        assert_eq!(inc.pending(), 0);
+        let by_netlink = table_json();
+        assert!(by_netlink.contains("198.18.1.20"), "{by_netlink}");
+        // The two adjacent exceptions, merged as nft merges an anonymous set's ranges.
+        assert!(by_netlink.contains("10.2.255.255"), "{by_netlink}");
+        let full = inc.full_script();
+        engine.run(&mut inc, &full).unwrap();
+        assert_eq!(table_json(), by_netlink, "netlink and nft -f disagree");
+        // Deactivation: back to the table before, in one batch.
+        inc.remove(Kind::K8sNetworkPolicy, Some("x"), "clients");
+        assert!(!inc.is_active(&key));
+        assert_eq!(apply_pending(&mut inc).unwrap(), Applied::Netlink);
+        assert_eq!(table_json(), before);
+        assert_eq!(
+            engine.full_applies(),
+            2,
+            "the first apply and the nft -f comparison: no full resync on the way"
+        );
     }
 
     fn events_in_private_netns() {

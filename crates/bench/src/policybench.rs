@@ -2,7 +2,7 @@
 //! over 1,000 local endpoints (plus remote endpoints feeding selector sets) into the `inet tern`
 //! table of a private network namespace (`ip netns`, uniquely named, deleted even on failure),
 //! then times incremental changes end to end, applied as ternd applies them (model update, then
-//! one netlink batch or an `nft -f` script):
+//! one netlink batch, `nft -f` only if the kernel refuses it):
 //! a remote pod joining selected sets, a local pod joining (its chains, map entries, set
 //! elements), and one policy added. Target: an incremental change <= 10 ms.
 
@@ -142,7 +142,7 @@ fn policy(i: u32, ipblocks: bool) -> Resource {
 }
 
 /// One incremental change timed end to end the way ternd applies it
-/// (`tern_agent::policy::apply_pending`: netlink when the change allows, else `nft -f`); runs on
+/// (`tern_agent::policy::apply_pending`: one netlink batch, `nft -f` if the kernel refuses it); runs on
 /// a thread inside the bench's namespace. Returns the time and the path taken.
 fn timed(
     inc: &mut Incremental,
@@ -165,8 +165,9 @@ fn paths(v: &[Applied]) -> String {
         .map(|a| match a {
             Applied::Nothing => "nothing to do",
             Applied::Netlink => "netlink",
-            Applied::Delta => "nft -f delta",
-            Applied::Full => "nft -f full",
+            Applied::Full => "netlink full",
+            Applied::Nft { full: false } => "nft -f delta",
+            Applied::Nft { full: true } => "nft -f full",
         })
         .collect();
     names.sort_unstable();

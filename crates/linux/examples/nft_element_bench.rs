@@ -13,7 +13,8 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use tern_linux::nft_netlink::{ElementChange, ElementOp, NftSocket, SetKind};
+use tern_linux::nft_netlink::NftSocket;
+use tern_nft::{Element, ElementChange, Family, Key, SetType, TableChange};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -82,11 +83,16 @@ fn main() {
             "table: {chains} chains + {chains} sets, built with nft -f in {:?}",
             t.elapsed()
         );
-        let kind = SetKind::from_spec("type ipv4_addr;").unwrap();
-        let change = |set: usize, op, ip: Ipv4Addr| ElementChange {
-            set: format!("sel-{set}-v4"),
-            op,
-            element: kind.parse_element(&ip.to_string()).unwrap(),
+        let change = |set: usize, add, ip: Ipv4Addr| {
+            TableChange::Element(ElementChange {
+                set: format!("sel-{set}-v4"),
+                set_type: SetType::addr(Family::V4),
+                add,
+                element: Element {
+                    key: Key::Addr(ip.into()),
+                    verdict: None,
+                },
+            })
         };
         let ip = |k: usize| Ipv4Addr::new(198, 19, (k / 250) as u8, (k % 250) as u8 + 1);
         let mut sock = NftSocket::new().expect("nfnetlink socket");
@@ -96,8 +102,8 @@ fn main() {
         for k in 0..samples {
             let set = (k * 7919) % chains;
             // Built inside each timed step, as the agent builds its changes.
-            let add = || [change(set, ElementOp::Add, ip(k))];
-            let del = || [change(set, ElementOp::Delete, ip(k))];
+            let add = || [change(set, true, ip(k))];
+            let del = || [change(set, false, ip(k))];
             let nft = |verb: &str| {
                 let script = format!("{verb} element inet tern sel-{set}-v4 {{ {} }}\n", ip(k));
                 tern_linux::nft::apply(&script).unwrap();
@@ -120,8 +126,7 @@ fn main() {
             });
             timed(&mut nft_del, || nft("delete"));
             timed(&mut nft_add, || nft("add"));
-            sock.apply("tern", &[change(set, ElementOp::Delete, ip(k))])
-                .unwrap();
+            sock.apply("tern", &[change(set, false, ip(k))]).unwrap();
         }
         report("netlink add element", nl_add);
         report("netlink delete element", nl_del);

@@ -3,7 +3,8 @@
 //!
 //! - [`netns`]: open / enter / create network namespaces without ever moving the caller's thread;
 //! - [`netlink`]: a hand-rolled rtnetlink client (links, addresses, routes, neighbours, FDB);
-//! - [`nft_netlink`]: nftables set-element updates as one nfnetlink batch (no `nft` process);
+//! - [`nft`]: `nft -f` (the full-resync fallback) and `nft list`;
+//! - [`nft_netlink`]: the `inet tern` table's changes (`tern-nft`) as one nfnetlink batch, no `nft`;
 //! - [`sysctl`]: `/proc/sys` of the current thread's namespace;
 //! - [`veth`]: the Calico-style pod wiring (veth pair, proxy-ARP, /32 host routes) used by ADD,
 //!   DEL and CHECK.

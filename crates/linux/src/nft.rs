@@ -1,6 +1,8 @@
 //! nftables through the `nft` command: a ruleset is applied as one atomic transaction
 //! (`nft -f -`), so the kernel never sees half of it. `nft` runs in the caller's network
 //! namespace (a child process inherits it), so callers in a node namespace program that node.
+//! tern's own table goes over netlink ([`crate::nft_netlink`]); `nft -f` of its rendered text
+//! is the fallback when the kernel refuses a batch.
 
 use std::io::Write;
 use std::process::{Command, Stdio};

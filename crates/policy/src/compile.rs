@@ -22,17 +22,20 @@
 //!   `address . port`. Pods coming and going only change elements of these.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::net::IpAddr;
 
-use ipnet::IpNet;
 use sha1::{Digest, Sha1};
 use tern_model::{Action, Port, Protocol};
+use tern_nft::{
+    Addr, AddrField, BaseChain, Chain, ChainPolicy, ChainType, CtState, DataType, Hook, Iface, Key,
+    L4Proto, Match, PortRange, Rule, Ruleset, Set, SetType, Stmt, Verdict,
+};
 
 use crate::model::{
-    Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match, PolicyKey, PolicySet,
+    Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match as Side, PolicyKey, PolicySet,
 };
-use crate::nft::{Chain, Ruleset, Set};
+
+/// Address family of a compiled set or rule.
+pub use tern_nft::Family;
 
 /// Packet mark bit meaning "a policy allowed this packet in the current direction".
 pub const ALLOW_MARK: u32 = 0x0001_0000;
@@ -76,13 +79,6 @@ pub fn endpoint_chain(ep: &Endpoint, dir: Direction) -> String {
     }
 }
 
-/// Address family of a compiled set or rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    V4,
-    V6,
-}
-
 /// What a compiled address set holds, so its elements can be recomputed for one endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetSource {
@@ -94,7 +90,7 @@ pub enum SetSource {
 
 impl SetSource {
     /// The elements `ep` contributes to the set.
-    pub fn elements(&self, set: &PolicySet, ep: &Endpoint) -> Vec<String> {
+    pub fn elements(&self, set: &PolicySet, ep: &Endpoint) -> Vec<Key> {
         match self {
             SetSource::Selector(sel, fam) => {
                 if !set.selects(sel, ep) {
@@ -103,7 +99,7 @@ impl SetSource {
                 ep.ips
                     .iter()
                     .filter(|ip| Family::of(ip) == *fam)
-                    .map(ToString::to_string)
+                    .map(|ip| Key::Addr(*ip))
                     .collect()
             }
             SetSource::NamedPort(port, proto, fam) => {
@@ -114,7 +110,7 @@ impl SetSource {
                     .filter(|cp| &cp.name == port && cp.protocol == *proto)
                 {
                     for ip in ep.ips.iter().filter(|ip| Family::of(ip) == *fam) {
-                        out.push(format!("{ip} . {}", cp.port));
+                        out.push(Key::AddrPort(*ip, cp.port));
                     }
                 }
                 out
@@ -123,50 +119,32 @@ impl SetSource {
     }
 }
 
-impl Family {
-    pub(crate) fn of(ip: &IpAddr) -> Family {
-        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
-    }
-    pub(crate) fn of_net(n: &IpNet) -> Family {
-        Family::of(&n.addr())
-    }
-    pub(crate) fn suffix(self) -> &'static str {
-        match self {
-            Family::V4 => "v4",
-            Family::V6 => "v6",
-        }
-    }
-    pub(crate) fn kw(self) -> &'static str {
-        match self {
-            Family::V4 => "ip",
-            Family::V6 => "ip6",
-        }
-    }
-    fn addr_type(self) -> &'static str {
-        match self {
-            Family::V4 => "ipv4_addr",
-            Family::V6 => "ipv6_addr",
-        }
+/// The suffix of a family's set names: `v4` or `v6`.
+pub(crate) fn family_suffix(fam: Family) -> &'static str {
+    match fam {
+        Family::V4 => "v4",
+        Family::V6 => "v6",
     }
 }
 
-fn proto_name(p: Protocol, fam: Family) -> Option<String> {
+/// The protocol as `meta l4proto` matches it in a family, or `None` when it cannot occur
+/// there (ICMP in IPv6, ICMPv6 in IPv4).
+fn l4proto(p: Protocol, fam: Family) -> Option<L4Proto> {
     Some(match p {
-        Protocol::Tcp => "tcp".into(),
-        Protocol::Udp => "udp".into(),
-        Protocol::Sctp => "sctp".into(),
-        Protocol::UdpLite => "udplite".into(),
-        Protocol::Icmp if fam == Family::V4 => "icmp".into(),
-        Protocol::IcmpV6 if fam == Family::V6 => "ipv6-icmp".into(),
+        Protocol::Tcp => L4Proto::Tcp,
+        Protocol::Udp => L4Proto::Udp,
+        Protocol::Sctp => L4Proto::Sctp,
+        Protocol::UdpLite => L4Proto::UdpLite,
+        Protocol::Icmp if fam == Family::V4 => L4Proto::Icmp,
+        Protocol::IcmpV6 if fam == Family::V6 => L4Proto::Icmpv6,
         Protocol::Icmp | Protocol::IcmpV6 => return None,
-        Protocol::Number(n) => n.to_string(),
+        Protocol::Number(n) => L4Proto::Number(n),
     })
 }
 
-fn port_text(p: &Port) -> Option<String> {
+fn port_range(p: &Port) -> Option<PortRange> {
     match p {
-        Port::Range(a, b) if a == b => Some(a.to_string()),
-        Port::Range(a, b) => Some(format!("{a}-{b}")),
+        Port::Range(a, b) => Some(PortRange::new(*a, *b)),
         Port::Named(_) => None,
     }
 }
@@ -182,20 +160,32 @@ pub fn endpoint_map(dir: Direction) -> &'static str {
 /// Name of a fast-path set (see [`crate::fastpath`]) for a direction and family, derived from
 /// its elements: endpoints whose policies give them the same fast path share one set, so a
 /// pod like one already on the node adds no set (and its chain can go over netlink).
-pub fn fast_path_set(dir: Direction, fam: Family, elements: &BTreeMap<String, String>) -> String {
+pub fn fast_path_set(
+    dir: Direction,
+    fam: Family,
+    elements: &BTreeMap<Key, Option<Verdict>>,
+) -> String {
     let d = match dir {
         Direction::Ingress => "in",
         Direction::Egress => "out",
     };
     // Endpoints sharing a name share the set, so the name must not collide for different
     // contents even when a policy author tries to: a cryptographic digest, not short_hash.
+    // Over the elements' nft text in text order, so names stay what they were when the
+    // elements were text.
+    let mut texts: Vec<String> = elements.keys().map(ToString::to_string).collect();
+    texts.sort_unstable();
     let mut h = Sha1::new();
-    for k in elements.keys() {
+    for k in &texts {
         h.update(k.as_bytes());
         h.update(b",");
     }
     let digest = h.finalize();
-    format!("fp-{d}-{}-{}", hex::encode(&digest[..16]), fam.suffix())
+    format!(
+        "fp-{d}-{}-{}",
+        hex::encode(&digest[..16]),
+        family_suffix(fam)
+    )
 }
 
 /// What a local endpoint has in the table for one direction: its chain (`None` when no
@@ -220,15 +210,15 @@ pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
         }
         let name = fast_path_set(dir, fam, &elements);
         let field = match dir {
-            Direction::Ingress => "saddr",
-            Direction::Egress => "daddr",
+            Direction::Ingress => AddrField::Saddr,
+            Direction::Egress => AddrField::Daddr,
         };
-        fast.push(format!(
-            "{} {field} . meta l4proto . th dport @{name}",
-            fam.kw()
-        ));
+        fast.push(Match::AddrProtoDportInSet {
+            addr: Addr { family: fam, field },
+            set: name.clone(),
+        });
         let set = Set {
-            spec: crate::fastpath::set_spec(fam),
+            set_type: crate::fastpath::set_type(fam),
             elements,
         };
         sets.push((name, set));
@@ -242,10 +232,12 @@ pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
 /// The chain of a local endpoint for a direction, given the policies that apply to it in
 /// evaluation order and the fast-path matches to try first; `None` when no policy applies (the
 /// endpoint is not filtered).
-pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[String]) -> Option<Chain> {
+pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[Match]) -> Option<Chain> {
     if pols.is_empty() {
         return None;
     }
+    let verdict = |v| vec![Stmt::Verdict(v)];
+    let jump = |p: &IrPolicy| Rule::verdict(Verdict::Jump(policy_chain(p, dir)));
     let mut rules = Vec::new();
     match dir {
         // Ingress: a policy that allows accepts the packet itself (nothing comes after the
@@ -253,44 +245,64 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[String])
         // jump graph the kernel re-validates when a chain is added.
         Direction::Ingress => {
             for m in fast {
-                rules.push(format!("{m} accept"));
+                rules.push(Rule::new(vec![m.clone()], verdict(Verdict::Accept)));
             }
-            for p in pols {
-                rules.push(format!("jump {}", policy_chain(p, dir)));
-            }
+            rules.extend(pols.iter().map(|p| jump(p)));
         }
         // Egress: an allowed packet goes back to the base chain, which checks the receiver's
         // ingress; the policy chain marks it and returns, and the mark ends the walk here.
         Direction::Egress => {
-            rules.push(format!("meta mark set meta mark and {:#010x}", !ALLOW_MARK));
+            rules.push(Rule::new(Vec::new(), vec![Stmt::MarkAnd(!ALLOW_MARK)]));
             for m in fast {
-                rules.push(format!("{m} return"));
+                rules.push(Rule::new(vec![m.clone()], verdict(Verdict::Return)));
             }
             for p in pols {
-                rules.push(format!("jump {}", policy_chain(p, dir)));
-                rules.push(format!(
-                    "meta mark and {ALLOW_MARK:#x} == {ALLOW_MARK:#x} return"
+                rules.push(jump(p));
+                rules.push(Rule::new(
+                    vec![Match::MarkAll(ALLOW_MARK)],
+                    verdict(Verdict::Return),
                 ));
             }
         }
     }
-    rules.push("drop".into());
-    Some(Chain { base: None, rules })
+    rules.push(Rule::verdict(Verdict::Drop));
+    Some(Chain::regular(rules))
 }
 
 /// The rules of the forward base chain. Conntrack is only asked for while some local endpoint
 /// is filtered: a `ct` expression makes the kernel track every forwarded packet of the node,
 /// which an unfiltered node should not pay for.
-pub fn forward_rules(filtering: bool) -> Vec<String> {
+pub fn forward_rules(filtering: bool) -> Vec<Rule> {
     let mut rules = Vec::new();
     if filtering {
-        rules.push("ct state established,related accept".into());
-        rules.push("ct state invalid drop".into());
+        rules.push(Rule::new(
+            vec![Match::CtState(CtState::ESTABLISHED.or(CtState::RELATED))],
+            vec![Stmt::Verdict(Verdict::Accept)],
+        ));
+        rules.push(Rule::new(
+            vec![Match::CtState(CtState::INVALID)],
+            vec![Stmt::Verdict(Verdict::Drop)],
+        ));
     }
-    rules.push(format!("iifname vmap @{EGRESS_MAP}"));
-    rules.push(format!("oifname vmap @{INGRESS_MAP}"));
+    for (iface, map) in [(Iface::In, EGRESS_MAP), (Iface::Out, INGRESS_MAP)] {
+        rules.push(Rule::new(
+            Vec::new(),
+            vec![Stmt::Vmap {
+                iface,
+                map: map.to_string(),
+            }],
+        ));
+    }
     rules
 }
+
+/// The forward base chain: hook forward, priority -5 (before the usual filter chains).
+pub const FORWARD_BASE: BaseChain = BaseChain {
+    chain_type: ChainType::Filter,
+    hook: Hook::Forward,
+    priority: -5,
+    policy: ChainPolicy::Accept,
+};
 
 /// Sets the forward chain's rules from whether any endpoint map has an entry; true if they
 /// changed.
@@ -338,13 +350,13 @@ pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
             let name = endpoint_chain(ep, dir);
             c.rs.chains.insert(name.clone(), chain);
             if let Some(m) = c.rs.sets.get_mut(endpoint_map(dir)) {
-                m.insert_mapping(format!("\"{}\"", ep.interface), &format!("jump {name}"));
+                m.insert_mapping(Key::Ifname(ep.interface.clone()), Verdict::Jump(name));
             }
         }
     }
     for ((name, _), (p, dir)) in needed {
         let rules = c.policy_rules(p, dir);
-        c.rs.chains.insert(name, Chain { base: None, rules });
+        c.rs.chains.insert(name, Chain::regular(rules));
     }
     sync_forward_chain(&mut c.rs);
     c.rs
@@ -370,27 +382,31 @@ impl<'a> Compiler<'a> {
         self.rs.chains.insert(
             FORWARD_CHAIN.into(),
             Chain {
-                base: Some("type filter hook forward priority -5; policy accept;".into()),
+                base: Some(FORWARD_BASE),
                 rules: forward_rules(false),
             },
         );
         for m in [INGRESS_MAP, EGRESS_MAP] {
             self.rs
                 .sets
-                .insert(m.into(), Set::new("type ifname : verdict;"));
+                .insert(m.into(), Set::new(SetType::ifname_vmap()));
         }
     }
 
     /// The address set of an endpoint selector for a family, created on first use.
     fn selector_set(&mut self, sel: &EndpointSelector, fam: Family) -> String {
-        let name = format!("sel-{}-{}", short_hash(&sel.canonical()), fam.suffix());
+        let name = format!(
+            "sel-{}-{}",
+            short_hash(&sel.canonical()),
+            family_suffix(fam)
+        );
         self.used
             .insert(name.clone(), SetSource::Selector(sel.clone(), fam));
         if !self.rs.sets.contains_key(&name) {
-            let mut s = Set::new(format!("type {};", fam.addr_type()));
+            let mut s = Set::new(SetType::addr(fam));
             for ep in self.set.endpoints_selected(sel) {
                 for ip in ep.ips.iter().filter(|ip| Family::of(ip) == fam) {
-                    s.insert(ip.to_string());
+                    s.insert(Key::Addr(*ip));
                 }
             }
             self.rs.sets.insert(name.clone(), s);
@@ -403,14 +419,14 @@ impl<'a> Compiler<'a> {
         let name = format!(
             "np-{}-{}",
             short_hash(&format!("{port}/{}", proto.number())),
-            fam.suffix()
+            family_suffix(fam)
         );
         self.used.insert(
             name.clone(),
             SetSource::NamedPort(port.to_string(), proto, fam),
         );
         if !self.rs.sets.contains_key(&name) {
-            let mut s = Set::new(format!("type {} . inet_service;", fam.addr_type()));
+            let mut s = Set::new(named_port_set_type(fam));
             for ep in self.set.endpoints_with_port(port) {
                 for cp in ep
                     .ports
@@ -418,7 +434,7 @@ impl<'a> Compiler<'a> {
                     .filter(|cp| cp.name == port && cp.protocol == proto)
                 {
                     for ip in ep.ips.iter().filter(|ip| Family::of(ip) == fam) {
-                        s.insert(format!("{ip} . {}", cp.port));
+                        s.insert(Key::AddrPort(*ip, cp.port));
                     }
                 }
             }
@@ -427,90 +443,119 @@ impl<'a> Compiler<'a> {
         name
     }
 
-    /// Match text of one side, or `None` when it cannot match in this family.
-    fn side(&mut self, m: &Match, fam: Family, field: &str) -> Option<String> {
-        let kw = fam.kw();
-        let mut out = String::new();
+    /// The matches of one side, or `None` when it cannot match in this family.
+    fn side(&mut self, m: &Side, fam: Family, field: AddrField) -> Option<Vec<Match>> {
+        let addr = Addr { family: fam, field };
+        let mut out = Vec::new();
         if let Some(sel) = &m.endpoints {
-            let s = self.selector_set(sel, fam);
-            let _ = write!(out, " {kw} {field} @{s}");
+            let set = self.selector_set(sel, fam);
+            out.push(Match::AddrInSet {
+                addr,
+                negate: false,
+                set,
+            });
         }
         if !m.nets.is_empty() {
-            let nets: Vec<String> = m
+            let nets: Vec<_> = m
                 .nets
                 .iter()
                 .filter(|n| Family::of_net(n) == fam)
-                .map(ToString::to_string)
+                .copied()
                 .collect();
             if nets.is_empty() {
                 return None;
             }
-            let _ = write!(out, " {kw} {field} {{ {} }}", nets.join(", "));
+            out.push(Match::AddrInNets {
+                addr,
+                negate: false,
+                nets,
+            });
         }
-        let not: Vec<String> = m
+        let not: Vec<_> = m
             .not_nets
             .iter()
             .filter(|n| Family::of_net(n) == fam)
-            .map(ToString::to_string)
+            .copied()
             .collect();
         if !not.is_empty() {
-            let _ = write!(out, " {kw} {field} != {{ {} }}", not.join(", "));
+            out.push(Match::AddrInNets {
+                addr,
+                negate: true,
+                nets: not,
+            });
         }
         Some(out)
     }
 
-    pub(crate) fn policy_rules(&mut self, p: &IrPolicy, dir: Direction) -> Vec<String> {
+    pub(crate) fn policy_rules(&mut self, p: &IrPolicy, dir: Direction) -> Vec<Rule> {
         let mut out = Vec::new();
         let rules: Vec<IrRule> = p.rules(dir).unwrap_or_default().to_vec();
         for (i, r) in rules.iter().enumerate() {
             let verdict = match r.action {
-                Action::Allow | Action::Pass if dir == Direction::Ingress => "accept".into(),
-                Action::Allow | Action::Pass => {
-                    format!("meta mark set meta mark or {ALLOW_MARK:#x} return")
+                Action::Allow | Action::Pass if dir == Direction::Ingress => {
+                    vec![Stmt::Verdict(Verdict::Accept)]
                 }
-                Action::Deny => "drop".into(),
-                Action::Log => format!(
-                    "log prefix \"tern {}-{}{i}: \"",
-                    short_hash(&p.key.to_string()),
-                    if dir == Direction::Ingress { "i" } else { "e" }
-                ),
+                Action::Allow | Action::Pass => {
+                    vec![Stmt::MarkOr(ALLOW_MARK), Stmt::Verdict(Verdict::Return)]
+                }
+                Action::Deny => vec![Stmt::Verdict(Verdict::Drop)],
+                Action::Log => vec![Stmt::Log {
+                    prefix: format!(
+                        "tern {}-{}{i}: ",
+                        short_hash(&p.key.to_string()),
+                        if dir == Direction::Ingress { "i" } else { "e" }
+                    ),
+                }],
             };
             for fam in [Family::V4, Family::V6] {
-                let proto = match r.protocol {
-                    Some(pr) => match proto_name(pr, fam) {
-                        Some(n) => format!(" meta l4proto {n}"),
+                let mut head = Vec::new();
+                if let Some(pr) = r.protocol {
+                    match l4proto(pr, fam) {
+                        Some(p) => head.push(Match::L4Proto(p)),
                         None => continue,
-                    },
-                    None => String::new(),
-                };
-                let Some(src) = self.side(&r.src, fam, "saddr") else {
+                    }
+                }
+                let Some(src) = self.side(&r.src, fam, AddrField::Saddr) else {
                     continue;
                 };
-                let Some(dst) = self.side(&r.dst, fam, "daddr") else {
+                let Some(dst) = self.side(&r.dst, fam, AddrField::Daddr) else {
                     continue;
                 };
-                let head = format!("{proto}{src}{dst}");
+                head.extend(src);
+                head.extend(dst);
                 let mut variants = Vec::new();
                 if r.dst.ports.is_empty() {
-                    variants.push(String::new());
+                    variants.push(None);
                 } else {
-                    let nums: Vec<String> = r.dst.ports.iter().filter_map(port_text).collect();
+                    let nums: Vec<PortRange> = r.dst.ports.iter().filter_map(port_range).collect();
                     if !nums.is_empty() {
-                        variants.push(format!(" th dport {{ {} }}", nums.join(", ")));
+                        variants.push(Some(Match::DportIn(nums)));
                     }
                     for port in &r.dst.ports {
                         if let (Port::Named(n), Some(pr)) = (port, r.protocol) {
-                            let s = self.named_port_set(n, pr, fam);
-                            variants.push(format!(" {} daddr . th dport @{s}", fam.kw()));
+                            let set = self.named_port_set(n, pr, fam);
+                            variants.push(Some(Match::AddrDportInSet {
+                                addr: Addr::daddr(fam),
+                                set,
+                            }));
                         }
                     }
                 }
                 for v in variants {
-                    let text = format!("{head}{v} {verdict}");
-                    out.push(text.trim_start().to_string());
+                    let mut matches = head.clone();
+                    matches.extend(v);
+                    out.push(Rule::new(matches, verdict.clone()));
                 }
             }
         }
         out
     }
+}
+
+/// The declaration of a named-port set: `addr . inet_service`.
+pub fn named_port_set_type(fam: Family) -> SetType {
+    SetType::of(match fam {
+        Family::V4 => &[DataType::Ipv4Addr, DataType::InetService],
+        Family::V6 => &[DataType::Ipv6Addr, DataType::InetService],
+    })
 }

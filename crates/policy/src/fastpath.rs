@@ -22,6 +22,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use tern_model::{Action, Port, Protocol};
+use tern_nft::{AddrRange, DataType, Key, PortRange, SetType, Span, Verdict};
 
 use crate::compile::Family;
 use crate::model::{Direction, IrPolicy};
@@ -245,68 +246,44 @@ fn addr_of(v: u128, fam: Family) -> IpAddr {
     }
 }
 
-/// `10.0.0.0/8`, `10.0.0.1` or `10.0.0.1-10.0.0.5`.
-fn addr_text(r: Range<u128>, fam: Family) -> String {
-    let (a, b) = (addr_of(r.0, fam), addr_of(r.1, fam));
-    if r.0 == r.1 {
-        return a.to_string();
-    }
-    let size = r.1 - r.0;
-    if size
-        .checked_add(1)
-        .is_some_and(|n| n.is_power_of_two() && r.0.is_multiple_of(n))
-        || (r.0 == 0 && r.1 == u128::MAX)
-    {
-        let bits = match fam {
-            Family::V4 => 32,
-            Family::V6 => 128,
-        };
-        let prefix = bits - (size.count_ones() as u8);
-        return format!("{a}/{prefix}");
-    }
-    format!("{a}-{b}")
-}
-
-fn range_text<T: std::fmt::Display + PartialEq>(r: &Range<T>) -> String {
-    if r.0 == r.1 {
-        r.0.to_string()
-    } else {
-        format!("{}-{}", r.0, r.1)
+/// The element of a box: `10.0.0.0/8 . 6 . 80-90` in nft text.
+pub fn element(b: &Box3, fam: Family) -> Key {
+    Key::AddrProtoPort {
+        addr: AddrRange {
+            first: addr_of(b.addr.0, fam),
+            last: addr_of(b.addr.1, fam),
+        },
+        proto: Span::new(b.proto.0, b.proto.1),
+        port: PortRange::new(b.port.0, b.port.1),
     }
 }
 
-/// The nft element text of a box: `10.0.0.0/8 . 6 . 80-90`.
-pub fn element_text(b: &Box3, fam: Family) -> String {
-    format!(
-        "{} . {} . {}",
-        addr_text(b.addr, fam),
-        range_text(&b.proto),
-        range_text(&b.port)
-    )
+/// The fast-path set's declaration for a family:
+/// `type ipv4_addr . inet_proto . inet_service; flags interval;`.
+pub fn set_type(fam: Family) -> SetType {
+    SetType::of(match fam {
+        Family::V4 => &[
+            DataType::Ipv4Addr,
+            DataType::InetProto,
+            DataType::InetService,
+        ],
+        Family::V6 => &[
+            DataType::Ipv6Addr,
+            DataType::InetProto,
+            DataType::InetService,
+        ],
+    })
+    .interval()
 }
 
-/// The fast-path set's declaration body for a family.
-pub fn set_spec(fam: Family) -> String {
-    format!(
-        "type {} . inet_proto . inet_service; flags interval;",
-        match fam {
-            Family::V4 => "ipv4_addr",
-            Family::V6 => "ipv6_addr",
-        }
-    )
-}
-
-/// The fast-path elements (nft text, keyed by themselves) of policies `pols` for a direction
-/// and family; empty when there is no fast path.
-pub fn elements(pols: &[&IrPolicy], dir: Direction, fam: Family) -> BTreeMap<String, String> {
+/// The fast-path elements of policies `pols` for a direction and family; empty when there is
+/// no fast path.
+pub fn elements(pols: &[&IrPolicy], dir: Direction, fam: Family) -> BTreeMap<Key, Option<Verdict>> {
     boxes(pols, dir, fam)
         .map(|b| disjoint(&b, fam))
         .unwrap_or_default()
         .iter()
-        .map(|b| {
-            let t = element_text(b, fam);
-            (t.clone(), t)
-        })
+        .map(|b| (element(b, fam), None))
         .collect()
 }
 
@@ -386,6 +363,15 @@ mod tests {
         );
     }
 
+    /// The nft text of a box's address range.
+    fn addr_text(r: Range<u128>, fam: Family) -> String {
+        AddrRange {
+            first: addr_of(r.0, fam),
+            last: addr_of(r.1, fam),
+        }
+        .to_string()
+    }
+
     #[test]
     fn element_texts_use_prefixes_when_they_can() {
         let t = |a, bb| addr_text((a, bb), Family::V4);
@@ -395,7 +381,7 @@ mod tests {
         assert_eq!(t(0, u128::from(u32::MAX)), "0.0.0.0/0");
         assert_eq!(addr_text((0, u128::MAX), Family::V6), "::/0");
         assert_eq!(
-            element_text(&b((1, 1), (0, 255), (0, 65535)), Family::V4),
+            element(&b((1, 1), (0, 255), (0, 65535)), Family::V4).to_string(),
             "0.0.0.1 . 0-255 . 0-65535"
         );
     }

@@ -1,5 +1,6 @@
 //! Incremental compilation: the desired `inet tern` ruleset of one node kept up to date change
-//! by change, and the `nft -f` script that brings the kernel from the last applied state to it.
+//! by change, and the [`TableChange`]s (one transaction: a netlink batch, or their `nft -f`
+//! [`Script`]) that bring the kernel from the last applied state to it.
 //!
 //! What is compiled is exactly what [`crate::compile()`] puts in the table: the chains of the
 //! *active* policies only, those that select at least one local endpoint (as Calico's Felix
@@ -19,20 +20,22 @@
 //! inactive when the last one goes (its chains go, and the sets no other active policy uses).
 //! A policy change recompiles that policy's chains (if it is active) and the chains of the
 //! local endpoints it selected before or selects now. A namespace change (labels feed namespace
-//! selectors) rebuilds everything, then applies only what differs. Scripts only touch the
+//! selectors) rebuilds everything, then applies only what differs. Deltas only touch the
 //! chains and sets that changed since the last commit ("dirty"), so their size and the kernel's
 //! work are O(change).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tern_model::{Kind, Resource};
+use tern_nft::{
+    Chain, Element, ElementChange, ElementOrder, Key, Pair, Ruleset, Set, TableChange, Verdict,
+};
 
 use crate::PolicyError;
 use crate::compile::{
     Compiler, SetSource, endpoint_chain, endpoint_map, endpoint_parts, policy_key_chain,
 };
 use crate::model::{Direction, Endpoint, PolicyKey, PolicySet};
-use crate::nft::{Chain, Ruleset, Set};
 
 const DIRS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
@@ -43,27 +46,12 @@ pub struct Script {
     pub full: bool,
 }
 
-/// One element added to or removed from a set or map, as [`Incremental::element_delta`]
-/// reports it: the set's name and declaration body (`type ipv4_addr;`) and the element's nft
-/// text (`10.0.0.1`, `10.0.0.1 . 8080`, `"tern1" : jump ep-in-tern1`).
+/// The pending change as table changes, in the order one transaction applies them: a delta,
+/// or (`full`) the full resync that deletes and re-creates the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ElementChange {
-    pub set: String,
-    pub spec: String,
-    /// True to add, false to remove.
-    pub add: bool,
-    pub element: String,
-}
-
-/// One change of [`Incremental::table_delta`], in nft terms: rules are rule text as in a
-/// chain body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TableChange {
-    Element(ElementChange),
-    AddChain(String),
-    FlushChain(String),
-    DeleteChain(String),
-    AddRule { chain: String, rule: String },
+pub struct Changes {
+    pub changes: Vec<TableChange>,
+    pub full: bool,
 }
 
 /// The incrementally maintained policy state of one node.
@@ -120,8 +108,8 @@ fn is_local(ep: &Endpoint, node: &str) -> bool {
     ep.node == node && !ep.interface.is_empty()
 }
 
-fn map_key(ep: &Endpoint) -> String {
-    format!("\"{}\"", ep.interface)
+fn map_key(ep: &Endpoint) -> Key {
+    Key::Ifname(ep.interface.clone())
 }
 
 impl Incremental {
@@ -235,7 +223,7 @@ impl Incremental {
                 }
                 let rules = c.policy_rules(p, dir);
                 c.rs.chains
-                    .insert(policy_key_chain(&p.key, dir), Chain { base: None, rules });
+                    .insert(policy_key_chain(&p.key, dir), Chain::regular(rules));
                 for (name, src) in std::mem::take(&mut c.used) {
                     used.insert(name.clone());
                     sources.insert(name, src);
@@ -261,7 +249,7 @@ impl Incremental {
                     let name = endpoint_chain(ep, dir);
                     c.rs.chains.insert(name.clone(), chain);
                     if let Some(m) = c.rs.sets.get_mut(endpoint_map(dir)) {
-                        m.insert_mapping(map_key(ep), &format!("jump {name}"));
+                        m.insert_mapping(map_key(ep), Verdict::Jump(name));
                     }
                 }
             }
@@ -339,13 +327,13 @@ impl Incremental {
         }
     }
 
-    fn put_map_entry(&mut self, map: &str, key: String, target: Option<String>) {
+    fn put_map_entry(&mut self, map: &str, key: Key, target: Option<String>) {
         let Some(m) = self.rs.sets.get_mut(map) else {
             return;
         };
         let before = m.elements.get(&key).cloned();
-        match &target {
-            Some(t) => m.insert_mapping(key.clone(), &format!("jump {t}")),
+        match target {
+            Some(t) => m.insert_mapping(key.clone(), Verdict::Jump(t)),
             None => {
                 m.elements.remove(&key);
             }
@@ -445,7 +433,7 @@ impl Incremental {
             self.set_endpoint_fast_path(endpoint_chain(n, dir), parts.sets);
             let name = endpoint_chain(n, dir);
             let target = parts.chain.as_ref().map(|_| name.clone());
-            // Chain before map entry: the script declares and fills the chain first.
+            // Chain before map entry: the delta declares and fills the chain first.
             self.put_chain(name, parts.chain);
             self.put_map_entry(endpoint_map(dir), map_key(n), target);
         }
@@ -601,7 +589,7 @@ impl Incremental {
             }
         }
         for (name, rules) in chains {
-            self.put_chain(name, rules.map(|rules| Chain { base: None, rules }));
+            self.put_chain(name, rules.map(Chain::regular));
         }
         let now: BTreeSet<String> = used.into_keys().collect();
         let before = self.policy_sets.remove(key).unwrap_or_default();
@@ -625,50 +613,74 @@ impl Incremental {
         }
     }
 
-    /// The script to apply next: a delta over what changed since the last commit, or a full
-    /// resync when the kernel state is unknown or a declaration changed. Empty text = nothing
-    /// to do.
+    /// The dirty chains and sets as the kernel holds them and as they should be.
+    fn pairs<'a>(&'a self, applied: &'a Ruleset) -> (Vec<Pair<'a, Chain>>, Vec<Pair<'a, Set>>) {
+        let chains = self
+            .dirty_chains
+            .iter()
+            .map(|n| Pair {
+                name: n,
+                old: applied.chains.get(n),
+                new: self.rs.chains.get(n).or(self.extra.chains.get(n)),
+            })
+            .collect();
+        let sets = self
+            .dirty_sets
+            .iter()
+            .map(|n| Pair {
+                name: n,
+                old: applied.sets.get(n),
+                new: self.rs.sets.get(n).or(self.extra.sets.get(n)),
+            })
+            .collect();
+        (chains, sets)
+    }
+
+    /// The changes to apply next (in one transaction): a delta over what changed since the last
+    /// commit (see [`tern_nft::diff`]), or the full resync when the kernel state is unknown or
+    /// a declaration changed (a set's type, a base chain's hook). No changes = nothing to do.
+    /// Commit with [`Self::commit_changes`] once applied.
+    pub fn changes(&self) -> Changes {
+        match self.table_delta() {
+            Some(changes) => Changes {
+                changes,
+                full: false,
+            },
+            None => self.full_changes(),
+        }
+    }
+
+    /// The pending delta (see [`Self::changes`]), or `None` when only a full resync can apply
+    /// it: the kernel state is unknown or a declaration changed.
+    pub fn table_delta(&self) -> Option<Vec<TableChange>> {
+        let applied = self.applied.as_ref()?;
+        let (chains, sets) = self.pairs(applied);
+        tern_nft::diff(&chains, &sets)
+    }
+
+    /// The full resync of the desired table: delete and re-create it in one transaction.
+    pub fn full_changes(&self) -> Changes {
+        Changes {
+            changes: tern_nft::full_changes_merged(&self.rs, &self.extra),
+            full: true,
+        }
+    }
+
+    /// The script to apply next: [`Self::changes`] as `nft -f` text. Empty text = nothing to
+    /// do.
     pub fn script(&self) -> Script {
-        let Some(applied) = &self.applied else {
-            return self.full_script();
-        };
-        let desired_chain = |n: &String| self.rs.chains.get(n).or(self.extra.chains.get(n));
-        let desired_set = |n: &String| self.rs.sets.get(n).or(self.extra.sets.get(n));
-        let mut old = Ruleset::new();
-        let mut new = Ruleset::new();
-        for n in &self.dirty_chains {
-            if let Some(c) = applied.chains.get(n) {
-                old.chains.insert(n.clone(), c.clone());
-            }
-            if let Some(c) = desired_chain(n) {
-                new.chains.insert(n.clone(), c.clone());
-            }
-        }
-        for n in &self.dirty_sets {
-            if let Some(s) = applied.sets.get(n) {
-                old.sets.insert(n.clone(), s.clone());
-            }
-            if let Some(s) = desired_set(n) {
-                new.sets.insert(n.clone(), s.clone());
-            }
-        }
-        // A changed declaration cannot be patched (render_delta would render only the
-        // subset as a full script): resync everything.
-        if new.redeclares(&old) {
-            return self.full_script();
-        }
+        let c = self.changes();
         Script {
-            text: crate::nft::render_delta(&old, &new),
-            full: false,
+            text: tern_nft::render(&c.changes, ElementOrder::ByKeyText),
+            full: c.full,
         }
     }
 
     /// The pending change as set element additions and removals only, when that is all it
-    /// is (the common "a pod joins or leaves selected sets" case), so it can be applied
-    /// without `nft` (see `tern_linux::nft_netlink`). `None` when the kernel state is unknown
-    /// or anything else changed: a chain's rules, a set declared, deleted or redeclared.
-    /// Removals come before additions, so a changed map entry is deleted then re-added.
-    /// Commit with the [`Self::script`] it goes with.
+    /// is (the common "a pod joins or leaves selected sets" case). `None` when the kernel state
+    /// is unknown or anything else changed: a chain's rules, a set declared, deleted or
+    /// redeclared, an auto-merge set (refilled, not patched). Removals come before additions,
+    /// so a changed map entry is deleted then re-added.
     pub fn element_delta(&self) -> Option<Vec<ElementChange>> {
         let applied = self.applied.as_ref()?;
         for n in &self.dirty_chains {
@@ -677,103 +689,43 @@ impl Incremental {
                 return None;
             }
         }
-        let (mut removed, mut added) = self.element_changes(applied)?;
-        removed.append(&mut added);
-        Some(removed)
-    }
-
-    /// The pending change as element changes plus regular-chain changes (created, re-filled,
-    /// deleted), when that is all it is: the "a local pod is selected / leaves / changes
-    /// labels" case, whose endpoint chains are new or changed while every set declaration
-    /// stays (a policy activated or deactivated along with it is here too when its chains use
-    /// no address set). `None` when the kernel state is unknown, a base chain changed or a
-    /// set was declared, deleted or redeclared. In the order one transaction must apply them:
-    /// element removals, new chains, flushed chains, their rules (a new endpoint chain's jump
-    /// to a new policy chain comes after that chain exists), element additions (map entries
-    /// jump to chains that now exist), then the chains that go: all flushed first (no rule of
-    /// theirs jumps any more, so an endpoint chain and the policy chain it jumped to can go in
-    /// one transaction), then deleted. Commit with the [`Self::script`] it goes with.
-    pub fn table_delta(&self) -> Option<Vec<TableChange>> {
-        let applied = self.applied.as_ref()?;
-        let (removed, added) = self.element_changes(applied)?;
-        let mut out: Vec<TableChange> = removed.into_iter().map(TableChange::Element).collect();
-        let mut created = Vec::new();
-        let mut flushed = Vec::new();
-        let mut rules = Vec::new();
-        let mut gone = Vec::new();
-        for n in &self.dirty_chains {
-            let desired = self.rs.chains.get(n).or(self.extra.chains.get(n));
-            let old = applied.chains.get(n);
-            if old == desired {
-                continue;
-            }
-            if old.is_some_and(|c| c.base.is_some()) || desired.is_some_and(|c| c.base.is_some()) {
-                return None;
-            }
-            match (old, desired) {
-                (_, None) => gone.push(n.clone()),
-                (None, Some(_)) => created.push(TableChange::AddChain(n.clone())),
-                (Some(_), Some(_)) => flushed.push(TableChange::FlushChain(n.clone())),
-            }
-            if let Some(c) = desired {
-                rules.extend(c.rules.iter().map(|r| TableChange::AddRule {
-                    chain: n.clone(),
-                    rule: r.clone(),
-                }));
-            }
-        }
-        out.append(&mut created);
-        out.append(&mut flushed);
-        out.append(&mut rules);
-        out.extend(added.into_iter().map(TableChange::Element));
-        out.extend(gone.iter().cloned().map(TableChange::FlushChain));
-        out.extend(gone.into_iter().map(TableChange::DeleteChain));
-        Some(out)
-    }
-
-    /// Element removals and additions of the dirty sets; `None` if a set's declaration
-    /// changed or a set appeared or disappeared.
-    fn element_changes(
-        &self,
-        applied: &Ruleset,
-    ) -> Option<(Vec<ElementChange>, Vec<ElementChange>)> {
         let mut removed = Vec::new();
         let mut added = Vec::new();
         for n in &self.dirty_sets {
             let desired = self.rs.sets.get(n).or(self.extra.sets.get(n));
             let (old, new) = match (applied.sets.get(n), desired) {
                 (None, None) => continue,
-                (Some(o), Some(d)) if o.spec == d.spec => (o, d),
+                (Some(o), Some(d)) if o.set_type == d.set_type && !d.set_type.auto_merge => (o, d),
                 _ => return None,
+            };
+            let change = |add: bool, k: &Key, v: &Option<Verdict>| ElementChange {
+                set: n.clone(),
+                set_type: new.set_type,
+                add,
+                element: Element {
+                    key: k.clone(),
+                    verdict: v.clone(),
+                },
             };
             for (k, v) in &old.elements {
                 if new.elements.get(k) != Some(v) {
-                    removed.push(ElementChange {
-                        set: n.clone(),
-                        spec: new.spec.clone(),
-                        add: false,
-                        element: v.clone(),
-                    });
+                    removed.push(change(false, k, v));
                 }
             }
             for (k, v) in &new.elements {
                 if old.elements.get(k) != Some(v) {
-                    added.push(ElementChange {
-                        set: n.clone(),
-                        spec: new.spec.clone(),
-                        add: true,
-                        element: v.clone(),
-                    });
+                    added.push(change(true, k, v));
                 }
             }
         }
-        Some((removed, added))
+        removed.append(&mut added);
+        Some(removed)
     }
 
     /// The full-resync script of the desired table (one transaction).
     pub fn full_script(&self) -> Script {
         Script {
-            text: crate::nft::render_full_merged(&self.rs, &self.extra),
+            text: tern_nft::render_full_merged(&self.rs, &self.extra),
             full: true,
         }
     }
@@ -781,7 +733,17 @@ impl Incremental {
     /// Records that `script` (from [`Self::script`] or [`Self::full_script`]) is now in the
     /// kernel.
     pub fn commit(&mut self, script: &Script) {
-        if script.full || self.applied.is_none() {
+        self.commit_applied(script.full);
+    }
+
+    /// Records that `changes` (from [`Self::changes`] or [`Self::full_changes`]) are now in
+    /// the kernel.
+    pub fn commit_changes(&mut self, changes: &Changes) {
+        self.commit_applied(changes.full);
+    }
+
+    fn commit_applied(&mut self, full: bool) {
+        if full || self.applied.is_none() {
             self.applied = Some(self.desired());
         } else if let Some(applied) = &mut self.applied {
             for n in &self.dirty_chains {
@@ -801,7 +763,8 @@ impl Incremental {
         self.dirty_sets.clear();
     }
 
-    /// Forgets what the kernel holds (after a failed apply): the next script is a full resync.
+    /// Forgets what the kernel holds (after a failed apply): the next changes are a full
+    /// resync.
     pub fn invalidate(&mut self) {
         self.applied = None;
     }

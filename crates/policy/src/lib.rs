@@ -6,24 +6,24 @@
 //! - [`compile`]: [`compile()`] turns a [`PolicySet`] into the desired `inet tern`
 //!   [`Ruleset`] for one node.
 //! - [`incremental`]: [`Incremental`] keeps one node's compiled state up to date change by
-//!   change and renders O(change) delta scripts.
-//! - [`nft`]: the [`Ruleset`] builder shared with other users of the table, and its rendering
-//!   as full-resync ([`Ruleset::render_full`]) and incremental ([`render_delta`]) `nft -f`
+//!   change and gives the O(change) [`TableChange`]s that bring the kernel to it.
+//! - [`nft`] (the `tern-nft` crate): the table as typed values ([`Ruleset`], [`Chain`],
+//!   [`Set`], rules), shared with the other users of the table, and their rendering as
+//!   full-resync ([`Ruleset::render_full`]) and incremental ([`render_delta`]) `nft -f`
 //!   scripts, each one atomic transaction.
 
 pub mod compile;
 pub mod fastpath;
 pub mod incremental;
 pub mod model;
-pub mod nft;
 
 pub use compile::compile;
-pub use incremental::{ElementChange, Incremental, Script, TableChange, policy_key};
+pub use incremental::{Changes, Incremental, Script, policy_key};
 pub use model::{
-    Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Match, NamespaceScope,
-    PolicyKey, PolicySet,
+    Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Match, PolicyKey, PolicySet,
 };
-pub use nft::{Chain, Ruleset, Set, render_delta};
+pub use tern_nft as nft;
+pub use tern_nft::{Chain, ElementChange, Ruleset, Set, TableChange, render_delta};
 
 /// Errors of building a policy set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use tern_model::Protocol;
-use tern_policy::{Endpoint, Flow, PolicySet, Ruleset, compile, render_delta};
+use tern_policy::{Endpoint, Flow, PolicySet, Ruleset, compile, nft, render_delta};
 
 mod common;
 
@@ -57,13 +57,18 @@ fn ordering_actions_and_pass() {
     assert!(s.allowed(&flow("10.0.0.2", "10.0.0.1", Protocol::Tcp, 22)));
 }
 
+/// Rules as nft text.
+fn texts(rules: &[nft::Rule]) -> Vec<String> {
+    rules.iter().map(ToString::to_string).collect()
+}
+
 #[test]
 fn conntrack_only_while_an_endpoint_is_filtered() {
     // No policy selects anything: the forward chain dispatches through the (empty) maps and
     // asks nothing of conntrack, so an unfiltered node's forwarding is not tracked.
     let s = base_set();
     let rs = compile(&s, "n1");
-    let fwd = &rs.chains["filter-forward"].rules;
+    let fwd = texts(&rs.chains["filter-forward"].rules);
     assert!(fwd.iter().all(|r| !r.contains("ct ")), "{fwd:?}");
     assert!(fwd.iter().any(|r| r == "oifname vmap @ep-in"));
 
@@ -74,7 +79,7 @@ fn conntrack_only_while_an_endpoint_is_filtered() {
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: d}\nspec:\n  podSelector: {matchLabels: {app: b}}\n  ingress: []\n",
     );
     let filtered = compile(&s, "n1");
-    let fwd = &filtered.chains["filter-forward"].rules;
+    let fwd = texts(&filtered.chains["filter-forward"].rules);
     assert_eq!(fwd[0], "ct state established,related accept");
 
     // The delta between the two is a rewrite of the forward chain plus the map entry.
@@ -114,7 +119,7 @@ fn compiled_text_layout() {
     assert!(!rs.chains.contains_key("ep-out-vb"));
     let pol: Vec<&String> = rs.chains.keys().filter(|k| k.starts_with("pol-")).collect();
     assert_eq!(pol.len(), 1);
-    let rules = &rs.chains[pol[0]].rules;
+    let rules = texts(&rs.chains[pol[0]].rules);
     // An ingress policy accepts directly.
     let allow = "accept";
     assert!(
@@ -139,7 +144,8 @@ fn compiled_text_layout() {
         .iter()
         .find(|(k, s)| k.starts_with("sel-") && k.ends_with("-v4") && !s.elements.is_empty())
         .unwrap();
-    assert_eq!(sel.1.elements.keys().collect::<Vec<_>>(), ["10.0.0.1"]);
+    let keys: Vec<String> = sel.1.elements.keys().map(ToString::to_string).collect();
+    assert_eq!(keys, ["10.0.0.1"]);
 }
 
 #[test]
@@ -183,18 +189,34 @@ fn merged_rulesets_keep_foreign_chains() {
     nat.chains.insert(
         "nat-postrouting".into(),
         tern_policy::Chain {
-            base: Some("type nat hook postrouting priority srcnat; policy accept;".into()),
-            rules: vec!["ip saddr @nat-pools ip daddr != @pools masquerade".into()],
+            base: Some(nft::BaseChain {
+                chain_type: nft::ChainType::Nat,
+                hook: nft::Hook::Postrouting,
+                priority: 100,
+                policy: nft::ChainPolicy::Accept,
+            }),
+            rules: vec![nft::Rule::new(
+                vec![
+                    nft::Match::AddrInSet {
+                        addr: nft::Addr::saddr(nft::Family::V4),
+                        negate: false,
+                        set: "nat-pools".into(),
+                    },
+                    nft::Match::AddrInSet {
+                        addr: nft::Addr::daddr(nft::Family::V4),
+                        negate: true,
+                        set: "pools".into(),
+                    },
+                ],
+                vec![nft::Stmt::Masquerade],
+            )],
         },
     );
-    nat.sets.insert(
-        "pools".into(),
-        tern_policy::Set::new("type ipv4_addr; flags interval;"),
-    );
-    nat.sets.insert(
-        "nat-pools".into(),
-        tern_policy::Set::new("type ipv4_addr; flags interval;"),
-    );
+    let interval = nft::SetType::addr(nft::Family::V4).interval();
+    nat.sets
+        .insert("pools".into(), tern_policy::Set::new(interval));
+    nat.sets
+        .insert("nat-pools".into(), tern_policy::Set::new(interval));
     rs.merge(nat);
     let full = rs.render_full();
     assert!(full.contains("add chain inet tern nat-postrouting { type nat hook postrouting"));

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use tern_model::Kind;
+use tern_policy::nft::{Family, Key, SetType, Verdict};
 use tern_policy::{Endpoint, Incremental, PolicySet, Ruleset, Set, TableChange, compile};
 
 mod common;
@@ -256,7 +257,7 @@ fn extra_chains_are_rendered_with_policy_and_a_failed_apply_forces_a_full_resync
     let mut extra = Ruleset::new();
     extra.sets.insert(
         "all-ipv4-pools".into(),
-        Set::new("type ipv4_addr; flags interval;"),
+        Set::new(SetType::addr(Family::V4).interval()),
     );
     inc.set_extra(extra.clone());
     let s = inc.script();
@@ -266,7 +267,7 @@ fn extra_chains_are_rendered_with_policy_and_a_failed_apply_forces_a_full_resync
         .sets
         .get_mut("all-ipv4-pools")
         .unwrap()
-        .insert("198.18.0.0/16");
+        .insert(Key::Net("198.18.0.0/16".parse().unwrap()));
     inc.set_extra(extra);
     let s = inc.script();
     assert!(!s.full);
@@ -351,28 +352,7 @@ fn every_delta_applies_to_a_real_kernel() {
 /// A table delta as the `nft -f` text of the same changes in the same order (one
 /// transaction), the way the agent's netlink batch applies them.
 fn table_delta_text(d: &[TableChange]) -> String {
-    let mut s = String::new();
-    for c in d {
-        let line = match c {
-            TableChange::Element(e) if e.add => {
-                format!("add element inet tern {} {{ {} }}", e.set, e.element)
-            }
-            TableChange::Element(e) => {
-                let key = match e.element.split_once(" : ") {
-                    Some((k, _)) if e.spec.contains(" : ") => k,
-                    _ => &e.element,
-                };
-                format!("delete element inet tern {} {{ {key} }}", e.set)
-            }
-            TableChange::AddChain(n) => format!("add chain inet tern {n}"),
-            TableChange::FlushChain(n) => format!("flush chain inet tern {n}"),
-            TableChange::DeleteChain(n) => format!("delete chain inet tern {n}"),
-            TableChange::AddRule { chain, rule } => format!("add rule inet tern {chain} {rule}"),
-        };
-        s.push_str(&line);
-        s.push('\n');
-    }
-    s
+    tern_policy::nft::render_changes(d)
 }
 
 /// The chains of the kernel's `inet tern` table in namespace `ns`.
@@ -510,7 +490,7 @@ fn element_delta_covers_only_pure_set_element_changes() {
     let d = inc.element_delta().unwrap();
     let mut got: Vec<(String, bool, String)> = d
         .iter()
-        .map(|c| (c.set[..3].to_string(), c.add, c.element.clone()))
+        .map(|c| (c.set[..3].to_string(), c.add, c.element.to_string()))
         .collect();
     got.sort();
     assert_eq!(
@@ -521,7 +501,7 @@ fn element_delta_covers_only_pure_set_element_changes() {
         ]
     );
     let np = d.iter().find(|c| c.set.starts_with("np-")).unwrap();
-    assert_eq!(np.spec, "type ipv4_addr . inet_service;");
+    assert_eq!(np.set_type.to_string(), "type ipv4_addr . inet_service;");
     let s = inc.script();
     inc.commit(&s);
     // It leaves the selected set (label change); named-port sets ignore labels, so it stays
@@ -529,7 +509,7 @@ fn element_delta_covers_only_pure_set_element_changes() {
     inc.upsert_endpoint(ep("y", "b", "n2", "198.18.5.5", &[("pod", "c")]));
     let d = inc.element_delta().unwrap();
     assert_eq!(d.len(), 1, "{d:?}");
-    assert!(!d[0].add && d[0].set.starts_with("sel-") && d[0].element == "198.18.5.5");
+    assert!(!d[0].add && d[0].set.starts_with("sel-") && d[0].element.to_string() == "198.18.5.5");
     let s = inc.script();
     inc.commit(&s);
     // A local pod brings its own chains: not an element-only change.
@@ -563,7 +543,7 @@ fn table_delta_orders_chain_and_element_changes_for_one_transaction() {
     );
     let entry_in = pos_of(
         &d,
-        |c| matches!(c, TableChange::Element(e) if e.set == "ep-in" && e.add && e.element.contains("tva2")),
+        |c| matches!(c, TableChange::Element(e) if e.set == "ep-in" && e.add && e.element.to_string().contains("tva2")),
     );
     assert!(chain_in < rule_in && rule_in < entry_in, "{d:#?}");
     assert!(
@@ -574,7 +554,7 @@ fn table_delta_orders_chain_and_element_changes_for_one_transaction() {
         .iter()
         .rev()
         .find_map(|c| match c {
-            TableChange::AddRule { chain, rule } if chain == "ep-in-tva2" => Some(rule.as_str()),
+            TableChange::AddRule { chain, rule } if chain == "ep-in-tva2" => Some(rule.to_string()),
             _ => None,
         })
         .unwrap();
@@ -586,7 +566,7 @@ fn table_delta_orders_chain_and_element_changes_for_one_transaction() {
     let d = inc.table_delta().expect("chains and elements only");
     let entry_out = pos_of(
         &d,
-        |c| matches!(c, TableChange::Element(e) if e.set == "ep-in" && !e.add && e.element.contains("tva2")),
+        |c| matches!(c, TableChange::Element(e) if e.set == "ep-in" && !e.add && e.element.to_string().contains("tva2")),
     );
     let chain_gone = pos_of(
         &d,
@@ -596,10 +576,17 @@ fn table_delta_orders_chain_and_element_changes_for_one_transaction() {
     let s = inc.script();
     inc.commit(&s);
     // Removing the last filtered endpoints changes the base chain (no more conntrack rules):
-    // not expressible as a table delta.
+    // flushed and refilled in the same delta.
     inc.remove_endpoint("x", "a");
     inc.remove_endpoint("x", "a2");
-    assert_eq!(inc.table_delta(), None);
+    let d = inc
+        .table_delta()
+        .expect("a base chain's rules are a delta too");
+    assert!(
+        d.iter()
+            .any(|c| matches!(c, TableChange::FlushChain(n) if n == "filter-forward")),
+        "{d:#?}"
+    );
 }
 
 fn pos_of(d: &[tern_policy::TableChange], f: impl Fn(&tern_policy::TableChange) -> bool) -> usize {
@@ -621,24 +608,18 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
     inc.apply(&docs[0]).unwrap();
     apply(&mut inc);
     let fp = fast_set(&inc, "in", "v4").expect("fast path set");
-    assert_eq!(
-        fp.elements.keys().collect::<Vec<_>>(),
-        ["198.19.0.0/16 . 6 . 80"]
-    );
+    assert_eq!(keys(&fp), ["198.19.0.0/16 . 6 . 80"]);
     let eg = fast_set(&inc, "out", "v4").expect("egress fast path");
-    assert_eq!(
-        eg.elements.keys().collect::<Vec<_>>(),
-        ["0.0.0.0/0 . 0-255 . 0-65535"]
-    );
+    assert_eq!(keys(&eg), ["0.0.0.0/0 . 0-255 . 0-65535"]);
     inc.apply(&docs[1]).unwrap();
     apply(&mut inc);
     let fp = fast_set(&inc, "in", "v4").unwrap();
+    let fp_keys = keys(&fp);
     assert!(
-        fp.elements.contains_key("198.19.5.0/24 . 6 . 80-90")
-            && fp.elements.contains_key("198.19.5.0/24 . 17 . 53")
-            && fp.elements.contains_key("198.19.0.0-198.19.4.255 . 6 . 80"),
-        "{:?}",
-        fp.elements.keys()
+        fp_keys.contains(&"198.19.5.0/24 . 6 . 80-90".to_string())
+            && fp_keys.contains(&"198.19.5.0/24 . 17 . 53".to_string())
+            && fp_keys.contains(&"198.19.0.0-198.19.4.255 . 6 . 80".to_string()),
+        "{fp_keys:?}"
     );
     assert!(fast_set(&inc, "in", "v6").is_some());
     // Everything agrees with a fresh compile, and the kernel took every delta.
@@ -673,7 +654,7 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
         .expect("no set declared for a pod like one already there");
     assert!(
         d.iter().any(
-            |c| matches!(c, tern_policy::TableChange::AddRule { rule, .. } if rule.contains(&name))
+            |c| matches!(c, tern_policy::TableChange::AddRule { rule, .. } if rule.to_string().contains(&name))
         ),
         "{d:#?}"
     );
@@ -717,6 +698,11 @@ fn fast_name(inc: &Incremental, dir: &str, fam: &str) -> Option<String> {
 
 fn fast_set(inc: &Incremental, dir: &str, fam: &str) -> Option<Set> {
     fast_name(inc, dir, fam).and_then(|n| inc.set_elements(&n).cloned())
+}
+
+/// The keys of a set as nft text.
+fn keys(s: &Set) -> Vec<String> {
+    s.elements.keys().map(ToString::to_string).collect()
 }
 
 /// A Kubernetes policy `name` in namespace x selecting `pod: <sel>`, allowing ingress from
@@ -824,40 +810,18 @@ fn line_of(text: &str, pred: &dyn Fn(&str) -> bool) -> usize {
 // ---------------------------------------------------------------------------------------------
 // Random change sequences
 
-/// The chains a rule or map element text jumps to.
-fn jump_targets(text: &str) -> Vec<&str> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    words
-        .windows(2)
-        .filter(|w| w[0] == "jump" || w[0] == "goto")
-        .map(|w| w[1].trim_end_matches(['}', ',']))
-        .collect()
-}
-
-/// The sets and maps a rule looks up (`@name`).
-fn set_lookups(rule: &str) -> Vec<&str> {
-    rule.split('@')
-        .skip(1)
-        .map(|s| {
-            s.split(|c: char| c.is_whitespace() || c == '}')
-                .next()
-                .unwrap()
-        })
-        .collect()
-}
-
 /// Applies a table delta to a model of the kernel's table, one change at a time, refusing what
 /// nf_tables refuses: a rule or map entry jumping to a chain that does not exist, a rule in a
 /// chain or looking up a set that does not exist, an element of a set that does not exist or
-/// (removed) is not there, deleting a chain something else still jumps to.
+/// (removed) is not there, deleting a chain something else still jumps to, deleting a set a
+/// rule still looks up, declaring a chain or set that exists.
 fn simulate(applied: &Ruleset, changes: &[TableChange]) -> Result<Ruleset, String> {
     let mut rs = applied.clone();
     for c in changes {
         match c {
             TableChange::Element(e) => {
-                if let Some(j) = jump_targets(&e.element)
-                    .into_iter()
-                    .find(|j| !rs.chains.contains_key(*j))
+                if let Some(Verdict::Jump(j) | Verdict::Goto(j)) = &e.element.verdict
+                    && !rs.chains.contains_key(j)
                 {
                     return Err(format!("{c:?}: no chain {j}"));
                 }
@@ -865,21 +829,27 @@ fn simulate(applied: &Ruleset, changes: &[TableChange]) -> Result<Ruleset, Strin
                     .sets
                     .get_mut(&e.set)
                     .ok_or_else(|| format!("{c:?}: no set"))?;
-                if set.spec != e.spec {
-                    return Err(format!("{c:?}: declared {}", set.spec));
+                if set.set_type != e.set_type {
+                    return Err(format!("{c:?}: declared {}", set.set_type));
                 }
-                let key = match e.element.split_once(" : ") {
-                    Some((k, _)) if set.spec.contains(" : ") => k.to_string(),
-                    _ => e.element.clone(),
-                };
                 if e.add {
-                    set.elements.insert(key, e.element.clone());
-                } else if set.elements.remove(&key).is_none() {
+                    set.elements
+                        .insert(e.element.key.clone(), e.element.verdict.clone());
+                } else if set.elements.remove(&e.element.key).is_none() {
                     return Err(format!("{c:?}: no such element"));
                 }
             }
             TableChange::AddChain(n) => {
                 if rs.chains.insert(n.clone(), Default::default()).is_some() {
+                    return Err(format!("{c:?}: exists"));
+                }
+            }
+            TableChange::AddBaseChain { name, base } => {
+                let chain = tern_policy::Chain {
+                    base: Some(*base),
+                    rules: Vec::new(),
+                };
+                if rs.chains.insert(name.clone(), chain).is_some() {
                     return Err(format!("{c:?}: exists"));
                 }
             }
@@ -891,16 +861,10 @@ fn simulate(applied: &Ruleset, changes: &[TableChange]) -> Result<Ruleset, Strin
                     .clear();
             }
             TableChange::AddRule { chain, rule } => {
-                if let Some(j) = jump_targets(rule)
-                    .into_iter()
-                    .find(|j| !rs.chains.contains_key(*j))
-                {
+                if let Some(j) = rule.targets().find(|j| !rs.chains.contains_key(*j)) {
                     return Err(format!("{c:?}: no chain {j}"));
                 }
-                if let Some(s) = set_lookups(rule)
-                    .into_iter()
-                    .find(|s| !rs.sets.contains_key(*s))
-                {
+                if let Some(s) = rule.lookups().find(|s| !rs.sets.contains_key(*s)) {
                     return Err(format!("{c:?}: no set {s}"));
                 }
                 rs.chains
@@ -914,12 +878,12 @@ fn simulate(applied: &Ruleset, changes: &[TableChange]) -> Result<Ruleset, Strin
                     .chains
                     .iter()
                     .filter(|(other, _)| *other != n)
-                    .any(|(_, ch)| ch.rules.iter().any(|r| jump_targets(r).contains(&&n[..])));
+                    .any(|(_, ch)| ch.rules.iter().any(|r| r.targets().any(|t| t == n)));
                 let by_element = rs
                     .sets
                     .values()
                     .flat_map(|s| s.elements.values())
-                    .any(|v| jump_targets(v).contains(&&n[..]));
+                    .any(|v| matches!(v, Some(Verdict::Jump(j) | Verdict::Goto(j)) if j == n));
                 if by_rule || by_element {
                     return Err(format!("{c:?}: still jumped to"));
                 }
@@ -927,6 +891,32 @@ fn simulate(applied: &Ruleset, changes: &[TableChange]) -> Result<Ruleset, Strin
                     .remove(n)
                     .ok_or_else(|| format!("{c:?}: no chain"))?;
             }
+            TableChange::AddSet { name, set_type } => {
+                if rs.sets.insert(name.clone(), Set::new(*set_type)).is_some() {
+                    return Err(format!("{c:?}: exists"));
+                }
+            }
+            TableChange::FlushSet { name, .. } => {
+                rs.sets
+                    .get_mut(name)
+                    .ok_or_else(|| format!("{c:?}: no set"))?
+                    .elements
+                    .clear();
+            }
+            TableChange::DeleteSet { name, .. } => {
+                let used = rs
+                    .chains
+                    .values()
+                    .any(|ch| ch.rules.iter().any(|r| r.lookups().any(|s| s == name)));
+                if used {
+                    return Err(format!("{c:?}: still looked up"));
+                }
+                rs.sets
+                    .remove(name)
+                    .ok_or_else(|| format!("{c:?}: no set"))?;
+            }
+            TableChange::AddTable => {}
+            TableChange::DeleteTable => rs = Ruleset::new(),
         }
     }
     Ok(rs)
@@ -1045,16 +1035,29 @@ fn policy_name(kind: u8, name: u8) -> String {
 fn extra(n: u8) -> Ruleset {
     let mut rs = Ruleset::new();
     if n > 0 {
-        let mut s = Set::new("type ipv4_addr; flags interval;");
-        s.insert("198.18.0.0/15");
+        let mut s = Set::new(SetType::addr(Family::V4).interval());
+        s.insert(Key::Net("198.18.0.0/15".parse().unwrap()));
         rs.sets.insert("all-ipv4-pools".into(), s);
     }
     if n > 1 {
+        use tern_policy::nft::{Addr, BaseChain, ChainPolicy, ChainType, Hook, Match, Rule, Stmt};
         rs.chains.insert(
             "nat-postrouting".into(),
             tern_policy::Chain {
-                base: Some("type nat hook postrouting priority 100; policy accept;".into()),
-                rules: vec!["ip saddr @all-ipv4-pools masquerade".into()],
+                base: Some(BaseChain {
+                    chain_type: ChainType::Nat,
+                    hook: Hook::Postrouting,
+                    priority: 100,
+                    policy: ChainPolicy::Accept,
+                }),
+                rules: vec![Rule::new(
+                    vec![Match::AddrInSet {
+                        addr: Addr::saddr(Family::V4),
+                        negate: false,
+                        set: "all-ipv4-pools".into(),
+                    }],
+                    vec![Stmt::Masquerade],
+                )],
             },
         );
     }

@@ -276,7 +276,9 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
         .expect("a fast-path set")
         .clone();
     assert!(
-        rs5.chains["ep-in-vb"].rules[0].contains(&format!("@{fp} accept")),
+        rs5.chains["ep-in-vb"].rules[0]
+            .to_string()
+            .contains(&format!("@{fp} accept")),
         "{:?}",
         rs5.chains["ep-in-vb"]
     );

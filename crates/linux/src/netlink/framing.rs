@@ -121,6 +121,17 @@ impl MsgBuilder {
         self
     }
 
+    /// Adds `flags` to the header of the last message begun (a batch asks for the
+    /// acknowledgement of its last message only, known once every message is written).
+    pub(crate) fn add_flags(&mut self, flags: u16) -> &mut MsgBuilder {
+        let start = self.last_start;
+        if let Some(field) = self.buf.get_mut(start + 6..start + 8) {
+            let old = u16::from_ne_bytes([field[0], field[1]]);
+            field.copy_from_slice(&(old | flags).to_ne_bytes());
+        }
+        self
+    }
+
     /// Appends raw bytes (a family header such as ifinfomsg or nfgenmsg), padded to 4 bytes.
     pub(crate) fn raw(&mut self, bytes: &[u8]) -> &mut MsgBuilder {
         if self.error.is_none() {
