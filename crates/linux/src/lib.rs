@@ -7,9 +7,15 @@
 //! - [`nft_netlink`]: the `inet tern` table's changes (`tern-nft`) as one nfnetlink batch, no `nft`;
 //! - [`sysctl`]: `/proc/sys` of the current thread's namespace;
 //! - [`veth`]: the Calico-style pod wiring (veth pair, proxy-ARP, /32 host routes) used by ADD,
-//!   DEL and CHECK.
+//!   DEL and CHECK;
+//! - [`kernel`]: the seam: narrow traits (links, addresses, routes, neighbours, nftables)
+//!   the reconcilers take, implemented by [`netlink::Handle`] and [`kernel::SystemNft`], and by
+//!   the in-memory `fake::FakeKernel` (feature `test-support`) in tests without root.
 
 pub mod error;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fake;
+pub mod kernel;
 pub mod netlink;
 pub mod netns;
 pub mod nft;

@@ -1,0 +1,211 @@
+//! The kernel seam: narrow traits for what the agent's reconcilers ask of the kernel (links,
+//! addresses, routes, neighbours and FDB entries, nftables batches), implemented by the real
+//! adapters ([`Handle`], [`SystemNft`]) and, behind the `test-support` feature, by the
+//! stateful in-memory [`crate::fake::FakeKernel`], so that every sync, rollback and repair
+//! path above them is testable without root. Felix's route table takes its netlink the same
+//! way.
+//!
+//! The traits mirror the inherent methods of [`Handle`] one for one (same names, same
+//! semantics: deletes answer `Ok(false)` for nothing to delete, an existing address is
+//! success), so a caller switches from a concrete handle to `&mut dyn Netlink` without
+//! changing a call.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::IpNet;
+use tern_nft::TableChange;
+
+use crate::Result;
+use crate::netlink::{FdbEntry, Handle, Link, Neighbour, Route, VxlanInfo};
+
+/// Network interfaces: listing, tern's tunnel devices, deletion and attributes.
+pub trait Links {
+    /// All links.
+    fn links(&mut self) -> Result<Vec<Link>>;
+    /// The link called `name`, if present.
+    fn link_by_name(&mut self, name: &str) -> Result<Option<Link>>;
+    /// The link with index `index`, if present.
+    fn link_by_index(&mut self, index: u32) -> Result<Option<Link>>;
+    /// Every VXLAN device with its VNI, port and local address.
+    fn vxlan_devices(&mut self) -> Result<Vec<VxlanInfo>>;
+    /// Creates a VXLAN device (down, learning off); EEXIST when the name is taken.
+    fn create_vxlan(
+        &mut self,
+        name: &str,
+        vni: u32,
+        local: IpAddr,
+        dev_index: Option<u32>,
+        port: u16,
+    ) -> Result<()>;
+    /// Creates an IPIP tunnel device (down); EEXIST when the name is taken.
+    fn create_ipip(&mut self, name: &str, local: Option<Ipv4Addr>) -> Result<()>;
+    /// Deletes the link called `name`; `Ok(false)` when absent.
+    fn delete_link(&mut self, name: &str) -> Result<bool>;
+    /// Deletes the link with index `index`; `Ok(false)` when absent.
+    fn delete_link_by_index(&mut self, index: u32) -> Result<bool>;
+    /// Sets the link administratively up.
+    fn set_link_up(&mut self, index: u32) -> Result<()>;
+    /// Sets the link administratively down.
+    fn set_link_down(&mut self, index: u32) -> Result<()>;
+    /// Sets the link's MAC address.
+    fn set_mac(&mut self, index: u32, mac: [u8; 6]) -> Result<()>;
+    /// Sets the link's MTU.
+    fn set_mtu(&mut self, index: u32, mtu: u32) -> Result<()>;
+}
+
+/// Interface addresses.
+pub trait Addresses {
+    /// Addresses as `(link index, address/prefix)`, of one link or of all.
+    fn addresses(&mut self, index: Option<u32>) -> Result<Vec<(u32, IpNet)>>;
+    /// Adds an address; one that already exists is success.
+    fn add_address(&mut self, index: u32, addr: IpNet) -> Result<()>;
+}
+
+/// Routes of any [`crate::netlink::RouteKind`].
+pub trait Routes {
+    /// Unicast and blackhole routes of one family in `table`.
+    fn routes_full(&mut self, v6: bool, table: u32) -> Result<Vec<Route>>;
+    /// Adds a route only when the table has none for its destination (`NLM_F_EXCL`): EEXIST
+    /// otherwise.
+    fn add_route_full(&mut self, r: &Route) -> Result<()>;
+    /// Installs a route or replaces the one to the same destination (`NLM_F_REPLACE`).
+    fn replace_route_full(&mut self, r: &Route) -> Result<()>;
+    /// Deletes a route; `Ok(false)` when absent.
+    fn delete_route_full(&mut self, r: &Route) -> Result<bool>;
+}
+
+/// Permanent neighbour (ARP / NDP) and bridge FDB entries.
+pub trait Neighbours {
+    /// Neighbour entries of one link or of all.
+    fn neighbours(&mut self, index: Option<u32>) -> Result<Vec<Neighbour>>;
+    /// Adds or replaces a permanent neighbour entry.
+    fn add_neighbour(&mut self, index: u32, ip: IpAddr, mac: [u8; 6]) -> Result<()>;
+    /// Deletes a neighbour entry; `Ok(false)` when absent.
+    fn delete_neighbour(&mut self, index: u32, ip: IpAddr) -> Result<bool>;
+    /// FDB entries of one device.
+    fn fdb(&mut self, index: u32) -> Result<Vec<FdbEntry>>;
+    /// Adds or replaces a permanent FDB entry `mac -> dst`.
+    fn add_fdb(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> Result<()>;
+    /// Deletes an FDB entry; `Ok(false)` when absent.
+    fn delete_fdb(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> Result<bool>;
+}
+
+/// Everything rtnetlink: what one [`Handle`] (one socket) does.
+pub trait Netlink: Links + Addresses + Routes + Neighbours {}
+
+impl<T: Links + Addresses + Routes + Neighbours + ?Sized> Netlink for T {}
+
+/// nftables: a batch of table changes as one transaction, and the `nft -f` fallback.
+pub trait NftApply {
+    /// Applies `changes` to table `table` (family inet) as one nfnetlink transaction: all of
+    /// them or, on an error, none.
+    fn apply_changes(&mut self, table: &str, changes: &[TableChange]) -> Result<()>;
+    /// Runs `script` through `nft -f` (itself one transaction).
+    fn apply_script(&mut self, script: &str) -> Result<()>;
+}
+
+/// The real nftables of the calling thread's network namespace: batches on the per-thread
+/// cached socket ([`crate::nft_netlink::apply_cached`]), scripts through `nft -f`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemNft;
+
+impl NftApply for SystemNft {
+    fn apply_changes(&mut self, table: &str, changes: &[TableChange]) -> Result<()> {
+        crate::nft_netlink::apply_cached(table, changes)
+    }
+
+    fn apply_script(&mut self, script: &str) -> Result<()> {
+        crate::nft::apply(script)
+    }
+}
+
+impl Links for Handle {
+    fn links(&mut self) -> Result<Vec<Link>> {
+        Handle::links(self)
+    }
+    fn link_by_name(&mut self, name: &str) -> Result<Option<Link>> {
+        Handle::link_by_name(self, name)
+    }
+    fn link_by_index(&mut self, index: u32) -> Result<Option<Link>> {
+        Handle::link_by_index(self, index)
+    }
+    fn vxlan_devices(&mut self) -> Result<Vec<VxlanInfo>> {
+        Handle::vxlan_devices(self)
+    }
+    fn create_vxlan(
+        &mut self,
+        name: &str,
+        vni: u32,
+        local: IpAddr,
+        dev_index: Option<u32>,
+        port: u16,
+    ) -> Result<()> {
+        Handle::create_vxlan(self, name, vni, local, dev_index, port)
+    }
+    fn create_ipip(&mut self, name: &str, local: Option<Ipv4Addr>) -> Result<()> {
+        Handle::create_ipip(self, name, local)
+    }
+    fn delete_link(&mut self, name: &str) -> Result<bool> {
+        Handle::delete_link(self, name)
+    }
+    fn delete_link_by_index(&mut self, index: u32) -> Result<bool> {
+        Handle::delete_link_by_index(self, index)
+    }
+    fn set_link_up(&mut self, index: u32) -> Result<()> {
+        Handle::set_link_up(self, index)
+    }
+    fn set_link_down(&mut self, index: u32) -> Result<()> {
+        Handle::set_link_down(self, index)
+    }
+    fn set_mac(&mut self, index: u32, mac: [u8; 6]) -> Result<()> {
+        Handle::set_mac(self, index, mac)
+    }
+    fn set_mtu(&mut self, index: u32, mtu: u32) -> Result<()> {
+        Handle::set_mtu(self, index, mtu)
+    }
+}
+
+impl Addresses for Handle {
+    fn addresses(&mut self, index: Option<u32>) -> Result<Vec<(u32, IpNet)>> {
+        Handle::addresses(self, index)
+    }
+    fn add_address(&mut self, index: u32, addr: IpNet) -> Result<()> {
+        Handle::add_address(self, index, addr)
+    }
+}
+
+impl Routes for Handle {
+    fn routes_full(&mut self, v6: bool, table: u32) -> Result<Vec<Route>> {
+        Handle::routes_full(self, v6, table)
+    }
+    fn add_route_full(&mut self, r: &Route) -> Result<()> {
+        Handle::add_route_full(self, r)
+    }
+    fn replace_route_full(&mut self, r: &Route) -> Result<()> {
+        Handle::replace_route_full(self, r)
+    }
+    fn delete_route_full(&mut self, r: &Route) -> Result<bool> {
+        Handle::delete_route_full(self, r)
+    }
+}
+
+impl Neighbours for Handle {
+    fn neighbours(&mut self, index: Option<u32>) -> Result<Vec<Neighbour>> {
+        Handle::neighbours(self, index)
+    }
+    fn add_neighbour(&mut self, index: u32, ip: IpAddr, mac: [u8; 6]) -> Result<()> {
+        Handle::add_neighbour(self, index, ip, mac)
+    }
+    fn delete_neighbour(&mut self, index: u32, ip: IpAddr) -> Result<bool> {
+        Handle::delete_neighbour(self, index, ip)
+    }
+    fn fdb(&mut self, index: u32) -> Result<Vec<FdbEntry>> {
+        Handle::fdb(self, index)
+    }
+    fn add_fdb(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> Result<()> {
+        Handle::add_fdb(self, index, mac, dst)
+    }
+    fn delete_fdb(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> Result<bool> {
+        Handle::delete_fdb(self, index, mac, dst)
+    }
+}
