@@ -10,6 +10,8 @@
 //! BGP to VXLAN, or ternd restarted without `--bgp`).
 
 pub mod node;
+#[cfg(test)]
+mod tests;
 
 use crate::mtu;
 use crate::nat::NatTable;
@@ -25,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tern_ipam::Ipam;
+use tern_linux::kernel::{Netlink, NftApply, SystemNft};
 use tern_linux::netlink::{Handle, MAIN_TABLE, Route, RouteKind, Scope};
 use tern_linux::{TERN_BGP_ROUTE_PROTOCOL, TERN_ROUTE_PROTOCOL};
 use tern_model::Kind;
@@ -157,20 +160,6 @@ impl Dataplane {
         }
     }
 
-    fn underlay_mtu(&self, addr: Option<IpAddr>) -> u32 {
-        let find = || -> Option<u32> {
-            let mut h = Handle::new().ok()?;
-            let a = addr?;
-            let (idx, _) = h
-                .addresses(None)
-                .ok()?
-                .into_iter()
-                .find(|(_, n)| n.addr() == a)?;
-            Some(h.link_by_index(idx).ok()??.mtu)
-        };
-        find().unwrap_or_else(crate::host::detect_mtu)
-    }
-
     /// Registers the node (addresses, tunnel addresses, MTU); returns the registration.
     pub fn register(&self, snap: &Snapshot) -> Result<Registration, NodeError> {
         let me = &self.cfg.node_name;
@@ -188,11 +177,11 @@ impl Dataplane {
         } else {
             let enabled: Vec<PoolInfo> =
                 snap.pools.iter().filter(|p| !p.disabled).cloned().collect();
-            mtu::pod_mtu(
-                self.underlay_mtu(primary),
-                &enabled,
-                primary.is_some_and(|a| a.is_ipv6()),
-            )
+            let underlay_mtu = match Handle::new() {
+                Ok(mut h) => underlay_mtu(&mut h, primary),
+                Err(_) => crate::host::detect_mtu(),
+            };
+            mtu::pod_mtu(underlay_mtu, &enabled, primary.is_some_and(|a| a.is_ipv6()))
         };
         let reg = Registration {
             addresses,
@@ -247,12 +236,7 @@ impl Dataplane {
                 Vec::new()
             }
         };
-        let mut desired = routes::compute(&snap, &self.cfg.node_name, &subnets);
-        if self.bgp.load(Ordering::Relaxed) {
-            desired.routes.retain(|dst, t| {
-                !matches!(t, Target::Direct(_)) || reconciler_owns(&snap.pools, dst)
-            });
-        }
+        let desired = self.desired(&snap, &subnets);
         r.errors.extend(desired.errors.iter().cloned());
         let mut h = match Handle::new() {
             Ok(h) => h,
@@ -261,21 +245,44 @@ impl Dataplane {
                 return self.finish(r);
             }
         };
+        self.apply_desired(&mut h, &mut SystemNft, &snap, &desired, full, &mut r);
+        self.finish(r)
+    }
+
+    /// The kernel half of a pass, through the kernel seam (one rtnetlink handle, nftables):
+    /// tunnels and their neighbours, routes, natOutgoing. What fails is reported in `r` and
+    /// left for the next pass, which plans it again from what the kernel then holds.
+    fn apply_desired(
+        &self,
+        k: &mut dyn Netlink,
+        nft: &mut dyn NftApply,
+        snap: &Snapshot,
+        desired: &Desired,
+        full: bool,
+        r: &mut SyncReport,
+    ) {
         let me = snap.nodes.iter().find(|n| n.name == self.cfg.node_name);
-        let vxlan_idx = self.sync_vxlan(&mut h, &desired, me, &mut r);
-        let ipip_idx = self.sync_ipip(&mut h, &desired, &mut r);
-        self.sync_routes(&mut h, &desired, &snap, vxlan_idx, ipip_idx, &mut r);
+        let vxlan_idx = self.sync_vxlan(k, desired, me, r);
+        let ipip_idx = self.sync_ipip(k, desired, r);
+        self.sync_routes(k, desired, snap, vxlan_idx, ipip_idx, r);
+        self.sync_nat(nft, &snap.pools, full, r);
+    }
+
+    /// natOutgoing: through the attached policy engine's table, or as its own changes,
+    /// skipped (`full == false`) when they equal the last ones applied. A failure forgets
+    /// what was applied, so the next pass applies them again whatever triggers it.
+    fn sync_nat(&self, nft: &mut dyn NftApply, pools: &[PoolInfo], full: bool, r: &mut SyncReport) {
         let policy = self.policy.lock().unwrap().clone();
         if let Some(engine) = policy {
-            if let Err(e) = engine.replace_nat(crate::nat::chains(&snap.pools)) {
+            if let Err(e) = engine.replace_nat(crate::nat::chains(pools)) {
                 r.errors.push(format!("natOutgoing: {e}"));
             }
-            return self.finish(r);
+            return;
         }
-        let changes = crate::nat::changes(&snap.pools);
+        let changes = crate::nat::changes(pools);
         let mut applied = self.nat_applied.lock().unwrap();
         if full || applied.as_ref() != Some(&changes) {
-            match crate::nat::apply(&changes) {
+            match crate::nat::apply(nft, &changes) {
                 Ok(()) => *applied = Some(changes),
                 Err(e) => {
                     *applied = None;
@@ -284,8 +291,18 @@ impl Dataplane {
                 }
             }
         }
-        drop(applied);
-        self.finish(r)
+    }
+
+    /// The desired state of this node from `snap`: with BGP on, without the direct routes
+    /// the speaker installs.
+    fn desired(&self, snap: &Snapshot, local_subnets: &[IpNet]) -> Desired {
+        let mut desired = routes::compute(snap, &self.cfg.node_name, local_subnets);
+        if self.bgp.load(Ordering::Relaxed) {
+            desired.routes.retain(|dst, t| {
+                !matches!(t, Target::Direct(_)) || reconciler_owns(&snap.pools, dst)
+            });
+        }
+        desired
     }
 
     /// Hands natOutgoing to the policy engine (or any [`NatTable`]): from now on both share
@@ -317,12 +334,12 @@ impl Dataplane {
     /// with its permanent neighbours and FDB entries; removes it otherwise. Returns its index.
     fn sync_vxlan(
         &self,
-        h: &mut Handle,
+        k: &mut dyn Netlink,
         d: &Desired,
         me: Option<&NodeInfo>,
         r: &mut SyncReport,
     ) -> Option<u32> {
-        let devices = match h.vxlan_devices() {
+        let devices = match k.vxlan_devices() {
             Ok(v) => v,
             Err(e) => {
                 r.errors.push(format!("listing VXLAN devices: {e}"));
@@ -337,7 +354,7 @@ impl Dataplane {
         });
         let Some((tip, local)) = want.filter(|_| d.vxlan) else {
             if let Some(v) = ours {
-                match h.delete_link(&v.name) {
+                match k.delete_link(&v.name) {
                     Ok(_) => log::info!("removed {VXLAN_DEVICE}: no pool uses VXLAN"),
                     Err(e) => r.errors.push(format!("removing {VXLAN_DEVICE}: {e}")),
                 }
@@ -360,18 +377,16 @@ impl Dataplane {
             return None;
         }
         let mac = routes::vtep_mac(&self.cfg.node_name);
-        let mtu = self
-            .underlay_mtu(Some(local))
-            .saturating_sub(mtu::VXLAN_OVERHEAD);
+        let mtu = underlay_mtu(k, Some(local)).saturating_sub(mtu::VXLAN_OVERHEAD);
         let stale = ours.is_some_and(|v| {
             v.vni != Some(VXLAN_VNI) || v.port != Some(VXLAN_PORT) || v.local != Some(local)
         });
         if stale {
             log::info!("re-creating {VXLAN_DEVICE}: VNI, port or local address changed");
-            let _ = h.delete_link(VXLAN_DEVICE);
+            let _ = k.delete_link(VXLAN_DEVICE);
         }
         if ours.is_none() || stale {
-            if let Err(e) = h.create_vxlan(VXLAN_DEVICE, VXLAN_VNI, local, None, VXLAN_PORT) {
+            if let Err(e) = k.create_vxlan(VXLAN_DEVICE, VXLAN_VNI, local, None, VXLAN_PORT) {
                 r.errors.push(format!(
                     "cannot create {VXLAN_DEVICE} (VNI {VXLAN_VNI}, UDP port {VXLAN_PORT}, local {local}): {e}"
                 ));
@@ -381,7 +396,7 @@ impl Dataplane {
                 "created {VXLAN_DEVICE} (VNI {VXLAN_VNI}, port {VXLAN_PORT}, local {local})"
             );
         }
-        let link = match h.link_by_name(VXLAN_DEVICE) {
+        let link = match k.link_by_name(VXLAN_DEVICE) {
             Ok(Some(l)) => l,
             Ok(None) => {
                 r.errors.push(format!("{VXLAN_DEVICE} vanished"));
@@ -399,48 +414,48 @@ impl Dataplane {
             }
         };
         if link.mac != Some(mac) {
-            step(h.set_mac(idx, mac), "setting the VTEP MAC");
+            step(k.set_mac(idx, mac), "setting the VTEP MAC");
         }
         if link.mtu != mtu && mtu > 0 {
-            step(h.set_mtu(idx, mtu), "setting the MTU");
+            step(k.set_mtu(idx, mtu), "setting the MTU");
         }
         let want_addr = IpNet::from(tip);
-        match h.addresses(Some(idx)) {
+        match k.addresses(Some(idx)) {
             Ok(addrs) => {
                 if !addrs.iter().any(|(_, a)| *a == want_addr) {
-                    step(h.add_address(idx, want_addr), "adding the tunnel address");
+                    step(k.add_address(idx, want_addr), "adding the tunnel address");
                 }
             }
             Err(e) => step(Err(e), "listing addresses"),
         }
         if !link.up
-            && let Err(e) = h.set_link_up(idx)
+            && let Err(e) = k.set_link_up(idx)
         {
             r.errors.push(format!(
                 "cannot bring {VXLAN_DEVICE} up (is UDP port {VXLAN_PORT} used by another socket or device?): {e}"
             ));
             return None;
         }
-        self.sync_vteps(h, idx, &d.vteps, r);
+        self.sync_vteps(k, idx, &d.vteps, r);
         Some(idx)
     }
 
     fn sync_vteps(
         &self,
-        h: &mut Handle,
+        k: &mut dyn Netlink,
         idx: u32,
         want: &std::collections::BTreeSet<Vtep>,
         r: &mut SyncReport,
     ) {
         // Neighbours: tunnel IP -> MAC (permanent).
-        match h.neighbours(Some(idx)) {
+        match k.neighbours(Some(idx)) {
             Ok(have) => {
                 for v in want {
                     let ok = have.iter().any(|n| {
                         n.ip == v.tunnel_ip && n.mac == Some(v.mac) && n.state & 0x80 != 0
                     });
                     if !ok {
-                        match h.add_neighbour(idx, v.tunnel_ip, v.mac) {
+                        match k.add_neighbour(idx, v.tunnel_ip, v.mac) {
                             Ok(()) => r.vtep_changes += 1,
                             Err(e) => r.errors.push(format!("neighbour of {}: {e}", v.node)),
                         }
@@ -448,7 +463,7 @@ impl Dataplane {
                 }
                 for n in have {
                     if !want.iter().any(|v| v.tunnel_ip == n.ip) {
-                        match h.delete_neighbour(idx, n.ip) {
+                        match k.delete_neighbour(idx, n.ip) {
                             Ok(_) => r.vtep_changes += 1,
                             Err(e) => r.errors.push(format!("removing neighbour {}: {e}", n.ip)),
                         }
@@ -460,14 +475,14 @@ impl Dataplane {
                 .push(format!("listing neighbours of {VXLAN_DEVICE}: {e}")),
         }
         // FDB: MAC -> remote underlay address.
-        match h.fdb(idx) {
+        match k.fdb(idx) {
             Ok(have) => {
                 for v in want {
                     if !have
                         .iter()
                         .any(|f| f.mac == v.mac && f.dst == Some(v.underlay))
                     {
-                        match h.add_fdb(idx, v.mac, v.underlay) {
+                        match k.add_fdb(idx, v.mac, v.underlay) {
                             Ok(()) => r.vtep_changes += 1,
                             Err(e) => r.errors.push(format!("FDB entry of {}: {e}", v.node)),
                         }
@@ -476,7 +491,7 @@ impl Dataplane {
                 for f in have {
                     let Some(dst) = f.dst else { continue };
                     if !want.iter().any(|v| v.mac == f.mac && v.underlay == dst) {
-                        match h.delete_fdb(idx, f.mac, dst) {
+                        match k.delete_fdb(idx, f.mac, dst) {
                             Ok(_) => r.vtep_changes += 1,
                             Err(e) => r.errors.push(format!("removing FDB entry: {e}")),
                         }
@@ -488,14 +503,14 @@ impl Dataplane {
     }
 
     /// Ensures `tunl0` is up when some pool uses IPIP; reports kernels without IPIP support.
-    fn sync_ipip(&self, h: &mut Handle, d: &Desired, r: &mut SyncReport) -> Option<u32> {
+    fn sync_ipip(&self, k: &mut dyn Netlink, d: &Desired, r: &mut SyncReport) -> Option<u32> {
         if !d.ipip {
             return None;
         }
-        let link = match h.link_by_name(IPIP_DEVICE) {
+        let link = match k.link_by_name(IPIP_DEVICE) {
             Ok(Some(l)) => l,
-            Ok(None) => match h.create_ipip(IPIP_DEVICE, None) {
-                Ok(()) => match h.link_by_name(IPIP_DEVICE) {
+            Ok(None) => match k.create_ipip(IPIP_DEVICE, None) {
+                Ok(()) => match k.link_by_name(IPIP_DEVICE) {
                     Ok(Some(l)) => l,
                     _ => {
                         r.errors
@@ -520,7 +535,7 @@ impl Dataplane {
             }
         };
         if !link.up
-            && let Err(e) = h.set_link_up(link.index)
+            && let Err(e) = k.set_link_up(link.index)
         {
             r.errors.push(format!("cannot bring {IPIP_DEVICE} up: {e}"));
         }
@@ -531,7 +546,7 @@ impl Dataplane {
     /// loop; which routes to add, replace or delete (and which are foreign) is decided purely.
     fn sync_routes(
         &self,
-        h: &mut Handle,
+        k: &mut dyn Netlink,
         d: &Desired,
         snap: &Snapshot,
         vxlan: Option<u32>,
@@ -540,7 +555,7 @@ impl Dataplane {
     ) {
         use crate::routes::plan::{self, RouteOp};
         let want = plan::kernel_routes(d, vxlan, ipip);
-        let links: Vec<_> = match h.links() {
+        let links: Vec<_> = match k.links() {
             Ok(l) => l
                 .into_iter()
                 .filter(|l| {
@@ -554,10 +569,10 @@ impl Dataplane {
             }
         };
         let veths: HashSet<u32> = links.iter().map(|l| l.index).collect();
-        self.sync_pod_routes(h, &links, r);
+        self.sync_pod_routes(k, &links, r);
         let mut have = Vec::new();
         for v6 in [false, true] {
-            match h.routes_full(v6, MAIN_TABLE) {
+            match k.routes_full(v6, MAIN_TABLE) {
                 Ok(rs) => have.extend(rs),
                 Err(e) => {
                     r.errors.push(format!("listing routes: {e}"));
@@ -565,24 +580,25 @@ impl Dataplane {
                 }
             }
         }
-        let have = self.adopt_bgp_routes(h, &want, have, snap, r);
-        for op in plan::plan(&want, &have, &veths) {
-            match op {
-                RouteOp::Delete(x) => match h.delete_route_full(&x) {
-                    Ok(_) => r.routes_removed += 1,
-                    Err(e) => r.errors.push(format!("removing route {}: {e}", x.dst)),
-                },
-                RouteOp::Add(w) | RouteOp::Replace { new: w, .. } => {
-                    match h.replace_route_full(&w) {
-                        Ok(()) => r.routes_set += 1,
-                        Err(e) => r.errors.push(format!("route {}: {e}", w.dst)),
-                    }
+        let have = self.adopt_bgp_routes(k, &want, have, snap, r);
+        let done = plan::apply(k, plan::plan(&want, &have, &veths), plan::AddMode::Replace);
+        r.routes_set += done.set.len();
+        r.routes_removed += done.removed.len();
+        for (want, foreign) in done.blocked {
+            r.errors.push(format!(
+                "route {} not installed: the kernel has a route for it with protocol {} that tern does not own",
+                want.dst, foreign.protocol
+            ));
+        }
+        for (op, e) in done.failed {
+            r.errors.push(match op {
+                RouteOp::Delete(x) => format!("removing route {}: {e}", x.dst),
+                RouteOp::Add(w)
+                | RouteOp::Replace { new: w, .. }
+                | RouteOp::Blocked { want: w, .. } => {
+                    format!("route {}: {e}", w.dst)
                 }
-                RouteOp::Blocked { want, foreign } => r.errors.push(format!(
-                    "route {} not installed: the kernel has a route for it with protocol {} that tern does not own",
-                    want.dst, foreign.protocol
-                )),
-            }
+            });
         }
     }
 
@@ -599,7 +615,7 @@ impl Dataplane {
     /// deleted ones gone, for [`crate::routes::plan::plan`].
     fn adopt_bgp_routes(
         &self,
-        h: &mut Handle,
+        k: &mut dyn Netlink,
         want: &[Route],
         have: Vec<Route>,
         snap: &Snapshot,
@@ -617,7 +633,7 @@ impl Dataplane {
                 continue;
             }
             match want.iter().find(|w| w.dst == x.dst) {
-                Some(w) if w.kind == x.kind => match h.replace_route_full(w) {
+                Some(w) if w.kind == x.kind => match k.replace_route_full(w) {
                     Ok(()) => {
                         log::info!(
                             "took over the BGP route {} (via {:?}): the reconciler's now (via {:?})",
@@ -635,7 +651,7 @@ impl Dataplane {
                     }
                 },
                 // Another type (a blackhole): deleted here, added by the plan.
-                Some(_) => self.delete_bgp_route(h, &x, r),
+                Some(_) => self.delete_bgp_route(k, &x, r),
                 None => {
                     // A remote block (or, with `--use-pod-cidr`, a remote node's podCIDR)
                     // whose VXLAN endpoint is not registered yet: the old route still
@@ -650,7 +666,7 @@ impl Dataplane {
                     if remote_block {
                         out.push(x);
                     } else {
-                        self.delete_bgp_route(h, &x, r);
+                        self.delete_bgp_route(k, &x, r);
                     }
                 }
             }
@@ -659,8 +675,8 @@ impl Dataplane {
     }
 
     /// Deletes a proto-85 route [`Dataplane::adopt_bgp_routes`] took over.
-    fn delete_bgp_route(&self, h: &mut Handle, x: &Route, r: &mut SyncReport) {
-        match h.delete_route_full(x) {
+    fn delete_bgp_route(&self, k: &mut dyn Netlink, x: &Route, r: &mut SyncReport) {
+        match k.delete_route_full(x) {
             Ok(_) => {
                 log::info!(
                     "removed the BGP route {} (via {:?}): no BGP speaker routes it",
@@ -681,7 +697,7 @@ impl Dataplane {
     /// only at ADD. Veths that are down (a DEL in progress) are left alone.
     fn sync_pod_routes(
         &self,
-        h: &mut Handle,
+        k: &mut dyn Netlink,
         links: &[tern_linux::netlink::Link],
         r: &mut SyncReport,
     ) {
@@ -710,7 +726,7 @@ impl Dataplane {
                     None => {
                         let mut v = Vec::new();
                         for v6 in [false, true] {
-                            match h.routes_full(v6, MAIN_TABLE) {
+                            match k.routes_full(v6, MAIN_TABLE) {
                                 Ok(rs) => v.extend(rs),
                                 Err(e) => {
                                     r.errors.push(format!("listing routes: {e}"));
@@ -737,7 +753,7 @@ impl Dataplane {
                     protocol: TERN_ROUTE_PROTOCOL,
                     table: MAIN_TABLE,
                 };
-                match h.replace_route_full(&route) {
+                match k.replace_route_full(&route) {
                     Ok(()) => {
                         log::info!("restored the host route {dst} dev {}", link.name);
                         r.routes_set += 1;
@@ -821,6 +837,21 @@ impl Dataplane {
             }
         }
     }
+}
+
+/// The MTU of the interface holding the underlay address `addr`; the default route's
+/// interface's when unknown.
+fn underlay_mtu(k: &mut dyn Netlink, addr: Option<IpAddr>) -> u32 {
+    fn find(k: &mut dyn Netlink, addr: Option<IpAddr>) -> Option<u32> {
+        let a = addr?;
+        let (idx, _) = k
+            .addresses(None)
+            .ok()?
+            .into_iter()
+            .find(|(_, n)| n.addr() == a)?;
+        Some(k.link_by_index(idx).ok()??.mtu)
+    }
+    find(k, addr).unwrap_or_else(crate::host::detect_mtu)
 }
 
 /// Keys whose changes can change the dataplane: pools, nodes, blocks, affinities.

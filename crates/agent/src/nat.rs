@@ -167,14 +167,18 @@ pub trait NatTable: Send + Sync {
     fn replace_nat(&self, nat: Ruleset) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
-/// Applies `changes` (from [`changes`]) atomically in the caller's network namespace: one
-/// netlink batch; if the kernel refuses it, the same changes through `nft -f`.
-pub fn apply(changes: &[TableChange]) -> Result<(), tern_linux::LinuxError> {
-    match tern_linux::nft_netlink::apply_cached(TABLE, changes) {
+/// Applies `changes` (from [`changes`]) atomically to `nft` (the real one,
+/// `tern_linux::kernel::SystemNft`, acts in the caller's network namespace): one netlink
+/// batch; if the kernel refuses it, the same changes through `nft -f`.
+pub fn apply(
+    nft: &mut dyn tern_linux::kernel::NftApply,
+    changes: &[TableChange],
+) -> Result<(), tern_linux::LinuxError> {
+    match nft.apply_changes(TABLE, changes) {
         Ok(()) => Ok(()),
         Err(e) => {
             log::warn!("natOutgoing: netlink update failed ({e}); retrying with nft -f");
-            tern_linux::nft::apply(&tern_nft::render_changes(changes))
+            nft.apply_script(&tern_nft::render_changes(changes))
         }
     }
 }

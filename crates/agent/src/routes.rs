@@ -3,9 +3,10 @@
 //! addresses, and the VXLAN neighbours (ARP + FDB) of remote VTEPs. With `--use-pod-cidr`
 //! ([`Snapshot::use_pod_cidr`]) every node's Kubernetes podCIDRs are routed like blocks affine
 //! to it: the encapsulation of the pool covering the podCIDR, direct routing when no pool
-//! covers it, a blackhole for the node's own. No kernel access here:
-//! [`plan`] diffs the routes against what the kernel reports, and the reconciler in
-//! `crate::dataplane` applies the resulting operations.
+//! covers it, a blackhole for the node's own. No kernel access here but [`plan::apply`]:
+//! [`plan`] diffs the routes against what the kernel reports and runs the resulting
+//! operations through the kernel seam ([`tern_linux::kernel::Routes`]), for the reconciler
+//! in `crate::dataplane` and for the routes the BGP speaker learns (`crate::bgp`).
 
 pub mod plan;
 

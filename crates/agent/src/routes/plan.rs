@@ -1,9 +1,15 @@
 //! Route sync as a pure plan, Felix's `route_table.go` split: [`kernel_routes`] turns the
 //! desired state into kernel routes, [`plan`] diffs them against what the kernel reports and
-//! returns the operations to run; the dataplane applies them in a thin loop. Nothing here
-//! touches the kernel, so every rule below is tested without root.
+//! returns the operations to run, and [`apply`] runs them through the kernel seam
+//! ([`tern_linux::kernel::Routes`]) in a thin loop. The planning touches no kernel; the
+//! loop takes any kernel, so every rule below, and what a refused operation leaves, is
+//! tested without root (on `tern_linux::fake::FakeKernel`).
 //!
-//! Ownership: a route is tern's to change or delete only when it has protocol
+//! Every route tern installs goes through here: the reconciler's (protocol 84, [`plan`]) and
+//! the BGP speaker's learned routes (protocol 85, [`plan_with`] and [`bgp_owned`], applied
+//! with [`AddMode::Exclusive`]); each owner only changes its own routes.
+//!
+//! Ownership: a route is the reconciler's to change or delete only when it has protocol
 //! [`TERN_ROUTE_PROTOCOL`] in the main table and does not go out of a pod interface (those
 //! `/32`s belong to the endpoint code). Every other route is foreign and never touched; a
 //! foreign route holding a destination tern wants is reported ([`RouteOp::Blocked`]), not
@@ -11,8 +17,9 @@
 
 use super::{Desired, Target};
 use std::collections::HashSet;
-use tern_linux::TERN_ROUTE_PROTOCOL;
+use tern_linux::kernel::Routes;
 use tern_linux::netlink::{MAIN_TABLE, Route, RouteKind, Scope};
+use tern_linux::{LinuxError, TERN_BGP_ROUTE_PROTOCOL, TERN_ROUTE_PROTOCOL};
 
 /// One change the kernel needs so that its tern routes equal the desired ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +52,11 @@ pub fn owned(r: &Route, pod_links: &HashSet<u32>) -> bool {
     r.protocol == TERN_ROUTE_PROTOCOL
         && r.table == MAIN_TABLE
         && !r.oif.is_some_and(|o| pod_links.contains(&o))
+}
+
+/// True when the BGP speaker may change or delete `r`: its own protocol 85 in the main table.
+pub fn bgp_owned(r: &Route) -> bool {
+    r.protocol == TERN_BGP_ROUTE_PROTOCOL && r.table == MAIN_TABLE
 }
 
 /// True when the kernel's `have` already is the route `want` asks for. A `want` without a
@@ -104,7 +116,13 @@ pub fn kernel_routes(d: &Desired, vxlan: Option<u32>, ipip: Option<u32>) -> Vec<
 /// an owned route of the same type differs, otherwise deletes of owned routes of another
 /// type (replace cannot turn a blackhole into a unicast route) and an add.
 pub fn plan(want: &[Route], have: &[Route], pod_links: &HashSet<u32>) -> Vec<RouteOp> {
-    let mine: Vec<&Route> = have.iter().filter(|r| owned(r, pod_links)).collect();
+    plan_with(want, have, &|r| owned(r, pod_links))
+}
+
+/// [`plan`] for the owner whose routes `owned` recognises (the reconciler's: [`owned`];
+/// the BGP speaker's: [`bgp_owned`]): every route it does not own is foreign.
+pub fn plan_with(want: &[Route], have: &[Route], owned: &dyn Fn(&Route) -> bool) -> Vec<RouteOp> {
+    let mine: Vec<&Route> = have.iter().filter(|r| owned(r)).collect();
     let wanted: HashSet<_> = want.iter().map(|w| w.dst).collect();
     let mut ops: Vec<RouteOp> = mine
         .iter()
@@ -124,7 +142,7 @@ pub fn plan(want: &[Route], have: &[Route], pod_links: &HashSet<u32>) -> Vec<Rou
         }
         if let Some(foreign) = have
             .iter()
-            .find(|r| r.dst == w.dst && r.table == w.table && !owned(r, pod_links))
+            .find(|r| r.dst == w.dst && r.table == w.table && !owned(r))
         {
             ops.push(RouteOp::Blocked {
                 want: w.clone(),
@@ -153,6 +171,54 @@ pub fn plan(want: &[Route], have: &[Route], pod_links: &HashSet<u32>) -> Vec<Rou
         }
     }
     ops
+}
+
+/// How [`apply`] installs a route to a destination its owner holds no route for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddMode {
+    /// `NLM_F_REPLACE` (the reconciler: the plan saw no route there).
+    Replace,
+    /// `NLM_F_EXCL` (the BGP speaker): a route someone installed since the listing is never
+    /// replaced; the add fails with EEXIST ([`Applied::failed`]).
+    Exclusive,
+}
+
+/// What [`apply`] did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Routes added or replaced.
+    pub set: Vec<Route>,
+    /// Routes deleted (or already gone).
+    pub removed: Vec<Route>,
+    /// Destinations a foreign route holds: the route wanted and the foreign one.
+    pub blocked: Vec<(Route, Route)>,
+    /// Operations the kernel refused, with its error: the kernel keeps what it had, and the
+    /// next plan (the next pass) issues them again.
+    pub failed: Vec<(RouteOp, LinuxError)>,
+}
+
+/// Runs `ops` (from [`plan`] or [`plan_with`]) against `k`, each on its own: a refused
+/// operation is recorded and the rest still run.
+pub fn apply(k: &mut dyn Routes, ops: Vec<RouteOp>, mode: AddMode) -> Applied {
+    let mut out = Applied::default();
+    for op in ops {
+        let res = match &op {
+            RouteOp::Delete(x) => k.delete_route_full(x).map(|_| ()),
+            RouteOp::Add(w) if mode == AddMode::Exclusive => k.add_route_full(w),
+            RouteOp::Add(w) | RouteOp::Replace { new: w, .. } => k.replace_route_full(w),
+            RouteOp::Blocked { want, foreign } => {
+                out.blocked.push((want.clone(), foreign.clone()));
+                continue;
+            }
+        };
+        match (res, op) {
+            (Ok(()), RouteOp::Delete(x)) => out.removed.push(x),
+            (Ok(()), RouteOp::Add(w) | RouteOp::Replace { new: w, .. }) => out.set.push(w),
+            (Ok(()), RouteOp::Blocked { .. }) => {}
+            (Err(e), op) => out.failed.push((op, e)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -383,5 +449,123 @@ mod tests {
                 assert!(after.iter().any(|k| same_route(x, k)), "{x:?} missing");
             }
         }
+    }
+
+    /// A fake kernel with the underlay eth0 (198.18.0.1/24) and `vxlan.tern` up, at the
+    /// indexes [`want`] uses.
+    fn fake() -> tern_linux::fake::FakeKernel {
+        use tern_linux::kernel::{Addresses, Links};
+        let mut k = tern_linux::fake::FakeKernel::new();
+        let eth0 = k.add_device("eth0", 1500);
+        k.add_address(eth0, "198.18.0.1/24".parse().unwrap())
+            .unwrap();
+        for i in eth0 + 1..VXLAN_IDX {
+            k.add_device(&format!("dummy{i}"), 1500);
+        }
+        k.create_vxlan("vxlan.tern", 4096, ip("198.18.0.1"), None, 4789)
+            .unwrap();
+        assert_eq!(k.link("vxlan.tern").unwrap().index, VXLAN_IDX);
+        k.set_link_up(VXLAN_IDX).unwrap();
+        k
+    }
+
+    fn dump(k: &mut dyn Routes) -> Vec<Route> {
+        let mut v = k.routes_full(false, MAIN_TABLE).unwrap();
+        v.extend(k.routes_full(true, MAIN_TABLE).unwrap());
+        v
+    }
+
+    #[test]
+    fn a_refused_operation_is_reported_the_rest_applied_and_the_next_pass_retries_it() {
+        let mut k = fake();
+        let w = want();
+        k.fail_next_route_add();
+        let have = dump(&mut k);
+        let done = super::apply(&mut k, plan(&w, &have, &pods()), AddMode::Replace);
+        assert_eq!(done.failed.len(), 1, "{:?}", done.failed);
+        assert_eq!(done.set.len(), 2);
+        let (RouteOp::Add(refused), e) = &done.failed[0] else {
+            panic!("{:?}", done.failed)
+        };
+        assert_eq!(e.errno(), Some(libc::ENOBUFS));
+        assert!(k.routes_to(refused.dst).is_empty());
+        // The next pass plans exactly the refused route again, and then nothing.
+        let have = dump(&mut k);
+        let again = plan(&w, &have, &pods());
+        assert_eq!(again, vec![RouteOp::Add(refused.clone())]);
+        let done = super::apply(&mut k, again, AddMode::Replace);
+        assert!(done.failed.is_empty() && done.set.len() == 1);
+        let have = dump(&mut k);
+        assert!(plan(&w, &have, &pods()).is_empty());
+    }
+
+    #[test]
+    fn a_refused_delete_keeps_the_route_until_the_next_pass() {
+        let mut k = fake();
+        let stale = Route {
+            dst: "10.244.9.0/26".parse().unwrap(),
+            ..want()[0].clone()
+        };
+        k.put_route(stale.clone());
+        k.fail_next_route_del();
+        let have = dump(&mut k);
+        let done = super::apply(&mut k, plan(&[], &have, &pods()), AddMode::Replace);
+        assert!(matches!(&done.failed[..], [(RouteOp::Delete(x), _)] if *x == stale));
+        assert_eq!(k.routes_to(stale.dst), vec![stale.clone()]);
+        let have = dump(&mut k);
+        let done = super::apply(&mut k, plan(&[], &have, &pods()), AddMode::Replace);
+        assert_eq!(done.removed, vec![stale.clone()]);
+        assert!(k.routes_to(stale.dst).is_empty());
+    }
+
+    #[test]
+    fn an_exclusive_add_never_replaces_a_route_that_appeared_after_the_listing() {
+        let mut k = fake();
+        let w = want();
+        let have = dump(&mut k);
+        let ops = plan_with(&w[1..2], &have, &bgp_owned);
+        // Another daemon routes the destination between the listing and the add.
+        let bird = foreign("10.244.1.0/26", 12);
+        k.put_route(bird.clone());
+        let done = super::apply(&mut k, ops, AddMode::Exclusive);
+        assert!(done.set.is_empty());
+        assert!(done.failed[0].1.is_already_exists(), "{:?}", done.failed);
+        assert_eq!(k.routes_to(bird.dst), vec![bird.clone()]);
+        // The same plan with replace would have taken it over: exclusive is what BGP needs.
+        let have = dump(&mut k);
+        assert_eq!(
+            plan_with(&w[1..2], &have, &bgp_owned),
+            vec![RouteOp::Blocked {
+                want: w[1].clone(),
+                foreign: bird
+            }]
+        );
+    }
+
+    #[test]
+    fn each_owner_plans_only_its_own_routes() {
+        let w = want();
+        let mut bgp = as_reported(&w[1]);
+        bgp.protocol = TERN_BGP_ROUTE_PROTOCOL;
+        // To the reconciler a BGP route on its destination is foreign, and the reverse.
+        assert!(matches!(
+            &plan(&w[1..2], std::slice::from_ref(&bgp), &pods())[..],
+            [RouteOp::Blocked { .. }]
+        ));
+        let mut bgp_want = w[1].clone();
+        bgp_want.protocol = TERN_BGP_ROUTE_PROTOCOL;
+        assert!(matches!(
+            &plan_with(
+                std::slice::from_ref(&bgp_want),
+                &[as_reported(&w[1])],
+                &bgp_owned
+            )[..],
+            [RouteOp::Blocked { .. }]
+        ));
+        assert!(plan_with(&[], &[as_reported(&w[1])], &bgp_owned).is_empty());
+        assert_eq!(
+            plan_with(&[], std::slice::from_ref(&bgp), &bgp_owned),
+            vec![RouteOp::Delete(bgp)]
+        );
     }
 }
