@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tern_linux::kernel::{NftApply, SystemNft};
 use tern_model::{Kind, Resource};
 use tern_policy::{Endpoint, Incremental, PolicyKey, PolicySet, Ruleset, Script};
 use tern_store::{EventKind, Store, keys};
@@ -66,6 +67,15 @@ pub enum Applied {
 /// Applies a script with `nft -f` and commits it; a failure forgets the kernel state, so the
 /// next change is a full resync.
 pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAgentError> {
+    run_script_with(inc, &mut SystemNft, s)
+}
+
+/// [`run_script`] through any nftables (`nft`).
+fn run_script_with(
+    inc: &mut Incremental,
+    nft: &mut dyn NftApply,
+    s: &Script,
+) -> Result<Applied, PolicyAgentError> {
     if s.text.is_empty() {
         inc.commit(s);
         return Ok(Applied::Nothing);
@@ -76,7 +86,7 @@ pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAg
         s.full,
         s.text
     );
-    match tern_linux::nft::apply(&s.text) {
+    match nft.apply_script(&s.text) {
         Ok(()) => {
             inc.commit(s);
             Ok(Applied::Nft { full: s.full })
@@ -97,14 +107,23 @@ pub fn run_script(inc: &mut Incremental, s: &Script) -> Result<Applied, PolicyAg
 /// chain or set changed behind the agent's back) is retried as a full resync over netlink;
 /// a full resync the kernel refuses goes through `nft -f`, which encodes by itself.
 pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError> {
-    let mut full = match try_netlink(inc) {
+    apply_pending_with(inc, &mut SystemNft)
+}
+
+/// [`apply_pending`] through any nftables (`nft`; the real one is
+/// [`tern_linux::kernel::SystemNft`]).
+pub fn apply_pending_with(
+    inc: &mut Incremental,
+    nft: &mut dyn NftApply,
+) -> Result<Applied, PolicyAgentError> {
+    let mut full = match try_netlink(inc, nft) {
         Ok(how) => return Ok(how),
         Err(full) => full,
     };
     if !full {
         // The batch was one transaction: it changed nothing. Resync it all.
         inc.invalidate();
-        match try_netlink(inc) {
+        match try_netlink(inc, nft) {
             Ok(how) => return Ok(how),
             Err(f) => full = f,
         }
@@ -112,7 +131,7 @@ pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError>
     debug_assert!(full);
     log::warn!("policy: the kernel refused the full resync over netlink; resyncing with nft -f");
     let script = inc.full_script();
-    run_script(inc, &script)
+    run_script_with(inc, nft, &script)
 }
 
 /// Applies the pending changes ([`Incremental::changes`]: the delta since the last commit, or
@@ -122,11 +141,11 @@ pub fn apply_pending(inc: &mut Incremental) -> Result<Applied, PolicyAgentError>
 /// `None` when the kernel refused the batch (the batch is one transaction: nothing changed,
 /// nothing is committed).
 pub fn apply_netlink(inc: &mut Incremental) -> Option<Applied> {
-    try_netlink(inc).ok()
+    try_netlink(inc, &mut SystemNft).ok()
 }
 
 /// [`apply_netlink`]; on a refusal, whether the refused batch was a full resync.
-fn try_netlink(inc: &mut Incremental) -> Result<Applied, bool> {
+fn try_netlink(inc: &mut Incremental, nft: &mut dyn NftApply) -> Result<Applied, bool> {
     let c = inc.changes();
     if c.changes.is_empty() {
         inc.commit_changes(&c);
@@ -134,7 +153,7 @@ fn try_netlink(inc: &mut Incremental) -> Result<Applied, bool> {
     }
     // Like the `nft` child process it replaces, this acts in the network namespace of the
     // calling thread (the socket is cached per thread and namespace).
-    match tern_linux::nft_netlink::apply_cached(tern_policy::nft::TABLE_NAME, &c.changes) {
+    match nft.apply_changes(tern_policy::nft::TABLE_NAME, &c.changes) {
         Ok(()) => {
             log::debug!(
                 "policy: applied {} table changes over netlink (full: {})",
@@ -1270,5 +1289,64 @@ mod tests {
             1,
             "first apply is a full one, then deltas"
         );
+    }
+
+    /// natOutgoing's chains for a pool with natOutgoing: a change of the table.
+    fn nat_chains(cidr: &str) -> Ruleset {
+        crate::nat::chains(&[crate::snapshot::PoolInfo {
+            name: cidr.into(),
+            cidr: cidr.parse().unwrap(),
+            vxlan: tern_model::EncapMode::Never,
+            ipip: tern_model::EncapMode::Never,
+            nat_outgoing: true,
+            disabled: false,
+        }])
+    }
+
+    #[test]
+    fn refused_batches_fall_back_to_a_full_resync_then_nft_and_a_failure_forces_a_resync() {
+        use tern_linux::fake::{FakeKernel, NftApplied};
+        let mut k = FakeKernel::new();
+        let mut inc = Incremental::new("n1", PolicySet::default());
+        // A fresh state knows nothing of the kernel: the first apply is a full resync.
+        assert_eq!(apply_pending_with(&mut inc, &mut k).unwrap(), Applied::Full);
+        assert!(k.nft_applied()[0].is_full());
+        // A change goes as a delta.
+        inc.set_extra(nat_chains("10.244.0.0/16"));
+        assert_eq!(
+            apply_pending_with(&mut inc, &mut k).unwrap(),
+            Applied::Netlink
+        );
+        assert!(!k.nft_applied()[1].is_full());
+        // The delta refused (drift): the whole table again, over netlink.
+        inc.set_extra(nat_chains("10.245.0.0/16"));
+        k.fail_next_nft_apply();
+        assert_eq!(apply_pending_with(&mut inc, &mut k).unwrap(), Applied::Full);
+        assert!(k.nft_applied()[2].is_full());
+        assert_eq!(inc.pending(), 0);
+        // The full resync refused too: nft -f, itself a full resync.
+        inc.set_extra(nat_chains("10.246.0.0/16"));
+        k.fail_next_nft_apply();
+        k.fail_next_nft_apply();
+        assert_eq!(
+            apply_pending_with(&mut inc, &mut k).unwrap(),
+            Applied::Nft { full: true }
+        );
+        assert!(
+            matches!(&k.nft_applied()[3], NftApplied::Script(s) if s.contains("10.246.0.0/16"))
+        );
+        // Everything refused: an error, nothing recorded as in force, and whatever changes
+        // next, the next apply is a full resync.
+        inc.set_extra(nat_chains("10.247.0.0/16"));
+        k.fail_next_nft_apply();
+        k.fail_next_nft_apply();
+        k.fail_next_nft_script();
+        assert!(apply_pending_with(&mut inc, &mut k).is_err());
+        assert_eq!(k.nft_applied().len(), 4);
+        assert_eq!(apply_pending_with(&mut inc, &mut k).unwrap(), Applied::Full);
+        let last = k.nft_applied().pop().unwrap();
+        assert!(last.is_full());
+        assert!(matches!(&last, NftApplied::Batch { changes, .. }
+            if tern_nft::render_changes(changes).contains("10.247.0.0/16")));
     }
 }
