@@ -24,8 +24,11 @@
 //! new routes are added with `NLM_F_EXCL`, and only tern's own proto-85 routes are replaced or
 //! deleted.
 //!
-//! Learned routes are installed with protocol [`TERN_BGP_ROUTE_PROTOCOL`] (85), a recursive
-//! next hop resolved through the kernel's table when it is not on a connected network.
+//! Learned routes are installed with protocol
+//! [`TERN_BGP_ROUTE_PROTOCOL`](tern_linux::TERN_BGP_ROUTE_PROTOCOL) (85), a recursive
+//! next hop resolved through the kernel's table when it is not on a connected network. They
+//! are desired routes like the reconciler's: planned by `crate::routes::plan` and applied
+//! through its loop, over one netlink handle (`install::Installer`).
 //! Prefixes inside pools that encapsulate (VXLAN, IPIP) stay with the route reconciler, and
 //! the reconciler leaves direct routes of unencapsulated pools to BGP
 //! ([`reconciler_owns`]): the two never write the same route. The one hand-over: proto-85
@@ -51,8 +54,6 @@ use tern_bgp::driver::RouteEvent;
 use tern_bgp::driver::{PeerConfig, Speaker, SpeakerConfig, SpeakerHandle};
 use tern_bgp::fsm::State;
 use tern_bgp::rib::ImportFilter;
-use tern_linux::TERN_BGP_ROUTE_PROTOCOL;
-use tern_linux::netlink::{Handle, MAIN_TABLE, Route, RouteKind, Scope};
 use tern_model::{
     BgpConfigurationSpec, BgpPeer, DEFAULT_BGP_CONFIGURATION, Kind, Node, Resource, Selector,
 };
@@ -60,6 +61,10 @@ use tern_store::{Store, keys};
 use tokio::sync::mpsc;
 
 use crate::snapshot::{PoolInfo, Snapshot, load_snapshot, reconciler_owns};
+
+mod install;
+
+use install::Installer;
 
 /// Graceful-restart time advertised, and how long stale routes survive our own restart.
 const RESTART_TIME: u16 = 120;
@@ -848,8 +853,8 @@ struct Runner {
     policy_sent: Option<Arc<ImportPolicy>>,
     /// Rate limit of rejection log lines: window start, lines logged, lines suppressed.
     reject_log: (Instant, u32, u64),
-    /// Accepted prefixes the kernel holds a foreign route for (not installed).
-    conflicts: BTreeSet<IpNet>,
+    /// The learned routes in the kernel, and the prefixes a foreign route holds.
+    kernel: Installer,
 }
 
 /// Rejection log lines per minute (the counter counts all).
@@ -857,9 +862,8 @@ const REJECT_LOG_PER_MINUTE: u32 = 20;
 
 impl Runner {
     fn new(settings: BgpSettings, store: Arc<dyn Store>, shared: Arc<Mutex<Shared>>) -> Runner {
-        let stale: BTreeSet<IpNet> = kernel_routes()
-            .map(|r| r.into_iter().map(|r| r.dst).collect())
-            .unwrap_or_default();
+        let mut kernel = Installer::system();
+        let stale = kernel.installed().unwrap_or_default();
         Runner {
             settings,
             store,
@@ -876,7 +880,7 @@ impl Runner {
             policy: Arc::new(ImportPolicy::default()),
             policy_sent: None,
             reject_log: (Instant::now(), 0, 0),
-            conflicts: BTreeSet::new(),
+            kernel,
         }
     }
 
@@ -1156,48 +1160,28 @@ impl Runner {
             RouteEvent::Install { prefix, next_hop } => {
                 self.learned.insert(prefix, next_hop);
                 if self.wanted(&prefix) {
-                    self.install_checked(prefix, next_hop);
+                    self.kernel.sync_one(prefix, Some(next_hop));
                 }
             }
             RouteEvent::Rejected { peer, prefix } => self.rejected(peer, prefix),
             RouteEvent::Remove { prefix } => {
                 self.learned.remove(&prefix);
-                self.conflicts.remove(&prefix);
+                self.kernel.conflicts.remove(&prefix);
                 // In a pool that encapsulates, the reconciler replaces our old route in place
                 // (`Dataplane::adopt_bgp_routes`): removing it here would leave a gap.
-                if !reconciler_owns(&self.pools, &prefix)
-                    && let Err(e) = uninstall(prefix)
-                {
-                    log::warn!("BGP: removing {prefix}: {e}");
+                if !reconciler_owns(&self.pools, &prefix) {
+                    self.kernel.sync_one(prefix, None);
                 }
             }
         }
+        let conflicts = &self.kernel.conflicts;
         let mut s = self.shared.lock().unwrap();
         s.routes_installed = self
             .learned
             .keys()
-            .filter(|p| self.wanted(p) && !self.conflicts.contains(p))
+            .filter(|p| self.wanted(p) && !conflicts.contains(p))
             .count();
-        s.routes_conflicting = self.conflicts.len();
-    }
-
-    /// Installs a learned route unless the kernel has a route for the prefix that tern's BGP
-    /// did not install (then the prefix is recorded as a conflict, logged once).
-    fn install_checked(&mut self, prefix: IpNet, next_hop: IpAddr) {
-        match install(prefix, next_hop) {
-            Ok(None) => {
-                self.conflicts.remove(&prefix);
-            }
-            Ok(Some(other)) => {
-                if self.conflicts.insert(prefix) {
-                    log::warn!(
-                        "BGP: not installing {prefix} via {next_hop}: the kernel has a route for it with protocol {} that tern's BGP did not install",
-                        other.protocol
-                    );
-                }
-            }
-            Err(e) => log::warn!("BGP: installing {prefix} via {next_hop}: {e}"),
-        }
+        s.routes_conflicting = conflicts.len();
     }
 
     /// Counts and (rate-limited) logs a route the import policy refused.
@@ -1232,30 +1216,17 @@ impl Runner {
         }
     }
 
-    /// Makes the kernel's proto-85 routes match the learned routes: installs missing ones and,
-    /// once stale routes of a previous run may go, removes the rest.
+    /// Makes the kernel's proto-85 routes match the learned routes (the same plan and apply
+    /// as every route: missing ones installed, changed next hops replaced) and, once stale
+    /// routes of a previous run may go, removes the rest.
     fn sync_kernel(&mut self) {
-        let have = match kernel_routes() {
-            Ok(r) => r,
-            Err(e) => {
-                log::warn!("BGP: listing routes: {e}");
-                return;
-            }
-        };
-        let have: BTreeMap<IpNet, Option<IpAddr>> =
-            have.into_iter().map(|r| (r.dst, r.gateway)).collect();
         let want: BTreeMap<IpNet, IpAddr> = self
             .learned
             .iter()
             .filter(|(p, _)| self.wanted(p))
             .map(|(p, n)| (*p, *n))
             .collect();
-        self.conflicts.retain(|p| want.contains_key(p));
-        for (p, nh) in &want {
-            if !have.contains_key(p) {
-                self.install_checked(*p, *nh);
-            }
-        }
+        self.kernel.conflicts.retain(|p| want.contains_key(p));
         // Stale routes of a previous run stay until every session is back (they keep traffic
         // flowing meanwhile) or the restart time is over.
         if self.stale.is_some() {
@@ -1265,23 +1236,17 @@ impl Runner {
                 || self.started.elapsed() > Duration::from_secs(RESTART_TIME.into())
             {
                 self.stale = None;
-            } else {
-                return;
             }
         }
-        for p in have.keys() {
-            // Routes in pools that encapsulate (one switched from BGP to VXLAN) are left to the
-            // reconciler, which replaces them in place with its tunnel routes.
-            if !want.contains_key(p)
-                && !reconciler_owns(&self.pools, p)
-                && let Err(e) = uninstall(*p)
-            {
-                log::warn!("BGP: removing {p}: {e}");
-            }
-        }
+        // Routes in pools that encapsulate (one switched from BGP to VXLAN) are left to the
+        // reconciler, which replaces them in place with its tunnel routes.
+        let pools = &self.pools;
+        self.kernel
+            .sync_all(&want, self.stale.is_none(), &|p| reconciler_owns(pools, p));
+        let conflicts = self.kernel.conflicts.len();
         let mut s = self.shared.lock().unwrap();
-        s.routes_installed = want.len().saturating_sub(self.conflicts.len());
-        s.routes_conflicting = self.conflicts.len();
+        s.routes_installed = want.len().saturating_sub(conflicts);
+        s.routes_conflicting = conflicts;
     }
 
     async fn refresh_status(&mut self) {
@@ -1337,88 +1302,6 @@ impl Runner {
                 .collect(),
         };
     }
-}
-
-/// tern's BGP routes in the main table.
-fn kernel_routes() -> tern_linux::Result<Vec<Route>> {
-    let mut h = Handle::new()?;
-    let mut out = h.routes_full(false, MAIN_TABLE)?;
-    out.extend(h.routes_full(true, MAIN_TABLE)?);
-    out.retain(|r| r.protocol == TERN_BGP_ROUTE_PROTOCOL);
-    Ok(out)
-}
-
-fn bgp_route(dst: IpNet, gateway: Option<IpAddr>) -> Route {
-    Route {
-        dst,
-        kind: RouteKind::Unicast,
-        gateway,
-        oif: None,
-        onlink: false,
-        scope: Scope::Universe,
-        protocol: TERN_BGP_ROUTE_PROTOCOL,
-        table: MAIN_TABLE,
-    }
-}
-
-/// Installs `dst via next_hop`; when the next hop is not on a connected network (eBGP
-/// multihop, a reflected route), resolves it recursively through the kernel's routes.
-///
-/// Never touches a route tern's BGP did not install: when the main table has a route for
-/// `dst` of another protocol (any metric), nothing is installed and that route is returned.
-/// A new route is added with `NLM_F_EXCL`, so one appearing meanwhile is not replaced either;
-/// only an existing proto-85 route is replaced (a next-hop change).
-fn install(dst: IpNet, next_hop: IpAddr) -> tern_linux::Result<Option<Route>> {
-    let mut h = Handle::new()?;
-    let same: Vec<Route> = h
-        .routes_full(dst.addr().is_ipv6(), MAIN_TABLE)?
-        .into_iter()
-        .filter(|r| r.dst == dst)
-        .collect();
-    if let Some(other) = same.iter().find(|r| r.protocol != TERN_BGP_ROUTE_PROTOCOL) {
-        return Ok(Some(other.clone()));
-    }
-    let ours = !same.is_empty();
-    let put = |h: &mut Handle, r: &Route| -> tern_linux::Result<Option<Route>> {
-        let res = if ours {
-            h.replace_route_full(r)
-        } else {
-            h.add_route_full(r)
-        };
-        match res {
-            Ok(()) => Ok(None),
-            // Someone installed a route for `dst` since the listing: theirs stays.
-            Err(e) if e.is_already_exists() => Ok(h
-                .routes_full(dst.addr().is_ipv6(), MAIN_TABLE)?
-                .into_iter()
-                .find(|x| x.dst == dst && x.protocol != TERN_BGP_ROUTE_PROTOCOL)),
-            Err(e) => Err(e),
-        }
-    };
-    match put(&mut h, &bgp_route(dst, Some(next_hop))) {
-        Ok(r) => Ok(r),
-        Err(first) => {
-            let routes = h.routes_full(next_hop.is_ipv6(), MAIN_TABLE)?;
-            let via = routes
-                .iter()
-                .filter(|r| {
-                    r.dst.contains(&next_hop)
-                        && r.gateway.is_some()
-                        && r.protocol != TERN_BGP_ROUTE_PROTOCOL
-                })
-                .max_by_key(|r| r.dst.prefix_len())
-                .and_then(|r| r.gateway);
-            match via {
-                Some(g) => put(&mut h, &bgp_route(dst, Some(g))),
-                None => Err(first),
-            }
-        }
-    }
-}
-
-fn uninstall(dst: IpNet) -> tern_linux::Result<bool> {
-    let mut h = Handle::new()?;
-    h.delete_route_full(&bgp_route(dst, None))
 }
 
 #[cfg(test)]
