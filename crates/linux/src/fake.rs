@@ -31,7 +31,9 @@ use tern_nft::TableChange;
 use crate::Result;
 use crate::error::LinuxError;
 use crate::kernel::{Addresses, Links, Neighbours, NftApply, Routes};
-use crate::netlink::{FdbEntry, Link, MAIN_TABLE, Neighbour, Route, RouteKind, Scope, VxlanInfo};
+use crate::netlink::{
+    FdbEntry, Link, MAIN_TABLE, Neighbour, Route, RouteKind, Scope, VxlanInfo, describe,
+};
 
 /// `RTPROT_KERNEL`: the protocol of connected routes.
 pub const KERNEL_PROTOCOL: u8 = 2;
@@ -272,22 +274,6 @@ impl State {
         }
         Ok(out)
     }
-}
-
-/// `r` as `ip route` would show it, for error contexts.
-fn describe(r: &Route) -> String {
-    let mut s = match r.kind {
-        RouteKind::Blackhole => format!("blackhole {}", r.dst),
-        RouteKind::Unicast => r.dst.to_string(),
-    };
-    if let Some(g) = r.gateway {
-        s.push_str(&format!(" via {g}"));
-    }
-    if let Some(o) = r.oif {
-        s.push_str(&format!(" dev index {o}"));
-    }
-    s.push_str(&format!(" proto {}", r.protocol));
-    s
 }
 
 impl FakeKernel {

@@ -100,13 +100,8 @@ fn clean(r: &SyncReport) {
 fn route_sync_adds_missing_deletes_stale_and_replaces_changed_routes() {
     let mut f = fixture(pool(EncapMode::Never, EncapMode::Never, false));
     let foreign = Route {
-        gateway: Some(ip("198.18.0.254")),
         protocol: 3,
-        ..routes_blackhole("0.0.0.0/0")
-    };
-    let foreign = Route {
-        kind: RouteKind::Unicast,
-        ..foreign
+        ..tern_route("0.0.0.0/0", Target::Direct(ip("198.18.0.254")))
     };
     f.k.put_route(foreign.clone());
     f.k.put_route(routes_blackhole("10.244.9.0/26"));
@@ -142,17 +137,17 @@ fn route_sync_adds_missing_deletes_stale_and_replaces_changed_routes() {
     assert!(f.route("10.244.1.0/26").is_none());
 }
 
+/// The reconciler's kernel route to `dst` (no tunnel).
+fn tern_route(dst: &str, t: Target) -> Route {
+    let d = Desired {
+        routes: [(n(dst), t)].into(),
+        ..Desired::default()
+    };
+    routes::plan::kernel_routes(&d, None, None).remove(0)
+}
+
 fn routes_blackhole(dst: &str) -> Route {
-    Route {
-        dst: n(dst),
-        kind: RouteKind::Blackhole,
-        gateway: None,
-        oif: None,
-        onlink: false,
-        scope: Scope::Universe,
-        protocol: TERN_ROUTE_PROTOCOL,
-        table: MAIN_TABLE,
-    }
+    tern_route(dst, Target::Blackhole)
 }
 
 #[test]
@@ -366,16 +361,12 @@ fn a_lost_host_route_of_an_up_pod_veth_is_restored() {
     assert!(f.route("10.244.0.5/32").is_some());
 }
 
+/// A route of tern's BGP speaker out of eth0.
 fn bgp_route(dst: &str, gw: &str) -> Route {
     Route {
-        dst: n(dst),
-        kind: RouteKind::Unicast,
-        gateway: Some(ip(gw)),
         oif: Some(2),
-        onlink: false,
-        scope: Scope::Universe,
         protocol: TERN_BGP_ROUTE_PROTOCOL,
-        table: MAIN_TABLE,
+        ..tern_route(dst, Target::Direct(ip(gw)))
     }
 }
 

@@ -264,7 +264,8 @@ impl LinuxError {
     }
 }
 
-fn describe(r: &Route) -> String {
+/// `r` as `ip route` would show it, for error contexts.
+pub(crate) fn describe(r: &Route) -> String {
     let mut s = match r.kind {
         RouteKind::Blackhole => format!("blackhole {}", r.dst),
         RouteKind::Unicast => r.dst.to_string(),

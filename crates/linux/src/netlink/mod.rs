@@ -8,6 +8,7 @@ mod ext;
 pub(crate) mod framing;
 mod route;
 
+pub(crate) use ext::describe;
 pub use ext::{Route, RouteKind, VxlanInfo};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
