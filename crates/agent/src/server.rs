@@ -1147,11 +1147,11 @@ mod kube_policy_tests {
             name: "n1-k8s-web-eth0".into(),
             node: "n1".into(),
             interface: "tern0123456789a".into(),
-            labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
+            labels: BTreeMap::from([("app".to_string(), "web".to_string())]).into(),
             ips: vec!["10.244.0.5".parse().unwrap()],
             ports: vec![],
         };
-        inc_ep.labels.insert(
+        Arc::make_mut(&mut inc_ep.labels).insert(
             crate::endpoints::NAMESPACE_LABEL.to_string(),
             "prod".to_string(),
         );
@@ -1174,7 +1174,7 @@ mod kube_policy_tests {
                 },
             );
             w.metadata.namespace = Some("prod".into());
-            w.metadata.labels = inc_ep.labels.clone();
+            w.metadata.labels = (*inc_ep.labels).clone();
             w
         });
         tern_model::put_resource(&*store, &ep).unwrap();
