@@ -1,0 +1,39 @@
+//! `tern-testkit`'s modules import each other in no circle, and every crate of the workspace
+//! has a `tests/module_graph.rs` that checks its own with the same scanner
+//! (`tern_testkit::modules`).
+
+use std::path::Path;
+
+#[test]
+fn module_graph_is_acyclic() {
+    let g = tern_testkit::modules::graph(env!("CARGO_MANIFEST_DIR"));
+    tern_testkit::modules::assert_acyclic(&g);
+}
+
+#[test]
+fn every_crate_checks_its_module_graph() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut seen = 0;
+    let mut missing = Vec::new();
+    for c in std::fs::read_dir(&crates).expect("crates/").flatten() {
+        if !c.path().join("Cargo.toml").is_file() {
+            continue;
+        }
+        seen += 1;
+        let test = c.path().join("tests/module_graph.rs");
+        let text = std::fs::read_to_string(&test).unwrap_or_default();
+        if !text.contains("assert_acyclic(") {
+            missing.push(test.display().to_string());
+        }
+    }
+    assert!(
+        seen > 10,
+        "found only {seen} crates under {}",
+        crates.display()
+    );
+    assert!(
+        missing.is_empty(),
+        "these crates do not check their module graph (a test calling \
+         tern_testkit::modules::assert_acyclic): {missing:?}"
+    );
+}
