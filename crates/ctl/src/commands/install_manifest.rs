@@ -43,7 +43,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use base64::Engine as _;
 
-use crate::cli::Encap;
+use tern_lab::Encap;
 
 /// Image of the DaemonSet when `--image` is not given.
 pub const DEFAULT_IMAGE: &str = concat!("localhost/tern/tern-node:", env!("CARGO_PKG_VERSION"));
