@@ -1,7 +1,6 @@
 //! `tern-policy`'s modules import each other in no circle (`tern_testkit::modules`).
 
 #[test]
-#[ignore = "compile.rs and fastpath.rs import each other (issue 20)"]
 fn module_graph_is_acyclic() {
     let g = tern_testkit::modules::graph(env!("CARGO_MANIFEST_DIR"));
     tern_testkit::modules::assert_acyclic(&g);
