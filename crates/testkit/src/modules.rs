@@ -70,6 +70,27 @@ pub fn graph(crate_dir: impl AsRef<Path>) -> Graph {
     Graph { name, files, edges }
 }
 
+/// The directories of the workspace's crates (`crates/*` with a `Cargo.toml`), sorted, found
+/// from `crate_dir`, one of them. Panics when there are fewer than ten (a moved folder must not
+/// make a check over every crate pass on none).
+pub fn workspace_crates(crate_dir: impl AsRef<Path>) -> Vec<PathBuf> {
+    let crates = crate_dir.as_ref().join("..");
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&crates)
+        .unwrap_or_else(|e| panic!("{}: {e}", crates.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("Cargo.toml").is_file())
+        .collect();
+    out.sort();
+    assert!(
+        out.len() >= 10,
+        "found only {} crates under {}",
+        out.len(),
+        crates.display()
+    );
+    out
+}
+
 /// Panics, naming the cycle and printing the graph, when `g` has a cycle.
 #[track_caller]
 pub fn assert_acyclic(g: &Graph) {

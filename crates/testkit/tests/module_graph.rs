@@ -2,8 +2,6 @@
 //! has a `tests/module_graph.rs` that checks its own with the same scanner, never ignored
 //! (`tern_testkit::modules`).
 
-use std::path::Path;
-
 #[test]
 fn module_graph_is_acyclic() {
     let g = tern_testkit::modules::graph(env!("CARGO_MANIFEST_DIR"));
@@ -12,25 +10,14 @@ fn module_graph_is_acyclic() {
 
 #[test]
 fn every_crate_checks_its_module_graph() {
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut seen = 0;
     let mut missing = Vec::new();
-    for c in std::fs::read_dir(&crates).expect("crates/").flatten() {
-        if !c.path().join("Cargo.toml").is_file() {
-            continue;
-        }
-        seen += 1;
-        let test = c.path().join("tests/module_graph.rs");
+    for c in tern_testkit::modules::workspace_crates(env!("CARGO_MANIFEST_DIR")) {
+        let test = c.join("tests/module_graph.rs");
         let text = std::fs::read_to_string(&test).unwrap_or_default();
         if !text.contains("assert_acyclic(") || text.contains(concat!("#[", "ignore")) {
             missing.push(test.display().to_string());
         }
     }
-    assert!(
-        seen > 10,
-        "found only {seen} crates under {}",
-        crates.display()
-    );
     assert!(
         missing.is_empty(),
         "these crates do not check their module graph (a test, not ignored, calling \
