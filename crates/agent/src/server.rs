@@ -836,6 +836,7 @@ pub fn peer_cred(fd: BorrowedFd<'_>) -> std::io::Result<PeerCred> {
     // SAFETY: ucred is plain data; getsockopt writes at most `len` bytes into it.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: fd is open for the call; cred is ours and len its size.
     let rc = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
@@ -888,6 +889,7 @@ fn peer_groups(fd: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
 fn file_id(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
     // SAFETY: fstat writes into the zeroed struct we own.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open for the call and st is ours to write.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -1099,6 +1101,7 @@ mod bind_tests {
             }
         }
         let _c = Cleanup(dir.clone());
+        // SAFETY: getgid has no preconditions.
         let gid = unsafe { libc::getgid() };
         let file = dir.join("store.db");
         std::fs::write(&file, b"precious").unwrap();

@@ -178,6 +178,7 @@ fn paths(v: &[Applied]) -> String {
 
 /// Runs the benchmark (root only).
 pub fn run_policy(o: &PolicyBenchOptions) -> anyhow::Result<PolicyBenchReport> {
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("tern-bench policy needs root (it creates a private network namespace)");
     }

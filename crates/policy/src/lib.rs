@@ -12,6 +12,8 @@
 //!   full-resync ([`Ruleset::render_full`]) and incremental ([`render_delta`]) `nft -f`
 //!   scripts, each one atomic transaction.
 
+#![forbid(unsafe_code)]
+
 pub mod compile;
 pub mod fastpath;
 pub mod incremental;
