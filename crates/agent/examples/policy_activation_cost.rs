@@ -42,7 +42,7 @@ fn endpoint(i: u32) -> Endpoint {
         } else {
             String::new()
         },
-        labels,
+        labels: labels.into(),
         ips: vec![IpAddr::from([
             10,
             64 + (i / 65536) as u8,

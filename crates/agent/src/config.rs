@@ -121,6 +121,8 @@ pub fn resolve_group(spec: &str) -> Result<u32, String> {
     // referenced through `grp`'s string pointers, which we do not read.
     let mut grp: libc::group = unsafe { std::mem::zeroed() };
     let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: name is NUL-terminated; grp, buf (with its length) and out are ours and outlive the
+    // call.
     let rc = unsafe {
         libc::getgrnam_r(
             name.as_ptr(),

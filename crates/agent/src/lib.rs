@@ -26,14 +26,14 @@
 //!
 //! # Layers
 //!
-//! A module imports only what lies below it (enforced by `tests/layers.rs`, which holds the
-//! same table):
+//! A module imports only what lies below it (enforced by `tests/module_graph.rs`, which holds
+//! the same table):
 //!
 //! | layer | modules | may import |
 //! |---|---|---|
 //! | leaf | `claims` `code` `config` `endpoints` `external` `host` `hostcheck` `identity` `logger` `metrics` `mtu` `nat` `owners` `reaper` `routes` `runtime` `snapshot` `testutil` (unit tests only) | other leaves (the leaves form a DAG) |
 //! | service | `bgp` `dataplane` (with `dataplane::node`) `kube` `leak` `policy` | leaves, never another service |
-//! | root | `server` (`Agent`, the socket server), `ops` (the CNI operations), `reconcile` (the maintenance loop), `http` (the HTTP endpoints), `lib` | anything below, and `server`'s `Agent` |
+//! | root | `server` (`Agent`, the socket server), `ops` (the CNI operations), `reconcile` (the maintenance loop), `http` (the HTTP endpoints), this file | anything below, and `server`'s `Agent` |
 //!
 //! Only the root names [`Agent`]: a service gets its inputs as arguments and keeps its own
 //! state (the leak tracker, the host checks), and the root lends them the agent's. What two

@@ -354,7 +354,7 @@ pub fn local_endpoint(ep: &crate::endpoints::Endpoint) -> Endpoint {
         name: ep.name(),
         node: ep.node.clone(),
         interface: ep.host_ifname.clone(),
-        labels: ep.labels.clone(),
+        labels: std::sync::Arc::new(ep.labels.clone()),
         ips: ep
             .ip_networks
             .iter()
@@ -1040,7 +1040,7 @@ mod tests {
             name: format!("b-{ip}"),
             node: "n2".into(),
             interface: String::new(),
-            labels: BTreeMap::from([("pod".to_string(), pod.to_string())]),
+            labels: BTreeMap::from([("pod".to_string(), pod.to_string())]).into(),
             ips: vec![ip.parse().unwrap()],
             ports: Vec::new(),
         };

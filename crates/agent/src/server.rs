@@ -836,6 +836,7 @@ pub fn peer_cred(fd: BorrowedFd<'_>) -> std::io::Result<PeerCred> {
     // SAFETY: ucred is plain data; getsockopt writes at most `len` bytes into it.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: fd is open for the call; cred is ours and len its size.
     let rc = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
@@ -888,6 +889,7 @@ fn peer_groups(fd: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
 fn file_id(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
     // SAFETY: fstat writes into the zeroed struct we own.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open for the call and st is ours to write.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -1099,6 +1101,7 @@ mod bind_tests {
             }
         }
         let _c = Cleanup(dir.clone());
+        // SAFETY: getgid has no preconditions.
         let gid = unsafe { libc::getgid() };
         let file = dir.join("store.db");
         std::fs::write(&file, b"precious").unwrap();
@@ -1147,11 +1150,11 @@ mod kube_policy_tests {
             name: "n1-k8s-web-eth0".into(),
             node: "n1".into(),
             interface: "tern0123456789a".into(),
-            labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
+            labels: BTreeMap::from([("app".to_string(), "web".to_string())]).into(),
             ips: vec!["10.244.0.5".parse().unwrap()],
             ports: vec![],
         };
-        inc_ep.labels.insert(
+        Arc::make_mut(&mut inc_ep.labels).insert(
             crate::endpoints::NAMESPACE_LABEL.to_string(),
             "prod".to_string(),
         );
@@ -1174,7 +1177,7 @@ mod kube_policy_tests {
                 },
             );
             w.metadata.namespace = Some("prod".into());
-            w.metadata.labels = inc_ep.labels.clone();
+            w.metadata.labels = (*inc_ep.labels).clone();
             w
         });
         tern_model::put_resource(&*store, &ep).unwrap();

@@ -8,8 +8,8 @@ use tern_model::{EndpointPort, Protocol};
 /// Runs `f` in a new network namespace (never the machine's) on a thread of its own, with a
 /// netlink handle in it and the namespace itself; the test fails unless it runs as root.
 pub fn in_new_netns(f: impl FnOnce(&mut Handle, &NetNs) + Send) {
-    // SAFETY: geteuid has no preconditions.
     assert!(
+        // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() } == 0,
         "needs root to create a network namespace"
     );

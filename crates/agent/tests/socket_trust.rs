@@ -92,6 +92,8 @@ fn as_user(sock: &Path, uid: u32, gid: u32, groups: &[u32]) -> ChildView {
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork");
     if pid == 0 {
+        // SAFETY: in the forked child, as said above the fork: async-signal-safe calls on memory
+        // prepared before it, ending with _exit.
         unsafe {
             libc::close(pipe[0]);
             let ok = libc::setgroups(groups.len(), groups.as_ptr()) == 0

@@ -88,6 +88,7 @@ fn open_dir(state_dir: &Path) -> io::Result<OwnedFd> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: fstat into a zeroed stat on an open descriptor.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open for the call and st is ours to write.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }

@@ -112,7 +112,7 @@ fn tern_throughput(
     seconds: u32,
     runs: usize,
 ) -> Result<Vec<f64>> {
-    let _ = topology::down(name);
+    let _ = tern_lab::down(name);
     let mut o = UpOptions::new(name, bin_dir);
     o.nodes = 2;
     o.encap = encap;
@@ -128,7 +128,7 @@ fn tern_throughput(
             .map(|_| iperf(&b.netns, &a.netns, &b.addresses[0], seconds))
             .collect()
     })();
-    let down = topology::down(name);
+    let down = tern_lab::down(name);
     let v = result?;
     down?;
     Ok(v)
@@ -524,7 +524,7 @@ impl std::fmt::Display for ConvergeReport {
 /// Measures route convergence on a two-node lab.
 pub fn run_converge(o: &ConvergeOptions) -> Result<ConvergeReport> {
     let name = "bcv";
-    let _ = topology::down(name);
+    let _ = tern_lab::down(name);
     let mut up = UpOptions::new(name, &o.bin_dir);
     up.nodes = 2;
     up.encap = o.encap;
@@ -556,7 +556,7 @@ pub fn run_converge(o: &ConvergeOptions) -> Result<ConvergeReport> {
         let _ = mesh::routes(&st, "node2");
         Ok(report)
     })();
-    let down = topology::down(name);
+    let down = tern_lab::down(name);
     let r = result?;
     down?;
     Ok(r)

@@ -89,7 +89,8 @@ fn endpoint(i: u32, node: &str) -> Endpoint {
         labels: BTreeMap::from([
             ("app".to_string(), format!("app{}", i % 100)),
             ("tier".to_string(), format!("t{}", i % 7)),
-        ]),
+        ])
+        .into(),
         ips: vec![IpAddr::from([
             198,
             18,
@@ -177,6 +178,7 @@ fn paths(v: &[Applied]) -> String {
 
 /// Runs the benchmark (root only).
 pub fn run_policy(o: &PolicyBenchOptions) -> anyhow::Result<PolicyBenchReport> {
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("tern-bench policy needs root (it creates a private network namespace)");
     }
@@ -562,7 +564,7 @@ fn pp_policy_set(rules: u32) -> anyhow::Result<PolicySet> {
         name: name.into(),
         node: "n1".into(),
         interface: ifname.into(),
-        labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+        labels: BTreeMap::from([("app".to_string(), app.to_string())]).into(),
         ips: vec![ip.parse().expect("static address")],
         ports: vec![],
     };

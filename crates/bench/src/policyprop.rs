@@ -605,14 +605,14 @@ pub fn run_propagation(o: &PropagationOptions) -> Result<PropagationReport> {
             o.nodes
         )));
     }
-    let _ = topology::down(LAB_NAME);
+    let _ = tern_lab::down(LAB_NAME);
     let mut up = UpOptions::new(LAB_NAME, &o.bin_dir);
     up.nodes = o.nodes;
     up.encap = Encap::Vxlan;
     up.store = o.store;
     up.agent_timeout = Duration::from_secs(30);
     let result = topology::up(&up).and_then(|mut st| trials(&mut st, o));
-    let down = topology::down(LAB_NAME);
+    let down = tern_lab::down(LAB_NAME);
     let r = result?;
     down?;
     Ok(r)

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::env::is_valid_id;
-use crate::error::CniError;
+use crate::error::{CniError, from_value_with_path};
 use crate::result::Dns;
 use crate::version::{SUPPORTED_VERSIONS, Version};
 
@@ -336,23 +336,6 @@ pub struct NetConf {
     /// Every other key, e.g. plugin-specific settings such as `mtu`.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
-}
-
-/// Deserialises `value` into `T`, turning errors into code 7 messages that
-/// name the field: ``invalid {what}: field `mtu`: invalid type: ...``.
-pub(crate) fn from_value_with_path<T: DeserializeOwned>(
-    value: Value,
-    what: &str,
-) -> Result<T, CniError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." {
-            CniError::invalid_config(format!("invalid {what}: {inner}"))
-        } else {
-            CniError::invalid_config(format!("invalid {what}: field `{path}`: {inner}"))
-        }
-    })
 }
 
 /// Decodes stdin bytes to a JSON object: malformed JSON is code 6, anything

@@ -1,6 +1,8 @@
 //! The CNI error object: what a plugin prints on stdout when it fails.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// A CNI error: a numeric code from the specification (or >= 100 for
 /// tern-specific failures), a short message and optional details.
@@ -135,6 +137,23 @@ impl CniError {
         }
         serde_json::Value::Object(obj)
     }
+}
+
+/// Deserialises `value` into `T`, turning errors into code 7 messages that
+/// name the field: ``invalid {what}: field `mtu`: invalid type: ...``.
+pub(crate) fn from_value_with_path<T: DeserializeOwned>(
+    value: Value,
+    what: &str,
+) -> Result<T, CniError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            CniError::invalid_config(format!("invalid {what}: {inner}"))
+        } else {
+            CniError::invalid_config(format!("invalid {what}: field `{path}`: {inner}"))
+        }
+    })
 }
 
 #[cfg(test)]

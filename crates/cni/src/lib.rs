@@ -23,6 +23,8 @@
 //! assert_eq!(env.ifname, "eth0");
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod args;
 pub mod conf;
 pub mod delegate;

@@ -229,7 +229,7 @@ impl CniResult {
     /// `ips[].version` is ignored because the address says the family.
     /// Malformed input is code 6 naming the field.
     pub fn from_json(value: &Value) -> Result<CniResult, CniError> {
-        let wire: WireResult = crate::conf::from_value_with_path(value.clone(), "CNI result")
+        let wire: WireResult = crate::error::from_value_with_path(value.clone(), "CNI result")
             .map_err(|e| CniError {
                 code: CniError::DECODE,
                 ..e

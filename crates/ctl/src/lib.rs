@@ -5,6 +5,8 @@
 //! [`cli`] defines the command line, [`commands`] holds one module per command, [`table`] the
 //! output tables; [`run`] dispatches.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use anyhow::Context;

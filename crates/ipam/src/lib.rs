@@ -13,6 +13,8 @@
 //! one transaction and no read; every cached value is checked by the transaction's compares
 //! (see "Caching" on [`Ipam`]). Blocks are stored in a compact JSON form ([`Block`]).
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex};

@@ -17,31 +17,40 @@
 //! after every step, so [`down`] can undo a half-finished [`up`]. Set-up uses `ip` commands
 //! (iproute2), which always name a namespace (`ip -n NS`, `ip netns exec NS`).
 //!
-//! Modules: [`state`] (state file), [`topology`] (up/down/status, nodes joining and leaving,
-//! agent restarts, etcd), [`cluster`] (the lab's datastore), [`pod`] (CNI ADD/DEL of pods),
-//! [`traffic`] (echo server and probes used to prove connectivity), [`mesh`] (every pod to every
-//! pod), [`netns`] (code inside a lab namespace), [`process`] (commands and PIDs).
+//! Modules: [`state`] (state file, the Kubernetes cluster's record included), [`topology`]
+//! (the base lab: up/down/status, nodes joining and leaving, agent restarts, etcd),
+//! [`cluster`] (the lab's datastore), [`pod`] (CNI ADD/DEL of pods), [`traffic`] (echo server
+//! and probes used to prove connectivity), [`mesh`] (every pod to every pod), [`netns`] (code
+//! inside a lab namespace), [`process`] (commands and PIDs), [`pki`] (a CA and its
+//! certificates), [`bird`] (BIRD peers), [`netpol`] (the NetworkPolicy harness).
+//!
+//! The Kubernetes cluster ([`kube`]) is an add-on on the base: `topology` calls it only
+//! through the hook [`addon::Addon`] (`kube::Cluster` implements it), and [`ops`] hands it
+//! over, so [`down`], [`status`], [`node_add`] and [`node_del`] (the `ops` ones) include the
+//! cluster's steps while `kube` depends on `topology`, never the reverse
+//! (`tests/module_graph.rs`).
 
 use std::path::PathBuf;
 
+pub mod addon;
 pub mod bird;
 pub mod cluster;
 pub mod kube;
 pub mod mesh;
 pub mod netns;
 pub mod netpol;
-
+pub mod ops;
+pub mod pki;
 pub mod pod;
 pub mod process;
 pub mod state;
 pub mod topology;
 pub mod traffic;
 
+pub use ops::{down, node_add, node_del, status};
 pub use pod::{add_pod, del_pod, start_server};
 pub use state::{Encap, LabState, NodeState, PodState, ServerState, StoreKind};
-pub use topology::{
-    UpOptions, down, kill_agent, node_add, node_del, restart_agent, start_agent, status, up,
-};
+pub use topology::{UpOptions, kill_agent, restart_agent, start_agent, up};
 
 /// Directory holding every lab's state directory.
 pub const RUN_DIR: &str = "/run/tern-lab";

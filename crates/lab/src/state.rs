@@ -48,7 +48,7 @@ pub struct LabState {
     pub last_node_index: usize,
     /// The Kubernetes cluster on this lab (`lab up --kubernetes`), when there is one.
     #[serde(default)]
-    pub kube: Option<crate::kube::KubeState>,
+    pub kube: Option<KubeState>,
     /// CIDR of the lab's default IPPool ([`crate::cluster::apply_default_pool`]): applied by
     /// `up`, or, on the Kubernetes datastore, by `kube::up` once the API server runs. `None`
     /// in state files from before it was recorded.
@@ -320,9 +320,7 @@ impl LabState {
             (StoreKind::Kubernetes, _, k) => {
                 let admin = match k {
                     Some(k) => k.admin_kubeconfig(),
-                    None => {
-                        crate::kube::admin_kubeconfig_in(&crate::kube::cluster_dir(&self.dir()))
-                    }
+                    None => admin_kubeconfig_in(&cluster_dir(&self.dir())),
                 };
                 format!("kubernetes://{}", admin.display())
             }
@@ -417,6 +415,136 @@ impl LabState {
     pub fn save(&self) -> Result<()> {
         self.save_to(&self.dir().join("state.json"))
     }
+}
+
+/// The cluster part of a lab's state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeState {
+    /// Directory with the Kubernetes binaries.
+    pub k8s_bin: PathBuf,
+    /// Directory with the image tarballs (`pause.tar`, `busybox.tar`).
+    pub images: PathBuf,
+    /// The cluster's directory (`<lab dir>/kube`): PKI, kubeconfigs, control-plane data, logs.
+    pub dir: PathBuf,
+    /// The control plane's namespace.
+    pub cp_netns: String,
+    /// The control plane's underlay address.
+    pub cp_address: String,
+    /// The pod CIDR given to kube-controller-manager and kube-proxy (tern's pool).
+    pub cluster_cidr: String,
+    /// Control-plane processes by component name (`etcd`, `kube-apiserver`, ...).
+    pub control: Vec<Proc>,
+    /// The relay for the operator's kubectl.
+    pub relay: Option<Proc>,
+    /// Its port on 127.0.0.1.
+    pub relay_port: Option<u16>,
+    /// Values of [`crate::kube::sys::KUBELET_SYSCTLS`] before the first kubelet started.
+    pub saved_sysctls: Vec<(String, String)>,
+    /// The nodes' Kubernetes components.
+    pub nodes: Vec<KubeNode>,
+    /// The nodes run the reference bridge + host-local network, not tern.
+    #[serde(default)]
+    pub reference_cni: bool,
+    /// The manifest tern was installed with (`kubectl apply -f`), when tern runs as the
+    /// `tern-node` DaemonSet; `None` when the lab runs ternd on the host.
+    #[serde(default)]
+    pub manifest: Option<PathBuf>,
+}
+
+/// A process the cluster started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proc {
+    /// Component name.
+    pub name: String,
+    /// PID.
+    pub pid: u32,
+    /// A string in its command line (a path unique to the lab): tells it from a reused PID.
+    pub marker: String,
+    /// Its log file.
+    pub log: PathBuf,
+}
+
+/// One node's Kubernetes side.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeNode {
+    /// Node name (the lab's and Kubernetes').
+    pub name: String,
+    /// Its network namespace.
+    pub netns: String,
+    /// `<node state dir>/k8s`.
+    pub dir: PathBuf,
+    /// cgroup root of its kubelet and runtime, in every hierarchy (`tl-<lab>-<node>`).
+    pub cgroup: String,
+    /// containerd's socket.
+    pub containerd_socket: PathBuf,
+    /// The process holding the node's private mount namespace.
+    pub holder: Option<Proc>,
+    /// containerd, kubelet, kube-proxy.
+    pub procs: Vec<Proc>,
+    /// The Node's Ready condition seen after the kubelet registered and before tern's
+    /// conflist was installed (`Ready=False: ... cni plugin not initialized`).
+    #[serde(default)]
+    pub ready_before_cni: String,
+}
+
+impl KubeNode {
+    /// The process named `name`, if started.
+    pub fn proc(&self, name: &str) -> Option<&Proc> {
+        self.procs.iter().find(|p| p.name == name)
+    }
+}
+
+impl KubeState {
+    /// The operator's kubeconfig (through the relay on 127.0.0.1).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// The admin kubeconfig for use inside the lab's namespaces (the API server's underlay
+    /// address).
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        admin_kubeconfig_in(&self.dir)
+    }
+
+    /// The cluster's PKI directory.
+    pub fn pki(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Result<&KubeNode> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| LabError::Invalid(format!("the cluster has no node {name:?}")))
+    }
+
+    /// The `kubectl` binary.
+    pub fn kubectl_bin(&self) -> PathBuf {
+        self.k8s_bin.join("kubectl")
+    }
+}
+
+impl Proc {
+    /// Whether the process still runs (and is ours).
+    pub fn alive(&self) -> bool {
+        crate::process::is_ours(self.pid, &self.marker)
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        crate::process::tail(&self.log, lines)
+    }
+}
+
+/// The cluster's directory in the directory of its lab.
+pub fn cluster_dir(lab_dir: &Path) -> PathBuf {
+    lab_dir.join("kube")
+}
+
+/// The admin kubeconfig in a cluster directory (see [`KubeState::admin_kubeconfig`]).
+pub fn admin_kubeconfig_in(cluster_dir: &Path) -> PathBuf {
+    cluster_dir.join("admin.conf")
 }
 
 #[cfg(test)]

@@ -14,9 +14,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::addon::Addon;
 use crate::process::{self, ip_in, netns_add, netns_del, netns_exec, sysctl_in};
 use crate::state::{self, Encap, EtcdState, LabState, NodeState, StoreKind};
-use crate::{LabError, Result, cluster};
+use crate::{LabError, Result, cluster, pki};
 
 /// Address of the underlay bridge: the nodes' default gateway.
 pub const UNDERLAY_GATEWAY: &str = "198.18.0.1";
@@ -307,17 +308,14 @@ pub(crate) fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Resu
     Ok(())
 }
 
-/// The lab etcd's PKI in `dir` (the way the cluster's is made, [`crate::kube::certs`]): a CA,
+/// The lab etcd's PKI in `dir` ([`crate::pki`], as the Kubernetes cluster's): a CA,
 /// the server's certificate for `address` and a client certificate. The server's pair and
 /// the client's files.
-fn etcd_pki(
-    dir: &Path,
-    address: &str,
-) -> Result<(crate::kube::certs::CertPair, state::EtcdTlsFiles)> {
-    use crate::kube::certs::{self, CertSpec};
-    let ca = certs::ca(dir)?;
+fn etcd_pki(dir: &Path, address: &str) -> Result<(pki::CertPair, state::EtcdTlsFiles)> {
+    use crate::pki::CertSpec;
+    let ca = pki::ca(dir)?;
     let sans = [format!("IP:{address}")];
-    let server = certs::issue(
+    let server = pki::issue(
         dir,
         "server",
         &ca,
@@ -330,7 +328,7 @@ fn etcd_pki(
             ..CertSpec::default()
         },
     )?;
-    let client = certs::issue(
+    let client = pki::issue(
         dir,
         "client",
         &ca,
@@ -562,9 +560,9 @@ pub fn restart_agent(st: &mut LabState, node: &str, timeout: Duration) -> Result
 
 /// Joins a new node to a running lab (`node<max+1>`), starts its agent and waits for it (on
 /// the Kubernetes datastore the lab starts none: the DaemonSet's serves it, see
-/// `kube::node_joined`).
-pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
-    crate::kube::check_node_add(st)?;
+/// `kube::node_joined`, which `addon` calls).
+pub fn node_add(st: &mut LabState, timeout: Duration, addon: &dyn Addon) -> Result<NodeState> {
+    addon.check_node_add(st)?;
     let next = st
         .nodes
         .iter()
@@ -583,18 +581,18 @@ pub fn node_add(st: &mut LabState, timeout: Duration) -> Result<NodeState> {
         wait_for_agent(&n, timeout)?;
     }
     // A Kubernetes lab's new node joins the cluster too.
-    crate::kube::node_joined(st, &n.name)?;
+    addon.node_joined(st, &n.name)?;
     Ok(n)
 }
 
 /// Removes a node from a running lab: deletes its pods (CNI DEL while its agent runs), stops
 /// its agent, removes its records from the datastore (so the other agents withdraw their
 /// routes to it) and deletes its namespace. Returns what was done.
-pub fn node_del(st: &mut LabState, node: &str) -> Result<Vec<String>> {
+pub fn node_del(st: &mut LabState, node: &str, addon: &dyn Addon) -> Result<Vec<String>> {
     let n = st.node(node)?.clone();
     let mut done = Vec::new();
     // A Kubernetes lab's node leaves the cluster first (its pods' CNI DEL while ternd runs).
-    crate::kube::node_leaving(st, node, &mut done)?;
+    addon.node_leaving(st, node, &mut done)?;
     let pods: Vec<String> = st
         .pods
         .iter()
@@ -670,16 +668,14 @@ pub fn wait_for_agent(node: &NodeState, timeout: Duration) -> Result<()> {
 
 /// The last `lines` lines of a node's `ternd.log`.
 pub fn log_tail(node: &NodeState, lines: usize) -> String {
-    let text = std::fs::read_to_string(node.state_dir.join("ternd.log")).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    process::tail(&node.state_dir.join("ternd.log"), lines)
 }
 
 /// Removes lab `name` entirely: stops echo servers, deletes pods (CNI DEL while the agents
 /// still run), stops the agents, deletes every `tl-<name>-` namespace and the state directory.
 /// Works on a half-built lab and on a lab without state file. Returns what was done; errors
 /// are collected, not stopping at the first, and returned together at the end.
-pub fn down(name: &str) -> Result<Vec<String>> {
+pub fn down(name: &str, addon: &dyn Addon) -> Result<Vec<String>> {
     state::validate_name(name)?;
     let mut done = Vec::new();
     let mut errors = Vec::new();
@@ -692,7 +688,7 @@ pub fn down(name: &str) -> Result<Vec<String>> {
     };
     if let Some(mut st) = st {
         // The cluster first: its pods are deleted while the agents still run.
-        crate::kube::teardown(&mut st, &mut done, &mut errors);
+        addon.teardown(&mut st, &mut done, &mut errors);
         for s in std::mem::take(&mut st.servers) {
             if process::stop(
                 s.pid,
@@ -742,7 +738,7 @@ pub fn down(name: &str) -> Result<Vec<String>> {
             Err(e) => errors.push(e.to_string()),
         }
     }
-    crate::kube::sweep_cgroups(name, &mut done, &mut errors);
+    addon.sweep(name, &mut done, &mut errors);
     let dir = state::lab_dir(name);
     if dir.exists() {
         match std::fs::remove_dir_all(&dir) {
@@ -761,7 +757,7 @@ pub fn down(name: &str) -> Result<Vec<String>> {
 }
 
 /// A human-readable description of the lab: nodes (with agent liveness), pods, servers.
-pub fn status(name: &str) -> Result<String> {
+pub fn status(name: &str, addon: &dyn Addon) -> Result<String> {
     let Some(st) = LabState::load(name)? else {
         return Err(LabError::Invalid(format!("lab {name:?} does not exist")));
     };
@@ -788,7 +784,9 @@ pub fn status(name: &str) -> Result<String> {
                 format!("ternd running (pid {pid})")
             }
             Some(pid) => format!("ternd NOT running (was pid {pid})"),
-            None => crate::kube::agent_status(&st).unwrap_or_else(|| "ternd not started".into()),
+            None => addon
+                .agent_status(&st)
+                .unwrap_or_else(|| "ternd not started".into()),
         };
         out.push_str(&format!(
             "node {}  netns {}  eth0 {}  {agent}\n",
@@ -806,9 +804,7 @@ pub fn status(name: &str) -> Result<String> {
             p.name, p.node, p.netns
         ));
     }
-    if let Some(k) = &st.kube {
-        out.push_str(&crate::kube::status(k));
-    }
+    out.push_str(&addon.status(&st));
     for s in &st.servers {
         let alive = process::is_ours(s.pid, &s.ready_file.display().to_string());
         out.push_str(&format!(

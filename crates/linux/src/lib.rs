@@ -314,8 +314,8 @@ mod tests {
     /// `delete_pod_veth`; a prefixed veth is deleted; a missing name is `Absent`.
     #[test]
     fn delete_pod_veth_refuses_other_devices() {
-        // SAFETY: geteuid has no preconditions.
         assert!(
+            // SAFETY: geteuid has no preconditions.
             unsafe { libc::geteuid() } == 0,
             "needs root to create a network namespace"
         );

@@ -56,6 +56,7 @@ impl std::error::Error for NsFileError {}
 pub fn check_net_namespace(fd: BorrowedFd<'_>) -> std::result::Result<(), NsFileError> {
     // SAFETY: fstatfs writes into the zeroed struct we own.
     let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open for the call and sfs is ours to write.
     if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) } != 0 {
         return Err(NsFileError::Inspect(io::Error::last_os_error()));
     }

@@ -73,6 +73,7 @@ fn ns_inode(ns: &NetNs) -> u64 {
     use std::os::fd::AsRawFd;
     // SAFETY: fstat on a valid fd into a zeroed stat buffer.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the namespace's fd is open for the call and st is ours to write.
     assert_eq!(unsafe { libc::fstat(ns.as_fd().as_raw_fd(), &mut st) }, 0);
     st.st_ino
 }

@@ -15,6 +15,8 @@
 //!
 //! This file only declares and re-exports; every public item is reachable at the crate root.
 
+#![forbid(unsafe_code)]
+
 pub mod document;
 pub mod error;
 pub mod kinds;

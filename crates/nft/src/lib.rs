@@ -19,6 +19,8 @@
 //!   from one state to another (a full resync, or a [`diff`]), in an order one transaction
 //!   accepts.
 
+#![forbid(unsafe_code)]
+
 pub mod chain;
 pub mod render;
 pub mod rule;

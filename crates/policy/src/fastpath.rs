@@ -22,9 +22,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use tern_model::{Action, Port, Protocol};
-use tern_nft::{AddrRange, DataType, Key, PortRange, SetType, Span, Verdict};
+use tern_nft::{AddrRange, DataType, Family, Key, PortRange, SetType, Span, Verdict};
 
-use crate::compile::Family;
 use crate::model::{Direction, IrPolicy};
 
 /// An inclusive range.

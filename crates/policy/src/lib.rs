@@ -12,6 +12,8 @@
 //!   full-resync ([`Ruleset::render_full`]) and incremental ([`render_delta`]) `nft -f`
 //!   scripts, each one atomic transaction.
 
+#![forbid(unsafe_code)]
+
 pub mod compile;
 pub mod fastpath;
 pub mod incremental;
@@ -20,7 +22,8 @@ pub mod model;
 pub use compile::compile;
 pub use incremental::{Changes, Incremental, Script, policy_key};
 pub use model::{
-    Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Match, PolicyKey, PolicySet,
+    Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Labels, Match, PolicyKey,
+    PolicySet,
 };
 pub use tern_nft as nft;
 pub use tern_nft::{Chain, ElementChange, Ruleset, Set, TableChange, render_delta};

@@ -36,7 +36,7 @@ impl Cluster {
                 name: name.into(),
                 node: "n1".into(),
                 interface: format!("veth-{ns}-{name}"),
-                labels: labels(&p["labels"]),
+                labels: labels(&p["labels"]).into(),
                 ips: vec![ip],
                 ports: ports.clone(),
             });
@@ -90,7 +90,7 @@ impl Cluster {
                     .find(|e| e.namespace == ns && e.name == name)
                     .unwrap()
                     .clone();
-                ep.labels.extend(labels(&arg["labels"]));
+                std::sync::Arc::make_mut(&mut ep.labels).extend(labels(&arg["labels"]));
                 self.set.upsert_endpoint(ep);
             }
             other => panic!("unknown action {other}"),

@@ -738,7 +738,8 @@ fn policies_selecting_no_local_endpoint_cost_nothing_until_one_appears() {
     let mut peer = ep("y", "peer", "n2", "198.18.2.7", &[]);
     peer.labels = (0..50)
         .map(|i| (format!("peer-p{i}"), "y".into()))
-        .collect();
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into();
     inc.upsert_endpoint(peer);
     assert_eq!(inc.pending(), 0, "inactive policies are not evaluated");
     assert!(inc.script().text.is_empty());

@@ -90,7 +90,7 @@ fn endpoint(name: &str, iface: &str, ip: &str, app: &str) -> Endpoint {
         name: name.into(),
         node: "n1".into(),
         interface: iface.into(),
-        labels: BTreeMap::from([("app".into(), app.into())]),
+        labels: BTreeMap::from([("app".into(), app.into())]).into(),
         ips: vec![ip.parse::<IpAddr>().unwrap()],
         ports: vec![EndpointPort {
             name: "http".into(),

@@ -123,8 +123,8 @@ pub const ATTEMPT_TIMEOUT_ENV: &str = "TERN_ETCD_ATTEMPT_TIMEOUT_MS";
 
 /// Reads a duration in milliseconds from `var`: `None` when unset, a `Config` error naming the
 /// variable when it is not a number of milliseconds between 1 and 600000.
-fn env_millis(var: &str) -> Result<Option<Duration>> {
-    let Ok(text) = std::env::var(var) else {
+fn env_millis(var: &str, lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Duration>> {
+    let Some(text) = lookup(var) else {
         return Ok(None);
     };
     match text.trim().parse::<u64>() {
@@ -138,12 +138,18 @@ fn env_millis(var: &str) -> Result<Option<Duration>> {
 /// The timeouts and retry policy of stores opened by URL: the defaults, overridden by
 /// [`RETRY_BUDGET_ENV`] and [`ATTEMPT_TIMEOUT_ENV`].
 pub fn settings_from_env() -> Result<(Timeouts, RetryPolicy)> {
+    settings_from(|var| std::env::var(var).ok())
+}
+
+/// [`settings_from_env`] with the variables read through `lookup` (a test's own, so that no
+/// test changes the environment of its process).
+fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> Result<(Timeouts, RetryPolicy)> {
     let mut t = Timeouts::default();
     let mut r = RetryPolicy::default();
-    if let Some(b) = env_millis(RETRY_BUDGET_ENV)? {
+    if let Some(b) = env_millis(RETRY_BUDGET_ENV, &lookup)? {
         r.budget = b;
     }
-    if let Some(a) = env_millis(ATTEMPT_TIMEOUT_ENV)? {
+    if let Some(a) = env_millis(ATTEMPT_TIMEOUT_ENV, &lookup)? {
         t.request = a;
     }
     Ok((t, r))
@@ -1566,19 +1572,26 @@ mod tests {
 
     #[test]
     fn retry_settings_from_the_environment_are_checked() {
-        // Only this test sets the variables of this process.
-        unsafe { std::env::set_var(RETRY_BUDGET_ENV, "abc") };
-        match settings_from_env() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |var: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        match settings_from(env(&[(RETRY_BUDGET_ENV, "abc")])) {
             Err(StoreError::Config(m)) => assert!(m.contains(RETRY_BUDGET_ENV), "{m}"),
             other => panic!("expected a Config error, got {other:?}"),
         }
-        unsafe { std::env::set_var(RETRY_BUDGET_ENV, "1500") };
-        unsafe { std::env::set_var(ATTEMPT_TIMEOUT_ENV, "700") };
-        let (t, r) = settings_from_env().unwrap();
-        unsafe { std::env::remove_var(RETRY_BUDGET_ENV) };
-        unsafe { std::env::remove_var(ATTEMPT_TIMEOUT_ENV) };
+        let (t, r) = settings_from(env(&[
+            (RETRY_BUDGET_ENV, "1500"),
+            (ATTEMPT_TIMEOUT_ENV, "700"),
+        ]))
+        .unwrap();
         assert_eq!(r.budget, Duration::from_millis(1500));
         assert_eq!(t.request, Duration::from_millis(700));
+        let (t, r) = settings_from(env(&[])).unwrap();
+        assert_eq!((t, r), (Timeouts::default(), RetryPolicy::default()));
     }
 
     #[test]

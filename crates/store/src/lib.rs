@@ -10,6 +10,8 @@
 //! them pass `conformance`, the suite that tests enable with the `test-support` feature (with
 //! `etcd::harness`, throw-away etcd processes); production builds carry neither.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

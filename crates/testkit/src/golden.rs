@@ -82,6 +82,26 @@ pub fn first_difference(file: &Path, got: &str, want: &str) -> String {
     )
 }
 
+/// Compares `got` with the golden file `file` (one output, no cases), or rewrites the file when
+/// [`updating`]. Panics at the first differing line.
+pub fn check_file(file: &Path, got: &str) {
+    check_file_with(updating(), file, got);
+}
+
+/// As [`check_file`], with the update switch given instead of read from [`UPDATE_ENV`].
+pub fn check_file_with(update: bool, file: &Path, got: &str) {
+    if update {
+        std::fs::write(file, got).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        return;
+    }
+    let want = std::fs::read_to_string(file).unwrap_or_default();
+    assert!(
+        got == want,
+        "golden mismatch (rerun with {UPDATE_ENV}=1 after checking the change):\n{}",
+        first_difference(file, got, &want)
+    );
+}
+
 /// Runs `run` on every case under `root` (at least `min_cases`) and compares its output with
 /// the case's `expected` file, or rewrites that file when [`updating`]. Panics listing every
 /// mismatch.
@@ -202,6 +222,21 @@ mod tests {
         assert_eq!(read(&c.0.join("a"), "output.txt"), "X\n");
         assert_eq!(read(&c.0.join("b"), "output.txt"), "Y");
         check_with(false, &c.0, "output.txt", 2, upper);
+    }
+
+    #[test]
+    fn one_file_is_compared_or_rewritten() {
+        let c = Cases::new("file", &[("a", "x\n", Some("old\nline\n"))]);
+        let file = c.0.join("a/output.txt");
+        let e = std::panic::catch_unwind(|| check_file_with(false, &file, "new\nline\n"))
+            .expect_err("a mismatch panics");
+        let msg = panic_message(e);
+        assert!(
+            msg.contains("output.txt:1: got \"new\", want \"old\""),
+            "{msg}"
+        );
+        check_file_with(true, &file, "new\nline\n");
+        check_file_with(false, &file, "new\nline\n");
     }
 
     #[test]

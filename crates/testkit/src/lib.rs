@@ -16,7 +16,9 @@
 //!
 //! [`child`] runs part of a test in child processes (the test binary re-executed in a role);
 //! [`golden`] is the shared runner of the golden replay tests (cases in folders, expected
-//! outputs compared line by line, rewritten with `TERN_GOLDEN_UPDATE=1`).
+//! outputs compared line by line, rewritten with `TERN_GOLDEN_UPDATE=1`; `check_file` for one
+//! golden file); [`modules`] reads a crate's module graph for the test every crate has that
+//! keeps it acyclic.
 //!
 //! ```no_run
 //! #[test]
@@ -36,6 +38,7 @@ use std::path::{Path, PathBuf};
 
 pub mod child;
 pub mod golden;
+pub mod modules;
 
 /// The variable that turns a missing precondition into a test failure (`1`, `true` or `yes`).
 pub const STRICT_ENV: &str = "TERN_TEST_STRICT";

@@ -1,6 +1,8 @@
 //! `tern-bench`: benchmarks for tern. `tern-bench cni` times CNI ADD/DEL of tern side by side with
 //! the reference `ptp` + `host-local` plugins, inside a private network namespace.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,5 +1,7 @@
 //! `ternctl`: argument parsing and exit codes only; the commands live in the library.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

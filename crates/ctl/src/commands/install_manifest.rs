@@ -43,7 +43,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use base64::Engine as _;
 
-use crate::cli::Encap;
+use tern_lab::Encap;
 
 /// Image of the DaemonSet when `--image` is not given.
 pub const DEFAULT_IMAGE: &str = concat!("localhost/tern/tern-node:", env!("CARGO_PKG_VERSION"));
@@ -290,260 +290,10 @@ const INSTALL_CNI: &str = "- install-cni
         - --bin-dir=/host/opt/cni/bin
         - --conf-dir=/host/etc/cni/net.d";
 
-/// The manifest. Placeholders `@NAME@` are replaced by [`render`].
-const TEMPLATE: &str = r#"# tern: a Kubernetes pod network. Install with
-#   ctr -n k8s.io images import tern-node.tar   # on every node (scripts/k8s/tern-image.sh)
-#   kubectl apply -f tern.yaml
-# Rendered by `ternctl install manifest@ARGS@`.
----
-apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: tern-node
-  namespace: kube-system
-  labels:
-    app.kubernetes.io/name: tern
----
-# The least ternd needs: its own node's pods, namespaces and NetworkPolicies (watched), nodes
-# (addresses, podCIDRs), its Node's NetworkUnavailable condition, and a Lease for the one agent
-# that cleans up after deleted nodes.
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: tern-node
-  labels:
-    app.kubernetes.io/name: tern
-rules:
-- apiGroups: [""]
-  resources: [pods, namespaces, nodes]
-  verbs: [get, list, watch]
-- apiGroups: [networking.k8s.io]
-  resources: [networkpolicies]
-  verbs: [get, list, watch]
-- apiGroups: [""]
-  resources: [nodes/status]
-  verbs: [patch, update]
-- apiGroups: [coordination.k8s.io]
-  resources: [leases]
-  verbs: [get, create, update]
-# tern's own state when the datastore is the Kubernetes API (the CustomResourceDefinitions at
-# the end of this manifest), per kind: what ternd writes (IPAM, its Node, liveness, leases,
-# other records), the pools (the apply-ippool init container applies tern-config's), the
-# cluster ID (created once), and what it only reads (policies, BGP, reservations, IPAM
-# configuration: the operator's).
-- apiGroups: [tern.dev]
-  resources: [ipamblocks, blockaffinities, ipamhandles, ipamowners, nodes, nodelivenesses,
-    datastoreentries, datastoreleases]
-  verbs: [get, list, watch, create, update, delete]
-- apiGroups: [tern.dev]
-  resources: [ippools]
-  verbs: [get, list, watch, create, update]
-- apiGroups: [tern.dev]
-  resources: [clusterinformations]
-  verbs: [get, list, watch, create]
-- apiGroups: [tern.dev]
-  resources: [ipreservations, networkpolicies, globalnetworkpolicies, bgpconfigurations,
-    bgppeers, ipamconfigs]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: tern-node
-  labels:
-    app.kubernetes.io/name: tern
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: tern-node
-subjects:
-- kind: ServiceAccount
-  name: tern-node
-  namespace: kube-system
----
-# tern's configuration. After an edit: kubectl rollout restart daemonset tern-node -n kube-system
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: tern-config
-  namespace: kube-system
-  labels:
-    app.kubernetes.io/name: tern
-data:
-  # The datastore: kubernetes (the cluster's API server, tern's custom resources),
-  # etcd://host:port[,host:port] (reachable from every node), or sqlite:///var/lib/tern/FILE
-  # on a single-node cluster (the file lives on the node). To move a running cluster to
-  # another datastore: `ternctl datastore migrate` with the tern-node pods stopped, then edit
-  # this and bring them back (docs/kubernetes.md).
-  store: "@STORE@"
-  # etcd over TLS: the CA, client certificate and key as the pods see them (the Secret
-  # tern-etcd-certs, mounted at /etc/tern-etcd-certs: etcd-ca, etcd-cert, etcd-key). Empty:
-  # plain http or SQLite. A CA alone: TLS without a client certificate.
-  etcd_ca: "@ETCD_CA@"
-  etcd_cert: "@ETCD_CERT@"
-  etcd_key: "@ETCD_KEY@"
-  # "true": ternd runs its BGP speaker (routes of unencapsulated pools learned over BGP).
-  bgp: "@BGP@"
-  # "true": ternd routes every node's Kubernetes podCIDRs to it (and with bgp advertises them),
-  # for pods on a delegated host-local with ipam.subnet usePodCidr (Calico's USE_POD_CIDR).
-  # Leave "false" unless pods use the podCIDRs: they may overlap tern's pools.
-  use_pod_cidr: "false"
-  # error, warn, info, debug or trace.
-  log_level: "@LOG_LEVEL@"
-  # The default IPv4 pool: its CIDR and encapsulation (vxlanMode / ipipMode: Never, Always
-  # or CrossSubnet). Applied to the store by every tern-node pod as it starts, so this is the
-  # source of truth for the pool; a pool's CIDR cannot change once addresses are allocated.
-  ippool.yaml: |
-    apiVersion: tern.dev/v1
-    kind: IPPool
-    metadata:
-      name: default-ipv4-ippool
-    spec:
-      cidr: @POOL@
-      vxlanMode: @VXLAN@
-      ipipMode: @IPIP@
-      natOutgoing: true
-@ETCD_SECRET@---
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: tern-node
-  namespace: kube-system
-  labels:
-    app.kubernetes.io/name: tern
-    k8s-app: tern-node
-spec:
-  selector:
-    matchLabels:
-      k8s-app: tern-node
-  updateStrategy:
-    type: RollingUpdate
-    rollingUpdate:
-      maxUnavailable: 1
-  template:
-    metadata:
-      labels:
-        app.kubernetes.io/name: tern
-        k8s-app: tern-node
-    spec:
-      serviceAccountName: tern-node
-      hostNetwork: true
-      # hostPID stays false (the default; written out, it would make every re-apply
-      # report "configured"): ternd needs the node's network, not its processes.
-      dnsPolicy: ClusterFirstWithHostNet
-      priorityClassName: system-node-critical
-      # Every taint, NotReady and network-unavailable included: tern is what makes nodes ready.
-      tolerations:
-      - operator: Exists
-      nodeSelector:
-        kubernetes.io/os: linux
-      # ternd closes its BGP sessions gracefully on SIGTERM; pods keep their network meanwhile.
-      terminationGracePeriodSeconds: 30
-      initContainers:
-      # The plugins, each copied to a temporary name and renamed. No conflist yet.
-      - name: install-cni
-        @TERNCTL@
-        args:
-        @INSTALL_CNI@
-        - --skip-conflist
-        volumeMounts:
-        - {name: cni-bin-dir, mountPath: /host/opt/cni/bin}
-        - {name: cni-net-dir, mountPath: /host/etc/cni/net.d}
-      # The default pool (CIDR, encapsulation) from tern-config into the store.
-      - name: apply-ippool
-        @TERNCTL@
-        args: [apply, -f, /etc/tern/ippool.yaml]
-        env:
-        - name: TERN_STORE
-          valueFrom: {configMapKeyRef: {name: tern-config, key: store}}
-        @ETCD_ENV@
-        volumeMounts:
-        - {name: tern-config, mountPath: /etc/tern, readOnly: true}
-        - {name: var-lib-tern, mountPath: /var/lib/tern}
-        - @ETCD_MOUNT@
-      containers:
-      - name: ternd
-        image: @IMAGE@
-        imagePullPolicy: IfNotPresent
-        command: [/usr/local/bin/ternd]
-        args: [--kubernetes]
-        env:
-        - name: TERN_NODE_NAME
-          valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
-        # The address kubelet registered for the node (its InternalIP) is tern's underlay
-        # address too, rather than whatever interface carries the default route.
-        - name: TERN_NODE_IP
-          valueFrom: {fieldRef: {fieldPath: status.hostIP}}
-        - name: TERN_STORE
-          valueFrom: {configMapKeyRef: {name: tern-config, key: store}}
-        @ETCD_ENV@
-        - name: TERN_BGP
-          valueFrom: {configMapKeyRef: {name: tern-config, key: bgp}}
-        - name: TERN_USE_POD_CIDR
-          valueFrom: {configMapKeyRef: {name: tern-config, key: use_pod_cidr}}
-        - name: TERN_LOG_LEVEL
-          valueFrom: {configMapKeyRef: {name: tern-config, key: log_level}}
-        - name: TERN_HEALTH_ADDR
-          value: "@HEALTH_ADDR@"
-        securityContext:
-          privileged: true
-        resources:
-          requests: {cpu: 100m, memory: 64Mi}
-        # host 127.0.0.1: the node's loopback (hostNetwork), where ternd's health listener is.
-        livenessProbe:
-          httpGet: {host: 127.0.0.1, path: /liveness, port: @HEALTH_PORT@}
-          initialDelaySeconds: 10
-          periodSeconds: 10
-          timeoutSeconds: 5
-          failureThreshold: 6
-        readinessProbe:
-          httpGet: {host: 127.0.0.1, path: /readiness, port: @HEALTH_PORT@}
-          periodSeconds: 5
-          timeoutSeconds: 5
-        volumeMounts:
-        - {name: run-tern, mountPath: /run/tern}
-        - {name: var-lib-tern, mountPath: /var/lib/tern}
-        # Pods' network namespaces, also those made after ternd started (its leak check
-        # tests their paths): HostToContainer, so the node's /run must be a shared mount
-        # (systemd's default).
-        - {name: run-netns, mountPath: /run/netns, mountPropagation: HostToContainer}
-        - {name: lib-modules, mountPath: /lib/modules, readOnly: true}
-        - @ETCD_MOUNT@
-      # The conflist, once ternd answers /readiness; then waits for SIGTERM. Kept on restart.
-      - name: cni-conf
-        @TERNCTL@
-        args:
-        @INSTALL_CNI@
-        - --conflist-only
-        - --wait-ready=http://@HEALTH_ADDR@/readiness
-        - --stay
-        resources:
-          requests: {cpu: 5m, memory: 8Mi}
-        volumeMounts:
-        - {name: cni-bin-dir, mountPath: /host/opt/cni/bin, readOnly: true}
-        - {name: cni-net-dir, mountPath: /host/etc/cni/net.d}
-      volumes:
-      - name: tern-config
-        configMap:
-          name: tern-config
-          items: [{key: ippool.yaml, path: ippool.yaml}]
-      - name: run-tern
-        hostPath: {path: /run/tern, type: DirectoryOrCreate}
-      - name: var-lib-tern
-        hostPath: {path: /var/lib/tern, type: DirectoryOrCreate}
-      - name: run-netns
-        hostPath: {path: /run/netns, type: DirectoryOrCreate}
-      - name: lib-modules
-        hostPath: {path: /lib/modules}
-      - name: cni-bin-dir
-        hostPath: {path: @CNI_BIN_DIR@, type: DirectoryOrCreate}
-      - name: cni-net-dir
-        hostPath: {path: @CNI_CONF_DIR@, type: DirectoryOrCreate}
-      # etcd's TLS files, named by tern-config's etcd_* keys. Optional: without TLS there is
-      # no such Secret. 256 is mode 0400: only root (the containers' user) reads the key.
-      - name: etcd-certs
-        secret: {secretName: tern-etcd-certs, optional: true, defaultMode: 256}
-"#;
+/// The manifest (`manifest.yaml` beside this file). Placeholders `@NAME@` are replaced by
+/// [`render`]; the YAML fragments above fill `@TERNCTL@`, `@INSTALL_CNI@`, and below
+/// `@ETCD_ENV@` and `@ETCD_MOUNT@`.
+const TEMPLATE: &str = include_str!("manifest.yaml");
 
 /// etcd's TLS settings from tern-config (replaces `@ETCD_ENV@`), in each container that
 /// opens the store: ternd and ternctl read them (empty: no TLS).
@@ -765,14 +515,30 @@ mod tests {
         paths.iter().map(|s| s.to_string()).collect()
     }
 
+    /// `manifests/tern.yaml` is the golden file of the default rendering: after a change checked
+    /// by hand, `TERN_GOLDEN_UPDATE=1 cargo test -p tern-ctl --lib install_manifest` rewrites
+    /// it (as does `ternctl install manifest > manifests/tern.yaml`).
     #[test]
     fn checked_in_manifest_is_the_default_rendering() {
         let now = render(&ManifestOptions::default()).unwrap();
-        assert!(
-            now == CHECKED_IN,
-            "manifests/tern.yaml differs from `ternctl install manifest`; regenerate it with\n    \
-             cargo run -p tern-ctl --bin ternctl -- install manifest > manifests/tern.yaml"
-        );
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../manifests/tern.yaml");
+        tern_testkit::golden::check_file(&golden, &now);
+    }
+
+    /// Every `@NAME@` of the template is filled, with and without the optional parts.
+    #[test]
+    fn every_placeholder_is_filled() {
+        let (_dir, ca, cert, key) = pem_files();
+        let tls = read_tls(Some(&ca), Some(&cert), Some(&key))
+            .unwrap()
+            .unwrap();
+        for o in [ManifestOptions::default(), tls_options(tls)] {
+            // The manifest has no `@` of its own.
+            let text = render(&o).unwrap();
+            let left = text.lines().find(|l| l.contains('@'));
+            assert!(left.is_none(), "a placeholder is left: {left:?}");
+        }
+        assert!(TEMPLATE.contains("@STORE@") && TEMPLATE.starts_with("# tern: a Kubernetes"));
     }
 
     #[test]

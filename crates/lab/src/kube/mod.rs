@@ -41,8 +41,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
+use crate::addon::Addon;
+pub use crate::process::tail;
+pub use crate::state::{KubeNode, KubeState, Proc, admin_kubeconfig_in, cluster_dir};
 use crate::state::{LabState, StoreKind};
 use crate::{LabError, Result, process};
 
@@ -119,143 +120,6 @@ impl KubeOptions {
             host_ternd: false,
         }
     }
-}
-
-/// The cluster part of a lab's state.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KubeState {
-    /// Directory with the Kubernetes binaries.
-    pub k8s_bin: PathBuf,
-    /// Directory with the image tarballs (`pause.tar`, `busybox.tar`).
-    pub images: PathBuf,
-    /// The cluster's directory (`<lab dir>/kube`): PKI, kubeconfigs, control-plane data, logs.
-    pub dir: PathBuf,
-    /// The control plane's namespace.
-    pub cp_netns: String,
-    /// The control plane's underlay address.
-    pub cp_address: String,
-    /// The pod CIDR given to kube-controller-manager and kube-proxy (tern's pool).
-    pub cluster_cidr: String,
-    /// Control-plane processes by component name (`etcd`, `kube-apiserver`, ...).
-    pub control: Vec<Proc>,
-    /// The relay for the operator's kubectl.
-    pub relay: Option<Proc>,
-    /// Its port on 127.0.0.1.
-    pub relay_port: Option<u16>,
-    /// Values of [`sys::KUBELET_SYSCTLS`] before the first kubelet started.
-    pub saved_sysctls: Vec<(String, String)>,
-    /// The nodes' Kubernetes components.
-    pub nodes: Vec<KubeNode>,
-    /// The nodes run the reference bridge + host-local network, not tern.
-    #[serde(default)]
-    pub reference_cni: bool,
-    /// The manifest tern was installed with (`kubectl apply -f`), when tern runs as the
-    /// `tern-node` DaemonSet; `None` when the lab runs ternd on the host.
-    #[serde(default)]
-    pub manifest: Option<PathBuf>,
-}
-
-/// A process the cluster started.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Proc {
-    /// Component name.
-    pub name: String,
-    /// PID.
-    pub pid: u32,
-    /// A string in its command line (a path unique to the lab): tells it from a reused PID.
-    pub marker: String,
-    /// Its log file.
-    pub log: PathBuf,
-}
-
-/// One node's Kubernetes side.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KubeNode {
-    /// Node name (the lab's and Kubernetes').
-    pub name: String,
-    /// Its network namespace.
-    pub netns: String,
-    /// `<node state dir>/k8s`.
-    pub dir: PathBuf,
-    /// cgroup root of its kubelet and runtime, in every hierarchy (`tl-<lab>-<node>`).
-    pub cgroup: String,
-    /// containerd's socket.
-    pub containerd_socket: PathBuf,
-    /// The process holding the node's private mount namespace.
-    pub holder: Option<Proc>,
-    /// containerd, kubelet, kube-proxy.
-    pub procs: Vec<Proc>,
-    /// The Node's Ready condition seen after the kubelet registered and before tern's
-    /// conflist was installed (`Ready=False: ... cni plugin not initialized`).
-    #[serde(default)]
-    pub ready_before_cni: String,
-}
-
-impl KubeNode {
-    /// The process named `name`, if started.
-    pub fn proc(&self, name: &str) -> Option<&Proc> {
-        self.procs.iter().find(|p| p.name == name)
-    }
-}
-
-impl KubeState {
-    /// The operator's kubeconfig (through the relay on 127.0.0.1).
-    pub fn kubeconfig(&self) -> PathBuf {
-        self.dir.join("kubeconfig")
-    }
-
-    /// The admin kubeconfig for use inside the lab's namespaces (the API server's underlay
-    /// address).
-    pub fn admin_kubeconfig(&self) -> PathBuf {
-        admin_kubeconfig_in(&self.dir)
-    }
-
-    /// The cluster's PKI directory.
-    pub fn pki(&self) -> PathBuf {
-        self.dir.join("pki")
-    }
-
-    /// The node named `name`.
-    pub fn node(&self, name: &str) -> Result<&KubeNode> {
-        self.nodes
-            .iter()
-            .find(|n| n.name == name)
-            .ok_or_else(|| LabError::Invalid(format!("the cluster has no node {name:?}")))
-    }
-
-    /// The `kubectl` binary.
-    pub fn kubectl_bin(&self) -> PathBuf {
-        self.k8s_bin.join("kubectl")
-    }
-}
-
-impl Proc {
-    /// Whether the process still runs (and is ours).
-    pub fn alive(&self) -> bool {
-        process::is_ours(self.pid, &self.marker)
-    }
-
-    /// The last `lines` lines of its log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        tail(&self.log, lines)
-    }
-}
-
-/// The cluster's directory in the directory of its lab.
-pub fn cluster_dir(lab_dir: &Path) -> PathBuf {
-    lab_dir.join("kube")
-}
-
-/// The admin kubeconfig in a cluster directory (see [`KubeState::admin_kubeconfig`]).
-pub fn admin_kubeconfig_in(cluster_dir: &Path) -> PathBuf {
-    cluster_dir.join("admin.conf")
-}
-
-/// The last `lines` lines of a file.
-pub fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 fn mkdir(p: &Path) -> Result<()> {
@@ -510,6 +374,42 @@ fn pool_cidr(st: &LabState) -> Result<String> {
         }
     }
     Ok(crate::cluster::DEFAULT_POOL_CIDR.to_string())
+}
+
+/// The cluster as the base lab's add-on ([`Addon`]): what `lab node add`/`node del`, `lab
+/// down` and `lab status` do for it ([`crate::ops`] hands it to [`crate::topology`]). Each
+/// step does nothing on a lab without a cluster.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cluster;
+
+impl Addon for Cluster {
+    fn check_node_add(&self, st: &LabState) -> Result<()> {
+        check_node_add(st)
+    }
+
+    fn node_joined(&self, st: &mut LabState, node: &str) -> Result<()> {
+        node_joined(st, node)
+    }
+
+    fn node_leaving(&self, st: &mut LabState, node: &str, done: &mut Vec<String>) -> Result<()> {
+        node_leaving(st, node, done)
+    }
+
+    fn teardown(&self, st: &mut LabState, done: &mut Vec<String>, errors: &mut Vec<String>) {
+        teardown(st, done, errors)
+    }
+
+    fn sweep(&self, name: &str, done: &mut Vec<String>, errors: &mut Vec<String>) {
+        sweep_cgroups(name, done, errors)
+    }
+
+    fn agent_status(&self, st: &LabState) -> Option<String> {
+        agent_status(st)
+    }
+
+    fn status(&self, st: &LabState) -> String {
+        st.kube.as_ref().map(status).unwrap_or_default()
+    }
 }
 
 /// Stops and removes the cluster of a lab (idempotent; errors collected). Runs before the

@@ -382,6 +382,7 @@ mod tests {
 
     #[test]
     fn overlapping_labs_share_the_machines_values_and_the_last_restores() {
+        // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             // /run/tern-lab is root's; the lab itself needs root.
             assert!(std::env::var_os("TERN_TEST_STRICT").is_none(), "needs root");

@@ -1,3 +1,5 @@
+#![forbid(unsafe_code)]
+
 fn main() {
     tern_plugin::main(tern_plugin::Plugin::TernIpam)
 }

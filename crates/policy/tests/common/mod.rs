@@ -57,7 +57,8 @@ pub fn endpoint(
         labels: labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into(),
         ips: vec![ip.parse::<IpAddr>().unwrap()],
         ports: vec![EndpointPort {
             name: "web".into(),
