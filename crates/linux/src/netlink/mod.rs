@@ -8,6 +8,7 @@ mod ext;
 pub(crate) mod framing;
 mod route;
 
+#[cfg(any(test, feature = "test-support"))]
 pub(crate) use ext::describe;
 pub use ext::{Route, RouteKind, VxlanInfo};
 
