@@ -318,7 +318,10 @@ pub fn uninstall(k: &KubeState, manifest: &Path, done: &mut Vec<String>, errors:
         "--timeout=90s",
     ]);
     let m = manifest.display().to_string();
-    step(&["delete", "-f", &m, "--ignore-not-found", "--timeout=60s"]);
+    // Not waited for: the CRDs' deletion waits for the API server to remove every tern.dev
+    // object, which the cluster's teardown makes moot (it timed out once at 60 s on a loaded
+    // machine); what must be gone before the nodes stop is the DaemonSet's pods, below.
+    step(&["delete", "-f", &m, "--ignore-not-found", "--wait=false"]);
     // The DaemonSet's pods are removed by the garbage collector once it is gone.
     if let Err(e) = kubectl(
         k,
