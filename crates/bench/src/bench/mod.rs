@@ -41,7 +41,7 @@ pub use self::isolation::{
     PodNetns, UPLINK_ADDR, UPLINK_GATEWAY, UPLINK_IF, ensure_isolated, enter_private_namespaces,
     setup_bench_host,
 };
-pub use self::log_scrape::{AgentSplit, SPLIT_ENV, agent_split, parse_debug_duration};
+pub use self::log_scrape::{AgentSplit, SPLIT_ENV, agent_split};
 pub use self::phases::{Phase, PhaseResult, Workload, measure};
 pub use self::plugin_exec::{
     AddResult, Invocation, Plugin, PluginSet, Pod, REFERENCE_PLUGIN_DIR, REFERENCE_SUBNET,
