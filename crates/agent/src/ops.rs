@@ -358,13 +358,25 @@ impl Agent {
         if let Some(k) = &self.kube {
             k.endpoint_recorded(&ep);
         }
-        log::debug!(
-            "ADD {}: allocate {:?}, create veth {:?}, policy+configure {:?}, endpoint {:?}",
-            a.container_id,
+        let steps = [
             t_alloc,
             t_veth - t_alloc,
             t_link - t_veth,
-            t0.elapsed() - t_link
+            t0.elapsed() - t_link,
+        ];
+        // The same steps in whole microseconds at the end, for readers (tern-bench's split) that
+        // should not parse `Duration`'s `Debug` text.
+        log::debug!(
+            "ADD {}: allocate {:?}, create veth {:?}, policy+configure {:?}, endpoint {:?} (us: {} {} {} {})",
+            a.container_id,
+            steps[0],
+            steps[1],
+            steps[2],
+            steps[3],
+            steps[0].as_micros(),
+            steps[1].as_micros(),
+            steps[2].as_micros(),
+            steps[3].as_micros()
         );
         let mut result = NetResult {
             interfaces: vec![
