@@ -211,7 +211,7 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
     let cidr = opts
         .default_ipv4_pool
         .as_deref()
-        .unwrap_or(cluster::DEFAULT_POOL_CIDR);
+        .unwrap_or(tern_model::defaults::IPV4_POOL);
     let mut st = LabState::new(&opts.name, &opts.bin_dir);
     st.encap = opts.encap;
     st.store = opts.store;
