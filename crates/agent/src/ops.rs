@@ -311,7 +311,7 @@ impl Agent {
             attachment: a.clone(),
             host_ifname: host_if.clone(),
             mac: String::new(),
-            ip_networks: addrs.iter().map(|n| n.to_string()).collect(),
+            ip_networks: addrs.clone(),
             labels: crate::endpoints::workload_labels(a, &req.labels),
             ports,
             // Addresses without IPAM are, like a delegated plugin's, never released by tern.
@@ -551,12 +551,8 @@ impl Agent {
             ));
         };
         let ns = NetNs::from_fd(fd);
-        let addrs: Vec<IpNet> = ep
-            .ip_networks
-            .iter()
-            .filter_map(|s| s.parse().ok())
-            .collect();
-        if let Err(e) = veth::check_pod_interface(&ep.host_ifname, &a.ifname, &ns, &addrs) {
+        let addrs = &ep.ip_networks;
+        if let Err(e) = veth::check_pod_interface(&ep.host_ifname, &a.ifname, &ns, addrs) {
             return Err(err(code::CHECK_FAILED, e.to_string()));
         }
         if let Some(prev) = &req.prev_result {

@@ -355,11 +355,7 @@ pub fn local_endpoint(ep: &crate::endpoints::Endpoint) -> Endpoint {
         node: ep.node.clone(),
         interface: ep.host_ifname.clone(),
         labels: std::sync::Arc::new(ep.labels.clone()),
-        ips: ep
-            .ip_networks
-            .iter()
-            .filter_map(|n| n.parse::<ipnet::IpNet>().ok().map(|n| n.addr()))
-            .collect(),
+        ips: ep.ip_networks.iter().map(|n| n.addr()).collect(),
         ports: ep.ports.clone(),
     }
 }

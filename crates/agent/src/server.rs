@@ -1169,7 +1169,7 @@ mod kube_policy_tests {
                     endpoint: "eth0".into(),
                     interface_name: inc_ep.interface.clone(),
                     mac: String::new(),
-                    ip_networks: vec!["10.244.0.5/32".into()],
+                    ip_networks: vec!["10.244.0.5/32".parse().unwrap()],
                     network: "k8s-pod-network".into(),
                     profiles: vec![],
                     service_account_name: None,
