@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use ipnet::IpNet;
-use tern_api::{BgpPeerStatus, BgpStatusReply};
+use tern_api::{BgpPeerStatus, BgpStatusReply, PeerState};
 use tern_bgp::driver::RouteEvent;
 use tern_bgp::driver::{PeerConfig, Speaker, SpeakerConfig, SpeakerHandle};
 use tern_bgp::fsm::State;
@@ -751,7 +751,7 @@ impl Bgp {
                 "tern_bgp_session_up{{peer=\"{}\",type=\"{}\"}} {}",
                 p.address,
                 p.peer_type,
-                u8::from(p.state == "up")
+                u8::from(p.state == PeerState::Up)
             );
         }
         out.push_str("# HELP tern_bgp_session_established_total Times the session with the peer reached Established.\n# TYPE tern_bgp_session_established_total counter\n");
@@ -1281,11 +1281,10 @@ impl Runner {
                         .label()
                         .to_string(),
                     state: if p.state == State::Established {
-                        "up"
+                        PeerState::Up
                     } else {
-                        "start"
-                    }
-                    .into(),
+                        PeerState::Start
+                    },
                     since_unix: p
                         .since
                         .duration_since(UNIX_EPOCH)

@@ -83,7 +83,7 @@ impl AgentConfig {
             store_url: store_url.to_string(),
             socket: socket.into(),
             state_dir: PathBuf::from(tern_api::DEFAULT_STATE_DIR),
-            default_ipv4_pool: "10.244.0.0/16".to_string(),
+            default_ipv4_pool: tern_model::defaults::IPV4_POOL.to_string(),
             interface_prefix: "tern".to_string(),
             mtu: 0,
             resync_seconds: 30,

@@ -714,11 +714,7 @@ impl Dataplane {
             let Some(link) = links.iter().find(|l| l.name == ep.host_ifname && l.up) else {
                 continue;
             };
-            for a in ep
-                .ip_networks
-                .iter()
-                .filter_map(|a| a.parse::<IpNet>().ok())
-            {
+            for a in &ep.ip_networks {
                 let ip = a.addr();
                 let dst = IpNet::from(ip);
                 let routes = match &mut have {

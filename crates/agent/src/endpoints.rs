@@ -8,6 +8,7 @@
 //! file instead ([`open_store`]): an ADD or DEL then writes the API server once (the IPAM
 //! block), not twice, and no per-pod object of tern's exists there.
 
+use ipnet::IpNet;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -43,6 +44,23 @@ pub fn workload_labels(
     l
 }
 
+/// The addresses of a WorkloadEndpoint record. An entry that is not a CIDR (validation refuses
+/// them at write, so only a record written around it) is left out with a warning naming the
+/// endpoint and the value.
+fn parse_ip_networks(namespace: &str, name: &str, nets: &[String]) -> Vec<IpNet> {
+    nets.iter()
+        .filter_map(|n| match n.parse::<IpNet>() {
+            Ok(net) => Some(net),
+            Err(e) => {
+                log::warn!(
+                    "WorkloadEndpoint {namespace}/{name}: ignoring ipNetworks entry {n:?}: {e}"
+                );
+                None
+            }
+        })
+        .collect()
+}
+
 /// What the agent knows of one pod interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -50,8 +68,9 @@ pub struct Endpoint {
     pub attachment: Attachment,
     pub host_ifname: String,
     pub mac: String,
-    /// Pod addresses as CIDRs ("10.244.0.5/32").
-    pub ip_networks: Vec<String>,
+    /// Pod addresses as CIDRs (10.244.0.5/32), parsed once where a record is read
+    /// from the store.
+    pub ip_networks: Vec<IpNet>,
     pub labels: BTreeMap<String, String>,
     /// Named container ports (`spec.ports`), which policies may reference by name.
     pub ports: Vec<EndpointPort>,
@@ -371,7 +390,7 @@ pub mod store_io {
                 endpoint: ep.attachment.ifname.clone(),
                 interface_name: ep.host_ifname.clone(),
                 mac: ep.mac.clone(),
-                ip_networks: ep.ip_networks.clone(),
+                ip_networks: ep.ip_networks.iter().map(|n| n.to_string()).collect(),
                 network: ep.attachment.network.clone(),
                 profiles: vec![],
                 service_account_name: ep.labels.get(SERVICE_ACCOUNT_LABEL).cloned(),
@@ -411,7 +430,11 @@ pub mod store_io {
             },
             host_ifname: w.spec.interface_name.clone(),
             mac: w.spec.mac.clone(),
-            ip_networks: w.spec.ip_networks.clone(),
+            ip_networks: super::parse_ip_networks(
+                w.metadata.namespace.as_deref().unwrap_or_default(),
+                &w.metadata.name,
+                &w.spec.ip_networks,
+            ),
             labels: w.metadata.labels.clone(),
             ports: w.spec.ports.clone(),
             delegated_ipam: ann
@@ -581,7 +604,7 @@ mod tests {
             },
             host_ifname: "tern0123456789a".into(),
             mac: "0a:58:00:00:00:01".into(),
-            ip_networks: vec!["10.244.0.5/32".into()],
+            ip_networks: vec!["10.244.0.5/32".parse().unwrap()],
             labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
             ports,
             delegated_ipam: false,

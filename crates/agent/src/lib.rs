@@ -49,7 +49,6 @@
 pub use tern_ipam::audit;
 pub mod bgp;
 pub mod claims;
-pub mod code;
 pub mod config;
 pub mod dataplane;
 pub mod endpoints;

@@ -5,7 +5,6 @@
 //! DEL tears the kernel side down first, then releases; a release the store cannot take now is
 //! journaled and completed by the maintenance loop.
 
-use crate::code;
 use crate::endpoints::Endpoint;
 use crate::host::{fmt_mac, parse_mac};
 use crate::server::Agent;
@@ -18,6 +17,7 @@ use tern_api::{
     AddRequest, Attachment, CheckRequest, DelRequest, ErrorReply, GcRequest, Interface, IpConfig,
     IpamAddRequest, IpamRequest, NetResult, Reply, Response, Route, StatusReply,
 };
+use tern_cni::code;
 use tern_ipam::{AllocationAttrs, AssignArgs, IpamError};
 use tern_linux::netns::NetNs;
 use tern_linux::veth;
@@ -37,7 +37,7 @@ const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn busy(host_if: &str) -> ErrorReply {
     err(
-        code::TRY_AGAIN,
+        code::TRY_AGAIN_LATER,
         format!("another operation on interface {host_if} is still running; retry"),
     )
 }
@@ -47,26 +47,26 @@ fn store_err(what: &str, e: &StoreError) -> ErrorReply {
         // A lost answer (leader change) the store could not resolve is as transient as an
         // unreachable store: "try again later" (11), never an internal error (101).
         StoreError::Unavailable(_) | StoreError::Ambiguous(_) => err(
-            code::TRY_AGAIN,
+            code::TRY_AGAIN_LATER,
             format!("{what}: the datastore is unreachable ({e}); retry when it is back"),
         ),
         // Refused by the API server's authorizer: for a moment after its restart, or until
         // the agent's ClusterRole is fixed; either way the runtime's retry can succeed.
         StoreError::Forbidden(_) => err(
-            code::TRY_AGAIN,
+            code::TRY_AGAIN_LATER,
             format!("{what}: {e}; retry once the agent's RBAC allows it"),
         ),
-        _ => err(code::INTERNAL, format!("{what}: {e}")),
+        _ => err(code::AGENT, format!("{what}: {e}")),
     }
 }
 
 fn ipam_err(e: &IpamError) -> ErrorReply {
     if let IpamError::Locked(_) = e {
-        return err(code::TRY_AGAIN, format!("IPAM: {e}"));
+        return err(code::TRY_AGAIN_LATER, format!("IPAM: {e}"));
     }
     if e.is_unavailable() {
         return err(
-            code::TRY_AGAIN,
+            code::TRY_AGAIN_LATER,
             format!("IPAM: the datastore is unreachable ({e}); retry when it is back"),
         );
     }
@@ -78,7 +78,7 @@ fn ipam_err(e: &IpamError) -> ErrorReply {
         IpamError::AddressInUse { .. } | IpamError::NotInPool { .. } => {
             err(code::ADDRESS_UNAVAILABLE, e.to_string())
         }
-        _ => err(code::INTERNAL, format!("IPAM: {e}")),
+        _ => err(code::AGENT, format!("IPAM: {e}")),
     }
 }
 
@@ -208,7 +208,7 @@ impl Agent {
             .wait_gone(&host_if, std::time::Duration::from_secs(5))
         {
             return Err(err(
-                code::TRY_AGAIN,
+                code::TRY_AGAIN_LATER,
                 format!("the deletion of the previous interface {host_if} is still queued; retry"),
             ));
         }
@@ -295,7 +295,7 @@ impl Agent {
             let c = if e.is_already_exists() {
                 code::INTERFACE
             } else {
-                code::INTERNAL
+                code::AGENT
             };
             err(c, e.to_string())
         };
@@ -311,7 +311,7 @@ impl Agent {
             attachment: a.clone(),
             host_ifname: host_if.clone(),
             mac: String::new(),
-            ip_networks: addrs.iter().map(|n| n.to_string()).collect(),
+            ip_networks: addrs.clone(),
             labels: crate::endpoints::workload_labels(a, &req.labels),
             ports,
             // Addresses without IPAM are, like a delegated plugin's, never released by tern.
@@ -329,7 +329,7 @@ impl Agent {
                 log::warn!("removing the veth of a failed ADD: {de}");
             }
             let _ = p.endpoint_removed(&ep.namespace(), &ep.name());
-            return Err(rollback(err(code::INTERNAL, e.to_string())));
+            return Err(rollback(err(code::AGENT, e.to_string())));
         }
         let (ep_ns, ep_name) = (ep.namespace(), ep.name());
         let unpolice = || {
@@ -492,7 +492,7 @@ impl Agent {
                     }
                     Err(je) => {
                         return Err(err(
-                            code::TRY_AGAIN,
+                            code::TRY_AGAIN_LATER,
                             format!("store unavailable ({e}) and journal failed: {je}"),
                         ));
                     }
@@ -563,12 +563,8 @@ impl Agent {
             ));
         };
         let ns = NetNs::from_fd(fd);
-        let addrs: Vec<IpNet> = ep
-            .ip_networks
-            .iter()
-            .filter_map(|s| s.parse().ok())
-            .collect();
-        if let Err(e) = veth::check_pod_interface(&ep.host_ifname, &a.ifname, &ns, &addrs) {
+        let addrs = &ep.ip_networks;
+        if let Err(e) = veth::check_pod_interface(&ep.host_ifname, &a.ifname, &ns, addrs) {
             return Err(err(code::CHECK_FAILED, e.to_string()));
         }
         if let Some(prev) = &req.prev_result {
@@ -589,7 +585,7 @@ impl Agent {
         }
         if !ep.delegated_ipam {
             let held = self.ips_of(a).map_err(|e| ipam_err(&e))?;
-            for n in &addrs {
+            for n in addrs {
                 if !held.contains(&n.addr()) {
                     return Err(err(
                         code::CHECK_FAILED,
@@ -715,7 +711,7 @@ impl Agent {
             Ok(Reply::Done)
         } else {
             Err(err(
-                code::INTERNAL,
+                code::AGENT,
                 format!("GC finished with errors: {}", errors.join("; ")),
             ))
         }
@@ -785,12 +781,7 @@ impl Agent {
             .iter()
             .find(|al| al.ip == ip)
             .map(|al| al.block)
-            .ok_or_else(|| {
-                err(
-                    code::INTERNAL,
-                    format!("allocated address {ip} has no block"),
-                )
-            })?;
+            .ok_or_else(|| err(code::AGENT, format!("allocated address {ip} has no block")))?;
         let addr = IpNet::new(ip, block.prefix_len()).unwrap_or_else(|_| host_prefix(ip));
         let handle = format!(
             "tern-ipam-gateway.{node}.{}",
@@ -846,7 +837,7 @@ impl Agent {
                 };
                 journal::record(&self.cfg.state_dir, &entry).map_err(|je| {
                     err(
-                        code::TRY_AGAIN,
+                        code::TRY_AGAIN_LATER,
                         format!("store unavailable ({e}) and journal failed: {je}"),
                     )
                 })?;
@@ -924,18 +915,21 @@ mod tests {
         let code = |e: StoreError| store_err("IPAM", &e).code;
         assert_eq!(
             code(StoreError::Unavailable("down".into())),
-            code::TRY_AGAIN
+            code::TRY_AGAIN_LATER
         );
-        assert_eq!(code(StoreError::Ambiguous("lost".into())), code::TRY_AGAIN);
+        assert_eq!(
+            code(StoreError::Ambiguous("lost".into())),
+            code::TRY_AGAIN_LATER
+        );
         let forbidden = StoreError::Forbidden("list ippools.tern.dev: forbidden".into());
         let r = store_err("IPAM", &forbidden);
-        assert_eq!(r.code, code::TRY_AGAIN);
+        assert_eq!(r.code, code::TRY_AGAIN_LATER);
         assert!(
             r.msg.contains("ippools.tern.dev") && r.msg.contains("RBAC"),
             "{}",
             r.msg
         );
-        assert_eq!(code(StoreError::Backend("bad".into())), code::INTERNAL);
+        assert_eq!(code(StoreError::Backend("bad".into())), code::AGENT);
     }
 
     #[test]

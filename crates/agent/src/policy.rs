@@ -355,11 +355,7 @@ pub fn local_endpoint(ep: &crate::endpoints::Endpoint) -> Endpoint {
         node: ep.node.clone(),
         interface: ep.host_ifname.clone(),
         labels: std::sync::Arc::new(ep.labels.clone()),
-        ips: ep
-            .ip_networks
-            .iter()
-            .filter_map(|n| n.parse::<ipnet::IpNet>().ok().map(|n| n.addr()))
-            .collect(),
+        ips: ep.ip_networks.iter().map(|n| n.addr()).collect(),
         ports: ep.ports.clone(),
     }
 }
@@ -784,13 +780,13 @@ mod tests {
     /// a visible SKIP otherwise.
     fn in_private_netns(f: fn()) {
         let t = tern_testkit::thread_for_test().spawn(move || {
-            // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            let why = format!(
-                "unshare(CLONE_NEWNET): {}; run as root",
-                std::io::Error::last_os_error()
-            );
-            if tern_testkit::require("a private network namespace (root)", rc == 0, why) {
+            // Only this dedicated thread (and processes it spawns) changes namespace.
+            let entered = tern_linux::netns::unshare_net();
+            let why = match &entered {
+                Ok(()) => String::new(),
+                Err(e) => format!("{e}; run as root"),
+            };
+            if tern_testkit::require("a private network namespace (root)", entered.is_ok(), why) {
                 f();
             }
         });

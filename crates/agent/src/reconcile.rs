@@ -9,7 +9,6 @@
 //! 3. Interfaces with tern's prefix that belong to no endpoint (and no ADD in flight): remove.
 
 use crate::server::Agent;
-use ipnet::IpNet;
 use std::collections::HashSet;
 use std::fmt;
 use std::path::Path;
@@ -352,16 +351,11 @@ impl Agent {
             }
         };
         if let Some(ns) = ns {
-            let addrs: Vec<IpNet> = ep
-                .ip_networks
-                .iter()
-                .filter_map(|s| s.parse().ok())
-                .collect();
             let cfg = veth::PodInterfaceConfig {
                 host_ifname: &ep.host_ifname,
                 pod_ifname: &a.ifname,
                 pod_ns: &ns,
-                addresses: &addrs,
+                addresses: &ep.ip_networks,
                 mtu: self.pod_mtu(),
                 pod_mac: crate::host::parse_mac(&ep.mac),
                 allow_ip_forwarding: false,

@@ -1,6 +1,5 @@
 //! The agent: start-up, the socket server and the maintenance loop.
 
-use crate::code;
 use crate::config::AgentConfig;
 use crate::endpoints::Endpoints;
 use anyhow::Context;
@@ -10,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tern_api::{Attachment, ErrorReply, FrameError, Request, Response};
+use tern_cni::code;
 
 pub use crate::config::MAX_CONNECTIONS;
 /// Time a client has to send its whole request, however it paces the bytes.
@@ -17,7 +17,7 @@ pub const REQUEST_READ_DEADLINE: Duration = Duration::from_secs(10);
 /// Time the agent waits for a client to take its reply.
 const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error code of a caller refused by the peer-credential check (tern's codes start at 100;
-/// 100-104 are the agent's request errors in [`crate::code`]).
+/// 100-104 are the agent's request errors in [`tern_cni::code`]).
 pub const CODE_NOT_PERMITTED: u32 = 110;
 /// `SO_PEERGROUPS` (Linux 4.13): the peer's supplementary groups at connect time.
 const SO_PEERGROUPS: libc::c_int = 59;
@@ -389,7 +389,7 @@ impl Agent {
             refuse(
                 stream,
                 ErrorReply {
-                    code: crate::code::TRY_AGAIN,
+                    code: code::TRY_AGAIN_LATER,
                     msg,
                     details: String::new(),
                 },
@@ -509,7 +509,7 @@ impl Agent {
                 reply(
                     &stream,
                     &Err(ErrorReply {
-                        code: crate::code::INVALID_ENV,
+                        code: code::INVALID_ENV,
                         msg: format!("CNI_NETNS: {e}; exactly one network namespace is expected"),
                         details: String::new(),
                     }),
@@ -518,8 +518,8 @@ impl Agent {
             }
             Err(e @ (FrameError::TooLarge { .. } | FrameError::Deadline(_))) => {
                 let code = match e {
-                    FrameError::TooLarge { .. } => crate::code::INVALID_CONFIG,
-                    _ => 6,
+                    FrameError::TooLarge { .. } => code::INVALID_CONFIG,
+                    _ => code::DECODE,
                 };
                 self.refusals.warn(&format!("refused a request: {e}"));
                 reply(
@@ -547,7 +547,7 @@ impl Agent {
                 }
             },
             Err(e) => Err(ErrorReply {
-                code: 6,
+                code: code::DECODE,
                 msg: format!("cannot decode request: {e}"),
                 details: String::new(),
             }),
@@ -565,7 +565,7 @@ impl Agent {
         truncated: bool,
     ) -> Result<Option<OwnedFd>, ErrorReply> {
         let invalid = |msg: String| ErrorReply {
-            code: crate::code::INVALID_ENV,
+            code: code::INVALID_ENV,
             msg,
             details: String::new(),
         };
@@ -1173,7 +1173,7 @@ mod kube_policy_tests {
                     endpoint: "eth0".into(),
                     interface_name: inc_ep.interface.clone(),
                     mac: String::new(),
-                    ip_networks: vec!["10.244.0.5/32".into()],
+                    ip_networks: vec!["10.244.0.5/32".parse().unwrap()],
                     network: "k8s-pod-network".into(),
                     profiles: vec![],
                     service_account_name: None,

@@ -32,7 +32,7 @@ fn endpoint(node: &str, cid: &str, ifname: &str, pod: Option<(&str, &str)>, ip: 
         },
         host_ifname: format!("tern{cid}"),
         mac: "ee:ee:ee:ee:ee:ee".into(),
-        ip_networks: vec![format!("{ip}/32")],
+        ip_networks: vec![format!("{ip}/32").parse().unwrap()],
         labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
         ports: Vec::new(),
         delegated_ipam: false,
@@ -87,7 +87,7 @@ fn audit_reads_endpoints_and_owner_records_as_the_agent_does() {
             (
                 format!("{}/{}", e.namespace(), e.name()),
                 e.attachment.handle(),
-                e.ip_networks.clone(),
+                e.ip_networks.iter().map(|n| n.to_string()).collect(),
                 e.delegated_ipam,
                 e.attachment.legacy_handle(),
             )

@@ -115,7 +115,7 @@ fn put_endpoint(
         attachment,
         host_ifname: host_ifname.into(),
         mac: String::new(),
-        ip_networks,
+        ip_networks: ip_networks.iter().map(|n| n.parse().unwrap()).collect(),
         labels: Default::default(),
         ports: Vec::new(),
         delegated_ipam,

@@ -35,7 +35,6 @@ use Layer::*;
 /// is `lib.rs`).
 const LAYERS: &[(&str, Layer)] = &[
     ("claims", Leaf),
-    ("code", Leaf),
     ("config", Leaf),
     ("endpoints", Leaf),
     ("external", Leaf),

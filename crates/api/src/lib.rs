@@ -260,6 +260,33 @@ pub enum Request {
     BgpStatus,
 }
 
+/// A BGP session's state as BIRD names its protocols' (and calicoctl prints them): `up` when
+/// the session is Established, else `start`. On the wire and on screen as those words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerState {
+    /// Established.
+    Up,
+    /// Any other FSM state.
+    Start,
+}
+
+impl PeerState {
+    /// The word `ternctl node status` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerState::Up => "up",
+            PeerState::Start => "start",
+        }
+    }
+}
+
+impl std::fmt::Display for PeerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One BGP session in the agent's answer to `BgpStatus`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BgpPeerStatus {
@@ -268,7 +295,7 @@ pub struct BgpPeerStatus {
     /// `node-to-node mesh`, `global` or `node specific` (as calicoctl prints them).
     pub peer_type: String,
     /// `up` when Established, else `start` (BIRD's protocol states, as calicoctl prints them).
-    pub state: String,
+    pub state: PeerState,
     /// Seconds since the Unix epoch when the session entered its current FSM state.
     pub since_unix: u64,
     /// The FSM state (`Established`, `Active`, ...), followed by the last notable event.
@@ -742,6 +769,18 @@ mod tests {
     use super::*;
     use std::fs::File;
     use std::io::Read;
+
+    #[test]
+    fn peer_state_is_the_word_on_wire_and_screen() {
+        for (st, word) in [(PeerState::Up, "up"), (PeerState::Start, "start")] {
+            assert_eq!(serde_json::to_string(&st).unwrap(), format!("\"{word}\""));
+            assert_eq!(
+                serde_json::from_str::<PeerState>(&format!("\"{word}\"")).unwrap(),
+                st
+            );
+            assert_eq!(st.to_string(), word);
+        }
+    }
 
     #[test]
     fn request_json_is_tagged() {

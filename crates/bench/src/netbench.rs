@@ -137,7 +137,7 @@ fn tern_throughput(
 /// Turns natOutgoing off on the lab's default pool and gives the agents a moment to drop their
 /// nat chain.
 fn without_nat_outgoing(st: &LabState) -> Result<()> {
-    let mut pool = tern_lab::cluster::default_pool(st, tern_lab::cluster::DEFAULT_POOL_CIDR);
+    let mut pool = tern_lab::cluster::default_pool(st, tern_model::defaults::IPV4_POOL);
     if let tern_model::Resource::IpPool(p) = &mut pool {
         p.spec.nat_outgoing = false;
     }

@@ -116,6 +116,7 @@ fn is_bool(v: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code;
 
     #[test]
     fn parses_known_keys() {
@@ -140,7 +141,7 @@ mod tests {
     #[test]
     fn unknown_key_without_ignore_unknown_is_code_7_naming_key() {
         let e = CniArgs::parse("K8S_POD_NAME=a;FOO=bar").unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(
             e.msg.contains("\"FOO\"") && e.msg.contains("CNI_ARGS"),
             "{}",
@@ -165,17 +166,17 @@ mod tests {
         // IgnoreUnknown=0 does not.
         assert_eq!(
             CniArgs::parse("FOO=bar;IgnoreUnknown=0").unwrap_err().code,
-            CniError::INVALID_CONFIG
+            code::INVALID_CONFIG
         );
     }
 
     #[test]
     fn malformed_pair_is_code_4_naming_cni_args() {
         let e = CniArgs::parse("K8S_POD_NAME").unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert_eq!(e.code, code::INVALID_ENV);
         assert!(e.msg.contains("CNI_ARGS"), "{}", e.msg);
         let e = CniArgs::parse("IgnoreUnknown=maybe").unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert_eq!(e.code, code::INVALID_ENV);
     }
 
     #[test]

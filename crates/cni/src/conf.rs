@@ -643,6 +643,7 @@ impl ConfList {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code;
     use serde_json::json;
 
     const BASIC: &str = r#"{
@@ -704,30 +705,30 @@ mod tests {
     #[test]
     fn malformed_json_is_code_6() {
         let e = NetConf::parse(b"{\"name\": ").unwrap_err();
-        assert_eq!(e.code, CniError::DECODE);
+        assert_eq!(e.code, code::DECODE);
         assert!(e.msg.contains("network config"), "{}", e.msg);
-        assert_eq!(NetConf::parse(b"").unwrap_err().code, CniError::DECODE);
+        assert_eq!(NetConf::parse(b"").unwrap_err().code, code::DECODE);
     }
 
     #[test]
     fn not_an_object_is_code_7() {
         let e = NetConf::parse(b"[1]").unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(e.msg.contains("array"), "{}", e.msg);
     }
 
     #[test]
     fn missing_type_and_name_are_code_7_naming_them() {
         let e = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"n"}"#).unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(e.msg.contains("`type`"), "{}", e.msg);
         let e = NetConf::parse(br#"{"cniVersion":"1.0.0","type":"tern"}"#).unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(e.msg.contains("`name`"), "{}", e.msg);
         let e = NetConf::parse(br#"{"name":"n","type":""}"#).unwrap_err();
         assert!(e.msg.contains("`type` is empty"), "{}", e.msg);
         let e = NetConf::parse(br#"{"name":"n","type":"t","ipam":{}}"#).unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(
             e.msg.contains("`ipam`") && e.msg.contains("`type`"),
             "{}",
@@ -739,13 +740,13 @@ mod tests {
     fn wrong_type_names_the_field_path() {
         let e =
             NetConf::parse(br#"{"name":"n","type":"t","runtimeConfig":{"ips":[5]}}"#).unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert_eq!(
             e.msg,
             "invalid network config: field `runtimeConfig.ips[0]`: invalid type: integer `5`, expected a string"
         );
         let e = NetConf::parse(br#"{"name":"n","type":"t","cniVersion":1}"#).unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(e.msg.contains("`cniVersion`"), "{}", e.msg);
     }
 
@@ -762,7 +763,7 @@ mod tests {
         let e = NetConf::parse_with::<TernConf>(br#"{"name":"n","type":"tern","mtu":"x"}"#)
             .err()
             .unwrap();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert_eq!(
             e.msg,
             "invalid network config: field `mtu`: invalid type: string \"x\", expected u32"
@@ -778,7 +779,7 @@ mod tests {
         let c = NetConf::parse(br#"{"cniVersion":"","name":"n","type":"t"}"#).unwrap();
         assert_eq!(c.cni_version, Version::V0_1_0);
         let e = NetConf::parse(br#"{"cniVersion":"2.0.0","name":"n","type":"t"}"#).unwrap_err();
-        assert_eq!(e.code, CniError::INCOMPATIBLE_VERSION);
+        assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
         assert!(
             e.msg.contains("cniVersion") && e.msg.contains("2.0.0"),
             "{}",
@@ -846,7 +847,7 @@ mod tests {
         let e =
             ConfList::parse(br#"{"cniVersion":"1.0.0","name":"-bad","plugins":[{"type":"x"}]}"#)
                 .unwrap_err();
-        assert_eq!(e.code, CniError::INVALID_CONFIG);
+        assert_eq!(e.code, code::INVALID_CONFIG);
         assert!(
             e.msg.contains("`name`") && e.msg.contains("-bad"),
             "{}",
@@ -867,7 +868,7 @@ mod tests {
 
         let e = ConfList::parse(br#"{"cniVersion":"3.0.0","name":"n","plugins":[{"type":"a"}]}"#)
             .unwrap_err();
-        assert_eq!(e.code, CniError::INCOMPATIBLE_VERSION);
+        assert_eq!(e.code, code::INCOMPATIBLE_VERSION);
 
         let e = ConfList::parse(br#"{"name":"n","plugins":[{"type":"a"}]}"#).unwrap_err();
         assert!(e.msg.contains("`cniVersion`"), "{}", e.msg);
@@ -878,7 +879,7 @@ mod tests {
         .unwrap_err();
         assert!(e.msg.contains("`disableCheck`"), "{}", e.msg);
 
-        assert_eq!(ConfList::parse(b"{").unwrap_err().code, CniError::DECODE);
+        assert_eq!(ConfList::parse(b"{").unwrap_err().code, code::DECODE);
     }
 
     #[test]
@@ -918,7 +919,7 @@ mod tests {
         );
         assert_eq!(
             l.exec_config(2, None, &caps).unwrap_err().code,
-            CniError::INVALID_CONFIG
+            code::INVALID_CONFIG
         );
         assert_eq!(l.plugin_types(), vec!["tern", "portmap"]);
     }
@@ -1047,7 +1048,7 @@ mod tests {
         ];
         for (ports, want) in cases {
             let e = with_ports(ports).unwrap_err();
-            assert_eq!(e.code, CniError::INVALID_CONFIG, "{ports}: {}", e.msg);
+            assert_eq!(e.code, code::INVALID_CONFIG, "{ports}: {}", e.msg);
             assert!(
                 e.msg.contains(want),
                 "{ports}: got {:?}, want {want:?}",

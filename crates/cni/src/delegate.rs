@@ -1,6 +1,7 @@
 //! Running a delegated plugin (e.g. an IPAM plugin) as the CNI spec
 //! describes: found by `type` in `CNI_PATH`, same environment, config on stdin.
 
+use crate::code;
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -152,12 +153,12 @@ fn plugin_error(
         if let Ok(mut e) = serde_json::from_str::<CniError>(stdout) {
             if e.code == 0 {
                 // Code 0 would read as success to anyone checking the code.
-                e.code = CniError::GENERIC;
+                e.code = code::GENERIC;
             }
             return e;
         }
         return CniError::new(
-            CniError::GENERIC,
+            code::GENERIC,
             format!(
                 "plugin {plugin_type:?} failed ({command}, {status}) and its error output could not be parsed: {:?}",
                 stdout.trim()
@@ -167,12 +168,12 @@ fn plugin_error(
     }
     if stderr.trim().is_empty() {
         CniError::new(
-            CniError::GENERIC,
+            code::GENERIC,
             format!("plugin {plugin_type:?} failed ({command}, {status}) with no error message"),
         )
     } else {
         CniError::new(
-            CniError::GENERIC,
+            code::GENERIC,
             format!(
                 "plugin {plugin_type:?} failed ({command}, {status}): {}",
                 stderr.trim()
@@ -290,7 +291,7 @@ exit 1"#,
         let env = env_for(&[dir.path()], "ADD");
 
         let e = delegate("crash", Command::Add, b"{}", &env).unwrap_err();
-        assert_eq!(e.code, CniError::GENERIC);
+        assert_eq!(e.code, code::GENERIC);
         assert!(
             e.msg.contains("panic: boom") && e.msg.contains("\"crash\""),
             "{}",
@@ -298,7 +299,7 @@ exit 1"#,
         );
 
         let e = delegate("silent", Command::Add, b"{}", &env).unwrap_err();
-        assert_eq!(e.code, CniError::GENERIC);
+        assert_eq!(e.code, code::GENERIC);
         assert!(
             e.msg.contains("no error message") && e.msg.contains('3'),
             "{}",
@@ -306,7 +307,7 @@ exit 1"#,
         );
 
         let e = delegate("garbage", Command::Add, b"{}", &env).unwrap_err();
-        assert_eq!(e.code, CniError::GENERIC);
+        assert_eq!(e.code, code::GENERIC);
         assert!(e.msg.contains("not json"), "{}", e.msg);
     }
 
@@ -316,7 +317,7 @@ exit 1"#,
         script(dir.path(), "chatty", "echo hello");
         let env = env_for(&[dir.path()], "ADD");
         let e = delegate("chatty", Command::Add, b"{}", &env).unwrap_err();
-        assert_eq!(e.code, CniError::DECODE);
+        assert_eq!(e.code, code::DECODE);
         assert!(e.msg.contains("\"chatty\""), "{}", e.msg);
     }
 
@@ -337,7 +338,7 @@ exit 1"#,
         let env = env_for(&[dir.path()], "ADD");
         for missing in ["nope", "not-exec", "a-dir"] {
             let e = delegate(missing, Command::Add, b"{}", &env).unwrap_err();
-            assert_eq!(e.code, CniError::IO, "{missing}");
+            assert_eq!(e.code, code::IO, "{missing}");
             assert!(
                 e.msg.contains(missing) && e.msg.contains("CNI_PATH"),
                 "{}",
@@ -346,7 +347,7 @@ exit 1"#,
         }
         for bad in ["../bin/sh", "/bin/sh", "", ".."] {
             let e = delegate(bad, Command::Add, b"{}", &env).unwrap_err();
-            assert_eq!(e.code, CniError::INVALID_CONFIG, "{bad}");
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The CNI error object: what a plugin prints on stdout when it fails.
 
+use crate::code;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -11,7 +12,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{msg}{}", if details.is_empty() { String::new() } else { format!(": {details}") })]
 pub struct CniError {
-    /// Error code (see the associated constants).
+    /// Error code (one of [`crate::code`]).
     pub code: u32,
     /// Short human-readable message; tern's messages name the field or variable at fault.
     pub msg: String,
@@ -24,33 +25,6 @@ pub struct CniError {
 pub type Result<T, E = CniError> = std::result::Result<T, E>;
 
 impl CniError {
-    /// 1: the configuration's version is not supported.
-    pub const INCOMPATIBLE_VERSION: u32 = 1;
-    /// 2: a field of the configuration is not supported.
-    pub const UNSUPPORTED_FIELD: u32 = 2;
-    /// 3: the container is unknown or does not exist.
-    pub const UNKNOWN_CONTAINER: u32 = 3;
-    /// 4: an environment variable is missing or invalid.
-    pub const INVALID_ENV: u32 = 4;
-    /// 5: an I/O operation failed.
-    pub const IO: u32 = 5;
-    /// 6: decoding input (JSON) failed.
-    pub const DECODE: u32 = 6;
-    /// 7: the network configuration is invalid.
-    pub const INVALID_CONFIG: u32 = 7;
-    /// 11: a transient failure; the runtime should try again later.
-    pub const TRY_AGAIN_LATER: u32 = 11;
-    /// 50: STATUS: the plugin is not available.
-    pub const NOT_AVAILABLE: u32 = 50;
-    /// 51: STATUS: not available, and existing containers may have limited connectivity.
-    pub const NOT_AVAILABLE_LIMITED_CONNECTIVITY: u32 = 51;
-    /// 100 (tern): no free address in any usable pool.
-    pub const POOL_EXHAUSTED: u32 = 100;
-    /// 101 (tern): the node agent failed or could not be reached.
-    pub const AGENT: u32 = 101;
-    /// 999: a generic failure, e.g. a delegated plugin failed without a readable error.
-    pub const GENERIC: u32 = 999;
-
     /// An error with the given code and message and no details.
     pub fn new(code: u32, msg: impl Into<String>) -> Self {
         CniError {
@@ -68,62 +42,62 @@ impl CniError {
 
     /// Code 1.
     pub fn incompatible_version(msg: impl Into<String>) -> Self {
-        Self::new(Self::INCOMPATIBLE_VERSION, msg)
+        Self::new(code::INCOMPATIBLE_VERSION, msg)
     }
 
     /// Code 2.
     pub fn unsupported_field(msg: impl Into<String>) -> Self {
-        Self::new(Self::UNSUPPORTED_FIELD, msg)
+        Self::new(code::UNSUPPORTED_FIELD, msg)
     }
 
     /// Code 3.
     pub fn unknown_container(msg: impl Into<String>) -> Self {
-        Self::new(Self::UNKNOWN_CONTAINER, msg)
+        Self::new(code::UNKNOWN_CONTAINER, msg)
     }
 
     /// Code 4.
     pub fn invalid_env(msg: impl Into<String>) -> Self {
-        Self::new(Self::INVALID_ENV, msg)
+        Self::new(code::INVALID_ENV, msg)
     }
 
     /// Code 5.
     pub fn io(msg: impl Into<String>) -> Self {
-        Self::new(Self::IO, msg)
+        Self::new(code::IO, msg)
     }
 
     /// Code 6.
     pub fn decode(msg: impl Into<String>) -> Self {
-        Self::new(Self::DECODE, msg)
+        Self::new(code::DECODE, msg)
     }
 
     /// Code 7.
     pub fn invalid_config(msg: impl Into<String>) -> Self {
-        Self::new(Self::INVALID_CONFIG, msg)
+        Self::new(code::INVALID_CONFIG, msg)
     }
 
     /// Code 11.
     pub fn try_again_later(msg: impl Into<String>) -> Self {
-        Self::new(Self::TRY_AGAIN_LATER, msg)
+        Self::new(code::TRY_AGAIN_LATER, msg)
     }
 
     /// Code 50.
     pub fn not_available(msg: impl Into<String>) -> Self {
-        Self::new(Self::NOT_AVAILABLE, msg)
+        Self::new(code::NOT_AVAILABLE, msg)
     }
 
     /// Code 51.
     pub fn not_available_limited_connectivity(msg: impl Into<String>) -> Self {
-        Self::new(Self::NOT_AVAILABLE_LIMITED_CONNECTIVITY, msg)
+        Self::new(code::NOT_AVAILABLE_LIMITED_CONNECTIVITY, msg)
     }
 
     /// Code 100.
     pub fn pool_exhausted(msg: impl Into<String>) -> Self {
-        Self::new(Self::POOL_EXHAUSTED, msg)
+        Self::new(code::POOL_EXHAUSTED, msg)
     }
 
     /// Code 101.
     pub fn agent(msg: impl Into<String>) -> Self {
-        Self::new(Self::AGENT, msg)
+        Self::new(code::AGENT, msg)
     }
 
     /// The JSON object a failing plugin prints on stdout.

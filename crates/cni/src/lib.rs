@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod code;
 pub mod conf;
 pub mod delegate;
 pub mod env;

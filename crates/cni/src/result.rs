@@ -1,6 +1,7 @@
 //! The ADD result: one version-independent model, rendered in and parsed from
 //! the JSON shape of every specification version.
 
+use crate::code;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -231,7 +232,7 @@ impl CniResult {
     pub fn from_json(value: &Value) -> Result<CniResult, CniError> {
         let wire: WireResult = crate::error::from_value_with_path(value.clone(), "CNI result")
             .map_err(|e| CniError {
-                code: CniError::DECODE,
+                code: code::DECODE,
                 ..e
             })?;
         let mut result = CniResult {
@@ -616,11 +617,11 @@ mod tests {
     fn parse_errors_are_code_6_naming_field() {
         let v = json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.300/24"}]});
         let e = CniResult::from_json(&v).unwrap_err();
-        assert_eq!(e.code, CniError::DECODE);
+        assert_eq!(e.code, code::DECODE);
         assert!(e.msg.contains("`ips[0].address`"), "{}", e.msg);
         let v = json!({"cniVersion": "0.2.0", "ip4": {"gateway": "10.0.0.1"}});
         let e = CniResult::from_json(&v).unwrap_err();
-        assert_eq!(e.code, CniError::DECODE);
+        assert_eq!(e.code, code::DECODE);
         assert!(e.msg.contains("ip4") && e.msg.contains("`ip`"), "{}", e.msg);
     }
 }

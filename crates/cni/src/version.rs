@@ -168,6 +168,7 @@ pub fn version_output_for_stdin(stdin: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code;
 
     #[test]
     fn ordering_and_round_trip() {
@@ -201,7 +202,7 @@ mod tests {
     #[test]
     fn unknown_version_is_code_1_naming_it() {
         let err = "0.5.0".parse::<Version>().unwrap_err();
-        assert_eq!(err.code, CniError::INCOMPATIBLE_VERSION);
+        assert_eq!(err.code, code::INCOMPATIBLE_VERSION);
         assert!(err.msg.contains("\"0.5.0\""), "{}", err.msg);
     }
 

@@ -2,7 +2,7 @@
 //! execution configuration exposes its plugin-specific keys.
 
 use serde_json::json;
-use tern_cni::{CniError, ConfList, Version};
+use tern_cni::{ConfList, Version, code};
 
 const SEED: &[u8] = include_bytes!("fixtures/calico-seed.conflist");
 
@@ -75,7 +75,7 @@ fn seed_entry_with_wrong_mtu_type_names_the_field() {
     let err = tern_cni::NetConf::parse_with::<CalicoConf>(exec.to_string().as_bytes())
         .err()
         .unwrap();
-    assert_eq!(err.code, CniError::INVALID_CONFIG);
+    assert_eq!(err.code, code::INVALID_CONFIG);
     assert_eq!(
         err.msg,
         "invalid network config: field `mtu`: invalid type: string \"x\", expected u32"

@@ -189,7 +189,7 @@ pub struct InstallManifestArgs {
     #[arg(long, default_value = crate::commands::install_manifest::DEFAULT_IMAGE)]
     pub image: String,
     /// CIDR of the default IPv4 pool.
-    #[arg(long, default_value = crate::commands::install_manifest::DEFAULT_POOL)]
+    #[arg(long, default_value = tern_model::defaults::IPV4_POOL)]
     pub pool: String,
     /// Encapsulation of the default pool between nodes.
     #[arg(long, value_enum, default_value_t = Encap::None)]

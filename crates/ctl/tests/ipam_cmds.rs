@@ -58,7 +58,7 @@ fn endpoint(store: &dyn Store, cid: &str, ip: std::net::IpAddr) {
         },
         host_ifname: format!("tern{cid}"),
         mac: "ee:ee:ee:ee:ee:01".into(),
-        ip_networks: vec![format!("{ip}/32")],
+        ip_networks: vec![format!("{ip}/32").parse().unwrap()],
         labels: BTreeMap::new(),
         ports: Vec::new(),
         delegated_ipam: false,

@@ -241,7 +241,7 @@ fn wait_pods(lab: &Lab, n: usize) -> Vec<Pod> {
 /// Every pod's address is in tern's pool and is the address of tern's endpoint of that pod on
 /// that node.
 fn check_addresses(st: &tern_lab::LabState, pods: &[Pod]) {
-    let pool: ipnet::Ipv4Net = tern_lab::cluster::DEFAULT_POOL_CIDR.parse().unwrap();
+    let pool: ipnet::Ipv4Net = tern_model::defaults::IPV4_POOL.parse().unwrap();
     let (_, weps) = ternctl_out(st, &["get", "wep", "-o", "wide"]);
     for p in pods {
         let ip: std::net::Ipv4Addr =

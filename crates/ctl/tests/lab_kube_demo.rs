@@ -63,7 +63,7 @@ fn demo_kubernetes() {
         .filter(|f| f.len() >= 8 && f[0] == "default" && f[1].starts_with("demo-"))
         .collect();
     assert_eq!(pods.len(), 6, "{out}");
-    let pool: ipnet::Ipv4Net = tern_lab::cluster::DEFAULT_POOL_CIDR.parse().unwrap();
+    let pool: ipnet::Ipv4Net = tern_model::defaults::IPV4_POOL.parse().unwrap();
     let mut nodes = BTreeSet::new();
     for f in &pods {
         assert_eq!(f[3], "Running", "{f:?}");

@@ -699,8 +699,8 @@ impl Ipam {
             return Ok(false);
         }
         let name = match spec.net() {
-            Some(IpNet::V6(_)) => "default-ipv6-ippool",
-            _ => "default-ipv4-ippool",
+            Some(IpNet::V6(_)) => tern_model::defaults::IPV6_POOL_NAME,
+            _ => tern_model::defaults::IPV4_POOL_NAME,
         };
         if let Some(net) = spec.net() {
             spec.block_size = spec.block_size.max(net.prefix_len());

@@ -7,17 +7,13 @@
 use std::sync::Arc;
 
 use tern_ipam::Ipam;
+use tern_model::defaults::IPV4_POOL_NAME;
 use tern_model::{Document, IpPoolSpec, Kind, Resource};
 use tern_store::Store;
 
 use crate::netns::in_netns;
 use crate::state::{LabState, StoreKind};
 use crate::{LabError, Result};
-
-/// Name of the pool the lab creates (the name the agent would give its own default pool).
-pub const DEFAULT_POOL_NAME: &str = "default-ipv4-ippool";
-/// CIDR of the lab's default pool unless the lab was given another.
-pub const DEFAULT_POOL_CIDR: &str = "10.244.0.0/16";
 
 fn store_err(st: &LabState, e: impl std::fmt::Display) -> LabError {
     LabError::Invalid(format!(
@@ -70,7 +66,7 @@ pub fn default_pool(st: &LabState, cidr: &str) -> Resource {
     spec.vxlan_mode = vxlan;
     spec.ipip_mode = ipip;
     spec.nat_outgoing = true;
-    Document::new(DEFAULT_POOL_NAME, spec).into()
+    Document::new(IPV4_POOL_NAME, spec).into()
 }
 
 /// Writes the lab's default IPPool (as `ternctl apply` would). Done before any agent starts, so
@@ -81,7 +77,7 @@ pub fn apply_default_pool(st: &LabState, cidr: &str) -> Result<()> {
     with_store(st, move |s| {
         tern_model::put_resource(&*s, &pool)
             .map(drop)
-            .map_err(|e| LabError::Invalid(format!("cannot apply IPPool {DEFAULT_POOL_NAME}: {e}")))
+            .map_err(|e| LabError::Invalid(format!("cannot apply IPPool {IPV4_POOL_NAME}: {e}")))
     })
 }
 
@@ -146,7 +142,7 @@ mod tests {
         let Resource::IpPool(p) = default_pool(&st, "10.245.0.0/16") else {
             panic!("not a pool")
         };
-        assert_eq!(p.metadata.name, DEFAULT_POOL_NAME);
+        assert_eq!(p.metadata.name, IPV4_POOL_NAME);
         assert_eq!(p.spec.cidr, "10.245.0.0/16");
         assert_eq!(p.spec.vxlan_mode, tern_model::EncapMode::CrossSubnet);
         assert_eq!(p.spec.ipip_mode, tern_model::EncapMode::Never);

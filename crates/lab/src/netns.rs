@@ -3,8 +3,12 @@
 //! threads) changes namespace. Sockets keep the namespace they were created in.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
+
+use tern_linux::LinuxError;
+use tern_linux::netns::NetNs;
 
 use crate::{LabError, Result};
 
@@ -28,22 +32,19 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    std::thread::scope(|scope| {
-        let handle = scope.spawn(move || {
-            // SAFETY: setns on this thread only; `file` is an open namespace file descriptor.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            if rc != 0 {
-                return Err(LabError::io(
-                    format!("cannot enter network namespace {what}"),
-                    std::io::Error::last_os_error(),
-                ));
+    let fd = file
+        .try_clone()
+        .map_err(|e| LabError::io(format!("cannot use network namespace {what}"), e))?;
+    let ns = NetNs::from_fd(OwnedFd::from(fd));
+    // `NetNs::run` enters on a thread of its own and passes a panic of `f` on: a lab error here.
+    std::panic::catch_unwind(AssertUnwindSafe(|| ns.run(f)))
+        .map_err(|_| LabError::Invalid(format!("thread in namespace {what} panicked")))?
+        .map_err(|e| match e {
+            LinuxError::Io { source, .. } => {
+                LabError::io(format!("cannot enter network namespace {what}"), source)
             }
-            Ok(f())
-        });
-        handle
-            .join()
-            .map_err(|_| LabError::Invalid(format!("thread in namespace {what} panicked")))?
-    })
+            e => LabError::Invalid(format!("cannot enter network namespace {what}: {e}")),
+        })
 }
 
 #[cfg(test)]

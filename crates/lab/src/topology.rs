@@ -126,27 +126,25 @@ pub fn etcd_placement(encap: Encap) -> Placement {
 /// network namespace of a dedicated thread, so nothing outside it is touched.
 pub fn kernel_supports(kind: &str) -> Result<bool> {
     let kind = kind.to_string();
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                // SAFETY: unshare affects only this thread, which exits afterwards.
-                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                    return Err(LabError::io(
-                        "cannot create a private network namespace",
-                        std::io::Error::last_os_error(),
-                    ));
-                }
-                let mut args = vec!["link", "add", "tprobe0", "type", kind.as_str()];
-                if kind == "vxlan" {
-                    args.extend(["id", "42", "dstport", "4789"]);
-                }
-                // `ip` inherits this thread's namespace.
-                let out = process::output(std::process::Command::new("ip").args(&args))?;
-                Ok(out.status.success())
-            })
-            .join()
-            .map_err(|_| LabError::Invalid("kernel probe thread panicked".into()))?
-    })
+    let probe = tern_linux::netns::run_in_new(move || {
+        let mut args = vec!["link", "add", "tprobe0", "type", kind.as_str()];
+        if kind == "vxlan" {
+            args.extend(["id", "42", "dstport", "4789"]);
+        }
+        // `ip` inherits this thread's namespace.
+        let out = process::output(std::process::Command::new("ip").args(&args))?;
+        Ok(out.status.success())
+    });
+    match probe {
+        Ok((_ns, supported)) => supported,
+        Err(tern_linux::LinuxError::Io { source, .. }) => Err(LabError::io(
+            "cannot create a private network namespace",
+            source,
+        )),
+        Err(e) => Err(LabError::Invalid(format!(
+            "cannot create a private network namespace: {e}"
+        ))),
+    }
 }
 
 /// Builds the lab and starts one agent per node (none on the Kubernetes datastore, see
@@ -211,7 +209,7 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
     let cidr = opts
         .default_ipv4_pool
         .as_deref()
-        .unwrap_or(cluster::DEFAULT_POOL_CIDR);
+        .unwrap_or(tern_model::defaults::IPV4_POOL);
     let mut st = LabState::new(&opts.name, &opts.bin_dir);
     st.encap = opts.encap;
     st.store = opts.store;

@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod defaults;
 pub mod document;
 pub mod error;
 pub mod kinds;

@@ -22,7 +22,7 @@ struct Args {
     #[arg(long, env = "TERN_STATE_DIR", default_value = tern_api::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
     /// CIDR of the IPv4 pool created when no pool exists.
-    #[arg(long, env = "TERN_DEFAULT_IPV4_POOL", default_value = "10.244.0.0/16")]
+    #[arg(long, env = "TERN_DEFAULT_IPV4_POOL", default_value = tern_model::defaults::IPV4_POOL)]
     default_ipv4_pool: String,
     /// Prefix of host-side veth names.
     #[arg(long, env = "TERN_INTERFACE_PREFIX", default_value = "tern")]

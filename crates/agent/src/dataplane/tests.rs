@@ -335,7 +335,7 @@ fn a_lost_host_route_of_an_up_pod_veth_is_restored() {
             },
             host_ifname: name.into(),
             mac: "0a:58:00:00:00:01".into(),
-            ip_networks: vec![addr.into()],
+            ip_networks: vec![addr.parse().unwrap()],
             labels: Default::default(),
             ports: Vec::new(),
             delegated_ipam: false,

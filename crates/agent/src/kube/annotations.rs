@@ -242,9 +242,6 @@ pub fn parse(
     Ok(p)
 }
 
-/// CNI "invalid configuration" (the same value as `ops::code::INVALID_CONFIG`).
-pub const INVALID_CONFIG: u32 = 7;
-
 /// An IP pool as an annotation may name it (by name or CIDR).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolRef {
@@ -278,7 +275,7 @@ pub fn apply(
     delegated: bool,
     pools: &dyn Fn() -> Result<Vec<PoolRef>, (u32, String)>,
 ) -> Result<Option<Vec<IpAddr>>, (u32, String)> {
-    let bad = |m: String| (INVALID_CONFIG, m);
+    let bad = |m: String| (tern_cni::code::INVALID_CONFIG, m);
     let fixed = p.ip_addrs.as_ref().or(p.ip_addrs_no_ipam.as_ref());
     if let Some(f) = fixed {
         if delegated {

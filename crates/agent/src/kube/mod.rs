@@ -65,11 +65,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tern_api::Attachment;
+use tern_cni::code;
 use tern_model::{Kind, Resource};
 use tern_store::Store;
-
-/// CNI code for "try again later" (the same value as `ops::code::TRY_AGAIN`).
-pub const TRY_AGAIN: u32 = 11;
 
 /// How long an ADD waits for the GET of a pod the cache does not have.
 const GET_TIMEOUT: Duration = Duration::from_secs(5);
@@ -327,7 +325,7 @@ impl Kube {
         }
         let got = self.inner.get_pod(&p.namespace, &p.name).map_err(|e| {
             (
-                TRY_AGAIN,
+                code::TRY_AGAIN_LATER,
                 format!(
                     "pod {}/{} is not in ternd's cache and the Kubernetes API server cannot \
                      answer ({e}); retry when it is reachable",
@@ -337,7 +335,7 @@ impl Kube {
         })?;
         let Some(info) = got else {
             return Err((
-                TRY_AGAIN,
+                code::TRY_AGAIN_LATER,
                 format!(
                     "pod {}/{} does not exist in the Kubernetes API server",
                     p.namespace, p.name
@@ -346,7 +344,7 @@ impl Kube {
         };
         if !p.uid.is_empty() && info.uid != p.uid {
             return Err((
-                TRY_AGAIN,
+                code::TRY_AGAIN_LATER,
                 format!(
                     "pod {}/{}: the runtime asked for uid {} but the API server has uid {} \
                      (the pod was re-created); retry",
@@ -372,7 +370,7 @@ impl Kube {
             return Ok(None);
         }
         let parsed = annotations::parse(&pod.namespace, &pod.name, &pod.annotations, &ns_ann)
-            .map_err(|m| (annotations::INVALID_CONFIG, m))?;
+            .map_err(|m| (code::INVALID_CONFIG, m))?;
         if parsed.is_empty() {
             return Ok(None);
         }
@@ -389,7 +387,7 @@ impl Kube {
                         tern_model::ModelError::Store(
                             tern_store::StoreError::Unavailable(_)
                             | tern_store::StoreError::Ambiguous(_),
-                        ) => TRY_AGAIN,
+                        ) => code::TRY_AGAIN_LATER,
                         _ => 101,
                     };
                     (
@@ -420,7 +418,7 @@ impl Kube {
         }
         self.inner.get_namespace_annotations(ns).map_err(|e| {
             (
-                TRY_AGAIN,
+                code::TRY_AGAIN_LATER,
                 format!(
                     "namespace {ns} is not in ternd's cache and the Kubernetes API server cannot \
                      answer ({e}); retry when it is reachable"

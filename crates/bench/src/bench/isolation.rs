@@ -141,14 +141,7 @@ impl PodNetns {
         let target = netns.path.clone();
         // A dedicated thread enters the new namespace so no other thread's namespace changes; the
         // bind mount keeps the namespace alive after the thread exits.
-        std::thread::spawn(move || -> Result<(), BenchError> {
-            // SAFETY: unshare only changes this short-lived thread's network namespace.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Err(BenchError::Io {
-                    context: format!("unshare(CLONE_NEWNET) for pod {}", target.display()),
-                    source: std::io::Error::last_os_error(),
-                });
-            }
+        let (_ns, mounted) = tern_linux::netns::run_in_new(|| {
             mount(
                 Some("/proc/thread-self/ns/net"),
                 &target,
@@ -156,8 +149,14 @@ impl PodNetns {
                 libc::MS_BIND,
             )
         })
-        .join()
-        .expect("netns thread does not panic")?;
+        .map_err(|e| BenchError::Io {
+            context: format!("unshare(CLONE_NEWNET) for pod {}", target.display()),
+            source: match e {
+                tern_linux::LinuxError::Io { source, .. } => source,
+                e => std::io::Error::other(e.to_string()),
+            },
+        })?;
+        mounted?;
         Ok(netns)
     }
 

@@ -52,8 +52,6 @@ pub const DEFAULT_IMAGE: &str = concat!("localhost/tern/tern-node:", env!("CARGO
 pub const DEFAULT_STORE: &str = "kubernetes";
 /// The SQLite store of a single-node cluster, as an example in messages.
 const SQLITE_EXAMPLE: &str = "sqlite:///var/lib/tern/tern.db";
-/// Default IPv4 pool (ternd's own default).
-pub const DEFAULT_POOL: &str = "10.244.0.0/16";
 /// The node's CNI directories when not given (the container runtimes' defaults).
 pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const DEFAULT_CNI_CONF_DIR: &str = "/etc/cni/net.d";
@@ -166,7 +164,7 @@ impl Default for ManifestOptions {
         ManifestOptions {
             store: DEFAULT_STORE.into(),
             image: DEFAULT_IMAGE.into(),
-            pool: DEFAULT_POOL.into(),
+            pool: tern_model::defaults::IPV4_POOL.into(),
             encap: Encap::None,
             bgp: false,
             log_level: "info".into(),

@@ -80,7 +80,7 @@ pub fn render(s: &BgpStatusReply, now: SystemTime) -> String {
             t.row(vec![
                 p.address.to_string(),
                 p.peer_type.clone(),
-                p.state.clone(),
+                p.state.to_string(),
                 since(p.since_unix, now),
                 p.info.clone(),
             ]);
@@ -94,7 +94,7 @@ pub fn render(s: &BgpStatusReply, now: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tern_api::BgpPeerStatus;
+    use tern_api::{BgpPeerStatus, PeerState};
 
     #[test]
     fn renders_like_calicoctl() {
@@ -107,14 +107,14 @@ mod tests {
                 BgpPeerStatus {
                     address: "198.18.0.13".parse().unwrap(),
                     peer_type: "node-to-node mesh".into(),
-                    state: "start".into(),
+                    state: PeerState::Start,
                     since_unix: 19_999 * 86_400,
                     info: "Active Connection refused".into(),
                 },
                 BgpPeerStatus {
                     address: "198.18.0.12".parse().unwrap(),
                     peer_type: "node-to-node mesh".into(),
-                    state: "up".into(),
+                    state: PeerState::Up,
                     since_unix: 20_000 * 86_400 + 7_030,
                     info: "Established".into(),
                 },

@@ -360,7 +360,7 @@ fn pool_cidr(st: &LabState) -> Result<String> {
         return Ok(st
             .pool_cidr
             .clone()
-            .unwrap_or_else(|| crate::cluster::DEFAULT_POOL_CIDR.to_string()));
+            .unwrap_or_else(|| tern_model::defaults::IPV4_POOL.to_string()));
     }
     let pools = crate::cluster::with_store(st, |s| {
         tern_model::list_resources(&*s, tern_model::Kind::IpPool)
@@ -373,7 +373,7 @@ fn pool_cidr(st: &LabState) -> Result<String> {
             return Ok(p.spec.cidr.clone());
         }
     }
-    Ok(crate::cluster::DEFAULT_POOL_CIDR.to_string())
+    Ok(tern_model::defaults::IPV4_POOL.to_string())
 }
 
 /// The cluster as the base lab's add-on ([`Addon`]): what `lab node add`/`node del`, `lab
