@@ -1,7 +1,7 @@
 //! Network namespaces: open by path or fd, run code inside one, and persistent named namespaces
 //! compatible with `ip netns` (bind mounts under `/run/netns`).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -297,6 +297,29 @@ pub fn unshare_net() -> Result<()> {
     Ok(())
 }
 
+/// Moves the CALLING THREAD into a new network namespace and a new mount namespace whose
+/// mounts are all private (nothing mounted afterwards propagates back to the machine), then
+/// remounts `/sys` so `/sys/class/net` describes the new network namespace (a failed remount is
+/// returned as `Ok(Some(error))`: the caller decides whether tools reading `/sys` matter).
+/// For a process that isolates itself first thing in `main` (tern-bench), before any thread
+/// exists, so every thread and child inherits both namespaces.
+pub fn unshare_net_and_mounts() -> Result<Option<io::Error>> {
+    // SAFETY: unshare affects only the calling thread's network and mount namespaces.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWNS) } != 0 {
+        return Err(LinuxError::last_os(
+            "unshare network and mount namespaces (needs root)",
+        ));
+    }
+    let empty = c"none".to_owned();
+    let root = c"/".to_owned();
+    mount(&empty, &root, libc::MS_REC | libc::MS_PRIVATE).map_err(|source| LinuxError::Io {
+        context: "make / a private mount".into(),
+        source,
+    })?;
+    let sysfs = c"sysfs";
+    Ok(mount_fs(sysfs, c"/sys", sysfs, 0).err())
+}
+
 fn named_path(name: &str) -> Result<PathBuf> {
     if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.contains('\0') {
         return Err(LinuxError::InvalidArgument(format!(
@@ -310,13 +333,17 @@ fn named_path(name: &str) -> Result<PathBuf> {
 static RUN_DIR_SETUP: Mutex<bool> = Mutex::new(false);
 
 fn mount(src: &CString, target: &CString, flags: libc::c_ulong) -> io::Result<()> {
-    let none = c"none";
+    mount_fs(src, target, c"none", flags)
+}
+
+/// `mount(2)` of `src` on `target` with file system type `fstype` and no data.
+fn mount_fs(src: &CStr, target: &CStr, fstype: &CStr, flags: libc::c_ulong) -> io::Result<()> {
     // SAFETY: all pointers are valid NUL-terminated strings; data is null.
     let rc = unsafe {
         libc::mount(
             src.as_ptr(),
             target.as_ptr(),
-            none.as_ptr(),
+            fstype.as_ptr(),
             flags,
             std::ptr::null(),
         )
@@ -358,7 +385,15 @@ fn prepare_run_dir() -> Result<()> {
 pub fn add_named(name: &str) -> Result<PathBuf> {
     let path = named_path(name)?;
     prepare_run_dir()?;
-    let c = cstring(&path)?;
+    pin_new_at(&path)?;
+    Ok(path)
+}
+
+/// Creates a new network namespace and pins it with a bind mount on `path`, a file that must
+/// not exist yet (`AlreadyExists` otherwise). The namespace lives until [`unpin`]. The caller
+/// chooses the directory; [`add_named`] uses `/run/netns`.
+pub fn pin_new_at(path: &Path) -> Result<()> {
+    let c = cstring(path)?;
     // SAFETY: valid path; O_EXCL makes the name ours or fails.
     let raw = unsafe {
         libc::open(
@@ -397,17 +432,22 @@ pub fn add_named(name: &str) -> Result<PathBuf> {
         })
     });
     if let Err(e) = bound {
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(path);
         return Err(e);
     }
-    Ok(path)
+    Ok(())
 }
 
 /// Removes a named namespace (unmount + unlink); Ok if absent. The namespace itself lives on
 /// while something still holds it open.
 pub fn delete_named(name: &str) -> Result<()> {
-    let path = named_path(name)?;
-    let c = cstring(&path)?;
+    unpin(&named_path(name)?)
+}
+
+/// Removes a namespace pinned at `path` (unmount + unlink); Ok if absent. The namespace itself
+/// lives on while something still holds it open.
+pub fn unpin(path: &Path) -> Result<()> {
+    let c = cstring(path)?;
     // SAFETY: valid path. MNT_DETACH so a busy namespace file does not block the delete.
     if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
         let err = io::Error::last_os_error();
@@ -419,7 +459,7 @@ pub fn delete_named(name: &str) -> Result<()> {
             ));
         }
     }
-    match std::fs::remove_file(&path) {
+    match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(LinuxError::io(format!("remove {}", path.display()), e)),

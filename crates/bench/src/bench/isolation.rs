@@ -1,7 +1,6 @@
 //! Isolation: the private network and mount namespace the harness runs in, the bench namespace set
 //! up as a node, and the pods' network namespaces.
 
-use std::ffi::CString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,36 +20,6 @@ pub(super) fn netns_inode(path: &str) -> Result<u64, BenchError> {
         .ino())
 }
 
-fn mount(
-    source: Option<&str>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-) -> Result<(), BenchError> {
-    let cstr = |s: &str| CString::new(s).expect("mount arguments contain no NUL");
-    let source = source.map(cstr);
-    let fstype = fstype.map(cstr);
-    let target_c = cstr(&target.to_string_lossy());
-    let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
-    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
-    let rc = unsafe {
-        libc::mount(
-            ptr(&source),
-            target_c.as_ptr(),
-            ptr(&fstype),
-            flags,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        return Err(BenchError::Io {
-            context: format!("mount {:?} on {}", source, target.display()),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
-}
-
 /// Inode of the network namespace [`enter_private_namespaces`] left; 0 until it has run.
 static HOST_NETNS: AtomicU64 = AtomicU64::new(0);
 
@@ -62,20 +31,16 @@ static HOST_NETNS: AtomicU64 = AtomicU64::new(0);
 /// is remounted so `/sys/class/net` describes the new namespace.
 pub fn enter_private_namespaces() -> Result<(), BenchError> {
     let before = netns_inode("/proc/thread-self/ns/net")?;
-    // SAFETY: unshare has no memory-safety preconditions; it only changes this thread's namespaces.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWNS) } != 0 {
-        return Err(BenchError::Io {
-            context: "unshare(CLONE_NEWNET | CLONE_NEWNS) (tern-bench must run as root)".into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE)?;
+    let sys_remount = tern_linux::netns::unshare_net_and_mounts().map_err(|e| BenchError::Io {
+        context: "enter new network and mount namespaces (tern-bench must run as root)".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     let after = netns_inode("/proc/thread-self/ns/net")?;
     HOST_NETNS.store(before, Ordering::SeqCst);
     if after == before {
         return Err(BenchError::NotIsolated(after));
     }
-    if let Err(e) = mount(Some("sysfs"), Path::new("/sys"), Some("sysfs"), 0) {
+    if let Some(e) = sys_remount {
         // Not fatal: the plugins use netlink; only tools reading /sys would be misled.
         log::warn!("could not remount /sys in the bench namespace: {e}");
     }
@@ -133,31 +98,16 @@ pub struct PodNetns {
 impl PodNetns {
     /// Creates a new network namespace and pins it at `path` (a file that must not exist yet).
     pub fn create(path: &Path) -> Result<PodNetns, BenchError> {
-        std::fs::File::create_new(path).map_err(io_err(format!("create {}", path.display())))?;
-        // From here on, drop cleans up whatever exists.
-        let netns = PodNetns {
-            path: path.to_owned(),
-        };
-        let target = netns.path.clone();
-        // A dedicated thread enters the new namespace so no other thread's namespace changes; the
-        // bind mount keeps the namespace alive after the thread exits.
-        let (_ns, mounted) = tern_linux::netns::run_in_new(|| {
-            mount(
-                Some("/proc/thread-self/ns/net"),
-                &target,
-                None,
-                libc::MS_BIND,
-            )
-        })
-        .map_err(|e| BenchError::Io {
-            context: format!("unshare(CLONE_NEWNET) for pod {}", target.display()),
+        tern_linux::netns::pin_new_at(path).map_err(|e| BenchError::Io {
+            context: format!("create pod network namespace {}", path.display()),
             source: match e {
                 tern_linux::LinuxError::Io { source, .. } => source,
                 e => std::io::Error::other(e.to_string()),
             },
         })?;
-        mounted?;
-        Ok(netns)
+        Ok(PodNetns {
+            path: path.to_owned(),
+        })
     }
 
     /// The path given to plugins as `CNI_NETNS`.
@@ -168,10 +118,8 @@ impl PodNetns {
 
 impl Drop for PodNetns {
     fn drop(&mut self) {
-        if let Ok(target) = CString::new(self.path.to_string_lossy().as_bytes()) {
-            // SAFETY: target is a valid NUL-terminated path. EINVAL (not mounted) is fine here.
-            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        if let Err(e) = tern_linux::netns::unpin(&self.path) {
+            log::warn!("could not remove pod network namespace: {e}");
         }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
