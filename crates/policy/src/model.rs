@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use tern_model::{
-    Action, EndpointPort, GlobalNetworkPolicy, IpBlock, K8sNetworkPolicy, K8sPeer, K8sPort, Kind,
-    NetworkPolicy, NetworkPolicySpec, PolicyType, Port, Protocol, Resource, Selector,
+    Action, BadIpNetwork, EndpointPort, GlobalNetworkPolicy, K8sNetworkPolicy, K8sPeer, K8sPort,
+    Kind, NetworkPolicy, NetworkPolicySpec, PolicyType, Port, Protocol, Resource, Selector,
     WorkloadEndpoint,
 };
 
@@ -54,22 +54,34 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// The engine's view of a stored WorkloadEndpoint (labels from its metadata).
-    pub fn from_workload_endpoint(w: &WorkloadEndpoint) -> Endpoint {
-        Endpoint {
+    /// The engine's view of a stored WorkloadEndpoint (labels from its metadata), and the
+    /// `ipNetworks` entries of the record that are not CIDRs (left out of `ips`).
+    pub fn from_workload_endpoint(w: &WorkloadEndpoint) -> (Endpoint, Vec<BadIpNetwork>) {
+        let nets = w.ip_networks();
+        let ep = Endpoint {
             namespace: w.metadata.namespace.clone().unwrap_or_default(),
             name: w.metadata.name.clone(),
             node: w.spec.node.clone(),
             interface: w.spec.interface_name.clone(),
             labels: Arc::new(w.metadata.labels.clone()),
-            ips: w
-                .spec
-                .ip_networks
-                .iter()
-                .filter_map(|n| n.parse::<IpNet>().ok().map(|n| n.addr()))
-                .collect(),
+            ips: nets.nets.iter().map(|n| n.addr()).collect(),
             ports: w.spec.ports.clone(),
-        }
+        };
+        (ep, nets.bad)
+    }
+}
+
+/// Applies `w` with `upsert` (its readable addresses); the entries left out are the error.
+pub(crate) fn upsert_workload_endpoint(
+    w: &WorkloadEndpoint,
+    upsert: impl FnOnce(Endpoint),
+) -> Result<(), PolicyError> {
+    let (ep, bad) = Endpoint::from_workload_endpoint(w);
+    upsert(ep);
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(PolicyError::BadAddresses(bad))
     }
 }
 
@@ -201,19 +213,6 @@ fn parse_selector(text: &str, what: &str, key: &PolicyKey) -> Result<Selector, P
         policy: key.to_string(),
         reason: format!("{what}: {e}"),
     })
-}
-
-fn parse_nets(nets: &[String], what: &str, key: &PolicyKey) -> Result<Vec<IpNet>, PolicyError> {
-    nets.iter()
-        .map(|n| {
-            n.parse::<IpNet>()
-                .map(|n| n.trunc())
-                .map_err(|_| PolicyError::Invalid {
-                    policy: key.to_string(),
-                    reason: format!("{what}: {n:?} is not a CIDR"),
-                })
-        })
-        .collect()
 }
 
 impl PolicySet {
@@ -414,7 +413,9 @@ impl PolicySet {
     }
 
     /// Adds or replaces whatever `r` is: a policy of any flavour, a Namespace or a
-    /// WorkloadEndpoint. Other kinds are ignored (they carry no policy state).
+    /// WorkloadEndpoint. Other kinds are ignored (they carry no policy state). A
+    /// WorkloadEndpoint with `ipNetworks` entries that are not CIDRs is applied with its other
+    /// addresses, and the entries are the error ([`PolicyError::BadAddresses`]).
     pub fn apply(&mut self, r: &Resource) -> Result<(), PolicyError> {
         match r {
             Resource::K8sNetworkPolicy(p) => self.upsert_k8s_policy(p),
@@ -425,8 +426,7 @@ impl PolicySet {
                 Ok(())
             }
             Resource::WorkloadEndpoint(w) => {
-                self.upsert_endpoint(Endpoint::from_workload_endpoint(w));
-                Ok(())
+                upsert_workload_endpoint(w, |ep| self.upsert_endpoint(ep))
             }
             _ => Ok(()),
         }
@@ -446,16 +446,17 @@ impl PolicySet {
             policy: key.to_string(),
             reason: format!("{f}: {m}"),
         })?;
-        let peer_match = |peer: &K8sPeer| -> Match {
+        let peer_match = |peer: &K8sPeer| -> Result<Match, PolicyError> {
             if let Some(b) = &peer.ip_block {
-                let (cidr, except) = b
-                    .nets()
-                    .unwrap_or_else(|_| (IpBlock::default_net(), Vec::new()));
-                return Match {
+                let (cidr, except) = b.nets().map_err(|(f, m)| PolicyError::Invalid {
+                    policy: key.to_string(),
+                    reason: format!("ipBlock.{f}: {m}"),
+                })?;
+                return Ok(Match {
                     nets: vec![cidr],
                     not_nets: except,
                     ..Match::default()
-                };
+                });
             }
             let scope = match &peer.namespace_selector {
                 Some(s) => NamespaceScope::Selector(s.to_selector()),
@@ -465,10 +466,10 @@ impl PolicySet {
                 .pod_selector
                 .as_ref()
                 .map_or(Selector::All, |s| s.to_selector());
-            Match {
+            Ok(Match {
                 endpoints: Some(EndpointSelector { scope, selector }),
                 ..Match::default()
-            }
+            })
         };
         // A rule allows (any peer) x (any port entry); the IR has one protocol per rule, so
         // the product is expanded.
@@ -476,7 +477,7 @@ impl PolicySet {
             let peer_matches: Vec<Match> = if peers.is_empty() {
                 vec![Match::default()]
             } else {
-                peers.iter().map(peer_match).collect()
+                peers.iter().map(peer_match).collect::<Result<_, _>>()?
             };
             let port_specs: Vec<(Option<Protocol>, Vec<Port>)> = if ports.is_empty() {
                 vec![(None, Vec::new())]
@@ -521,23 +522,37 @@ impl PolicySet {
                     });
                 }
             }
-            out
+            Ok::<_, PolicyError>(out)
         };
-        let types = &p.spec.policy_types;
-        let ingress = types.contains(&PolicyType::Ingress).then(|| {
+        // The rules of a direction, (peers, ports) each, when the policy has that type.
+        let direction = |ty: PolicyType, rules: Vec<(&[K8sPeer], &[K8sPort])>, peer_is_src| {
+            if !p.spec.policy_types.contains(&ty) {
+                return Ok(None);
+            }
+            let mut out = Vec::new();
+            for (peers, ports) in rules {
+                out.extend(expand(peers, ports, peer_is_src)?);
+            }
+            Ok::<_, PolicyError>(Some(out))
+        };
+        let ingress = direction(
+            PolicyType::Ingress,
             p.spec
                 .ingress
                 .iter()
-                .flat_map(|r| expand(&r.from, &r.ports, true))
-                .collect()
-        });
-        let egress = types.contains(&PolicyType::Egress).then(|| {
+                .map(|r| (&r.from[..], &r.ports[..]))
+                .collect(),
+            true,
+        )?;
+        let egress = direction(
+            PolicyType::Egress,
             p.spec
                 .egress
                 .iter()
-                .flat_map(|r| expand(&r.to, &r.ports, false))
-                .collect()
-        });
+                .map(|r| (&r.to[..], &r.ports[..]))
+                .collect(),
+            false,
+        )?;
         let ir = IrPolicy {
             key: key.clone(),
             order: 1000.0,
@@ -607,10 +622,14 @@ impl PolicySet {
                     selector: sel.unwrap_or(Selector::All),
                 }),
             };
+            let (nets, not_nets) = e.parsed_nets().map_err(|(f, m)| PolicyError::Invalid {
+                policy: key.to_string(),
+                reason: format!("{what}.{f}: {m}"),
+            })?;
             Ok(Match {
                 endpoints,
-                nets: parse_nets(&e.nets, &format!("{what}.nets"), &key)?,
-                not_nets: parse_nets(&e.not_nets, &format!("{what}.notNets"), &key)?,
+                nets,
+                not_nets,
                 ports: e.ports.clone(),
             })
         };
@@ -741,18 +760,6 @@ impl PolicySet {
             .endpoint_by_ip(f.dst)
             .is_none_or(|e| self.direction_allows(e, Direction::Ingress, f));
         egress_ok && ingress_ok
-    }
-}
-
-trait DefaultNet {
-    fn default_net() -> IpNet;
-}
-
-impl DefaultNet for IpBlock {
-    /// Unreachable after validation; a host route of the unspecified address matches nothing
-    /// real, so a bug here fails closed.
-    fn default_net() -> IpNet {
-        IpNet::from(IpAddr::from([0, 0, 0, 0]))
     }
 }
 
