@@ -194,14 +194,90 @@ pub struct Flow {
     pub dst_port: u16,
 }
 
+/// An endpoint as a [`PolicySet`] keeps it: one allocation shared by the endpoint map and
+/// the named-port index, ordered by (namespace, name) read from the endpoint itself, so at
+/// 10,000 pods each name is stored once, not once per map.
+#[derive(Debug, Clone)]
+struct Kept(Arc<Endpoint>);
+
+/// The order of kept endpoints, (namespace, name); looked up by a borrowed pair, with no
+/// copy of the strings (a map keyed by [`Kept`] is searched through `dyn EndpointKey`).
+trait EndpointKey {
+    fn key(&self) -> (&str, &str);
+}
+
+impl EndpointKey for Kept {
+    fn key(&self) -> (&str, &str) {
+        (&self.0.namespace, &self.0.name)
+    }
+}
+
+impl EndpointKey for (&str, &str) {
+    fn key(&self) -> (&str, &str) {
+        *self
+    }
+}
+
+/// The lookup form of `(namespace, name)`.
+fn by_key<'k>(k: &'k (&'k str, &'k str)) -> &'k (dyn EndpointKey + 'k) {
+    k
+}
+
+impl<'a> std::borrow::Borrow<dyn EndpointKey + 'a> for Kept {
+    fn borrow(&self) -> &(dyn EndpointKey + 'a) {
+        self
+    }
+}
+
+impl PartialEq for dyn EndpointKey + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for dyn EndpointKey + '_ {}
+
+impl PartialOrd for dyn EndpointKey + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn EndpointKey + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+impl PartialEq for Kept {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Kept {}
+
+impl PartialOrd for Kept {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Kept {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
 /// The whole policy state of a cluster: namespaces, endpoints and policies.
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
-    endpoints: BTreeMap<(String, String), Endpoint>,
-    /// The endpoints with a named port, by port name: a named-port set is built from these
-    /// few instead of from every endpoint.
-    named_ports: BTreeMap<String, BTreeSet<(String, String)>>,
+    /// The endpoints by (namespace, name).
+    endpoints: BTreeSet<Kept>,
+    /// The endpoints with a named port, by port name (the same allocations as `endpoints`): a
+    /// named-port set is built from these few instead of from every endpoint.
+    named_ports: BTreeMap<String, BTreeSet<Kept>>,
     /// One map per distinct label set of the endpoints (see [`Labels`]), with how many
     /// endpoints hold it.
     label_sets: HashMap<Labels, usize>,
@@ -268,13 +344,19 @@ impl PolicySet {
     ) -> impl Iterator<Item = &'a Endpoint> + 'a {
         let mut current: Option<(&'a str, bool)> = None;
         let range: Box<dyn Iterator<Item = &'a Endpoint> + 'a> = match &sel.scope {
-            NamespaceScope::Named(n) => Box::new(
-                self.endpoints
-                    .range((n.clone(), String::new())..)
-                    .take_while(move |((ns, _), _)| ns == n)
-                    .map(|(_, e)| e),
-            ),
-            _ => Box::new(self.endpoints.values()),
+            NamespaceScope::Named(n) => {
+                let first = (n.as_str(), "");
+                Box::new(
+                    self.endpoints
+                        .range::<dyn EndpointKey, _>((
+                            std::ops::Bound::Included(by_key(&first)),
+                            std::ops::Bound::Unbounded,
+                        ))
+                        .map(|k| &*k.0)
+                        .take_while(move |e| e.namespace == *n),
+                )
+            }
+            _ => Box::new(self.endpoints()),
         };
         range.filter(move |e| {
             let taken = match current {
@@ -292,16 +374,15 @@ impl PolicySet {
     /// Adds or replaces an endpoint (keyed by namespace and name).
     pub fn upsert_endpoint(&mut self, mut ep: Endpoint) {
         ep.labels = self.intern_labels(ep.labels);
-        let key = (ep.namespace.clone(), ep.name.clone());
-        for p in &ep.ports {
+        let ep = Kept(Arc::new(ep));
+        if let Some(old) = self.endpoints.replace(ep.clone()) {
+            self.forget(&old);
+        }
+        for p in &ep.0.ports {
             self.named_ports
                 .entry(p.name.clone())
                 .or_default()
-                .insert(key.clone());
-        }
-        if let Some(old) = self.endpoints.insert(key.clone(), ep) {
-            self.unindex_ports(&old, &key);
-            self.release_labels(old.labels);
+                .replace(ep.clone());
         }
     }
 
@@ -332,33 +413,24 @@ impl PolicySet {
         self.label_sets.len()
     }
 
-    /// Drops `old`'s ports from the named-port index, but those the endpoint now at `key`
-    /// still has.
-    fn unindex_ports(&mut self, old: &Endpoint, key: &(String, String)) {
-        for p in &old.ports {
-            let still = self
-                .endpoints
-                .get(key)
-                .is_some_and(|e| e.ports.iter().any(|q| q.name == p.name));
-            if still {
-                continue;
-            }
-            if let Some(keys) = self.named_ports.get_mut(&p.name) {
-                keys.remove(key);
-                if keys.is_empty() {
+    /// Drops a removed or replaced endpoint from the named-port index and the label sets.
+    fn forget(&mut self, old: &Kept) {
+        for p in &old.0.ports {
+            if let Some(kept) = self.named_ports.get_mut(&p.name) {
+                kept.remove(old as &dyn EndpointKey);
+                if kept.is_empty() {
                     self.named_ports.remove(&p.name);
                 }
             }
         }
+        self.release_labels(old.0.labels.clone());
     }
 
     /// Removes an endpoint; true when it existed.
     pub fn remove_endpoint(&mut self, namespace: &str, name: &str) -> bool {
-        let key = (namespace.to_string(), name.to_string());
-        match self.endpoints.remove(&key) {
+        match self.endpoints.take(by_key(&(namespace, name))) {
             Some(old) => {
-                self.unindex_ports(&old, &key);
-                self.release_labels(old.labels);
+                self.forget(&old);
                 true
             }
             None => false,
@@ -371,13 +443,14 @@ impl PolicySet {
             .get(name)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.endpoints.get(k))
+            .map(|k| &*k.0)
     }
 
     /// One endpoint by namespace and name.
     pub fn endpoint(&self, namespace: &str, name: &str) -> Option<&Endpoint> {
         self.endpoints
-            .get(&(namespace.to_string(), name.to_string()))
+            .get(by_key(&(namespace, name)))
+            .map(|k| &*k.0)
     }
 
     /// One policy by key.
@@ -392,7 +465,7 @@ impl PolicySet {
 
     /// Every endpoint, by (namespace, name).
     pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
-        self.endpoints.values()
+        self.endpoints.iter().map(|k| &*k.0)
     }
 
     /// Every policy, by key.
@@ -688,7 +761,7 @@ impl PolicySet {
 
     /// The endpoint owning an address.
     pub fn endpoint_by_ip(&self, ip: IpAddr) -> Option<&Endpoint> {
-        self.endpoints.values().find(|e| e.ips.contains(&ip))
+        self.endpoints().find(|e| e.ips.contains(&ip))
     }
 
     fn side_matches(&self, m: &Match, ip: IpAddr, ep: Option<&Endpoint>) -> bool {
@@ -811,6 +884,25 @@ mod tests {
         assert!(s.remove_endpoint("ns", "b"));
         assert!(with_port(&s, "http").is_empty());
         assert!(s.named_ports.keys().eq(["web"]));
+    }
+
+    /// An endpoint is kept once: the named-port index holds the endpoint map's allocation,
+    /// so a replaced endpoint is seen in its new version through either, and a lookup by
+    /// name finds it without building a key.
+    #[test]
+    fn an_endpoint_is_kept_once_for_both_indexes() {
+        let mut s = PolicySet::new();
+        s.upsert_endpoint(ep("a", &["http"]));
+        let mut moved = ep("a", &["http"]);
+        moved.node = "n2".into();
+        s.upsert_endpoint(moved);
+        let by_name = s.endpoint("ns", "a").unwrap();
+        let by_port = s.endpoints_with_port("http").next().unwrap();
+        assert_eq!(by_port.node, "n2");
+        assert!(std::ptr::eq(by_name, by_port));
+        assert_eq!(s.endpoints.len(), 1);
+        assert!(s.endpoint("ns", "b").is_none());
+        assert!(s.endpoint("other", "a").is_none());
     }
 
     fn labelled(name: &str, labels: &[(&str, &str)]) -> Endpoint {
