@@ -220,8 +220,8 @@ impl EndpointUse {
     }
 }
 
-/// Every WorkloadEndpoint of every node; documents that do not parse are skipped with a
-/// warning (as the agent skips them).
+/// Every WorkloadEndpoint of every node; a document whose fields the audit reads do not parse
+/// is skipped with a warning (as the agent skips it).
 pub fn list_endpoints(store: &dyn Store) -> Result<Vec<EndpointUse>, StoreError> {
     let (kvs, _) = store.range(&keys::resource_prefix("WorkloadEndpoint"))?;
     let mut out = Vec::new();
