@@ -47,18 +47,12 @@ pub fn workload_labels(
 /// The addresses of a WorkloadEndpoint record. An entry that is not a CIDR (validation refuses
 /// them at write, so only a record written around it) is left out with a warning naming the
 /// endpoint and the value.
-fn parse_ip_networks(namespace: &str, name: &str, nets: &[String]) -> Vec<IpNet> {
-    nets.iter()
-        .filter_map(|n| match n.parse::<IpNet>() {
-            Ok(net) => Some(net),
-            Err(e) => {
-                log::warn!(
-                    "WorkloadEndpoint {namespace}/{name}: ignoring ipNetworks entry {n:?}: {e}"
-                );
-                None
-            }
-        })
-        .collect()
+fn parse_ip_networks(w: &tern_model::WorkloadEndpoint) -> Vec<IpNet> {
+    let nets = w.ip_networks();
+    for b in &nets.bad {
+        log::warn!("ignoring the entry: {b}");
+    }
+    nets.nets
 }
 
 /// What the agent knows of one pod interface.
@@ -430,11 +424,7 @@ pub mod store_io {
             },
             host_ifname: w.spec.interface_name.clone(),
             mac: w.spec.mac.clone(),
-            ip_networks: super::parse_ip_networks(
-                w.metadata.namespace.as_deref().unwrap_or_default(),
-                &w.metadata.name,
-                &w.spec.ip_networks,
-            ),
+            ip_networks: super::parse_ip_networks(&w),
             labels: w.metadata.labels.clone(),
             ports: w.spec.ports.clone(),
             delegated_ipam: ann

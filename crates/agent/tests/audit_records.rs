@@ -101,7 +101,7 @@ fn audit_reads_endpoints_and_owner_records_as_the_agent_does() {
                 (
                     e.label(),
                     e.attachment.handle(),
-                    e.ip_networks.clone(),
+                    e.ip_networks.iter().map(|n| n.to_string()).collect(),
                     e.delegated_ipam,
                     e.attachment.legacy_handle(),
                 )

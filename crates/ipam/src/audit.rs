@@ -21,12 +21,13 @@
 //! this module).
 
 use crate::{Allocation, AllocationAttrs, Ipam, IpamError};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use tern_api::{Attachment, PodRef};
-use tern_model::WorkloadEndpoint;
+use tern_model::BadIpNetwork;
 use tern_store::{Store, StoreError, keys};
 
 /// Errors of the check and of releases.
@@ -90,53 +91,108 @@ pub struct IpamReport {
     pub allocated_not_in_use: Vec<LeakedAllocation>,
     pub in_use_not_allocated: Vec<UnallocatedUse>,
     pub duplicates: Vec<DuplicateUse>,
+    /// Endpoint address entries that are not CIDRs, each with its endpoint: what they stand
+    /// for is unknown, so an allocation reported unused may be theirs. Absent from the JSON
+    /// when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable_addresses: Vec<BadIpNetwork>,
 }
 
 impl IpamReport {
     /// Total number of problems found.
     pub fn problems(&self) -> usize {
-        self.allocated_not_in_use.len() + self.in_use_not_allocated.len() + self.duplicates.len()
+        self.allocated_not_in_use.len()
+            + self.in_use_not_allocated.len()
+            + self.duplicates.len()
+            + self.unreadable_addresses.len()
     }
 }
 
 /// What the audit needs of one WorkloadEndpoint: who it is, its addresses, and whether they
-/// came from a delegated IPAM plugin. Read from the store exactly as the agent reads its
-/// endpoints (`tern_agent::endpoints::store_io`), less what the audit does not look at (host
+/// came from a delegated IPAM plugin. Read from the store as the agent reads its endpoints
+/// (`tern_agent::endpoints::store_io`), less what the audit does not look at (host
 /// interface, MAC, labels, ports, netns).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointUse {
     pub node: String,
     /// The attachment the endpoint was made for (`pod` set for the `k8s` orchestrator).
     pub attachment: Attachment,
-    /// Pod addresses as CIDRs ("10.244.0.5/32").
-    pub ip_networks: Vec<String>,
+    /// Pod addresses as CIDRs (10.244.0.5/32), parsed where the record is read.
+    pub ip_networks: Vec<IpNet>,
+    /// The record's address entries that are not CIDRs (reported by the check).
+    pub bad_ip_networks: Vec<BadIpNetwork>,
     /// Addresses came from a delegated IPAM plugin: tern IPAM does not hold them.
     pub delegated_ipam: bool,
 }
 
+/// The part of a stored WorkloadEndpoint document ([`tern_model::WorkloadEndpoint`]) the
+/// audit reads. The rest (labels, ports, MAC, host interface, other annotations) is skipped
+/// unread: the pod IPAM GC reads every endpoint of the cluster each pass, and decoding whole
+/// documents built every label map only to drop it. A document whose other fields are off
+/// still counts here, so its addresses are never reported unused for that.
+#[derive(Deserialize)]
+struct EndpointRecord {
+    metadata: RecordMeta,
+    spec: RecordSpec,
+}
+
+#[derive(Deserialize)]
+struct RecordMeta {
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    annotations: RecordAnnotations,
+}
+
+#[derive(Deserialize, Default)]
+struct RecordAnnotations {
+    #[serde(default, rename = "tern.dev/delegated-ipam")]
+    delegated_ipam: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RecordSpec {
+    node: String,
+    /// Absent means `k8s`, as in [`tern_model::WorkloadEndpointSpec`].
+    #[serde(default)]
+    orchestrator: Option<String>,
+    pod: String,
+    #[serde(default, rename = "containerID")]
+    container_id: String,
+    #[serde(default)]
+    endpoint: String,
+    #[serde(default)]
+    ip_networks: Vec<String>,
+    #[serde(default)]
+    network: String,
+}
+
 impl EndpointUse {
-    /// The endpoint as the agent reads a stored WorkloadEndpoint document.
-    pub fn from_resource(w: &WorkloadEndpoint) -> EndpointUse {
-        let pod = (w.spec.orchestrator == "k8s").then(|| PodRef {
-            namespace: w.metadata.namespace.clone().unwrap_or_default(),
-            name: w.spec.pod.clone(),
+    /// The endpoint of a stored WorkloadEndpoint document, as the agent reads it.
+    fn from_record(r: EndpointRecord) -> EndpointUse {
+        let (m, s) = (r.metadata, r.spec);
+        let namespace = m.namespace.unwrap_or_default();
+        let nets =
+            tern_model::parse_ip_networks(&format!("{namespace}/{}", m.name), &s.ip_networks);
+        let pod = (s.orchestrator.as_deref().unwrap_or("k8s") == "k8s").then(|| PodRef {
+            namespace,
+            name: s.pod,
             ..Default::default()
         });
         EndpointUse {
-            node: w.spec.node.clone(),
+            node: s.node,
             attachment: Attachment {
-                network: w.spec.network.clone(),
-                container_id: w.spec.container_id.clone(),
-                ifname: w.spec.endpoint.clone(),
+                network: s.network,
+                container_id: s.container_id,
+                ifname: s.endpoint,
                 netns_path: String::new(),
                 pod,
             },
-            ip_networks: w.spec.ip_networks.clone(),
-            delegated_ipam: w
-                .metadata
-                .annotations
-                .get("tern.dev/delegated-ipam")
-                .is_some_and(|v| v == "true"),
+            ip_networks: nets.nets,
+            bad_ip_networks: nets.bad,
+            delegated_ipam: m.annotations.delegated_ipam.as_deref() == Some("true"),
         }
     }
 
@@ -164,14 +220,14 @@ impl EndpointUse {
     }
 }
 
-/// Every WorkloadEndpoint of every node; documents that do not parse are skipped with a
-/// warning (as the agent skips them).
+/// Every WorkloadEndpoint of every node; a document whose fields the audit reads do not parse
+/// is skipped with a warning (as the agent skips it).
 pub fn list_endpoints(store: &dyn Store) -> Result<Vec<EndpointUse>, StoreError> {
     let (kvs, _) = store.range(&keys::resource_prefix("WorkloadEndpoint"))?;
     let mut out = Vec::new();
     for kv in kvs {
-        match serde_json::from_slice::<WorkloadEndpoint>(&kv.value) {
-            Ok(w) => out.push(EndpointUse::from_resource(&w)),
+        match serde_json::from_slice::<EndpointRecord>(&kv.value) {
+            Ok(r) => out.push(EndpointUse::from_record(r)),
             Err(e) => log::warn!("skipping unreadable endpoint {}: {e}", kv.key),
         }
     }
@@ -263,7 +319,6 @@ pub fn compare_with(
                 .expect("derived endpoints have a pod");
             e.ip_networks
                 .iter()
-                .filter_map(|n| n.parse::<ipnet::IpNet>().ok())
                 .map(move |n| (p.namespace.as_str(), p.name.as_str(), n.addr()))
         })
         .collect();
@@ -292,11 +347,10 @@ pub fn compare_with(
     let by_ip: HashMap<IpAddr, &Allocation> = allocs.iter().map(|a| (a.ip, a)).collect();
     let mut users: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
     for e in endpoints {
+        r.unreadable_addresses
+            .extend(e.bad_ip_networks.iter().cloned());
         for n in &e.ip_networks {
-            let Ok(net) = n.parse::<ipnet::IpNet>() else {
-                continue;
-            };
-            let ip = net.addr();
+            let ip = n.addr();
             users.entry(ip).or_default().push(e.label());
             if e.delegated_ipam {
                 continue;
@@ -346,6 +400,8 @@ pub fn compare_with(
         .collect();
     r.allocated_not_in_use.sort_by_key(|l| l.ip);
     r.in_use_not_allocated.sort_by_key(|u| u.ip);
+    r.unreadable_addresses
+        .sort_by(|a, b| (&a.endpoint, &a.value).cmp(&(&b.endpoint, &b.value)));
     r
 }
 
@@ -408,6 +464,17 @@ pub fn summary(r: &IpamReport) -> String {
     );
     for d in &r.duplicates {
         let _ = writeln!(out, "  {}: {}", d.ip, d.endpoints.join(", "));
+    }
+    // Only when there are any: the summary of a sound store reads as calicoctl's.
+    if !r.unreadable_addresses.is_empty() {
+        let _ = writeln!(
+            out,
+            "Found {} endpoint addresses that are not CIDRs.",
+            r.unreadable_addresses.len()
+        );
+        for b in &r.unreadable_addresses {
+            let _ = writeln!(out, "  {b}");
+        }
     }
     let _ = writeln!(out, "Check complete; found {} problems.", r.problems());
     out
@@ -487,11 +554,10 @@ pub fn release_ip(
         .find(|a| a.ip == ip)
         .ok_or(AuditError::NotAssigned(ip))?;
     for e in list_endpoints(store)? {
-        let uses = e
-            .ip_networks
-            .iter()
-            .filter_map(|n| n.parse::<ipnet::IpNet>().ok())
-            .any(|n| n.addr() == ip);
+        for b in &e.bad_ip_networks {
+            log::warn!("releasing {ip}: {b}; it may stand for this address");
+        }
+        let uses = e.ip_networks.iter().any(|n| n.addr() == ip);
         if uses && !e.delegated_ipam {
             return Err(AuditError::InUse {
                 ip,
@@ -538,7 +604,8 @@ mod tests {
                 ifname: "eth0".into(),
                 ..Default::default()
             },
-            ip_networks: vec![format!("{ip}/32")],
+            ip_networks: vec![format!("{ip}/32").parse().unwrap()],
+            bad_ip_networks: vec![],
             delegated_ipam: false,
         }
     }
@@ -610,6 +677,7 @@ mod tests {
         let json = serde_json::to_string(&leaky).unwrap();
         assert!(json.contains("\"allocatedNotInUse\""), "{json}");
         assert!(json.contains("\"sequenceNumber\":7"), "{json}");
+        assert!(!json.contains("unreadableAddresses"), "{json}");
         let back: IpamReport = serde_json::from_str(&json).unwrap();
         assert_eq!(back, leaky);
     }
@@ -668,6 +736,78 @@ mod tests {
         // The same endpoints read as full records (not derived) match nothing by handle.
         let plain = compare(&allocs, &eps, &HashSet::new());
         assert_eq!(plain.allocated_not_in_use.len(), 4, "{plain:?}");
+    }
+
+    /// A WorkloadEndpoint document as the agent stores it (every field, labels, ports and
+    /// annotations included) is read with its address typed; a record with an entry that is
+    /// not a CIDR keeps its other address and the check reports the entry by record and value.
+    #[test]
+    fn stored_endpoints_decode_and_bad_addresses_are_reported_by_name() {
+        let store = tern_store::mem::MemStore::new();
+        let doc = |name: &str, nets: &str| {
+            format!(
+                r#"{{"apiVersion":"tern.dev/v1","kind":"WorkloadEndpoint",
+                "metadata":{{"name":"{name}","namespace":"prod",
+                  "labels":{{"app":"web","tern.dev/namespace":"prod"}},
+                  "annotations":{{"tern.dev/netns":"/var/run/netns/x"}}}},
+                "spec":{{"node":"n1","orchestrator":"k8s","pod":"{name}","containerID":"c-{name}",
+                  "endpoint":"eth0","interfaceName":"tern0123","mac":"ee:ee:ee:ee:ee:ee",
+                  "ipNetworks":{nets},"network":"net",
+                  "ports":[{{"name":"web","protocol":"TCP","port":80}}]}}}}"#
+            )
+        };
+        let put = |name: &str, nets: &str| {
+            let key = keys::namespaced_resource("WorkloadEndpoint", "prod", name);
+            store.put(&key, doc(name, nets).as_bytes()).unwrap();
+        };
+        put("web", r#"["10.0.0.1/32","fd00::1/128"]"#);
+        put("odd", r#"["10.0.0.2/32","10.0.0.300/32"]"#);
+        let eps = list_endpoints(&store).unwrap();
+        let by_pod = |pod: &str| {
+            eps.iter()
+                .find(|e| e.attachment.pod.as_ref().unwrap().name == pod)
+                .unwrap()
+        };
+        let web = by_pod("web");
+        assert_eq!(
+            web.ip_networks,
+            [
+                "10.0.0.1/32".parse::<IpNet>().unwrap(),
+                "fd00::1/128".parse().unwrap()
+            ]
+        );
+        assert!(web.bad_ip_networks.is_empty());
+        assert_eq!(web.attachment.handle(), "net:eth0.c-web");
+        let odd = by_pod("odd");
+        assert_eq!(odd.ip_networks, ["10.0.0.2/32".parse::<IpNet>().unwrap()]);
+
+        let mut allocs = vec![alloc("10.0.0.1", "net:eth0.c-web", 1)];
+        allocs.push(alloc("10.0.0.2", "net:eth0.c-odd", 2));
+        let r = compare(&allocs, &eps, &HashSet::new());
+        assert_eq!(
+            r.unreadable_addresses,
+            [BadIpNetwork {
+                endpoint: "prod/odd".into(),
+                value: "10.0.0.300/32".into(),
+            }]
+        );
+        assert_eq!(r.problems(), 2, "{r:?}"); // and fd00::1, allocated nowhere
+        let s = summary(&r);
+        assert!(
+            s.contains(
+                "Found 1 endpoint addresses that are not CIDRs.\n  \
+                 WorkloadEndpoint prod/odd: ipNetworks entry \"10.0.0.300/32\" is not a CIDR\n"
+            ),
+            "{s}"
+        );
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(
+            json.contains(
+                r#""unreadableAddresses":[{"endpoint":"prod/odd","value":"10.0.0.300/32"}]"#
+            ),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<IpamReport>(&json).unwrap(), r);
     }
 
     /// A pod added before handles were unambiguous holds its address under the legacy

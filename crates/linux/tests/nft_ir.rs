@@ -11,14 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::process::{Command, Stdio};
 
 use ipnet::IpNet;
 use proptest::prelude::*;
 use tern_nft::{
-    Addr, AddrRange, BaseChain, Chain, ChainPolicy, ChainType, CtState, DataType, Family, Hook,
-    Iface, Key, L4Proto, Match, PortRange, Rule, Ruleset, Set, SetType, Span, Stmt, TableChange,
-    Verdict,
+    Addr, AddrRange, BaseChain, Chain, ChainPolicy, ChainType, CtState, Family, Hook, Iface, Key,
+    L4Proto, Match, PortRange, Rule, Ruleset, Set, SetType, Span, Stmt, TableChange, Verdict,
 };
 
 /// Runs `f` on a thread of its own inside a fresh network namespace of that thread.
@@ -42,37 +40,6 @@ fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
 
 fn can_run() -> bool {
     tern_testkit::require_root() && tern_testkit::require_binary("nft")
-}
-
-fn nft_f(script: &str) {
-    use std::io::Write;
-    let mut c = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = c.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft -f failed: {}\nscript:\n{script}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn nft_out(args: &[&str]) -> String {
-    let out = Command::new("nft").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Removes handles and sorts element lists (hash sets list in no particular order).
@@ -103,10 +70,12 @@ struct Listing {
 }
 
 fn listing() -> Listing {
-    let mut v: serde_json::Value =
-        serde_json::from_str(&nft_out(&["-j", "list", "table", "inet", "tern"])).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&tern_testkit::nft::output(&[
+        "-j", "list", "table", "inet", "tern",
+    ]))
+    .unwrap();
     normalise_json(&mut v);
-    let raw = nft_out(&["--debug=netlink", "list", "table", "inet", "tern"]);
+    let raw = tern_testkit::nft::output(&["--debug=netlink", "list", "table", "inet", "tern"]);
     let mut out: Vec<String> = Vec::new();
     let mut entries: Vec<String> = Vec::new();
     // What follows the expressions is the table as text, which `json` covers (with elements
@@ -146,11 +115,11 @@ fn listing() -> Listing {
 fn both_ways(first: Ruleset, then: Option<Ruleset>) -> (Listing, Listing) {
     let (f, t) = (first.clone(), then.clone());
     let by_text = in_netns(move || {
-        nft_f(&f.render_full());
+        tern_testkit::nft::apply(&f.render_full());
         if let Some(t) = &t {
             let delta = tern_nft::render_delta(&f, t);
             if !delta.is_empty() {
-                nft_f(&delta);
+                tern_testkit::nft::apply(&delta);
             }
         }
         listing()
@@ -246,29 +215,6 @@ fn accept() -> Stmt {
     Stmt::Verdict(Verdict::Accept)
 }
 
-fn fp_type(f: Family) -> SetType {
-    SetType::of(match f {
-        Family::V4 => &[
-            DataType::Ipv4Addr,
-            DataType::InetProto,
-            DataType::InetService,
-        ],
-        Family::V6 => &[
-            DataType::Ipv6Addr,
-            DataType::InetProto,
-            DataType::InetService,
-        ],
-    })
-    .interval()
-}
-
-fn np_type(f: Family) -> SetType {
-    SetType::of(match f {
-        Family::V4 => &[DataType::Ipv4Addr, DataType::InetService],
-        Family::V6 => &[DataType::Ipv6Addr, DataType::InetService],
-    })
-}
-
 const FORWARD: BaseChain = BaseChain {
     chain_type: ChainType::Filter,
     hook: Hook::Forward,
@@ -297,18 +243,18 @@ fn rich() -> Ruleset {
     let mut sel6 = Set::new(SetType::addr(v6));
     sel6.insert(Key::Addr(ip("fd00::1")));
     sets.insert("sel-a-v6", sel6);
-    let mut np4 = Set::new(np_type(v4));
+    let mut np4 = Set::new(SetType::addr_port(v4));
     np4.insert(Key::AddrPort(ip("198.18.0.1"), 80));
     np4.insert(Key::AddrPort(ip("198.18.0.2"), 8080));
     sets.insert("np-a-v4", np4);
-    let mut np6 = Set::new(np_type(v6));
+    let mut np6 = Set::new(SetType::addr_port(v6));
     np6.insert(Key::AddrPort(ip("fd00::2"), 443));
     sets.insert("np-a-v6", np6);
     let range = |a: &str, b: &str| AddrRange {
         first: ip(a),
         last: ip(b),
     };
-    let mut fp4 = Set::new(fp_type(v4));
+    let mut fp4 = Set::new(SetType::addr_proto_port(v4));
     fp4.insert(Key::AddrProtoPort {
         addr: range("10.0.0.0", "10.255.255.255"),
         proto: Span::one(6),
@@ -325,7 +271,7 @@ fn rich() -> Ruleset {
         port: PortRange::one(53),
     });
     sets.insert("fp-in-a-v4", fp4);
-    let mut fp6 = Set::new(fp_type(v6));
+    let mut fp6 = Set::new(SetType::addr_proto_port(v6));
     fp6.insert(Key::AddrProtoPort {
         addr: range("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
         proto: Span::new(0, 255),
@@ -924,11 +870,11 @@ fn table_of(chains: usize) -> impl Strategy<Value = Ruleset> {
                 let mut s = Set::new(SetType::addr(f));
                 sel.into_iter().for_each(|a| s.insert(Key::Addr(a)));
                 rs.sets.insert(format!("sel-{x}"), s);
-                let mut s = Set::new(np_type(f));
+                let mut s = Set::new(SetType::addr_port(f));
                 np.into_iter()
                     .for_each(|(a, p)| s.insert(Key::AddrPort(a, p)));
                 rs.sets.insert(format!("np-{x}"), s);
-                let mut s = Set::new(fp_type(f));
+                let mut s = Set::new(SetType::addr_proto_port(f));
                 fp.into_iter().for_each(|k| s.insert(k));
                 rs.sets.insert(format!("fp-{x}"), s);
                 let mut s = Set::new(SetType::addr(f).auto_merge());

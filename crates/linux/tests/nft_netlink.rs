@@ -5,7 +5,6 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::process::Command;
 
 use tern_linux::LinuxError;
 use tern_linux::nft_netlink::NftSocket;
@@ -51,20 +50,9 @@ fn setup() {
     tern_linux::nft::apply(TABLE).unwrap();
 }
 
-/// What `nft ARGS` prints; it must succeed.
-fn nft_stdout(args: &[&str]) -> String {
-    let out = Command::new("nft").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The elements of a set as `nft -j list set` renders them, as comparable strings.
 fn listed(kind: &str, set: &str) -> BTreeSet<String> {
-    let out = nft_stdout(&["-j", "list", kind, "inet", "tern", set]);
+    let out = tern_testkit::nft::output(&["-j", "list", kind, "inet", "tern", set]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let obj = v["nftables"]
         .as_array()
@@ -309,7 +297,7 @@ fn large_batches_are_one_transaction() {
 
 /// The rules of a chain as `nft list chain` prints them (handles and the chain line removed).
 fn chain_rules(chain: &str) -> Vec<String> {
-    nft_stdout(&["list", "chain", "inet", "tern", chain])
+    tern_testkit::nft::output(&["list", "chain", "inet", "tern", chain])
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("table") && !l.starts_with("chain"))
@@ -421,11 +409,10 @@ fn chains_and_rules_over_netlink_equal_what_nft_makes() {
         )
         .unwrap();
         assert!(listed("map", "ep-in").is_empty());
-        let gone = Command::new("nft")
-            .args(["list", "chain", "inet", "tern", "ep-in-tern7"])
-            .output()
-            .unwrap();
-        assert!(!gone.status.success(), "the chain was deleted");
+        assert!(
+            !tern_testkit::nft::succeeds(&["list", "chain", "inet", "tern", "ep-in-tern7"]),
+            "the chain was deleted"
+        );
     });
 }
 
@@ -480,7 +467,7 @@ fn a_refused_operation_leaves_the_table_unchanged() {
 
 /// The expressions of a chain's rules as the kernel holds them (`nft --debug=netlink`).
 fn chain_exprs(chain: &str) -> Vec<String> {
-    nft_stdout(&["--debug=netlink", "list", "chain", "inet", "tern", chain])
+    tern_testkit::nft::output(&["--debug=netlink", "list", "chain", "inet", "tern", chain])
         .lines()
         .map(str::trim)
         .filter(|l| l.starts_with('['))

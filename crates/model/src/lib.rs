@@ -50,7 +50,9 @@ pub use kinds::policy::{
     NetworkPolicySpec, Rule, validate_tern_spec,
 };
 pub use kinds::shared::{EndpointPort, IntOrString, PolicyType, Port, Protocol};
-pub use kinds::workload_endpoint::{WorkloadEndpoint, WorkloadEndpointSpec};
+pub use kinds::workload_endpoint::{
+    BadIpNetwork, IpNetworks, WorkloadEndpoint, WorkloadEndpointSpec, parse_ip_networks,
+};
 pub use parse::{parse_documents, parse_stream};
 pub use registry::{Kind, PLANNED_KINDS, Resource, Spec};
 pub use selector::{Selector, SelectorError};

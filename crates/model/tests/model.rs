@@ -412,3 +412,31 @@ fn namespaced_keys() {
         "/tern/v1/resources/node/n1"
     );
 }
+
+/// A WorkloadEndpoint as written before its addresses were read typed decodes, writes back
+/// byte for byte the same JSON, and gives its addresses as networks; an entry that is not a
+/// CIDR is left out and reported with the record's name and the value.
+#[test]
+fn stored_endpoint_addresses_are_typed_and_bad_ones_named() {
+    let stored = r#"{"apiVersion":"tern.dev/v1","kind":"WorkloadEndpoint","metadata":{"name":"n-k8s-p-eth0","namespace":"prod","labels":{"app":"web"}},"spec":{"node":"n","orchestrator":"k8s","pod":"p","containerID":"c","endpoint":"eth0","interfaceName":"tern0123","mac":"ee:ee:ee:ee:ee:ee","ipNetworks":["10.0.0.1/32","fd00::1/128"],"network":"net"}}"#;
+    let w: WorkloadEndpoint = serde_json::from_str(stored).unwrap();
+    assert_eq!(serde_json::to_string(&w).unwrap(), stored);
+    let nets = w.ip_networks();
+    assert_eq!(
+        nets.nets,
+        [
+            "10.0.0.1/32".parse::<ipnet::IpNet>().unwrap(),
+            "fd00::1/128".parse().unwrap()
+        ]
+    );
+    assert!(nets.bad.is_empty());
+
+    let mut odd = w.clone();
+    odd.spec.ip_networks[0] = "10.0.0.300/32".into();
+    let nets = odd.ip_networks();
+    assert_eq!(nets.nets, ["fd00::1/128".parse::<ipnet::IpNet>().unwrap()]);
+    assert_eq!(
+        nets.bad.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["WorkloadEndpoint prod/n-k8s-p-eth0: ipNetworks entry \"10.0.0.300/32\" is not a CIDR"]
+    );
+}

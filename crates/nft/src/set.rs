@@ -69,6 +69,33 @@ impl SetType {
         })
     }
 
+    /// `type ipv4_addr . inet_service;`: an address and a port (the policy compiler's
+    /// named-port sets).
+    pub fn addr_port(family: Family) -> SetType {
+        SetType::of(match family {
+            Family::V4 => &[DataType::Ipv4Addr, DataType::InetService],
+            Family::V6 => &[DataType::Ipv6Addr, DataType::InetService],
+        })
+    }
+
+    /// `type ipv4_addr . inet_proto . inet_service; flags interval;`: ranges of addresses,
+    /// protocols and ports ([`Key::AddrProtoPort`], the policy fast path's set).
+    pub fn addr_proto_port(family: Family) -> SetType {
+        SetType::of(match family {
+            Family::V4 => &[
+                DataType::Ipv4Addr,
+                DataType::InetProto,
+                DataType::InetService,
+            ],
+            Family::V6 => &[
+                DataType::Ipv6Addr,
+                DataType::InetProto,
+                DataType::InetService,
+            ],
+        })
+        .interval()
+    }
+
     /// A set whose key has these fields, without flags.
     pub fn of(key: &'static [DataType]) -> SetType {
         SetType {

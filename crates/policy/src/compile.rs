@@ -26,8 +26,8 @@ use std::collections::BTreeMap;
 use sha1::{Digest, Sha1};
 use tern_model::{Action, Port, Protocol};
 use tern_nft::{
-    Addr, AddrField, BaseChain, Chain, ChainPolicy, ChainType, CtState, DataType, Hook, Iface, Key,
-    L4Proto, Match, PortRange, Rule, Ruleset, Set, SetType, Stmt, Verdict,
+    Addr, AddrField, BaseChain, Chain, ChainPolicy, ChainType, CtState, Hook, Iface, Key, L4Proto,
+    Match, PortRange, Rule, Ruleset, Set, SetType, Stmt, Verdict,
 };
 
 use crate::model::{
@@ -218,7 +218,7 @@ pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
             set: name.clone(),
         });
         let set = Set {
-            set_type: crate::fastpath::set_type(fam),
+            set_type: SetType::addr_proto_port(fam),
             elements,
         };
         sets.push((name, set));
@@ -426,7 +426,7 @@ impl<'a> Compiler<'a> {
             SetSource::NamedPort(port.to_string(), proto, fam),
         );
         if !self.rs.sets.contains_key(&name) {
-            let mut s = Set::new(named_port_set_type(fam));
+            let mut s = Set::new(SetType::addr_port(fam));
             for ep in self.set.endpoints_with_port(port) {
                 for cp in ep
                     .ports
@@ -550,12 +550,4 @@ impl<'a> Compiler<'a> {
         }
         out
     }
-}
-
-/// The declaration of a named-port set: `addr . inet_service`.
-pub fn named_port_set_type(fam: Family) -> SetType {
-    SetType::of(match fam {
-        Family::V4 => &[DataType::Ipv4Addr, DataType::InetService],
-        Family::V6 => &[DataType::Ipv6Addr, DataType::InetService],
-    })
 }

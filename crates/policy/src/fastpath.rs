@@ -22,7 +22,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use tern_model::{Action, Port, Protocol};
-use tern_nft::{AddrRange, DataType, Family, Key, PortRange, SetType, Span, Verdict};
+use tern_nft::{AddrRange, Family, Key, PortRange, Span, Verdict};
 
 use crate::model::{Direction, IrPolicy};
 
@@ -255,24 +255,6 @@ pub fn element(b: &Box3, fam: Family) -> Key {
         proto: Span::new(b.proto.0, b.proto.1),
         port: PortRange::new(b.port.0, b.port.1),
     }
-}
-
-/// The fast-path set's declaration for a family:
-/// `type ipv4_addr . inet_proto . inet_service; flags interval;`.
-pub fn set_type(fam: Family) -> SetType {
-    SetType::of(match fam {
-        Family::V4 => &[
-            DataType::Ipv4Addr,
-            DataType::InetProto,
-            DataType::InetService,
-        ],
-        Family::V6 => &[
-            DataType::Ipv6Addr,
-            DataType::InetProto,
-            DataType::InetService,
-        ],
-    })
-    .interval()
 }
 
 /// The fast-path elements of policies `pols` for a direction and family; empty when there is

@@ -478,8 +478,7 @@ impl Incremental {
     pub fn apply(&mut self, r: &Resource) -> Result<(), PolicyError> {
         match r {
             Resource::WorkloadEndpoint(w) => {
-                self.upsert_endpoint(Endpoint::from_workload_endpoint(w));
-                Ok(())
+                crate::model::upsert_workload_endpoint(w, |ep| self.upsert_endpoint(ep))
             }
             Resource::Namespace(_) => {
                 self.set.apply(r)?;

@@ -34,4 +34,8 @@ pub enum PolicyError {
     /// A policy is invalid; names the policy (`Kind/namespace/name`) and the field.
     #[error("policy {policy}: {reason}")]
     Invalid { policy: String, reason: String },
+    /// A WorkloadEndpoint's `ipNetworks` entries that are not CIDRs, each naming the record
+    /// and the value; the endpoint was applied with its other addresses.
+    #[error("{}; the endpoint applies without them", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    BadAddresses(Vec<tern_model::BadIpNetwork>),
 }

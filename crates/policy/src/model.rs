@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use tern_model::{
-    Action, EndpointPort, GlobalNetworkPolicy, IpBlock, K8sNetworkPolicy, K8sPeer, K8sPort, Kind,
-    NetworkPolicy, NetworkPolicySpec, PolicyType, Port, Protocol, Resource, Selector,
+    Action, BadIpNetwork, EndpointPort, GlobalNetworkPolicy, K8sNetworkPolicy, K8sPeer, K8sPort,
+    Kind, NetworkPolicy, NetworkPolicySpec, PolicyType, Port, Protocol, Resource, Selector,
     WorkloadEndpoint,
 };
 
@@ -54,22 +54,34 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// The engine's view of a stored WorkloadEndpoint (labels from its metadata).
-    pub fn from_workload_endpoint(w: &WorkloadEndpoint) -> Endpoint {
-        Endpoint {
+    /// The engine's view of a stored WorkloadEndpoint (labels from its metadata), and the
+    /// `ipNetworks` entries of the record that are not CIDRs (left out of `ips`).
+    pub fn from_workload_endpoint(w: &WorkloadEndpoint) -> (Endpoint, Vec<BadIpNetwork>) {
+        let nets = w.ip_networks();
+        let ep = Endpoint {
             namespace: w.metadata.namespace.clone().unwrap_or_default(),
             name: w.metadata.name.clone(),
             node: w.spec.node.clone(),
             interface: w.spec.interface_name.clone(),
             labels: Arc::new(w.metadata.labels.clone()),
-            ips: w
-                .spec
-                .ip_networks
-                .iter()
-                .filter_map(|n| n.parse::<IpNet>().ok().map(|n| n.addr()))
-                .collect(),
+            ips: nets.nets.iter().map(|n| n.addr()).collect(),
             ports: w.spec.ports.clone(),
-        }
+        };
+        (ep, nets.bad)
+    }
+}
+
+/// Applies `w` with `upsert` (its readable addresses); the entries left out are the error.
+pub(crate) fn upsert_workload_endpoint(
+    w: &WorkloadEndpoint,
+    upsert: impl FnOnce(Endpoint),
+) -> Result<(), PolicyError> {
+    let (ep, bad) = Endpoint::from_workload_endpoint(w);
+    upsert(ep);
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(PolicyError::BadAddresses(bad))
     }
 }
 
@@ -182,14 +194,90 @@ pub struct Flow {
     pub dst_port: u16,
 }
 
+/// An endpoint as a [`PolicySet`] keeps it: one allocation shared by the endpoint map and
+/// the named-port index, ordered by (namespace, name) read from the endpoint itself, so at
+/// 10,000 pods each name is stored once, not once per map.
+#[derive(Debug, Clone)]
+struct Kept(Arc<Endpoint>);
+
+/// The order of kept endpoints, (namespace, name); looked up by a borrowed pair, with no
+/// copy of the strings (a map keyed by [`Kept`] is searched through `dyn EndpointKey`).
+trait EndpointKey {
+    fn key(&self) -> (&str, &str);
+}
+
+impl EndpointKey for Kept {
+    fn key(&self) -> (&str, &str) {
+        (&self.0.namespace, &self.0.name)
+    }
+}
+
+impl EndpointKey for (&str, &str) {
+    fn key(&self) -> (&str, &str) {
+        *self
+    }
+}
+
+/// The lookup form of `(namespace, name)`.
+fn by_key<'k>(k: &'k (&'k str, &'k str)) -> &'k (dyn EndpointKey + 'k) {
+    k
+}
+
+impl<'a> std::borrow::Borrow<dyn EndpointKey + 'a> for Kept {
+    fn borrow(&self) -> &(dyn EndpointKey + 'a) {
+        self
+    }
+}
+
+impl PartialEq for dyn EndpointKey + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for dyn EndpointKey + '_ {}
+
+impl PartialOrd for dyn EndpointKey + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn EndpointKey + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+impl PartialEq for Kept {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Kept {}
+
+impl PartialOrd for Kept {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Kept {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
 /// The whole policy state of a cluster: namespaces, endpoints and policies.
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     namespaces: BTreeMap<String, BTreeMap<String, String>>,
-    endpoints: BTreeMap<(String, String), Endpoint>,
-    /// The endpoints with a named port, by port name: a named-port set is built from these
-    /// few instead of from every endpoint.
-    named_ports: BTreeMap<String, BTreeSet<(String, String)>>,
+    /// The endpoints by (namespace, name).
+    endpoints: BTreeSet<Kept>,
+    /// The endpoints with a named port, by port name (the same allocations as `endpoints`): a
+    /// named-port set is built from these few instead of from every endpoint.
+    named_ports: BTreeMap<String, BTreeSet<Kept>>,
     /// One map per distinct label set of the endpoints (see [`Labels`]), with how many
     /// endpoints hold it.
     label_sets: HashMap<Labels, usize>,
@@ -201,19 +289,6 @@ fn parse_selector(text: &str, what: &str, key: &PolicyKey) -> Result<Selector, P
         policy: key.to_string(),
         reason: format!("{what}: {e}"),
     })
-}
-
-fn parse_nets(nets: &[String], what: &str, key: &PolicyKey) -> Result<Vec<IpNet>, PolicyError> {
-    nets.iter()
-        .map(|n| {
-            n.parse::<IpNet>()
-                .map(|n| n.trunc())
-                .map_err(|_| PolicyError::Invalid {
-                    policy: key.to_string(),
-                    reason: format!("{what}: {n:?} is not a CIDR"),
-                })
-        })
-        .collect()
 }
 
 impl PolicySet {
@@ -269,13 +344,19 @@ impl PolicySet {
     ) -> impl Iterator<Item = &'a Endpoint> + 'a {
         let mut current: Option<(&'a str, bool)> = None;
         let range: Box<dyn Iterator<Item = &'a Endpoint> + 'a> = match &sel.scope {
-            NamespaceScope::Named(n) => Box::new(
-                self.endpoints
-                    .range((n.clone(), String::new())..)
-                    .take_while(move |((ns, _), _)| ns == n)
-                    .map(|(_, e)| e),
-            ),
-            _ => Box::new(self.endpoints.values()),
+            NamespaceScope::Named(n) => {
+                let first = (n.as_str(), "");
+                Box::new(
+                    self.endpoints
+                        .range::<dyn EndpointKey, _>((
+                            std::ops::Bound::Included(by_key(&first)),
+                            std::ops::Bound::Unbounded,
+                        ))
+                        .map(|k| &*k.0)
+                        .take_while(move |e| e.namespace == *n),
+                )
+            }
+            _ => Box::new(self.endpoints()),
         };
         range.filter(move |e| {
             let taken = match current {
@@ -293,16 +374,15 @@ impl PolicySet {
     /// Adds or replaces an endpoint (keyed by namespace and name).
     pub fn upsert_endpoint(&mut self, mut ep: Endpoint) {
         ep.labels = self.intern_labels(ep.labels);
-        let key = (ep.namespace.clone(), ep.name.clone());
-        for p in &ep.ports {
+        let ep = Kept(Arc::new(ep));
+        if let Some(old) = self.endpoints.replace(ep.clone()) {
+            self.forget(&old);
+        }
+        for p in &ep.0.ports {
             self.named_ports
                 .entry(p.name.clone())
                 .or_default()
-                .insert(key.clone());
-        }
-        if let Some(old) = self.endpoints.insert(key.clone(), ep) {
-            self.unindex_ports(&old, &key);
-            self.release_labels(old.labels);
+                .replace(ep.clone());
         }
     }
 
@@ -333,33 +413,24 @@ impl PolicySet {
         self.label_sets.len()
     }
 
-    /// Drops `old`'s ports from the named-port index, but those the endpoint now at `key`
-    /// still has.
-    fn unindex_ports(&mut self, old: &Endpoint, key: &(String, String)) {
-        for p in &old.ports {
-            let still = self
-                .endpoints
-                .get(key)
-                .is_some_and(|e| e.ports.iter().any(|q| q.name == p.name));
-            if still {
-                continue;
-            }
-            if let Some(keys) = self.named_ports.get_mut(&p.name) {
-                keys.remove(key);
-                if keys.is_empty() {
+    /// Drops a removed or replaced endpoint from the named-port index and the label sets.
+    fn forget(&mut self, old: &Kept) {
+        for p in &old.0.ports {
+            if let Some(kept) = self.named_ports.get_mut(&p.name) {
+                kept.remove(old as &dyn EndpointKey);
+                if kept.is_empty() {
                     self.named_ports.remove(&p.name);
                 }
             }
         }
+        self.release_labels(old.0.labels.clone());
     }
 
     /// Removes an endpoint; true when it existed.
     pub fn remove_endpoint(&mut self, namespace: &str, name: &str) -> bool {
-        let key = (namespace.to_string(), name.to_string());
-        match self.endpoints.remove(&key) {
+        match self.endpoints.take(by_key(&(namespace, name))) {
             Some(old) => {
-                self.unindex_ports(&old, &key);
-                self.release_labels(old.labels);
+                self.forget(&old);
                 true
             }
             None => false,
@@ -372,13 +443,14 @@ impl PolicySet {
             .get(name)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.endpoints.get(k))
+            .map(|k| &*k.0)
     }
 
     /// One endpoint by namespace and name.
     pub fn endpoint(&self, namespace: &str, name: &str) -> Option<&Endpoint> {
         self.endpoints
-            .get(&(namespace.to_string(), name.to_string()))
+            .get(by_key(&(namespace, name)))
+            .map(|k| &*k.0)
     }
 
     /// One policy by key.
@@ -393,7 +465,7 @@ impl PolicySet {
 
     /// Every endpoint, by (namespace, name).
     pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
-        self.endpoints.values()
+        self.endpoints.iter().map(|k| &*k.0)
     }
 
     /// Every policy, by key.
@@ -414,7 +486,9 @@ impl PolicySet {
     }
 
     /// Adds or replaces whatever `r` is: a policy of any flavour, a Namespace or a
-    /// WorkloadEndpoint. Other kinds are ignored (they carry no policy state).
+    /// WorkloadEndpoint. Other kinds are ignored (they carry no policy state). A
+    /// WorkloadEndpoint with `ipNetworks` entries that are not CIDRs is applied with its other
+    /// addresses, and the entries are the error ([`PolicyError::BadAddresses`]).
     pub fn apply(&mut self, r: &Resource) -> Result<(), PolicyError> {
         match r {
             Resource::K8sNetworkPolicy(p) => self.upsert_k8s_policy(p),
@@ -425,8 +499,7 @@ impl PolicySet {
                 Ok(())
             }
             Resource::WorkloadEndpoint(w) => {
-                self.upsert_endpoint(Endpoint::from_workload_endpoint(w));
-                Ok(())
+                upsert_workload_endpoint(w, |ep| self.upsert_endpoint(ep))
             }
             _ => Ok(()),
         }
@@ -446,16 +519,17 @@ impl PolicySet {
             policy: key.to_string(),
             reason: format!("{f}: {m}"),
         })?;
-        let peer_match = |peer: &K8sPeer| -> Match {
+        let peer_match = |peer: &K8sPeer| -> Result<Match, PolicyError> {
             if let Some(b) = &peer.ip_block {
-                let (cidr, except) = b
-                    .nets()
-                    .unwrap_or_else(|_| (IpBlock::default_net(), Vec::new()));
-                return Match {
+                let (cidr, except) = b.nets().map_err(|(f, m)| PolicyError::Invalid {
+                    policy: key.to_string(),
+                    reason: format!("ipBlock.{f}: {m}"),
+                })?;
+                return Ok(Match {
                     nets: vec![cidr],
                     not_nets: except,
                     ..Match::default()
-                };
+                });
             }
             let scope = match &peer.namespace_selector {
                 Some(s) => NamespaceScope::Selector(s.to_selector()),
@@ -465,10 +539,10 @@ impl PolicySet {
                 .pod_selector
                 .as_ref()
                 .map_or(Selector::All, |s| s.to_selector());
-            Match {
+            Ok(Match {
                 endpoints: Some(EndpointSelector { scope, selector }),
                 ..Match::default()
-            }
+            })
         };
         // A rule allows (any peer) x (any port entry); the IR has one protocol per rule, so
         // the product is expanded.
@@ -476,7 +550,7 @@ impl PolicySet {
             let peer_matches: Vec<Match> = if peers.is_empty() {
                 vec![Match::default()]
             } else {
-                peers.iter().map(peer_match).collect()
+                peers.iter().map(peer_match).collect::<Result<_, _>>()?
             };
             let port_specs: Vec<(Option<Protocol>, Vec<Port>)> = if ports.is_empty() {
                 vec![(None, Vec::new())]
@@ -521,23 +595,37 @@ impl PolicySet {
                     });
                 }
             }
-            out
+            Ok::<_, PolicyError>(out)
         };
-        let types = &p.spec.policy_types;
-        let ingress = types.contains(&PolicyType::Ingress).then(|| {
+        // The rules of a direction, (peers, ports) each, when the policy has that type.
+        let direction = |ty: PolicyType, rules: Vec<(&[K8sPeer], &[K8sPort])>, peer_is_src| {
+            if !p.spec.policy_types.contains(&ty) {
+                return Ok(None);
+            }
+            let mut out = Vec::new();
+            for (peers, ports) in rules {
+                out.extend(expand(peers, ports, peer_is_src)?);
+            }
+            Ok::<_, PolicyError>(Some(out))
+        };
+        let ingress = direction(
+            PolicyType::Ingress,
             p.spec
                 .ingress
                 .iter()
-                .flat_map(|r| expand(&r.from, &r.ports, true))
-                .collect()
-        });
-        let egress = types.contains(&PolicyType::Egress).then(|| {
+                .map(|r| (&r.from[..], &r.ports[..]))
+                .collect(),
+            true,
+        )?;
+        let egress = direction(
+            PolicyType::Egress,
             p.spec
                 .egress
                 .iter()
-                .flat_map(|r| expand(&r.to, &r.ports, false))
-                .collect()
-        });
+                .map(|r| (&r.to[..], &r.ports[..]))
+                .collect(),
+            false,
+        )?;
         let ir = IrPolicy {
             key: key.clone(),
             order: 1000.0,
@@ -607,10 +695,14 @@ impl PolicySet {
                     selector: sel.unwrap_or(Selector::All),
                 }),
             };
+            let (nets, not_nets) = e.parsed_nets().map_err(|(f, m)| PolicyError::Invalid {
+                policy: key.to_string(),
+                reason: format!("{what}.{f}: {m}"),
+            })?;
             Ok(Match {
                 endpoints,
-                nets: parse_nets(&e.nets, &format!("{what}.nets"), &key)?,
-                not_nets: parse_nets(&e.not_nets, &format!("{what}.notNets"), &key)?,
+                nets,
+                not_nets,
                 ports: e.ports.clone(),
             })
         };
@@ -669,7 +761,7 @@ impl PolicySet {
 
     /// The endpoint owning an address.
     pub fn endpoint_by_ip(&self, ip: IpAddr) -> Option<&Endpoint> {
-        self.endpoints.values().find(|e| e.ips.contains(&ip))
+        self.endpoints().find(|e| e.ips.contains(&ip))
     }
 
     fn side_matches(&self, m: &Match, ip: IpAddr, ep: Option<&Endpoint>) -> bool {
@@ -744,18 +836,6 @@ impl PolicySet {
     }
 }
 
-trait DefaultNet {
-    fn default_net() -> IpNet;
-}
-
-impl DefaultNet for IpBlock {
-    /// Unreachable after validation; a host route of the unspecified address matches nothing
-    /// real, so a bug here fails closed.
-    fn default_net() -> IpNet {
-        IpNet::from(IpAddr::from([0, 0, 0, 0]))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,6 +884,25 @@ mod tests {
         assert!(s.remove_endpoint("ns", "b"));
         assert!(with_port(&s, "http").is_empty());
         assert!(s.named_ports.keys().eq(["web"]));
+    }
+
+    /// An endpoint is kept once: the named-port index holds the endpoint map's allocation,
+    /// so a replaced endpoint is seen in its new version through either, and a lookup by
+    /// name finds it without building a key.
+    #[test]
+    fn an_endpoint_is_kept_once_for_both_indexes() {
+        let mut s = PolicySet::new();
+        s.upsert_endpoint(ep("a", &["http"]));
+        let mut moved = ep("a", &["http"]);
+        moved.node = "n2".into();
+        s.upsert_endpoint(moved);
+        let by_name = s.endpoint("ns", "a").unwrap();
+        let by_port = s.endpoints_with_port("http").next().unwrap();
+        assert_eq!(by_port.node, "n2");
+        assert!(std::ptr::eq(by_name, by_port));
+        assert_eq!(s.endpoints.len(), 1);
+        assert!(s.endpoint("ns", "b").is_none());
+        assert!(s.endpoint("other", "a").is_none());
     }
 
     fn labelled(name: &str, labels: &[(&str, &str)]) -> Endpoint {

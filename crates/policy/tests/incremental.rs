@@ -11,7 +11,8 @@ use tern_policy::nft::{Family, Key, SetType, Verdict};
 use tern_policy::{Endpoint, Incremental, PolicySet, Ruleset, Set, TableChange, compile};
 
 mod common;
-use common::{Netns, nft};
+use common::Netns;
+use tern_testkit::nft;
 
 fn ep(ns: &str, name: &str, node: &str, ip: &str, labels: &[(&str, &str)]) -> Endpoint {
     common::endpoint(ns, name, node, format!("tv{name}"), ip, labels)
@@ -300,7 +301,7 @@ fn kernel_netns(tag: &str) -> Option<Netns> {
 fn apply_script(ns: &Netns, inc: &mut Incremental) {
     let s = inc.script();
     if !s.text.is_empty() {
-        nft(&ns.0[0], &s.text);
+        nft::apply_in(&ns.0[0], &s.text);
     }
     inc.commit(&s);
 }
@@ -337,13 +338,7 @@ fn every_delta_applies_to_a_real_kernel() {
     inc.remove(Kind::K8sNetworkPolicy, Some("x"), "allow-b");
     apply(&mut inc);
     // The kernel agrees with the model: list the table and look for what must be there.
-    let out = Command::new("ip")
-        .args([
-            "netns", "exec", &ns.0[0], "nft", "list", "table", "inet", "tern",
-        ])
-        .output()
-        .unwrap();
-    let listing = String::from_utf8_lossy(&out.stdout);
+    let listing = nft::output_in(&ns.0[0], &["list", "table", "inet", "tern"]);
     assert!(listing.contains("chain ep-out-tva2"), "{listing}");
     assert!(!listing.contains("chain ep-in-tva2"), "{listing}");
     assert!(!listing.contains("chain ep-out-tva "), "{listing}");
@@ -357,14 +352,7 @@ fn table_delta_text(d: &[TableChange]) -> String {
 
 /// The chains of the kernel's `inet tern` table in namespace `ns`.
 fn kernel_chains(ns: &Netns) -> BTreeSet<String> {
-    let out = Command::new("ip")
-        .args([
-            "netns", "exec", &ns.0[0], "nft", "list", "table", "inet", "tern",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stdout)
+    nft::output_in(&ns.0[0], &["list", "table", "inet", "tern"])
         .lines()
         .filter_map(|l| l.trim().strip_prefix("chain "))
         .map(|l| l.trim_end_matches(" {").to_string())
@@ -413,13 +401,7 @@ fn policies_activate_and_deactivate_through_deltas_in_a_real_kernel() {
         tern_policy::Direction::Ingress,
     );
     assert!(kernel_chains(&ns).contains(&p7));
-    let listing = Command::new("ip")
-        .args([
-            "netns", "exec", &ns.0[0], "nft", "list", "table", "inet", "tern",
-        ])
-        .output()
-        .unwrap();
-    let listing = String::from_utf8_lossy(&listing.stdout);
+    let listing = nft::output_in(&ns.0[0], &["list", "table", "inet", "tern"]);
     assert!(
         listing.contains("198.18.2.7"),
         "the peer is in p7's set: {listing}"
@@ -442,7 +424,7 @@ fn policies_activate_and_deactivate_through_deltas_in_a_real_kernel() {
             .any(|c| matches!(c, TableChange::AddChain(n) if n.starts_with("pol-"))),
         "{d:#?}"
     );
-    nft(&ns.0[0], &table_delta_text(&d));
+    nft::apply_in(&ns.0[0], &table_delta_text(&d));
     inc.commit(&tern_policy::Script {
         text: String::new(),
         full: false,
@@ -457,7 +439,7 @@ fn policies_activate_and_deactivate_through_deltas_in_a_real_kernel() {
             .any(|c| matches!(c, TableChange::DeleteChain(n) if n.starts_with("pol-"))),
         "{d:#?}"
     );
-    nft(&ns.0[0], &table_delta_text(&d));
+    nft::apply_in(&ns.0[0], &table_delta_text(&d));
     inc.commit(&tern_policy::Script {
         text: String::new(),
         full: false,
@@ -468,7 +450,7 @@ fn policies_activate_and_deactivate_through_deltas_in_a_real_kernel() {
     inc.upsert_endpoint(ep("x", "d1", "n1", "198.18.3.8", &[("pod", "d")]));
     apply(&mut inc);
     assert_kernel_chains(&ns, &inc);
-    nft(&ns.0[0], &inc.full_script().text);
+    nft::apply_in(&ns.0[0], &inc.full_script().text);
     assert_kernel_chains(&ns, &inc);
 }
 
@@ -624,21 +606,7 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
     assert!(fast_set(&inc, "in", "v6").is_some());
     // Everything agrees with a fresh compile, and the kernel took every delta.
     assert_eq!(inc.desired(), fresh(&inc));
-    let listing = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns.0[0],
-            "nft",
-            "list",
-            "chain",
-            "inet",
-            "tern",
-            "ep-in-tva",
-        ])
-        .output()
-        .unwrap();
-    let listing = String::from_utf8_lossy(&listing.stdout);
+    let listing = nft::output_in(&ns.0[0], &["list", "chain", "inet", "tern", "ep-in-tva"]);
     let name = fast_name(&inc, "in", "v4").unwrap();
     assert!(
         listing.contains(&format!(
@@ -680,7 +648,7 @@ fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
     assert!(fast_set(&inc, "in", "v4").is_none());
     assert!(fast_set(&inc, "out", "v4").is_none());
     let full = inc.full_script();
-    nft(&ns.0[0], &full.text);
+    nft::apply_in(&ns.0[0], &full.text);
 }
 
 /// The name of the (only) fast-path set of a direction and family.

@@ -13,7 +13,8 @@ use tern_model::{EndpointPort, Protocol};
 use tern_policy::{Endpoint, PolicySet, compile, render_delta};
 
 mod common;
-use common::{Netns, nft};
+use common::Netns;
+use tern_testkit::nft;
 
 fn run(args: &[&str]) {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
@@ -183,7 +184,7 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
     set.upsert_endpoint(endpoint("a", "va", A, "x"));
     set.upsert_endpoint(endpoint("b", "vb", B, "b"));
     let rs0 = compile(&set, "n1");
-    nft(&r, &rs0.render_full());
+    nft::apply_in(&r, &rs0.render_full());
     assert!(tcp_ok(&a, B, 8080));
     assert!(udp_ok(&a, &udp_b, B, 9090));
 
@@ -194,7 +195,7 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
          spec:\n  podSelector: {matchLabels: {app: b}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: a}}}]\n    ports: [{port: http}]\n",
     );
     let rs1 = compile(&set, "n1");
-    nft(&r, &rs1.render_full());
+    nft::apply_in(&r, &rs1.render_full());
     assert!(tcp_blocked(&a, B, 8080), "a (app=x) must not reach b");
     assert!(udp_blocked(&a, &udp_b, B, 9090));
     assert!(
@@ -211,7 +212,7 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
         delta.lines().all(|l| l.starts_with("add element")),
         "a label change of a peer must only add elements:\n{delta}"
     );
-    nft(&r, &delta);
+    nft::apply_in(&r, &delta);
     assert!(tcp_ok(&a, B, 8080), "allowed after the delta");
     assert!(tcp_blocked(&a, B, 8081), "port 8081 is not the named port");
     assert!(udp_blocked(&a, &udp_b, B, 9090), "UDP is not allowed");
@@ -224,7 +225,7 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
          apiVersion: tern.dev/v1\nkind: NetworkPolicy\nmetadata: {name: a-out, namespace: default}\nspec:\n  selector: app == 'a'\n  egress:\n  - action: Deny\n    protocol: UDP\n    destination: {selector: app == 'b'}\n  - action: Pass\n",
     );
     let rs3 = compile(&set, "n1");
-    nft(&r, &render_delta(&rs2, &rs3));
+    nft::apply_in(&r, &render_delta(&rs2, &rs3));
     assert!(
         tcp_blocked(&a, B, 8080),
         "denied by the ordered GlobalNetworkPolicy"
@@ -233,20 +234,9 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
     assert!(tcp_ok(&b, A, 8080), "b -> a still open");
 
     // Resync repairs drift: delete a rule behind the agent's back, then re-apply in full.
-    run(&[
-        "ip",
-        "netns",
-        "exec",
-        &r,
-        "nft",
-        "flush",
-        "chain",
-        "inet",
-        "tern",
-        "filter-forward",
-    ]);
+    nft::output_in(&r, &["flush", "chain", "inet", "tern", "filter-forward"]);
     assert!(tcp_ok(&a, B, 8080), "drift opened the door");
-    nft(&r, &rs3.render_full());
+    nft::apply_in(&r, &rs3.render_full());
     assert!(tcp_blocked(&a, B, 8080), "full resync closed it");
 
     // Removing every policy through a delta tears down chains and sets cleanly.
@@ -255,7 +245,7 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
         empty.upsert_endpoint(ep.clone());
     }
     let rs4 = compile(&empty, "n1");
-    nft(&r, &render_delta(&rs3, &rs4));
+    nft::apply_in(&r, &render_delta(&rs3, &rs4));
     assert!(tcp_ok(&a, B, 8080));
     assert!(udp_ok(&a, &udp_b, B, 9090));
     assert!(rs4.chains.keys().all(|c| !c.starts_with("pol-")));
@@ -282,19 +272,15 @@ fn rulesets_enforce_policy_in_a_private_namespace() {
         "{:?}",
         rs5.chains["ep-in-vb"]
     );
-    nft(&r, &render_delta(&rs4, &rs5));
+    nft::apply_in(&r, &render_delta(&rs4, &rs5));
     assert!(tcp_ok(&a, B, 8080));
     assert!(tcp_blocked(&a, B, 8081), "port 8081 is not allowed");
     let pol = rs5.chains.keys().find(|k| k.starts_with("pol-")).unwrap();
-    run(&[
-        "ip", "netns", "exec", &r, "nft", "flush", "chain", "inet", "tern", pol,
-    ]);
+    nft::output_in(&r, &["flush", "chain", "inet", "tern", pol]);
     assert!(tcp_ok(&a, B, 8080), "the fast-path set admits on its own");
     assert!(tcp_blocked(&a, B, 8081));
     assert!(udp_blocked(&a, &udp_b, B, 9090));
-    run(&[
-        "ip", "netns", "exec", &r, "nft", "flush", "set", "inet", "tern", &fp,
-    ]);
+    nft::output_in(&r, &["flush", "set", "inet", "tern", &fp]);
     assert!(
         tcp_blocked(&a, B, 8080),
         "with both emptied nothing admits: the set was the one letting it in"

@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 pub mod child;
 pub mod golden;
 pub mod modules;
+pub mod nft;
 
 /// The variable that turns a missing precondition into a test failure (`1`, `true` or `yes`).
 pub const STRICT_ENV: &str = "TERN_TEST_STRICT";

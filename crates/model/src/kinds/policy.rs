@@ -3,6 +3,7 @@
 //! `action`, `protocol`, `source`/`destination` {`selector`, `namespaceSelector`, `nets`,
 //! `notNets`, `ports`}.
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::document::Document;
@@ -50,6 +51,23 @@ pub struct EntityRule {
     /// Ports (destination side only; require a protocol with ports).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<Port>,
+}
+
+impl EntityRule {
+    /// `nets` and `notNets` as networks, host bits cleared (`10.0.0.1/24` means its network);
+    /// an entry that is not a CIDR is an error naming its field (`nets[0]`) and value.
+    pub fn parsed_nets(&self) -> Result<(Vec<IpNet>, Vec<IpNet>), FieldError> {
+        let parse = |name: &str, nets: &[String]| -> Result<Vec<IpNet>, FieldError> {
+            nets.iter()
+                .enumerate()
+                .map(|(i, n)| parse_rule_cidr(n).map_err(|m| (format!("{name}[{i}]"), m)))
+                .collect()
+        };
+        Ok((
+            parse("nets", &self.nets)?,
+            parse("notNets", &self.not_nets)?,
+        ))
+    }
 }
 
 /// One rule of a tern policy.
@@ -150,11 +168,8 @@ fn validate_entity(e: &EntityRule, field: &str, dst: bool) -> Result<(), FieldEr
             Selector::parse(s).map_err(|err| (format!("{field}.{name}"), err.to_string()))?;
         }
     }
-    for (name, nets) in [("nets", &e.nets), ("notNets", &e.not_nets)] {
-        for (i, n) in nets.iter().enumerate() {
-            parse_rule_cidr(n).map_err(|m| (format!("{field}.{name}[{i}]"), m))?;
-        }
-    }
+    e.parsed_nets()
+        .map_err(|(f, m)| (format!("{field}.{f}"), m))?;
     if !dst && !e.ports.is_empty() {
         return Err((
             format!("{field}.ports"),

@@ -47,6 +47,65 @@ pub struct WorkloadEndpointSpec {
     pub ports: Vec<EndpointPort>,
 }
 
+/// An `ipNetworks` entry that is not a CIDR, named with its record. Validation refuses these
+/// at write, so only a record written around it (an older or foreign writer) has one; a
+/// reader reports it rather than dropping it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("WorkloadEndpoint {endpoint}: ipNetworks entry {value:?} is not a CIDR")]
+pub struct BadIpNetwork {
+    /// `<namespace>/<name>` of the record.
+    pub endpoint: String,
+    /// The entry as stored.
+    pub value: String,
+}
+
+/// The `ipNetworks` of a record, parsed where it is read: the networks, and each entry that
+/// is not one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpNetworks {
+    pub nets: Vec<IpNet>,
+    pub bad: Vec<BadIpNetwork>,
+}
+
+/// One `ipNetworks` entry (`10.244.0.5/32`), the one parser of the field.
+fn parse_ip_network(entry: &str) -> Option<IpNet> {
+    entry.parse().ok()
+}
+
+/// Parses the `ipNetworks` entries of the record `endpoint` (`<namespace>/<name>`): for
+/// readers that decode only part of a record (the IPAM audit); [`WorkloadEndpoint`]s have
+/// [`Document::ip_networks`].
+pub fn parse_ip_networks(endpoint: &str, entries: &[String]) -> IpNetworks {
+    let mut out = IpNetworks::default();
+    for e in entries {
+        match parse_ip_network(e) {
+            Some(n) => out.nets.push(n),
+            None => out.bad.push(BadIpNetwork {
+                endpoint: endpoint.to_string(),
+                value: e.clone(),
+            }),
+        }
+    }
+    out
+}
+
+impl Document<WorkloadEndpointSpec> {
+    /// `<namespace>/<name>` of the endpoint.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.metadata.name
+        )
+    }
+
+    /// The endpoint's addresses as networks; an entry that is not a CIDR comes back in
+    /// [`IpNetworks::bad`], named with the record, for the reader to report.
+    pub fn ip_networks(&self) -> IpNetworks {
+        parse_ip_networks(&self.label(), &self.spec.ip_networks)
+    }
+}
+
 /// Write-time checks of a [`WorkloadEndpoint`].
 pub(crate) fn validate_workload_endpoint(w: &WorkloadEndpoint) -> Result<(), FieldError> {
     let s = &w.spec;
@@ -57,7 +116,7 @@ pub(crate) fn validate_workload_endpoint(w: &WorkloadEndpoint) -> Result<(), Fie
         return Err(invalid("spec.pod", "must not be empty"));
     }
     for (i, n) in s.ip_networks.iter().enumerate() {
-        if n.parse::<IpNet>().is_err() {
+        if parse_ip_network(n).is_none() {
             return Err(invalid(
                 format!("spec.ipNetworks[{i}]"),
                 format!("{n:?} is not a CIDR (expected e.g. 10.244.0.5/32)"),

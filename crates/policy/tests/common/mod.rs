@@ -1,9 +1,8 @@
 //! Helpers shared by the policy crate's integration tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::io::Write;
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use tern_model::{EndpointPort, Protocol};
 use tern_policy::Endpoint;
@@ -17,27 +16,6 @@ impl Drop for Netns {
             let _ = Command::new("ip").args(["netns", "del", n]).status();
         }
     }
-}
-
-/// Applies an nft script inside namespace `ns`; it must succeed.
-pub fn nft(ns: &str, script: &str) {
-    let mut c = Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = c.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft -f failed: {}\nscript:\n{script}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// An endpoint with one address, the given labels and a named TCP port `web` (80).
