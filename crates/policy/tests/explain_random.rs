@@ -17,27 +17,7 @@ use ipnet::Ipv4Net;
 use serde_json::{Value, json};
 use tern_model::{Kind, Protocol};
 use tern_policy::{Direction, Flow, PolicySet, Reason};
-
-/// xorshift64*: small, seeded, the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())].clone()
-    }
-}
+use tern_testkit::rng::Rng;
 
 type Labels = BTreeMap<String, String>;
 
@@ -496,6 +476,14 @@ fn in_net(ip: Ipv4Addr, net: &str) -> bool {
     net.parse::<Ipv4Net>().unwrap().contains(&ip)
 }
 
+/// A policy's rules of `dir`, if it has that direction.
+fn of_dir<'a, T>(dir: Direction, ingress: &'a Option<T>, egress: &'a Option<T>) -> Option<&'a T> {
+    match dir {
+        Direction::Ingress => ingress.as_ref(),
+        Direction::Egress => egress.as_ref(),
+    }
+}
+
 fn map_matches(sel: &Labels, l: &Labels) -> bool {
     sel.iter().all(|(k, v)| l.get(k) == Some(v))
 }
@@ -589,12 +577,9 @@ impl World {
                 ingress,
                 egress,
             } => {
-                let has = if dir == Direction::Ingress {
-                    ingress
-                } else {
-                    egress
-                };
-                has.is_some() && Some(p.ns) == pol.ns && map_matches(pods, &p.labels)
+                of_dir(dir, ingress, egress).is_some()
+                    && Some(p.ns) == pol.ns
+                    && map_matches(pods, &p.labels)
             }
             Body::Tern {
                 selector,
@@ -602,12 +587,9 @@ impl World {
                 egress,
                 ..
             } => {
-                let has = if dir == Direction::Ingress {
-                    ingress
-                } else {
-                    egress
-                };
-                has.is_some() && pol.ns.is_none_or(|n| n == p.ns) && selector.matches(&p.labels)
+                of_dir(dir, ingress, egress).is_some()
+                    && pol.ns.is_none_or(|n| n == p.ns)
+                    && selector.matches(&p.labels)
             }
         }
     }
@@ -647,12 +629,8 @@ impl World {
                 Body::K8s {
                     ingress, egress, ..
                 } => {
-                    let rules = if dir == Direction::Ingress {
-                        ingress
-                    } else {
-                        egress
-                    };
-                    for (i, rule) in rules.as_ref().unwrap().iter().enumerate() {
+                    let rules = of_dir(dir, ingress, egress).unwrap();
+                    for (i, rule) in rules.iter().enumerate() {
                         if self.k8s_rule(pol, rule, remote, f, dst_pod) {
                             return Found::Rule(pol.name.clone(), i, true);
                         }
@@ -661,12 +639,8 @@ impl World {
                 Body::Tern {
                     ingress, egress, ..
                 } => {
-                    let rules = if dir == Direction::Ingress {
-                        ingress
-                    } else {
-                        egress
-                    };
-                    for (i, rule) in rules.as_ref().unwrap().iter().enumerate() {
+                    let rules = of_dir(dir, ingress, egress).unwrap();
+                    for (i, rule) in rules.iter().enumerate() {
                         let ok = rule.proto.is_none_or(|p| p == f.protocol)
                             && self.entity(pol, &rule.src, src, f, dst_pod)
                             && self.entity(pol, &rule.dst, dst, f, dst_pod);
