@@ -1,8 +1,8 @@
 //! `ternctl explain` on a SQLite store in a temporary directory: endpoints written as the agent
 //! writes them (`tern_agent::endpoints::store_io`), namespaces and policies (Kubernetes and
 //! tern, global and namespaced) with `ternctl apply`; the JSON and the table name the policy
-//! and rule that decide, the policies of a default deny, an address that is no pod's, and a
-//! pod that does not exist.
+//! and rule that decide, the policies of a default deny, a node's address (a host), an outside
+//! address, and a pod that does not exist.
 
 use std::collections::BTreeMap;
 
@@ -169,6 +169,30 @@ fn explain_names_the_deciding_policy_and_rule() {
     assert_eq!(v["src"], json!({"ip": "192.0.2.9"}));
     assert_eq!(v["egress"]["endpoint"], Value::Null);
     assert_eq!(cause(&v, "ingress"), json!(["allowed", "no-policy", []]));
+    // A node's address is that host; the web pod's policies leave it to the default deny.
+    let node = "apiVersion: tern.dev/v1\nkind: Node\nmetadata: {name: n1}\nspec: {bgp: {ipv4Address: 198.18.0.2/24}}\n";
+    for n in tern_model::parse_documents(node, "node.yaml").unwrap() {
+        tern_model::put_resource(&*store, &n).unwrap();
+    }
+    let v = explain(&url, "198.18.0.2", "shop/web", "8080");
+    assert_eq!(v["src"], json!({"ip": "198.18.0.2", "node": "n1"}));
+    assert_eq!(v["ingress"]["reason"], "default-deny");
+    let (_, out, _) = ternctl(
+        &url,
+        &[
+            "explain",
+            "--from",
+            "198.18.0.2",
+            "--to",
+            "shop/web",
+            "--port",
+            "8080",
+        ],
+    );
+    assert!(
+        out.starts_with("host n1 (198.18.0.2) -> shop/web (10.91.0.2) 8080/TCP: DENIED"),
+        "{out}"
+    );
     // An address of a pod is that pod.
     let v = explain(&url, "10.91.0.4", "10.91.0.2", "8080/tcp");
     assert_eq!(v["src"]["pod"], "client");

@@ -5,7 +5,8 @@
 //! and tern policies; a stored object it cannot use is skipped with a warning, as the agent
 //! skips it) and judged by [`tern_policy::PolicySet::explain`], the evaluator the agent's
 //! compiled rules are tested against: egress at the source pod, ingress at the destination
-//! pod. An address that is no pod's (a host or an outside address) has no policy.
+//! pod. An address that is no pod's has no policy: a node's (from the Node resources, named
+//! as that host) or an outside one.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -33,6 +34,8 @@ pub struct State {
     pub set: PolicySet,
     /// Pod name of each endpoint, by (namespace, endpoint name).
     pods: BTreeMap<(String, String), String>,
+    /// The node each node address belongs to.
+    hosts: BTreeMap<IpAddr, String>,
     /// Stored objects left out, with why.
     pub skipped: Vec<String>,
 }
@@ -42,8 +45,18 @@ pub fn load(store: &dyn Store) -> anyhow::Result<State> {
     let mut state = State {
         set: PolicySet::new(),
         pods: BTreeMap::new(),
+        hosts: BTreeMap::new(),
         skipped: Vec::new(),
     };
+    let (nodes, _) =
+        tern_model::list_resources_skipping(store, Kind::Node).context("reading Node objects")?;
+    for n in nodes {
+        if let Resource::Node(n) = n {
+            for ip in node_addresses(&n.spec) {
+                state.hosts.insert(ip, n.metadata.name.clone());
+            }
+        }
+    }
     for kind in POLICY_KINDS {
         let (good, bad) = tern_model::list_resources_skipping(store, kind)
             .with_context(|| format!("reading {kind} objects"))?;
@@ -65,6 +78,20 @@ pub fn load(store: &dyn Store) -> anyhow::Result<State> {
         }
     }
     Ok(state)
+}
+
+/// Every address of a node: its addresses, BGP addresses and VXLAN tunnel address (each
+/// may carry a prefix length).
+fn node_addresses(n: &tern_model::NodeSpec) -> Vec<IpAddr> {
+    let bgp = n.bgp.as_ref();
+    n.addresses
+        .iter()
+        .map(|a| a.address.as_str())
+        .chain(bgp.and_then(|b| b.ipv4_address.as_deref()))
+        .chain(bgp.and_then(|b| b.ipv6_address.as_deref()))
+        .chain(n.ipv4_vxlan_tunnel_addr.as_deref())
+        .filter_map(|a| a.split('/').next()?.parse().ok())
+        .collect()
 }
 
 /// `8080/TCP`, `53/udp`, `8080` (TCP): the destination port and protocol.
@@ -92,13 +119,19 @@ pub struct End {
     /// Its WorkloadEndpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// The node whose address it is (a host, not a pod).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl End {
     fn label(&self) -> String {
         match (&self.namespace, &self.pod) {
             (Some(ns), Some(pod)) => format!("{ns}/{pod} ({})", self.ip),
-            _ => format!("{} (not a pod)", self.ip),
+            _ => match &self.node {
+                Some(node) => format!("host {node} ({})", self.ip),
+                None => format!("{} (outside)", self.ip),
+            },
         }
     }
 }
@@ -153,6 +186,7 @@ impl State {
                     .cloned()
             }),
             endpoint: ep.map(|e| e.name.clone()),
+            node: ep.is_none().then(|| self.hosts.get(&ip).cloned()).flatten(),
         }
     }
 
@@ -320,4 +354,38 @@ pub fn render_table(r: &Report) -> String {
         out.push_str(&table::plain(&["ORDER", "POLICY", "RESULT"], &rows));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--port` takes a number with an optional protocol in any case, TCP by default.
+    #[test]
+    fn ports_parse_with_their_protocol() {
+        assert_eq!(parse_port("8080/TCP").unwrap(), (8080, Protocol::Tcp));
+        assert_eq!(parse_port("53/udp").unwrap(), (53, Protocol::Udp));
+        assert_eq!(parse_port("9000/Sctp").unwrap(), (9000, Protocol::Sctp));
+        assert_eq!(parse_port("80").unwrap(), (80, Protocol::Tcp));
+        for bad in ["0", "70000/TCP", "http", "80/ICMP", "80/"] {
+            assert!(parse_port(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Every address a Node resource gives, without prefix lengths.
+    #[test]
+    fn a_node_has_all_its_addresses() {
+        let doc = "apiVersion: tern.dev/v1\nkind: Node\nmetadata: {name: n1}\nspec:\n  addresses: [{address: 192.0.2.1/24}]\n  bgp: {ipv4Address: 198.18.0.2/24, ipv6Address: 'fd00::2/64'}\n  ipv4VXLANTunnelAddr: 10.244.0.1\n";
+        let Resource::Node(n) = tern_model::parse_documents(doc, "n.yaml")
+            .unwrap()
+            .remove(0)
+        else {
+            panic!("not a node")
+        };
+        let got: Vec<String> = node_addresses(&n.spec)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["192.0.2.1", "198.18.0.2", "fd00::2", "10.244.0.1"]);
+    }
 }
