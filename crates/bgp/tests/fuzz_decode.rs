@@ -2,21 +2,7 @@
 //! return (never panic), and whatever decodes must re-encode to something that decodes equal.
 
 use tern_bgp::codec::{CodecOptions, Framer, decode_with, encode_with};
-
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use tern_testkit::rng::Rng;
 
 fn seeds() -> Vec<Vec<u8>> {
     let dir = format!("{}/tests/fixtures", env!("CARGO_MANIFEST_DIR"));
@@ -64,7 +50,7 @@ fn random_and_mutated_inputs_never_panic() {
             // Pure noise behind a valid marker, with a consistent length field half the time.
             0 => {
                 let n = 19 + rng.below(200);
-                m = (0..n).map(|_| rng.next() as u8).collect();
+                m = (0..n).map(|_| rng.next_u64() as u8).collect();
                 m[..16].fill(0xff);
                 if rng.below(2) == 0 {
                     m[16..18].copy_from_slice(&(n as u16).to_be_bytes());
@@ -74,13 +60,13 @@ fn random_and_mutated_inputs_never_panic() {
             1 | 2 => {
                 for _ in 0..1 + rng.below(4) {
                     let at = 16 + rng.below(m.len() - 16);
-                    m[at] = rng.next() as u8;
+                    m[at] = rng.next_u64() as u8;
                 }
             }
             // Truncate or extend, then fix the length field so the body is parsed.
             _ => {
                 let n = 19 + rng.below(m.len() + 8);
-                m.resize(n, rng.next() as u8);
+                m.resize(n, rng.next_u64() as u8);
                 m[16..18].copy_from_slice(&(n as u16).to_be_bytes());
             }
         }

@@ -104,6 +104,9 @@ pub enum Command {
         })
     )]
     Port(Changes),
+    /// Which policy and which rule decide a connection, from live state (`--from NS/POD --to
+    /// NS/POD --port 8080/TCP`).
+    Explain(ExplainArgs),
     /// IP address management.
     Ipam {
         #[command(subcommand)]
@@ -128,6 +131,30 @@ pub enum Command {
         #[command(subcommand)]
         command: DatastoreCommand,
     },
+}
+
+/// `explain`: a connection to judge.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The client: NAMESPACE/POD (POD alone: namespace `default`) or an IP address.
+    #[arg(long)]
+    pub from: String,
+    /// The server: NAMESPACE/POD or an IP address.
+    #[arg(long)]
+    pub to: String,
+    /// The destination port and protocol: `8080/TCP`, `53/UDP`, `8080` (TCP).
+    #[arg(long)]
+    pub port: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = ExplainOutput::Table)]
+    pub output: ExplainOutput,
+}
+
+/// Output formats of `explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExplainOutput {
+    Table,
+    Json,
 }
 
 /// `datastore` subcommands.

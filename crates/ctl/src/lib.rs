@@ -1,6 +1,7 @@
 //! ternctl: the command-line client of tern, in the manner of calicoctl. Resources
-//! (`apply`, `get`, `delete`), IPAM (`ipam show|check|release|configure`), CNI installation (`install-cni`) and
-//! throwaway labs in network namespaces (`lab`).
+//! (`apply`, `get`, `delete`), policy verdicts (`explain`), IPAM (`ipam
+//! show|check|release|configure`), CNI installation (`install-cni`) and throwaway labs in
+//! network namespaces (`lab`).
 //!
 //! [`cli`] defines the command line, [`commands`] holds one module per command, [`table`] the
 //! output tables; [`run`] dispatches.
@@ -172,6 +173,22 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Port(c) => {
             let (kind, now) = change(&store, &c, port::parse_changes, port::port)?;
             println!("{} {} ports: {now}", kind.as_str(), c.name);
+        }
+        Command::Explain(args) => {
+            let port = commands::explain::parse_port(&args.port)?;
+            let s = open_store(&store)?;
+            let state = commands::explain::load(&*s)?;
+            for why in &state.skipped {
+                eprintln!("warning: skipped {why}");
+            }
+            let report = state.explain(&args.from, &args.to, port)?;
+            print!(
+                "{}",
+                match args.output {
+                    cli::ExplainOutput::Table => commands::explain::render_table(&report),
+                    cli::ExplainOutput::Json => commands::explain::render_json(&report),
+                }
+            );
         }
         Command::Ipam { command } => {
             let s = open_store(&store)?;

@@ -3,26 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use tern_agent::endpoints::{Endpoint, store_io};
 use tern_api::{Attachment, PodRef};
 use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_store::Store;
 
-fn ternctl(store: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ternctl"))
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .expect("running ternctl");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod store_cmd;
+use store_cmd::ternctl;
 
 fn allocate(ipam: &Ipam, cid: &str, node: &str) -> std::net::IpAddr {
     ipam.auto_assign(&AssignArgs {

@@ -3,6 +3,9 @@
 //! - [`model`]: [`PolicySet`] (namespaces, endpoints, Kubernetes and tern policies normalised
 //!   to one rule IR) and the reference evaluator [`PolicySet::allowed`]; the module
 //!   documentation defines the semantics precisely.
+//! - [`explain`]: [`PolicySet::explain`], the same evaluator naming its cause: per direction
+//!   the policies that select the endpoint, the deciding policy and rule (`ingress[0]`) or the
+//!   default deny, as `ternctl explain` shows it.
 //! - [`compile`]: [`compile()`] turns a [`PolicySet`] into the desired `inet tern`
 //!   [`Ruleset`] for one node.
 //! - [`incremental`]: [`Incremental`] keeps one node's compiled state up to date change by
@@ -15,11 +18,13 @@
 #![forbid(unsafe_code)]
 
 pub mod compile;
+pub mod explain;
 pub mod fastpath;
 pub mod incremental;
 pub mod model;
 
 pub use compile::compile;
+pub use explain::{DirectionExplanation, Explanation, PolicyRef, Reason, RuleRef, Verdict};
 pub use incremental::{Changes, Incremental, Script, policy_key};
 pub use model::{
     Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Labels, Match, PolicyKey,

@@ -130,6 +130,10 @@ pub struct Match {
 /// A normalised rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IrRule {
+    /// The index of the policy's rule (in its direction) this one comes from: a Kubernetes
+    /// rule expands into one IR rule per peer and port, and an explanation names the rule
+    /// as written.
+    pub index: usize,
     pub action: Action,
     pub protocol: Option<Protocol>,
     pub src: Match,
@@ -546,7 +550,7 @@ impl PolicySet {
         };
         // A rule allows (any peer) x (any port entry); the IR has one protocol per rule, so
         // the product is expanded.
-        let expand = |peers: &[K8sPeer], ports: &[K8sPort], peer_is_src: bool| {
+        let expand = |index: usize, peers: &[K8sPeer], ports: &[K8sPort], peer_is_src: bool| {
             let peer_matches: Vec<Match> = if peers.is_empty() {
                 vec![Match::default()]
             } else {
@@ -588,6 +592,7 @@ impl PolicySet {
                         dst.not_nets = m.not_nets.clone();
                     }
                     out.push(IrRule {
+                        index,
                         action: Action::Allow,
                         protocol: *proto,
                         src,
@@ -598,22 +603,24 @@ impl PolicySet {
             Ok::<_, PolicyError>(out)
         };
         // The rules of a direction, (peers, ports) each, when the policy has that type.
-        let direction = |ty: PolicyType, rules: Vec<(&[K8sPeer], &[K8sPort])>, peer_is_src| {
-            if !p.spec.policy_types.contains(&ty) {
-                return Ok(None);
-            }
-            let mut out = Vec::new();
-            for (peers, ports) in rules {
-                out.extend(expand(peers, ports, peer_is_src)?);
-            }
-            Ok::<_, PolicyError>(Some(out))
-        };
+        let direction =
+            |ty: PolicyType, rules: Vec<(usize, &[K8sPeer], &[K8sPort])>, peer_is_src| {
+                if !p.spec.policy_types.contains(&ty) {
+                    return Ok(None);
+                }
+                let mut out = Vec::new();
+                for (index, peers, ports) in rules {
+                    out.extend(expand(index, peers, ports, peer_is_src)?);
+                }
+                Ok::<_, PolicyError>(Some(out))
+            };
         let ingress = direction(
             PolicyType::Ingress,
             p.spec
                 .ingress
                 .iter()
-                .map(|r| (&r.from[..], &r.ports[..]))
+                .enumerate()
+                .map(|(i, r)| (i, &r.from[..], &r.ports[..]))
                 .collect(),
             true,
         )?;
@@ -622,7 +629,8 @@ impl PolicySet {
             p.spec
                 .egress
                 .iter()
-                .map(|r| (&r.to[..], &r.ports[..]))
+                .enumerate()
+                .map(|(i, r)| (i, &r.to[..], &r.ports[..]))
                 .collect(),
             false,
         )?;
@@ -711,6 +719,7 @@ impl PolicySet {
                 .enumerate()
                 .map(|(i, r)| {
                     Ok(IrRule {
+                        index: i,
                         action: r.action,
                         protocol: r.protocol,
                         src: entity(&r.source, &format!("{dir}[{i}].source"))?,
@@ -764,7 +773,7 @@ impl PolicySet {
         self.endpoints().find(|e| e.ips.contains(&ip))
     }
 
-    fn side_matches(&self, m: &Match, ip: IpAddr, ep: Option<&Endpoint>) -> bool {
+    pub(crate) fn side_matches(&self, m: &Match, ip: IpAddr, ep: Option<&Endpoint>) -> bool {
         if let Some(sel) = &m.endpoints
             && !ep.is_some_and(|e| self.selects(sel, e))
         {
@@ -776,7 +785,7 @@ impl PolicySet {
         !m.not_nets.iter().any(|n| n.contains(&ip))
     }
 
-    fn rule_matches(
+    pub(crate) fn rule_matches(
         &self,
         r: &IrRule,
         f: &Flow,
@@ -800,39 +809,16 @@ impl PolicySet {
             })
     }
 
-    /// The verdict of `ep`'s policies in `dir` for a flow: true = allowed.
+    /// The verdict of `ep`'s policies in `dir` for a flow: true = allowed. One evaluator:
+    /// this is [`PolicySet::explain_direction`]'s verdict.
     pub fn direction_allows(&self, ep: &Endpoint, dir: Direction, f: &Flow) -> bool {
-        let pols = self.policies_for(ep, dir);
-        if pols.is_empty() {
-            return true;
-        }
-        let src = self.endpoint_by_ip(f.src);
-        let dst = self.endpoint_by_ip(f.dst);
-        for p in pols {
-            for r in p.rules(dir).unwrap_or_default() {
-                if !self.rule_matches(r, f, src, dst) {
-                    continue;
-                }
-                match r.action {
-                    Action::Allow | Action::Pass => return true,
-                    Action::Deny => return false,
-                    Action::Log => {}
-                }
-            }
-        }
-        false
+        self.explain_direction(ep, dir, f).verdict.is_allowed()
     }
 
     /// The reference verdict for a flow: the source endpoint's egress and the destination
-    /// endpoint's ingress must both allow it.
+    /// endpoint's ingress must both allow it ([`PolicySet::explain`]'s verdict).
     pub fn allowed(&self, f: &Flow) -> bool {
-        let egress_ok = self
-            .endpoint_by_ip(f.src)
-            .is_none_or(|e| self.direction_allows(e, Direction::Egress, f));
-        let ingress_ok = self
-            .endpoint_by_ip(f.dst)
-            .is_none_or(|e| self.direction_allows(e, Direction::Ingress, f));
-        egress_ok && ingress_ok
+        self.explain(f).verdict.is_allowed()
     }
 }
 

@@ -18,7 +18,7 @@
 //! [`golden`] is the shared runner of the golden replay tests (cases in folders, expected
 //! outputs compared line by line, rewritten with `TERN_GOLDEN_UPDATE=1`; `check_file` for one
 //! golden file); [`modules`] reads a crate's module graph for the test every crate has that
-//! keeps it acyclic.
+//! keeps it acyclic; [`rng`] is the seeded generator of the tests that make random inputs.
 //!
 //! ```no_run
 //! #[test]
@@ -40,6 +40,7 @@ pub mod child;
 pub mod golden;
 pub mod modules;
 pub mod nft;
+pub mod rng;
 
 /// The variable that turns a missing precondition into a test failure (`1`, `true` or `yes`).
 pub const STRICT_ENV: &str = "TERN_TEST_STRICT";

@@ -17,7 +17,7 @@ pub enum PortChange {
 }
 
 /// Parses one protocol name, case-insensitively.
-fn parse_protocol(s: &str) -> Option<Protocol> {
+pub(crate) fn parse_protocol(s: &str) -> Option<Protocol> {
     match s.to_ascii_uppercase().as_str() {
         "TCP" => Some(Protocol::Tcp),
         "UDP" => Some(Protocol::Udp),
