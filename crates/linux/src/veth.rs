@@ -379,11 +379,30 @@ pub fn check_pod_interface(
     pod_ns: &NetNs,
     addresses: &[IpNet],
 ) -> Result<()> {
+    check_pod_interface_on(
+        &mut Handle::new()?,
+        host_ifname,
+        pod_ifname,
+        pod_ns,
+        addresses,
+    )
+}
+
+/// [`check_pod_interface`] on the kernel `k` (the node's namespace); the pod's side is read
+/// through a netlink socket opened inside `pod_ns` ([`PodNamespaces::enter_pod`]).
+///
+/// [`PodNamespaces::enter_pod`]: crate::kernel::PodNamespaces::enter_pod
+pub fn check_pod_interface_on(
+    k: &mut dyn PodKernel,
+    host_ifname: &str,
+    pod_ifname: &str,
+    pod_ns: &NetNs,
+    addresses: &[IpNet],
+) -> Result<()> {
     check_ifname(host_ifname)?;
     check_ifname(pod_ifname)?;
     let (v4, v6) = families(addresses);
-    let mut h = Handle::new()?;
-    let host = h.link_by_name(host_ifname)?.ok_or_else(|| {
+    let host = k.link_by_name(host_ifname)?.ok_or_else(|| {
         LinuxError::CheckFailed(format!("host veth {host_ifname} does not exist"))
     })?;
     if !host.up {
@@ -399,10 +418,10 @@ pub fn check_pod_interface(
     }
     let mut host_routes = Vec::new();
     if v4 {
-        host_routes.extend(h.routes(false)?);
+        host_routes.extend(k.routes_full(false, MAIN_TABLE)?);
     }
     if v6 {
-        host_routes.extend(h.routes(true)?);
+        host_routes.extend(k.routes_full(true, MAIN_TABLE)?);
     }
     for a in addresses {
         let dst = host_prefix(a);
@@ -416,47 +435,45 @@ pub fn check_pod_interface(
         }
     }
 
-    pod_ns.run(|| -> Result<()> {
-        let mut ph = Handle::new()?;
-        let pod = ph.link_by_name(pod_ifname)?.ok_or_else(|| {
-            LinuxError::CheckFailed(format!(
-                "interface {pod_ifname} does not exist in container namespace {pod_ns}"
-            ))
-        })?;
-        if host.peer_index.is_some_and(|p| p != pod.index) {
+    let mut ph = k.enter_pod(pod_ns, &[])?.netlink;
+    let pod = ph.link_by_name(pod_ifname)?.ok_or_else(|| {
+        LinuxError::CheckFailed(format!(
+            "interface {pod_ifname} does not exist in container namespace {pod_ns}"
+        ))
+    })?;
+    if host.peer_index.is_some_and(|p| p != pod.index) {
+        return Err(LinuxError::CheckFailed(format!(
+            "host veth {host_ifname} is not the peer of {pod_ifname} in container namespace {pod_ns}"
+        )));
+    }
+    let have = ph.addresses(Some(pod.index))?;
+    for a in addresses {
+        if !have.iter().any(|(_, h)| h.addr() == a.addr()) {
             return Err(LinuxError::CheckFailed(format!(
-                "host veth {host_ifname} is not the peer of {pod_ifname} in container namespace {pod_ns}"
+                "address {} is missing on {pod_ifname} in container namespace {pod_ns}",
+                a.addr()
             )));
         }
-        let have = ph.addresses(Some(pod.index))?;
-        for a in addresses {
-            if !have.iter().any(|(_, h)| h.addr() == a.addr()) {
-                return Err(LinuxError::CheckFailed(format!(
-                    "address {} is missing on {pod_ifname} in container namespace {pod_ns}",
-                    a.addr()
-                )));
-            }
+    }
+    for (want, is_v6) in [(v4, false), (v6, true)] {
+        if !want {
+            continue;
         }
-        for (want, is_v6) in [(v4, false), (v6, true)] {
-            if !want {
-                continue;
-            }
-            let gw = if is_v6 {
-                IpAddr::V6(POD_GATEWAY_V6)
-            } else {
-                IpAddr::V4(POD_GATEWAY_V4)
-            };
-            // A secondary interface relies on the default route of the pod's first interface.
-            let routes = ph.routes(is_v6)?;
-            if !routes
-                .iter()
-                .any(|r| r.dst == default_dst(is_v6) && r.gateway == Some(gw))
-            {
-                return Err(LinuxError::CheckFailed(format!(
-                    "default route via {gw} dev {pod_ifname} is missing in container namespace {pod_ns}"
-                )));
-            }
+        let gw = if is_v6 {
+            IpAddr::V6(POD_GATEWAY_V6)
+        } else {
+            IpAddr::V4(POD_GATEWAY_V4)
+        };
+        // A secondary interface relies on the default route of the pod's first interface.
+        let routes = ph.routes_full(is_v6, MAIN_TABLE)?;
+        if !routes
+            .iter()
+            .any(|r| r.dst == default_dst(is_v6) && r.gateway == Some(gw))
+        {
+            return Err(LinuxError::CheckFailed(format!(
+                "default route via {gw} dev {pod_ifname} is missing in container namespace {pod_ns}"
+            )));
         }
-        Ok(())
-    })?
+    }
+    Ok(())
 }

@@ -31,7 +31,10 @@ impl PodLifecycle {
         };
         let ns = NetNs::from_fd(fd);
         let addrs = &ep.ip_networks;
-        if let Err(e) = veth::check_pod_interface(&ep.host_ifname, &a.ifname, &ns, addrs) {
+        let checked = self.kernel().and_then(|mut k| {
+            veth::check_pod_interface_on(&mut *k, &ep.host_ifname, &a.ifname, &ns, addrs)
+        });
+        if let Err(e) = checked {
             return Err(err(code::CHECK_FAILED, e.to_string()));
         }
         if let Some(prev) = &req.prev_result {

@@ -12,6 +12,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicUsize;
 use tern_api::{AddRequest, PodRef, Reply};
 use tern_linux::fake::{FakeKernel, Op};
+use tern_linux::kernel::Routes;
 use tern_linux::netns::NetNs;
 use tern_store::testing::{Call, Hook, Hooked, Verdict};
 use tern_store::{StoreError, sqlite::SqliteStore};
@@ -62,7 +63,7 @@ impl EndpointPolicy for FakePolicy {
 }
 
 struct Rig {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     k: FakeKernel,
     hook: Arc<Hooked<FailTxn>>,
     policy: Arc<FakePolicy>,
@@ -103,7 +104,7 @@ fn rig() -> Rig {
     .unwrap();
     let netns_file = std::fs::File::create(dir.path().join("netns")).unwrap();
     Rig {
-        _dir: dir,
+        dir,
         k,
         hook,
         policy,
@@ -366,4 +367,69 @@ fn del_after_add_releases_and_deletes() {
         .expect("DEL");
     assert!(r.pods.reaper.wait_gone(&host_if, Duration::from_secs(5)));
     r.assert_clean("c1", "after DEL");
+}
+
+/// An endpoint whose interface vanished and whose network namespace is gone (no path) is
+/// released by the sweep: its address back in IPAM, its record deleted; one whose interface
+/// is there is left alone.
+#[test]
+fn sweep_releases_an_endpoint_whose_interface_and_netns_are_gone() {
+    let r = rig();
+    r.add("c1").expect("ADD c1");
+    // Another pod, in a namespace of its own.
+    let other = std::fs::File::create(r.dir.path().join("netns2")).unwrap();
+    r.pods
+        .add(AddRequest::new(attachment("c2")), Some(other.into()), 1450)
+        .expect("ADD c2");
+    let gone = r.pods.host_ifname(&attachment("c1"));
+    r.k.clone().delete_link(&gone).unwrap();
+    let mut rep = Report::default();
+    r.pods.sweep_interfaces(&mut rep, 1500, &|| true);
+    assert_eq!(rep.endpoints_released, 1, "{rep}");
+    assert_eq!(rep.interfaces_removed, 0, "{rep}");
+    let left: Vec<String> = r
+        .pods
+        .endpoints()
+        .into_iter()
+        .map(|e| e.attachment.container_id)
+        .collect();
+    assert_eq!(left, ["c2"]);
+    let allocs = r.pods.ipam.allocations(Some(NODE)).unwrap();
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(allocs[0].attrs.container_id, "c2");
+    assert!(r.k.link(&r.pods.host_ifname(&attachment("c2"))).is_some());
+}
+
+/// CHECK on the fake: passes after ADD, fails naming what is missing once the node's route to
+/// the pod is gone, and once IPAM no longer holds the address.
+#[test]
+fn check_finds_what_add_made_and_names_what_is_missing() {
+    let r = rig();
+    let Ok(Reply::Result(res)) = r.add("c1") else {
+        panic!("ADD failed");
+    };
+    let check = || {
+        r.pods.check(
+            tern_api::CheckRequest {
+                attachment: attachment("c1"),
+                prev_result: Some(res.clone()),
+            },
+            Some(r.netns_fd()),
+        )
+    };
+    check().expect("CHECK after ADD");
+    let ip: IpNet = res.ips[0].address.parse().unwrap();
+    let route = r.k.routes_to(ip).remove(0);
+    r.k.clone().delete_route_full(&route).unwrap();
+    let e = check().expect_err("CHECK without the host route");
+    assert_eq!(e.code, tern_cni::code::CHECK_FAILED);
+    assert!(e.msg.contains("host route"), "{}", e.msg);
+    r.k.clone().replace_route_full(&route).unwrap();
+    check().expect("CHECK with the route back");
+    r.pods
+        .ipam
+        .release_by_handle(&attachment("c1").handle())
+        .unwrap();
+    let e = check().expect_err("CHECK without the allocation");
+    assert!(e.msg.contains("not allocated"), "{}", e.msg);
 }
