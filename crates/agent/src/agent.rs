@@ -20,7 +20,7 @@ pub struct Agent {
     pub(crate) cfg: AgentConfig,
     pub(crate) store: Arc<dyn Store>,
     /// The pod-lifecycle service (ADD, DEL, CHECK, GC, IPAM, journal, repair).
-    pub(crate) pods: PodLifecycle,
+    pods: PodLifecycle,
     /// Pod MTU detected at start, used when nothing better is known.
     mtu: u32,
     /// Request counters and the reclamation counter.
@@ -29,7 +29,7 @@ pub struct Agent {
     heartbeat_ms: AtomicU64,
     /// The dataplane reconciler (routes, tunnels, natOutgoing, node registration); None when
     /// disabled by configuration.
-    pub(crate) dataplane: Option<Arc<crate::dataplane::Dataplane>>,
+    dataplane: Option<Arc<crate::dataplane::Dataplane>>,
     /// NetworkPolicy enforcement (table `inet tern`); present when the dataplane is.
     pub(crate) policy: Option<Arc<crate::policy::PolicyEngine>>,
     /// Stops the dataplane watch thread.

@@ -24,7 +24,7 @@ impl Agent {
         let node = &self.cfg.node_name;
         let en = escape(node);
         let mut out = String::new();
-        match ipam_gauges(self.pods.ipam(), node) {
+        match ipam_gauges(self.pods().ipam(), node) {
             Ok(g) => {
                 for (name, help, get) in [
                     (
@@ -69,7 +69,7 @@ impl Agent {
         let _ = writeln!(
             out,
             "tern_endpoints{{node=\"{en}\"}} {}",
-            self.pods.endpoint_count()
+            self.pods().endpoint_count()
         );
         if let Some(k) = &self.kube {
             k.render_metrics(node, &mut out);
@@ -89,7 +89,7 @@ impl Agent {
         if let Some(p) = held(&self.store_problem) {
             out.push(format!("store not trusted: {p}"));
         }
-        if let Some(p) = self.pods.orphan_problem() {
+        if let Some(p) = self.pods().orphan_problem() {
             out.push(format!("pod interfaces kept: {p}"));
         }
         out.extend(self.host.problems());
@@ -129,7 +129,7 @@ impl Agent {
             .revision()
             .map_err(|e| format!("datastore unreachable: {e}"))?;
         let pools = self
-            .pods
+            .pods()
             .ipam()
             .usable_pools(&self.cfg.node_name)
             .map_err(|e| format!("cannot read IP pools: {e}"))?;

@@ -22,13 +22,13 @@ impl Agent {
     pub fn reconcile(&self) -> Report {
         let mut r = Report::default();
         self.check_host();
-        self.pods.replay_journal(&mut r);
+        self.pods().replay_journal(&mut r);
         if let Some(p) = self.store_trust_problem() {
             r.errors.push(format!("not reconciling interfaces: {p}"));
             return r;
         }
-        self.pods.refresh_endpoints(&mut r);
-        self.pods.sweep_interfaces(&mut r, self.pod_mtu(), &|| {
+        self.pods().refresh_endpoints(&mut r);
+        self.pods().sweep_interfaces(&mut r, self.pod_mtu(), &|| {
             self.store_trust_problem().is_none()
         });
         r
@@ -36,7 +36,7 @@ impl Agent {
 
     /// Replays the release journal only (the quick retry while releases are pending).
     pub fn replay_pending(&self, r: &mut Report) {
-        self.pods.replay_journal(r);
+        self.pods().replay_journal(r);
     }
 }
 
@@ -61,7 +61,7 @@ impl Agent {
     /// endpoints and in-flight handles; released addresses count as GC reclamations in
     /// `/metrics`.
     pub fn repair_leaks(&self) -> crate::pod::leak::LeakReport {
-        let r = self.pods.repair_leaks();
+        let r = self.pods().repair_leaks();
         self.metrics.add_gc_reclamations(r.released.len() as u64);
         r
     }
@@ -86,7 +86,7 @@ impl Agent {
                 std::thread::sleep(Duration::from_millis(200));
                 slept += Duration::from_millis(200);
                 since_retry += Duration::from_millis(200);
-                if since_retry >= retry && self.pods.journal_dirty() {
+                if since_retry >= retry && self.pods().journal_dirty() {
                     since_retry = Duration::ZERO;
                     let mut r = Report::default();
                     self.replay_pending(&mut r);
@@ -100,9 +100,9 @@ impl Agent {
             if !report.is_empty() {
                 log::info!("periodic reconcile: {report}");
             }
-            self.pods.set_journal_dirty(report.journal_pending > 0);
-            self.pods.release_empty_blocks();
-            if let Some(dp) = &self.dataplane {
+            self.pods().set_journal_dirty(report.journal_pending > 0);
+            self.pods().release_empty_blocks();
+            if let Some(dp) = self.dataplane() {
                 // Full resync: repairs what changed behind the agent's back.
                 dp.sync();
             }
@@ -125,7 +125,7 @@ impl Agent {
     }
 
     fn dataplane_keepalive(&self) {
-        if let Some(dp) = &self.dataplane
+        if let Some(dp) = self.dataplane()
             && let Err(e) = dp.keepalive()
         {
             log::warn!("node liveness lease: {e}");

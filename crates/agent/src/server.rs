@@ -236,7 +236,7 @@ impl Agent {
                 op_name(req)
             )));
         }
-        check_netns_fd(fd.as_fd(), self.pods.host_netns()).map_err(invalid)?;
+        check_netns_fd(fd.as_fd(), self.pods().host_netns()).map_err(invalid)?;
         Ok(Some(fd))
     }
 
@@ -261,14 +261,14 @@ impl Agent {
         let resp = match checked {
             Err(e) => Err(e),
             Ok(()) => match req {
-                Request::Add(r) => self.pods.add(r, fd, self.pod_mtu()),
-                Request::Del(r) => self.pods.del(r),
-                Request::Check(r) => self.pods.check(r, fd),
+                Request::Add(r) => self.pods().add(r, fd, self.pod_mtu()),
+                Request::Del(r) => self.pods().del(r),
+                Request::Check(r) => self.pods().check(r, fd),
                 Request::Status => self.status(),
-                Request::Gc(r) => self.pods.gc(r),
-                Request::IpamAdd(r) => self.pods.ipam_add(r),
-                Request::IpamDel(a) => self.pods.ipam_del(a),
-                Request::IpamCheck(a) => self.pods.ipam_check(a),
+                Request::Gc(r) => self.pods().gc(r),
+                Request::IpamAdd(r) => self.pods().ipam_add(r),
+                Request::IpamDel(a) => self.pods().ipam_del(a),
+                Request::IpamCheck(a) => self.pods().ipam_check(a),
                 Request::BgpStatus => Ok(tern_api::Reply::BgpStatus(
                     self.bgp.as_ref().map(|b| b.status()).unwrap_or_default(),
                 )),
