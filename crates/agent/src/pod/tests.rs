@@ -433,3 +433,25 @@ fn check_finds_what_add_made_and_names_what_is_missing() {
     let e = check().expect_err("CHECK without the allocation");
     assert!(e.msg.contains("not allocated"), "{}", e.msg);
 }
+
+/// A standalone IPAM ADD undoes through the same guard: the allocation failing deletes the
+/// owner record written before it; a success keeps both, and the handle is let go.
+#[test]
+fn ipam_add_failing_at_the_allocation_keeps_no_owner_record() {
+    let r = rig();
+    let req = || tern_api::IpamAddRequest {
+        attachment: attachment("c1"),
+        ipam: IpamRequest::default(),
+    };
+    let owners = || crate::owners::list_owners(&*r.pods.store, Some(NODE)).unwrap();
+    *r.hook.hook.0.lock().unwrap() = Some("ipam/blocks".into());
+    let e = r.pods.ipam_add(req()).expect_err("allocation fails");
+    assert_eq!(r.hook.hook.1.load(Ordering::Relaxed), 1, "{}", e.msg);
+    assert!(owners().is_empty(), "owner record left: {:?}", owners());
+    assert!(r.pods.ipam.allocations(Some(NODE)).unwrap().is_empty());
+    let handle = attachment("c1").handle();
+    assert!(!r.pods.in_flight_handles.contains(&handle));
+    r.pods.ipam_add(req()).expect("retry");
+    assert!(owners().contains_key(&handle));
+    assert!(!r.pods.in_flight_handles.contains(&handle));
+}
