@@ -3,8 +3,8 @@
 //! [`HTTP_MAX_HEAD`] and the limits after it). The page is rendered from the agent's services
 //! here; the counters and gauges themselves are [`crate::metrics`]'s.
 
+use crate::agent::Agent;
 use crate::metrics::{PoolGauges, escape, ipam_gauges};
-use crate::server::Agent;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -24,7 +24,7 @@ impl Agent {
         let node = &self.cfg.node_name;
         let en = escape(node);
         let mut out = String::new();
-        match ipam_gauges(&self.ipam, node) {
+        match ipam_gauges(self.pods().ipam(), node) {
             Ok(g) => {
                 for (name, help, get) in [
                     (
@@ -69,7 +69,7 @@ impl Agent {
         let _ = writeln!(
             out,
             "tern_endpoints{{node=\"{en}\"}} {}",
-            self.endpoints.len()
+            self.pods().endpoint_count()
         );
         if let Some(k) = &self.kube {
             k.render_metrics(node, &mut out);
@@ -89,7 +89,7 @@ impl Agent {
         if let Some(p) = held(&self.store_problem) {
             out.push(format!("store not trusted: {p}"));
         }
-        if let Some(p) = held(&self.orphan_problem) {
+        if let Some(p) = self.pods().orphan_problem() {
             out.push(format!("pod interfaces kept: {p}"));
         }
         out.extend(self.host.problems());
@@ -129,7 +129,8 @@ impl Agent {
             .revision()
             .map_err(|e| format!("datastore unreachable: {e}"))?;
         let pools = self
-            .ipam
+            .pods()
+            .ipam()
             .usable_pools(&self.cfg.node_name)
             .map_err(|e| format!("cannot read IP pools: {e}"))?;
         if pools.is_empty() {

@@ -3,17 +3,17 @@
 //! was down.
 //!
 //! ```text
-//!   tern / tern-ipam ──unix socket──► server (one thread per connection)
-//!                                        │
-//!                     ┌──────────────────┼───────────────────┐
-//!                     ▼                  ▼                   ▼
-//!               endpoint ops        ipam (tern-ipam)     status / gc
-//!          (add, del, check: kernel    over the store
-//!           via tern-linux, store)
+//!   tern / tern-ipam ──unix socket──► server (trust boundary: peer credentials, limits,
+//!                                        │      decoding, identifiers, descriptors)
+//!                     ┌──────────────────┴───────────────────┐
+//!                     ▼                                      ▼
+//!          pod lifecycle (pod/): ADD, DEL, CHECK,       BGP status
+//!          GC, IPAM, journal, repair; kernel through
+//!          tern-linux's seam, IPAM over the store
 //!
 //!   maintenance thread: release journal replay (every 2 s while entries are pending),
 //!                       start-up and periodic reconciliation, leak repair (reconcile.rs,
-//!                       leak.rs)
+//!                       pod/repair.rs, pod/leak.rs)
 //!   dataplane-watch:    store watch → routes, tunnels, nftables (dataplane.rs)
 //!   http thread(s):     /metrics, /liveness, /readiness (http.rs)
 //!   kubernetes:         API server watches → pod labels into the endpoints, namespaces and
@@ -31,22 +31,26 @@
 //!
 //! | layer | modules | may import |
 //! |---|---|---|
-//! | leaf | `claims` `code` `config` `endpoints` `external` `host` `hostcheck` `identity` `logger` `metrics` `mtu` `nat` `owners` `reaper` `routes` `runtime` `snapshot` `testutil` (unit tests only) | other leaves (the leaves form a DAG) |
-//! | service | `bgp` `dataplane` (with `dataplane::node`) `kube` `leak` `policy` | leaves, never another service |
-//! | root | `server` (`Agent`, the socket server), `ops` (the CNI operations), `reconcile` (the maintenance loop), `http` (the HTTP endpoints), this file | anything below, and `server`'s `Agent` |
+//! | leaf | `admission` `claims` `code` `config` `endpoints` `external` `host` `hostcheck` `identity` `logger` `metrics` `mtu` `nat` `owners` `reaper` `routes` `runtime` `snapshot` `undo` `testutil` (unit tests only) | other leaves (the leaves form a DAG) |
+//! | service | `bgp` `dataplane` (with `dataplane::node`) `kube` `pod` (the pod lifecycle, with `pod::leak`) `policy` | leaves, never another service |
+//! | root | `agent` (`Agent`: start-up and wiring), `server` (the socket server), `reconcile` (the maintenance loop), `http` (the HTTP endpoints), this file | anything below, and `agent`'s `Agent` |
 //!
 //! Only the root names [`Agent`]: a service gets its inputs as arguments and keeps its own
-//! state (the leak tracker, the host checks), and the root lends them the agent's. What two
-//! services share is a leaf: the snapshot types in `snapshot`, `nat::NatTable`, through
-//! which the dataplane hands natOutgoing to the policy engine the root attaches, and
-//! `external::ExternalObjects`, through which the Kubernetes source feeds namespaces and
-//! NetworkPolicies to the engine the root hands it. The graph is
-//! acyclic, the root's too: `ops`, `reconcile` and `http` add `impl Agent` blocks to the
-//! `Agent` of `server`, which names none of them.
+//! state (the pod lifecycle its claims, reaper, journal flag and leak tracker; the host checks),
+//! and the root lends them what they need of each other. What two services share is a leaf
+//! or a trait the receiving service declares: the snapshot types in `snapshot`,
+//! `nat::NatTable`, through which the dataplane hands natOutgoing to the policy engine the
+//! root attaches, `external::ExternalObjects`, through which the Kubernetes source feeds
+//! namespaces and NetworkPolicies to the engine, and `pod::EndpointPolicy` / `pod::PodSource`,
+//! which the root implements over the policy engine and the Kubernetes source for the pod
+//! lifecycle. The graph is acyclic, the root's too: `server`, `reconcile` and `http` add
+//! `impl Agent` blocks to the `Agent` of `agent`, which names none of them.
 
 /// The cluster-wide IPAM check, which lives next to IPAM (`tern_ipam::audit`) so that `ternctl`
 /// needs no agent; re-exported for agent code and tests.
 pub use tern_ipam::audit;
+pub mod admission;
+pub mod agent;
 pub mod bgp;
 pub mod claims;
 pub mod config;
@@ -58,13 +62,12 @@ pub mod hostcheck;
 pub mod http;
 pub mod identity;
 pub mod kube;
-pub mod leak;
 pub mod logger;
 pub mod metrics;
 pub mod mtu;
 pub mod nat;
-pub mod ops;
 pub mod owners;
+pub mod pod;
 pub mod policy;
 pub mod reaper;
 pub mod reconcile;
@@ -74,6 +77,7 @@ pub mod server;
 pub mod snapshot;
 #[cfg(test)]
 mod testutil;
+pub mod undo;
 
+pub use agent::Agent;
 pub use config::AgentConfig;
-pub use server::Agent;

@@ -1,6 +1,6 @@
 //! ternd's log lines: `env_logger` on stderr, one line per record with an RFC 3339 timestamp
 //! (UTC, milliseconds), the level and the module that logged it:
-//! `[2026-12-01T08:00:00.123Z INFO  tern_agent::ops] ADD default/web: 10.244.0.3/32`.
+//! `[2026-12-01T08:00:00.123Z INFO  tern_agent::pod::add] ADD default/web: 10.244.0.3/32`.
 
 /// Installs the logger. `filter` is a level (`error`, `warn`, `info`, `debug`, `trace`) or an
 /// env_logger filter (`info,tern_agent::bgp=debug`); `TERN_LOG`, when set, overrides it.
@@ -52,7 +52,7 @@ mod tests {
             logger.log(
                 &log::Record::builder()
                     .level(level)
-                    .target("tern_agent::ops")
+                    .target("tern_agent::pod::add")
                     .args(format_args!("{msg}"))
                     .build(),
             )
@@ -62,7 +62,7 @@ mod tests {
         let text = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
         let line = text.lines().next().expect("one line");
         assert_eq!(text.lines().count(), 1, "debug is filtered out: {text}");
-        // [2026-12-01T08:00:00.123Z WARN  tern_agent::ops] ADD failed
+        // [2026-12-01T08:00:00.123Z WARN  tern_agent::pod::add] ADD failed
         let ts = &line[1..25];
         assert_eq!(ts.len(), 24, "{line}");
         assert_eq!(&ts[4..5], "-", "{line}");
@@ -70,6 +70,6 @@ mod tests {
         assert_eq!(&ts[19..20], ".", "{line}");
         assert!(ts.ends_with('Z'), "{line}");
         assert!(line.contains("WARN"), "{line}");
-        assert!(line.contains("tern_agent::ops] ADD failed"), "{line}");
+        assert!(line.contains("tern_agent::pod::add] ADD failed"), "{line}");
     }
 }

@@ -1,5 +1,5 @@
 //! Owner records: who holds a standalone `tern-ipam` allocation, written before the allocation
-//! and read by leak repair ([`crate::leak`]) and the IPAM audit. The record schema and its
+//! and read by leak repair ([`crate::pod::leak`]) and the IPAM audit. The record schema and its
 //! store operations; the keys are the store's ([`keys::OWNERS`], [`keys::owner`]).
 
 use serde::{Deserialize, Serialize};

@@ -22,7 +22,8 @@ use tern_linux::kernel::Links;
 use tern_linux::netlink::Handle;
 
 /// Opens the links of the reaper's network namespace (the real kernel: a netlink handle).
-type Open = Arc<dyn Fn() -> Result<Box<dyn Links>, LinuxError> + Send + Sync>;
+/// Opens the links of the namespace the reaper works in.
+pub type Open = Arc<dyn Fn() -> Result<Box<dyn Links>, LinuxError> + Send + Sync>;
 
 /// Handle to the reaper thread.
 pub struct Reaper {
@@ -37,8 +38,8 @@ impl Reaper {
         Reaper::start_with(Arc::new(|| Ok(Box::new(Handle::new()?) as Box<dyn Links>)))
     }
 
-    /// [`Reaper::start`] over the links `open` gives.
-    fn start_with(open: Open) -> std::io::Result<Reaper> {
+    /// [`Reaper::start`] over the links `open` gives (the kernel seam).
+    pub fn start_with(open: Open) -> std::io::Result<Reaper> {
         let (tx, rx) = channel::<(String, u32)>();
         let pending: Arc<(Mutex<HashSet<String>>, Condvar)> = Arc::default();
         let p = pending.clone();

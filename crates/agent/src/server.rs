@@ -1,15 +1,21 @@
-//! The agent: start-up, the socket server and the maintenance loop.
+//! The socket server, the agent's trust boundary: it binds the socket (`0660
+//! root:<socket_group>`), checks each caller's peer credentials, bounds the connections served
+//! at once, the request's size and the time to send it, decodes the request, checks its
+//! identifiers and descriptors, and dispatches it to the service that serves it (the pod
+//! lifecycle, [`crate::pod`], for every CNI and IPAM operation). It holds no state of the
+//! services.
 
-use crate::config::AgentConfig;
-use crate::endpoints::Endpoints;
+use crate::agent::Agent;
 use anyhow::Context;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tern_api::{Attachment, ErrorReply, FrameError, Request, Response};
 use tern_cni::code;
+
+pub use crate::pod::check_netns_fd;
 
 pub use crate::config::MAX_CONNECTIONS;
 /// Time a client has to send its whole request, however it paces the bytes.
@@ -21,316 +27,8 @@ const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const CODE_NOT_PERMITTED: u32 = 110;
 /// `SO_PEERGROUPS` (Linux 4.13): the peer's supplementary groups at connect time.
 const SO_PEERGROUPS: libc::c_int = 59;
-use tern_ipam::Ipam;
-use tern_store::Store;
-
-/// A running node agent.
-pub struct Agent {
-    pub(crate) cfg: AgentConfig,
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) ipam: Ipam,
-    pub(crate) endpoints: Endpoints,
-    /// Pod MTU used when a request does not set one.
-    pub(crate) mtu: u32,
-    /// Host interfaces being created by an ADD that has not yet recorded its endpoint; the
-    /// reconciler must not mistake them for leftovers.
-    pub(crate) in_flight: crate::claims::Claims,
-    /// Host interfaces a DEL has detached and the reaper thread has yet to delete.
-    pub(crate) reaper: crate::reaper::Reaper,
-    /// IPAM handles of ADDs (tern and standalone IPAM) between "about to allocate" and
-    /// "endpoint recorded / reply sent": leak repair must not take their addresses.
-    pub(crate) in_flight_handles: crate::claims::Claims,
-    /// Leak-repair suspects and when they were first seen.
-    pub(crate) leaks: crate::leak::LeakTracker,
-    /// Request counters and the reclamation counter.
-    pub(crate) metrics: crate::metrics::Metrics,
-    /// Set when a release was journaled: the maintenance loop retries every few seconds until
-    /// the journal is empty, instead of waiting for the next resync.
-    pub(crate) journal_dirty: AtomicBool,
-    /// Milliseconds since `started` at the maintenance loop's last tick (liveness).
-    heartbeat_ms: AtomicU64,
-    /// The dataplane reconciler (routes, tunnels, natOutgoing, node registration); None when
-    /// disabled by configuration.
-    pub(crate) dataplane: Option<Arc<crate::dataplane::Dataplane>>,
-    /// NetworkPolicy enforcement (table `inet tern`); present when the dataplane is.
-    pub(crate) policy: Option<Arc<crate::policy::PolicyEngine>>,
-    /// Stops the dataplane watch thread.
-    dataplane_stop: Arc<AtomicBool>,
-    /// The BGP speaker (`--bgp`).
-    pub(crate) bgp: Option<Arc<crate::bgp::Bgp>>,
-    /// The Kubernetes source (`--kubernetes`, see [`crate::kube`]).
-    pub(crate) kube: Option<crate::kube::Kube>,
-    /// (st_dev, st_ino) of the namespaces no pod may be wired into: the agent's own network
-    /// namespace (the node's) and that of PID 1 when it differs.
-    pub(crate) host_netns: Vec<(u64, u64)>,
-    /// Connections being served on the socket (bounded by `cfg.max_connections`).
-    connections: AtomicUsize,
-    /// Refusals logged at most once a second, with a count of those not logged.
-    refusals: RateLimitedLog,
-    /// The cluster ID this node joined at start ([`crate::identity`]).
-    pub(crate) cluster_id: String,
-    /// Why the store stopped being trusted (file replaced or deleted, cluster ID changed), as
-    /// last found by [`Agent::store_trust_problem`]; reported by `/readiness`.
-    pub(crate) store_problem: Mutex<Option<String>>,
-    /// Why the last reconciliation kept pod interfaces the store does not know (the
-    /// mass-deletion guard of `reconcile_interfaces`), for `/readiness`.
-    pub(crate) orphan_problem: Mutex<Option<String>>,
-    /// Node prerequisites (sysctls) at the last check ([`crate::hostcheck`]).
-    pub(crate) host: crate::hostcheck::HostState,
-    started: Instant,
-    stop: AtomicBool,
-}
-
-/// How long the agent waits at start for the first list of every cached class of the
-/// Kubernetes datastore before it reads through to the API server.
-const CACHE_SYNC_WAIT: Duration = Duration::from_secs(30);
-
-/// The Kubernetes datastore behind the agent's copy of what it reads ([`crate::kube::feed`]):
-/// the copy's watchers start now, and the agent waits (bounded) for their first lists, so
-/// its start-up reads come from memory.
-fn cached_kube_store(
-    kube: Arc<dyn Store>,
-    kubeconfig: Option<std::path::PathBuf>,
-) -> anyhow::Result<Arc<dyn Store>> {
-    let cache = tern_store::cache::Cache::new(crate::kube::feed::cached_classes());
-    crate::kube::feed::spawn(cache.clone(), kubeconfig).context("starting the datastore feed")?;
-    let t0 = Instant::now();
-    let missing = cache.wait_synced(CACHE_SYNC_WAIT);
-    if missing.is_empty() {
-        log::info!(
-            "datastore copy listed in {} ms: {}",
-            t0.elapsed().as_millis(),
-            cache
-                .sizes()
-                .iter()
-                .map(|(p, n)| format!("{p} {n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    } else {
-        log::warn!(
-            "datastore copy: not listed after {}s: {}; reading those from the API server",
-            CACHE_SYNC_WAIT.as_secs(),
-            missing.join(", ")
-        );
-    }
-    Ok(Arc::new(tern_store::cache::CachedStore::new(kube, cache)))
-}
 
 impl Agent {
-    /// Opens the store, creates the default pool if no pool exists, loads this node's endpoints,
-    /// replays the release journal and reconciles the node's interfaces.
-    pub fn start(cfg: AgentConfig) -> anyhow::Result<Arc<Agent>> {
-        // `--store kubernetes`: the API server of `--kubeconfig` when given (else the pod's
-        // service account or $KUBECONFIG), the one ternd watches pods on.
-        let store: Arc<dyn Store> = match (cfg.store_url.as_str(), &cfg.kubeconfig) {
-            ("kubernetes" | "kubernetes://", kubeconfig) => {
-                let kube = match kubeconfig {
-                    Some(path) => tern_store::kube::KubeConfig::from_kubeconfig(path),
-                    None => tern_store::kube::KubeConfig::discover(None),
-                }
-                .and_then(tern_store::kube::KubeStore::connect)
-                .with_context(|| {
-                    let from = kubeconfig.as_ref().map(|p| p.display().to_string());
-                    format!(
-                        "opening store kubernetes ({})",
-                        from.as_deref().unwrap_or("in-cluster or $KUBECONFIG")
-                    )
-                })?;
-                cached_kube_store(Arc::new(kube), kubeconfig.clone())?
-            }
-            _ => tern_store::etcd::open_with_tls(
-                &cfg.store_url,
-                cfg.etcd_ca.as_deref(),
-                cfg.etcd_cert.as_deref(),
-                cfg.etcd_key.as_deref(),
-            )
-            .with_context(|| format!("opening store {}", cfg.store_url))?,
-        };
-        Agent::start_with_store(cfg, store)
-    }
-
-    /// As [`Agent::start`], on a store the caller opened (`cfg.store_url` is then only
-    /// informative). Lets tests wrap the store, e.g. to simulate an outage.
-    pub fn start_with_store(cfg: AgentConfig, store: Arc<dyn Store>) -> anyhow::Result<Arc<Agent>> {
-        // A prefix that shortens the name digest or matches other software's devices would
-        // make reconciliation delete interfaces that are not tern's.
-        tern_linux::validate_interface_prefix(&cfg.interface_prefix)
-            .map_err(|e| anyhow::anyhow!("--interface-prefix (TERN_INTERFACE_PREFIX): {e}"))?;
-        // First, before anything writes to the store or looks for orphans: is this the store
-        // the node's pods were recorded in? (An empty or foreign one is refused while pods run.)
-        let joining = crate::identity::Joining {
-            node_name: &cfg.node_name,
-            store_url: &cfg.store_url,
-            state_dir: &cfg.state_dir,
-            interface_prefix: &cfg.interface_prefix,
-            accept_new_store: cfg.accept_new_store,
-        };
-        let cluster_id = crate::identity::establish(&joining, &*store)?;
-        let ipam = Ipam::new(store.clone());
-        match ipam.ensure_default_pool(&cfg.default_ipv4_pool) {
-            Ok(true) => log::info!(
-                "created IPPool default-ipv4-ippool ({})",
-                cfg.default_ipv4_pool
-            ),
-            Ok(false) => {}
-            Err(e) => log::warn!("cannot check IP pools now (will serve anyway): {e}"),
-        }
-        let endpoint_store =
-            crate::endpoints::open_store(&store, &cfg.state_dir, &cfg.node_name)
-                .with_context(|| format!("opening the endpoint store of node {}", cfg.node_name))?;
-        // The node's own endpoints come from there when it is not the datastore.
-        let local_endpoints =
-            (!Arc::ptr_eq(&endpoint_store, &store)).then(|| endpoint_store.clone());
-        let endpoints = match Endpoints::load(endpoint_store.clone(), &cfg.node_name) {
-            Ok(e) => e,
-            Err(e) => {
-                return Err(anyhow::Error::new(e)
-                    .context(format!("loading endpoints of node {}", cfg.node_name)));
-            }
-        };
-        let policy = if cfg.dataplane {
-            Some(Arc::new(
-                crate::policy::PolicyEngine::load_with(
-                    store.clone(),
-                    local_endpoints.clone(),
-                    &cfg.node_name,
-                )
-                .context("loading network policy")?,
-            ))
-        } else {
-            None
-        };
-        // Before the dataplane's first sync (the engine's first apply): seeds the engine with
-        // the last Kubernetes snapshot so the previous rules stay in force.
-        let external = policy
-            .clone()
-            .map(|p| p as Arc<dyn crate::external::ExternalObjects>);
-        let kube = crate::kube::from_config(&cfg, &store, &endpoint_store, external)?;
-        let dataplane = if cfg.dataplane {
-            Some(Arc::new(start_dataplane(
-                &cfg,
-                &store,
-                local_endpoints,
-                policy.clone(),
-            )?))
-        } else {
-            None
-        };
-        if let Some(k) = &kube {
-            k.spawn()?;
-        }
-        let bgp = if cfg.bgp {
-            let settings = crate::bgp::BgpSettings {
-                node_name: cfg.node_name.clone(),
-                node_ip: cfg.node_ip,
-                use_pod_cidr: cfg.use_pod_cidr,
-            };
-            Some(crate::bgp::Bgp::start(settings, store.clone()).context("starting BGP")?)
-        } else {
-            None
-        };
-        let mtu = if cfg.mtu > 0 {
-            cfg.mtu
-        } else if let Some(m) = dataplane.as_ref().map(|d| d.pod_mtu()).filter(|m| *m > 0) {
-            // The underlay MTU minus the encapsulation overhead of the pools.
-            m
-        } else {
-            crate::host::detect_mtu()
-        };
-        let agent = Arc::new(Agent {
-            cfg,
-            store,
-            ipam,
-            endpoints,
-            mtu,
-            in_flight: crate::claims::Claims::default(),
-            reaper: crate::reaper::Reaper::start()?,
-            in_flight_handles: crate::claims::Claims::default(),
-            leaks: crate::leak::LeakTracker::default(),
-            metrics: crate::metrics::Metrics::default(),
-            journal_dirty: AtomicBool::new(false),
-            heartbeat_ms: AtomicU64::new(0),
-            dataplane,
-            policy,
-            dataplane_stop: Arc::new(AtomicBool::new(false)),
-            bgp,
-            kube,
-            host_netns: host_netns_ids(),
-            connections: AtomicUsize::new(0),
-            refusals: RateLimitedLog::default(),
-            cluster_id,
-            store_problem: Mutex::new(None),
-            orphan_problem: Mutex::new(None),
-            host: crate::hostcheck::HostState::default(),
-            started: Instant::now(),
-            stop: AtomicBool::new(false),
-        });
-        if agent.dataplane.is_none()
-            && let Err(e) = agent.register_node()
-        {
-            log::warn!("cannot record Node {} now: {e}", agent.cfg.node_name);
-        }
-        let report = agent.reconcile();
-        if report.journal_pending > 0 {
-            agent.journal_dirty.store(true, Ordering::Relaxed);
-        }
-        // What the start-up reads (the datastore copy's lists, the first loads) freed.
-        crate::metrics::trim_heap();
-        log::info!(
-            "ternd node {} ready: {} endpoints, mtu {}; start-up reconcile: {report}",
-            agent.cfg.node_name,
-            agent.endpoints.len(),
-            agent.mtu
-        );
-        Ok(agent)
-    }
-
-    /// The MTU for a new pod: the configured one, else the dataplane's current figure (underlay
-    /// minus the encapsulation the pools use now), else what was detected at start.
-    pub fn pod_mtu(&self) -> u32 {
-        if self.cfg.mtu > 0 {
-            return self.cfg.mtu;
-        }
-        self.dataplane()
-            .map(|d| d.pod_mtu())
-            .filter(|m| *m > 0)
-            .unwrap_or(self.mtu)
-    }
-
-    /// Records this node as a Node resource with the addresses of its default-route interface
-    /// (keeping fields other components set, such as BGP and tunnel addresses).
-    fn register_node(&self) -> anyhow::Result<()> {
-        use tern_model::{Kind, Node, NodeAddress, NodeSpec, Resource};
-        let addresses: Vec<NodeAddress> = crate::host::node_addresses()
-            .into_iter()
-            .map(|a| NodeAddress {
-                address: a.to_string(),
-                kind: Some("InternalIP".into()),
-            })
-            .collect();
-        let existing =
-            tern_model::get_resource(&*self.store, Kind::Node, None, &self.cfg.node_name)?;
-        let node = match existing {
-            Some(Resource::Node(mut n)) => {
-                if n.spec.addresses == addresses {
-                    return Ok(());
-                }
-                n.spec.addresses = addresses;
-                n
-            }
-            _ => Node::new(
-                self.cfg.node_name.clone(),
-                NodeSpec {
-                    addresses,
-                    ..Default::default()
-                },
-            ),
-        };
-        tern_model::put_resource(&*self.store, &Resource::Node(node))?;
-        Ok(())
-    }
-
     /// Binds the socket and serves until [`Agent::shutdown`]; also runs the maintenance loop.
     ///
     /// The socket is the agent's trust boundary: it is created `0660 root:<socket_group>`
@@ -355,7 +53,7 @@ impl Agent {
     /// it by connecting to `cfg.socket`). Public for tests that bind the socket themselves.
     pub fn accept_loop(self: &Arc<Self>, listener: &UnixListener) {
         for conn in listener.incoming() {
-            if self.stop.load(Ordering::Relaxed) {
+            if self.stopping() {
                 break;
             }
             match conn {
@@ -374,18 +72,20 @@ impl Agent {
     /// thread of its own.
     fn accept(self: &Arc<Self>, stream: UnixStream) {
         if let Err(e) = self.authorize(&stream) {
-            self.refusals.warn(&format!("refused a caller: {}", e.msg));
+            self.gate
+                .refusals
+                .warn(&format!("refused a caller: {}", e.msg));
             refuse(stream, e);
             return;
         }
         let limit = self.cfg.max_connections.max(1);
-        let prev = self.connections.fetch_add(1, Ordering::AcqRel);
+        let prev = self.gate.connections.fetch_add(1, Ordering::AcqRel);
         if prev >= limit {
-            self.connections.fetch_sub(1, Ordering::AcqRel);
+            self.gate.connections.fetch_sub(1, Ordering::AcqRel);
             let msg = format!(
                 "ternd is busy: {prev} requests are being served (limit {limit}, --max-connections); retry"
             );
-            self.refusals.warn(&msg);
+            self.gate.refusals.warn(&msg);
             refuse(
                 stream,
                 ErrorReply {
@@ -407,11 +107,11 @@ impl Agent {
                         self.0.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
-                let _slot = Slot(&me.connections);
+                let _slot = Slot(&me.gate.connections);
                 me.serve_stream(stream);
             });
         if let Err(e) = spawned {
-            self.connections.fetch_sub(1, Ordering::AcqRel);
+            self.gate.connections.fetch_sub(1, Ordering::AcqRel);
             log::error!("cannot spawn request thread: {e}");
         }
     }
@@ -441,57 +141,6 @@ impl Agent {
         )))
     }
 
-    /// Starts the maintenance thread (journal replay, reconciliation, leak repair). [`Agent::serve`]
-    /// calls it; public for tests that drive the agent without a socket.
-    pub fn start_maintenance(self: &Arc<Self>) -> anyhow::Result<()> {
-        let me = self.clone();
-        std::thread::Builder::new()
-            .name("maintenance".into())
-            .spawn(move || me.maintenance_loop())
-            .context("spawning maintenance thread")?;
-        if let Some(dp) = &self.dataplane {
-            dp.spawn_watch(self.dataplane_stop.clone())
-                .context("spawning the dataplane watch thread")?;
-        }
-        if let Some(p) = &self.policy {
-            p.spawn_watch(self.dataplane_stop.clone())
-                .context("spawning the policy watch thread")?;
-        }
-        Ok(())
-    }
-
-    /// True once [`Agent::shutdown`] was called.
-    pub fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
-
-    /// Time since the maintenance loop last ticked (since start if it never ran).
-    pub fn heartbeat_age(&self) -> Duration {
-        let now = self.started.elapsed();
-        now.saturating_sub(Duration::from_millis(
-            self.heartbeat_ms.load(Ordering::Relaxed),
-        ))
-    }
-
-    /// Addresses released by leak repair since start.
-    pub fn gc_reclamations(&self) -> u64 {
-        self.metrics.gc_reclamations()
-    }
-
-    /// Asks the serve loop and maintenance thread to stop.
-    pub fn shutdown(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.dataplane_stop.store(true, Ordering::Relaxed);
-        if let Some(dp) = &self.dataplane {
-            dp.revoke();
-        }
-        if let Some(b) = &self.bgp {
-            b.stop_for_restart();
-        }
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.cfg.socket);
-    }
-
     /// Reads one request (bounded by [`tern_api::MAX_FRAME`] and [`REQUEST_READ_DEADLINE`]),
     /// checks the descriptors that came with it, serves it and replies. ADD and CHECK must carry
     /// exactly one descriptor, a network namespace other than the host's; every other request
@@ -505,7 +154,7 @@ impl Agent {
             Err(FrameError::Closed) => return,
             // Refused at the second descriptor, which the read has closed already.
             Err(e @ FrameError::TooManyFds { .. }) => {
-                self.refusals.warn(&format!("refused a request: {e}"));
+                self.gate.refusals.warn(&format!("refused a request: {e}"));
                 reply(
                     &stream,
                     &Err(ErrorReply {
@@ -521,7 +170,7 @@ impl Agent {
                     FrameError::TooLarge { .. } => code::INVALID_CONFIG,
                     _ => code::DECODE,
                 };
-                self.refusals.warn(&format!("refused a request: {e}"));
+                self.gate.refusals.warn(&format!("refused a request: {e}"));
                 reply(
                     &stream,
                     &Err(ErrorReply {
@@ -541,7 +190,8 @@ impl Agent {
             Ok(req) => match self.check_fds(&req, frame.fds, frame.fds_truncated) {
                 Ok(fd) => self.handle(req, fd),
                 Err(e) => {
-                    self.refusals
+                    self.gate
+                        .refusals
                         .warn(&format!("refused {}: {}", op_name(&req), e.msg));
                     Err(e)
                 }
@@ -586,7 +236,7 @@ impl Agent {
                 op_name(req)
             )));
         }
-        check_netns_fd(fd.as_fd(), &self.host_netns).map_err(invalid)?;
+        check_netns_fd(fd.as_fd(), self.pods().host_netns()).map_err(invalid)?;
         Ok(Some(fd))
     }
 
@@ -611,14 +261,14 @@ impl Agent {
         let resp = match checked {
             Err(e) => Err(e),
             Ok(()) => match req {
-                Request::Add(r) => self.add(r, fd),
-                Request::Del(r) => self.del(r),
-                Request::Check(r) => self.check(r, fd),
+                Request::Add(r) => self.pods().add(r, fd, self.pod_mtu()),
+                Request::Del(r) => self.pods().del(r),
+                Request::Check(r) => self.pods().check(r, fd),
                 Request::Status => self.status(),
-                Request::Gc(r) => self.gc(r),
-                Request::IpamAdd(r) => self.ipam_add(r),
-                Request::IpamDel(a) => self.ipam_del(a),
-                Request::IpamCheck(a) => self.ipam_check(a),
+                Request::Gc(r) => self.pods().gc(r),
+                Request::IpamAdd(r) => self.pods().ipam_add(r),
+                Request::IpamDel(a) => self.pods().ipam_del(a),
+                Request::IpamCheck(a) => self.pods().ipam_check(a),
                 Request::BgpStatus => Ok(tern_api::Reply::BgpStatus(
                     self.bgp.as_ref().map(|b| b.status()).unwrap_or_default(),
                 )),
@@ -637,61 +287,6 @@ impl Agent {
         }
         resp
     }
-
-    /// Records that the maintenance loop is alive (see [`Agent::heartbeat_age`]).
-    pub(crate) fn tick(&self) {
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.heartbeat_ms.store(ms, Ordering::Relaxed);
-    }
-
-    /// The dataplane reconciler, when enabled.
-    pub fn dataplane(&self) -> Option<&Arc<crate::dataplane::Dataplane>> {
-        self.dataplane.as_ref()
-    }
-}
-
-/// Creates the dataplane reconciler and runs its start-up sync (before the agent serves, so
-/// pods created at once get the computed MTU and routes exist). A `--node-ip` that is not on
-/// a local interface is fatal; every other dataplane problem is reported and retried.
-fn start_dataplane(
-    cfg: &AgentConfig,
-    store: &Arc<dyn Store>,
-    endpoint_store: Option<Arc<dyn Store>>,
-    policy: Option<Arc<crate::policy::PolicyEngine>>,
-) -> anyhow::Result<crate::dataplane::Dataplane> {
-    let dp = crate::dataplane::Dataplane::new(
-        crate::dataplane::DataplaneConfig {
-            node_name: cfg.node_name.clone(),
-            node_ip: cfg.node_ip,
-            interface_prefix: cfg.interface_prefix.clone(),
-            mtu: cfg.mtu,
-        },
-        store.clone(),
-    )
-    .context("--node-ip")?;
-    if let Some(s) = endpoint_store {
-        dp.set_endpoint_store(s);
-    }
-    // Before the first sync: with BGP, direct routes must never be installed over BGP's.
-    dp.set_bgp_routing(cfg.bgp);
-    dp.set_pod_cidr_routing(cfg.use_pod_cidr);
-    if let Err(e) = dp.keepalive() {
-        log::warn!("node liveness lease: {e}");
-    }
-    // Before the first sync: its natOutgoing chains and the policy chains then replace the
-    // table left by the previous agent in one transaction (no allow-all window).
-    if let Some(p) = policy {
-        dp.attach_policy(p);
-    }
-    let r = dp.sync();
-    log::info!(
-        "dataplane start-up sync: {} routes set, {} removed, pod MTU {}, {} problems",
-        r.routes_set,
-        r.routes_removed,
-        dp.pod_mtu(),
-        r.errors.len()
-    );
-    Ok(dp)
 }
 
 fn op_name(r: &Request) -> String {
@@ -889,89 +484,6 @@ fn peer_groups(fd: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
     }
 }
 
-/// (st_dev, st_ino) of an open file: two namespace files with equal pairs are one namespace.
-fn file_id(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
-    // SAFETY: fstat writes into the zeroed struct we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is open for the call and st is ours to write.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((st.st_dev, st.st_ino))
-}
-
-/// The namespaces no pod may be wired into: the calling thread's (the agent's, i.e. the node's)
-/// and PID 1's when readable and different.
-fn host_netns_ids() -> Vec<(u64, u64)> {
-    let mut ids = Vec::new();
-    for p in ["/proc/thread-self/ns/net", "/proc/1/ns/net"] {
-        match std::fs::File::open(p).and_then(|f| file_id(f.as_fd())) {
-            Ok(id) if !ids.contains(&id) => ids.push(id),
-            Ok(_) => {}
-            Err(e) => log::debug!("cannot identify {p}: {e}"),
-        }
-    }
-    ids
-}
-
-/// Checks that a received descriptor is a network namespace (nsfs, `NS_GET_NSTYPE` ==
-/// `CLONE_NEWNET`) and none of `host` (the node's own). The message names CNI_NETNS.
-pub fn check_netns_fd(fd: BorrowedFd<'_>, host: &[(u64, u64)]) -> Result<(), String> {
-    use tern_linux::netns::NsFileError;
-    match tern_linux::netns::check_net_namespace(fd) {
-        Ok(()) => {}
-        Err(NsFileError::NotNsfs(t)) => {
-            return Err(format!(
-                "CNI_NETNS: the descriptor passed is not a namespace file (filesystem type {t:#x}); a network namespace is required"
-            ));
-        }
-        Err(NsFileError::NotNet(kind)) => {
-            return Err(format!(
-                "CNI_NETNS: the descriptor passed is a namespace but not a network namespace (type {kind:#x})"
-            ));
-        }
-        Err(e) => {
-            return Err(format!(
-                "CNI_NETNS: cannot inspect the descriptor passed: {e}"
-            ));
-        }
-    }
-    let id = file_id(fd).map_err(|e| format!("CNI_NETNS: cannot inspect the namespace: {e}"))?;
-    if host.contains(&id) {
-        return Err(
-            "CNI_NETNS is the node's own network namespace (ternd's): a pod interface is never wired into the host"
-                .to_string(),
-        );
-    }
-    Ok(())
-}
-
-/// A warning logged at most once a second; the ones in between are counted and reported with
-/// the next, so a flood of hostile requests cannot flood the log.
-#[derive(Debug, Default)]
-struct RateLimitedLog {
-    last: Mutex<Option<Instant>>,
-    suppressed: AtomicU64,
-}
-
-impl RateLimitedLog {
-    fn warn(&self, msg: &str) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        *last = Some(now);
-        let n = self.suppressed.swap(0, Ordering::Relaxed);
-        if n > 0 {
-            log::warn!("{msg} ({n} similar refusals not logged)");
-        } else {
-            log::warn!("{msg}");
-        }
-    }
-}
-
 /// Checks an attachment's identifiers as the plugin does (tern-cni's environment rules), for
 /// callers of the socket other than the plugin: they name WorkloadEndpoints, store keys and
 /// handles, where a `/` or `:` would address another object. Container ID and network name
@@ -1122,108 +634,5 @@ mod bind_tests {
         let l = super::bind(&sock, gid).unwrap();
         assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
         drop(l);
-    }
-}
-
-/// The Kubernetes source's objects in the policy engine, as the root wires the two.
-#[cfg(test)]
-mod kube_policy_tests {
-    use crate::kube::slim;
-    use crate::policy::PolicyEngine;
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-    use tern_model::{Kind, Resource};
-    use tern_store::Store;
-
-    fn pol_chains(p: &PolicyEngine) -> usize {
-        p.desired()
-            .render_full()
-            .lines()
-            .filter(|l| l.starts_with("add chain inet tern pol-"))
-            .count()
-    }
-
-    /// The objects the Kubernetes source feeds survive the engine's store resync, and a full list
-    /// replaces only the kinds it covers.
-    #[test]
-    fn external_objects_survive_a_store_reload_and_lists_replace_them() {
-        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
-        // A local endpoint the policy selects.
-        let mut inc_ep = tern_policy::Endpoint {
-            namespace: "prod".into(),
-            name: "n1-k8s-web-eth0".into(),
-            node: "n1".into(),
-            interface: "tern0123456789a".into(),
-            labels: BTreeMap::from([("app".to_string(), "web".to_string())]).into(),
-            ips: vec!["10.244.0.5".parse().unwrap()],
-            ports: vec![],
-        };
-        Arc::make_mut(&mut inc_ep.labels).insert(
-            crate::endpoints::NAMESPACE_LABEL.to_string(),
-            "prod".to_string(),
-        );
-        let ep = Resource::WorkloadEndpoint({
-            let mut w = tern_model::WorkloadEndpoint::new(
-                inc_ep.name.clone(),
-                tern_model::WorkloadEndpointSpec {
-                    node: "n1".into(),
-                    orchestrator: "k8s".into(),
-                    pod: "web".into(),
-                    container_id: "c1".into(),
-                    endpoint: "eth0".into(),
-                    interface_name: inc_ep.interface.clone(),
-                    mac: String::new(),
-                    ip_networks: vec!["10.244.0.5/32".parse().unwrap()],
-                    network: "k8s-pod-network".into(),
-                    profiles: vec![],
-                    service_account_name: None,
-                    ports: vec![],
-                },
-            );
-            w.metadata.namespace = Some("prod".into());
-            w.metadata.labels = (*inc_ep.labels).clone();
-            w
-        });
-        tern_model::put_resource(&*store, &ep).unwrap();
-        // Loaded with the endpoint, so the engine compiles the policy (only policies selecting
-        // a local endpoint have chains).
-        let engine = Arc::new(PolicyEngine::load(store.clone(), "n1").unwrap());
-        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "deny", "namespace": "prod"},
-                "spec": {"podSelector": {"matchLabels": {"app": "web"}},
-                         "policyTypes": ["Ingress"]}
-            }))
-            .unwrap();
-        let r = slim::network_policy_resource(&np).unwrap();
-        engine
-            .external_replace(&[Kind::K8sNetworkPolicy], vec![r.clone()], false)
-            .unwrap();
-        // What a store reload (the maintenance resync) computes keeps the external policy.
-        let reloaded = crate::policy::load_policy_set(&*store).unwrap();
-        let mut set = reloaded;
-        for o in engine.external_objects() {
-            set.apply(&o).unwrap();
-        }
-        let inc = tern_policy::Incremental::new("n1", set);
-        assert!(
-            inc.desired()
-                .render_full()
-                .lines()
-                .any(|l| l.starts_with("add chain inet tern pol-")),
-            "external policy lost on reload"
-        );
-        assert_eq!(engine.external_objects(), vec![r]);
-        assert!(pol_chains(&engine) > 0);
-        // A namespace list does not touch policies; an empty policy list removes them.
-        engine
-            .external_replace(&[Kind::Namespace], vec![], false)
-            .unwrap();
-        assert!(pol_chains(&engine) > 0);
-        engine
-            .external_replace(&[Kind::K8sNetworkPolicy], vec![], false)
-            .unwrap();
-        assert_eq!(pol_chains(&engine), 0);
-        assert!(engine.external_objects().is_empty());
     }
 }

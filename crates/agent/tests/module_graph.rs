@@ -34,6 +34,7 @@ use Layer::*;
 /// The layer of every top-level module (a directory module such as `kube/` is one node; `crate`
 /// is `lib.rs`).
 const LAYERS: &[(&str, Layer)] = &[
+    ("admission", Leaf),
     ("claims", Leaf),
     ("config", Leaf),
     ("endpoints", Leaf),
@@ -51,14 +52,15 @@ const LAYERS: &[(&str, Layer)] = &[
     ("runtime", Leaf),
     ("snapshot", Leaf),
     ("testutil", Leaf),
+    ("undo", Leaf),
     ("bgp", Service),
     ("dataplane", Service),
     ("kube", Service),
-    ("leak", Service),
+    ("pod", Service),
     ("policy", Service),
+    ("agent", Root),
     ("http", Root),
     ("crate", Root),
-    ("ops", Root),
     ("reconcile", Root),
     ("server", Root),
 ];

@@ -14,6 +14,13 @@
 //!   dump, as long as both exist;
 //! - a second link of a name is EEXIST, a second VXLAN device of a VNI and port too; a link
 //!   kind marked [`FakeKernel::unsupported`] is EOPNOTSUPP.
+//! - namespaces: a [`NetNs`] handed to it (any descriptor: the fake tells them apart by the
+//!   file they refer to) is a namespace of its own, created with `lo` at first sight. A veth
+//!   pair spans two namespaces, the host end carrying a `link_netnsid`, and deleting either
+//!   end deletes both, as the kernel does; [`FakeKernel::in_netns`] reads a pod's namespace.
+//! - sysctls: a key under `net/ipv4/conf/<if>/`, `net/ipv6/conf/<if>/` or `net/ipv4/neigh/<if>/`
+//!   exists while the interface does (`all` and `default` always); keys under a prefix marked
+//!   [`FakeKernel::absent_sysctls`] never exist (IPv6 disabled).
 //!
 //! Failure injection is one-shot: [`FakeKernel::fail_next`] makes the next call of an
 //! [`Op`] fail with an errno (and change nothing), after which the kernel behaves again, as
@@ -23,6 +30,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
+use std::ops::{Deref, DerefMut};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ipnet::IpNet;
@@ -30,10 +39,14 @@ use tern_nft::TableChange;
 
 use crate::Result;
 use crate::error::LinuxError;
-use crate::kernel::{Addresses, Links, Neighbours, NftApply, Routes};
-use crate::netlink::{
-    FdbEntry, Link, MAIN_TABLE, Neighbour, Route, RouteKind, Scope, VxlanInfo, describe,
+use crate::kernel::{
+    Addresses, Links, Neighbours, NftApply, PodNamespaces, PodSide, Routes, Sysctls,
 };
+use crate::netlink::{
+    FdbEntry, Link, MAIN_TABLE, Neighbour, Route, RouteKind, Scope, VethOptions, VxlanInfo,
+    describe,
+};
+use crate::netns::NetNs;
 
 /// `RTPROT_KERNEL`: the protocol of connected routes.
 pub const KERNEL_PROTOCOL: u8 = 2;
@@ -75,6 +88,10 @@ pub enum Op {
     NftBatch,
     /// An `nft -f` script.
     NftScript,
+    /// Writing a sysctl.
+    SysctlSet,
+    /// Entering a pod's namespace ([`PodNamespaces::enter_pod`]).
+    NetnsEnter,
 }
 
 /// What reached nftables, in order.
@@ -101,13 +118,19 @@ impl NftApplied {
     }
 }
 
+/// A namespace of the fake: 0 is the node's, the others pods' ([`FakeKernel::in_netns`]).
+type NsKey = u32;
+
 #[derive(Debug, Clone)]
 struct FakeLink {
     link: Link,
     /// VNI, port and local address of a VXLAN device.
     vxlan: Option<(u32, u16, IpAddr)>,
+    /// The other end of a veth pair: its namespace and index there.
+    peer: Option<(NsKey, u32)>,
 }
 
+/// One network namespace.
 #[derive(Debug, Default)]
 struct State {
     next_index: u32,
@@ -117,15 +140,107 @@ struct State {
     neighbours: Vec<Neighbour>,
     fdb: Vec<FdbEntry>,
     nft: Vec<NftApplied>,
-    fail: HashMap<Op, VecDeque<i32>>,
-    calls: HashMap<Op, usize>,
-    unsupported: HashSet<String>,
+    sysctls: BTreeMap<String, String>,
 }
 
-/// The in-memory kernel; see the module documentation.
+/// Every namespace, and what is shared between them (failure injection, call counts).
+#[derive(Debug, Default)]
+struct World {
+    spaces: BTreeMap<NsKey, State>,
+    /// (st_dev, st_ino) of each namespace descriptor seen, and its key.
+    ns_files: HashMap<(u64, u64), NsKey>,
+    /// Per op, the verdicts of its next calls: `None` passes, `Some(errno)` fails.
+    fail: HashMap<Op, VecDeque<Option<i32>>>,
+    calls: HashMap<Op, usize>,
+    unsupported: HashSet<String>,
+    absent_sysctls: Vec<String>,
+}
+
+/// The in-memory kernel; see the module documentation. A value reads and changes one
+/// namespace (the node's from [`FakeKernel::new`]); its clones and [`FakeKernel::in_netns`]
+/// views share every namespace.
 #[derive(Debug, Clone)]
 pub struct FakeKernel {
-    state: Arc<Mutex<State>>,
+    world: Arc<Mutex<World>>,
+    ns: NsKey,
+}
+
+/// The locked world, seen as the state of one namespace.
+struct NsGuard<'a> {
+    w: MutexGuard<'a, World>,
+    ns: NsKey,
+}
+
+impl Deref for NsGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.w.spaces[&self.ns]
+    }
+}
+
+impl DerefMut for NsGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.w.spaces.get_mut(&self.ns).expect("namespace exists")
+    }
+}
+
+impl NsGuard<'_> {
+    /// Counts the call and takes its injected failure, if any.
+    fn enter(&mut self, op: Op, what: impl FnOnce() -> String) -> Result<()> {
+        *self.w.calls.entry(op).or_default() += 1;
+        match self.w.fail.get_mut(&op).and_then(VecDeque::pop_front) {
+            Some(Some(errno)) => Err(err(errno, what())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes a link and, for a veth, its peer in whichever namespace it is.
+    fn remove_pair(&mut self, index: u32) -> bool {
+        match self.remove_link(index) {
+            Some(l) => {
+                if let Some((pns, pidx)) = l.peer
+                    && let Some(p) = self.w.spaces.get_mut(&pns)
+                {
+                    p.remove_link(pidx);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether sysctl `key` exists in this namespace.
+    fn sysctl_exists(&self, key: &str) -> bool {
+        if self
+            .w
+            .absent_sysctls
+            .iter()
+            .any(|p| key.starts_with(p.as_str()))
+        {
+            return false;
+        }
+        let parts: Vec<&str> = key.split('/').collect();
+        let per_if = matches!(
+            parts.as_slice(),
+            ["net", "ipv4" | "ipv6", "conf", _, _] | ["net", "ipv4", "neigh", _, _]
+        );
+        !per_if || matches!(parts[3], "all" | "default") || self.by_name(parts[3]).is_some()
+    }
+
+    fn set_sysctl(&mut self, key: &str, value: &str, must_exist: bool) -> Result<bool> {
+        self.enter(Op::SysctlSet, || format!("set sysctl {key}={value}"))?;
+        if !self.sysctl_exists(key) {
+            if must_exist {
+                return Err(LinuxError::io(
+                    format!("set sysctl {key}={value} (fake kernel)"),
+                    io::Error::from_raw_os_error(libc::ENOENT),
+                ));
+            }
+            return Ok(false);
+        }
+        self.sysctls.insert(key.into(), value.into());
+        Ok(true)
+    }
 }
 
 impl Default for FakeKernel {
@@ -147,15 +262,6 @@ fn same_family(a: &IpAddr, b: &IpAddr) -> bool {
 }
 
 impl State {
-    /// Counts the call and takes its injected failure, if any.
-    fn enter(&mut self, op: Op, what: impl FnOnce() -> String) -> Result<()> {
-        *self.calls.entry(op).or_default() += 1;
-        match self.fail.get_mut(&op).and_then(VecDeque::pop_front) {
-            Some(errno) => Err(err(errno, what())),
-            None => Ok(()),
-        }
-    }
-
     fn link(&self, index: u32) -> Result<&FakeLink> {
         self.links
             .get(&index)
@@ -186,19 +292,26 @@ impl State {
             link.mac = Some([0x02, 0xfa, a, b, c, d]);
         }
         let index = link.index;
-        self.links.insert(index, FakeLink { link, vxlan });
+        self.links.insert(
+            index,
+            FakeLink {
+                link,
+                vxlan,
+                peer: None,
+            },
+        );
         Ok(index)
     }
 
-    fn remove_link(&mut self, index: u32) -> bool {
-        if self.links.remove(&index).is_none() {
-            return false;
-        }
+    fn remove_link(&mut self, index: u32) -> Option<FakeLink> {
+        let gone = self.links.remove(&index)?;
         self.addresses.retain(|(i, _)| *i != index);
         self.routes.retain(|r| r.oif != Some(index));
         self.neighbours.retain(|n| n.index != index);
         self.fdb.retain(|f| f.index != index);
-        true
+        let name = format!("/{}/", gone.link.name);
+        self.sysctls.retain(|k, _| !k.contains(&name));
+        Some(gone)
     }
 
     /// The main tables as a dump shows them: the routes added plus the connected route of
@@ -276,18 +389,86 @@ impl State {
     }
 }
 
+impl State {
+    /// A namespace with only `lo` (index 1, up).
+    fn with_lo() -> State {
+        let mut s = State::default();
+        let lo = Link {
+            index: 0,
+            name: "lo".into(),
+            mac: None,
+            mtu: 65536,
+            up: true,
+            kind: None,
+            link_netnsid: None,
+            peer_index: None,
+        };
+        s.add_link(lo, None).expect("empty namespace");
+        s
+    }
+}
+
 impl FakeKernel {
     /// A kernel with only `lo` (index 1, up).
     pub fn new() -> FakeKernel {
-        let k = FakeKernel {
-            state: Arc::new(Mutex::new(State::default())),
-        };
-        k.add_device("lo", 65536);
-        k
+        let mut w = World::default();
+        w.spaces.insert(0, State::with_lo());
+        FakeKernel {
+            world: Arc::new(Mutex::new(w)),
+            ns: 0,
+        }
     }
 
-    fn st(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap()
+    fn st(&self) -> NsGuard<'_> {
+        NsGuard {
+            w: self.world.lock().unwrap(),
+            ns: self.ns,
+        }
+    }
+
+    /// The fake namespace of `fd`, created (with `lo`) at first sight.
+    fn ns_of(w: &mut World, fd: BorrowedFd<'_>) -> NsKey {
+        // SAFETY: fstat writes into the zeroed struct we own; fd is open for the call.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let rc = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+        assert_eq!(rc, 0, "fake kernel: fstat of a namespace descriptor failed");
+        let id = (st.st_dev, st.st_ino);
+        if let Some(k) = w.ns_files.get(&id) {
+            return *k;
+        }
+        let key = w.spaces.keys().next_back().copied().unwrap_or(0) + 1;
+        w.spaces.insert(key, State::with_lo());
+        w.ns_files.insert(id, key);
+        key
+    }
+
+    /// This kernel as seen from inside `ns` (a pod's namespace), sharing every namespace.
+    pub fn in_netns(&self, ns: &NetNs) -> FakeKernel {
+        let key = FakeKernel::ns_of(&mut self.world.lock().unwrap(), ns.as_fd());
+        FakeKernel {
+            world: self.world.clone(),
+            ns: key,
+        }
+    }
+
+    /// Set-up: sysctl keys starting with `prefix` do not exist (`"net/ipv6/"`: IPv6 disabled).
+    pub fn absent_sysctls(&self, prefix: &str) {
+        self.world
+            .lock()
+            .unwrap()
+            .absent_sysctls
+            .push(prefix.into());
+    }
+
+    /// The value last written to sysctl `key` in this namespace.
+    pub fn sysctl(&self, key: &str) -> Option<String> {
+        self.st().sysctls.get(key).cloned()
+    }
+
+    /// Every link of this namespace.
+    pub fn all_links(&self) -> Vec<Link> {
+        self.st().links.values().map(|l| l.link.clone()).collect()
     }
 
     /// Set-up: a physical device (no kind), up, with `mtu`; returns its index.
@@ -331,12 +512,32 @@ impl FakeKernel {
 
     /// Set-up: link kinds this kernel has no module for (creating one is EOPNOTSUPP).
     pub fn unsupported(&self, kind: &str) {
-        self.st().unsupported.insert(kind.into());
+        self.st().w.unsupported.insert(kind.into());
     }
 
-    /// Makes the next call of `op` fail with `errno`, changing nothing. Several calls queue.
+    /// Makes the next call of `op` (in any namespace) fail with `errno`, changing nothing.
+    /// Several calls queue.
     pub fn fail_next(&self, op: Op, errno: i32) {
-        self.st().fail.entry(op).or_default().push_back(errno);
+        self.st()
+            .w
+            .fail
+            .entry(op)
+            .or_default()
+            .push_back(Some(errno));
+    }
+
+    /// Makes the `n`-th next call of `op` (1 is the next) fail with `errno`; the calls before
+    /// it pass. For a test that fails each call of a sequence in turn.
+    pub fn fail_nth(&self, op: Op, n: usize, errno: i32) {
+        let mut st = self.st();
+        let q = st.w.fail.entry(op).or_default();
+        q.extend(std::iter::repeat_n(None, n.saturating_sub(1)));
+        q.push_back(Some(errno));
+    }
+
+    /// Forgets every failure injected and not yet taken.
+    pub fn clear_failures(&self) {
+        self.st().w.fail.clear();
     }
 
     /// The next route add or replace fails (ENOBUFS, as under memory pressure).
@@ -366,7 +567,7 @@ impl FakeKernel {
 
     /// How many calls of `op` were made (failed ones included).
     pub fn calls(&self, op: Op) -> usize {
-        self.st().calls.get(&op).copied().unwrap_or(0)
+        self.st().w.calls.get(&op).copied().unwrap_or(0)
     }
 
     /// Every route of every table, as a dump shows them (connected routes included).
@@ -461,7 +662,7 @@ impl Links for FakeKernel {
         let mut st = self.st();
         let what = || format!("create vxlan link {name} (vni {vni})");
         st.enter(Op::LinkAdd, what)?;
-        if st.unsupported.contains("vxlan") {
+        if st.w.unsupported.contains("vxlan") {
             return Err(err(libc::EOPNOTSUPP, what()));
         }
         if let Some(d) = dev_index {
@@ -494,7 +695,7 @@ impl Links for FakeKernel {
         let mut st = self.st();
         let what = || format!("create ipip link {name}");
         st.enter(Op::LinkAdd, what)?;
-        if st.unsupported.contains("ipip") {
+        if st.w.unsupported.contains("ipip") {
             return Err(err(libc::EOPNOTSUPP, what()));
         }
         let link = Link {
@@ -517,7 +718,7 @@ impl Links for FakeKernel {
         let mut st = self.st();
         st.enter(Op::LinkDel, || format!("delete link {name}"))?;
         Ok(match st.by_name(name) {
-            Some(i) => st.remove_link(i),
+            Some(i) => st.remove_pair(i),
             None => false,
         })
     }
@@ -525,7 +726,7 @@ impl Links for FakeKernel {
     fn delete_link_by_index(&mut self, index: u32) -> Result<bool> {
         let mut st = self.st();
         st.enter(Op::LinkDel, || format!("delete link index {index}"))?;
-        Ok(st.remove_link(index))
+        Ok(st.remove_pair(index))
     }
 
     fn set_link_up(&mut self, index: u32) -> Result<()> {
@@ -725,6 +926,63 @@ impl Neighbours for FakeKernel {
     }
 }
 
+impl Sysctls for FakeKernel {
+    fn set_sysctl(&mut self, key: &str, value: &str) -> Result<()> {
+        self.st().set_sysctl(key, value, true).map(|_| ())
+    }
+
+    fn set_sysctl_if_present(&mut self, key: &str, value: &str) -> Result<bool> {
+        self.st().set_sysctl(key, value, false)
+    }
+}
+
+impl PodNamespaces for FakeKernel {
+    fn create_veth_with(&mut self, o: &VethOptions<'_>) -> Result<()> {
+        crate::netlink::check_ifname(o.host_name)?;
+        crate::netlink::check_ifname(o.peer_name)?;
+        let mut w = self.world.lock().unwrap();
+        let pns = FakeKernel::ns_of(&mut w, o.peer_ns);
+        let mut st = NsGuard { w, ns: self.ns };
+        let what = || format!("create veth {} peer {}", o.host_name, o.peer_name);
+        st.enter(Op::LinkAdd, what)?;
+        let taken_there = st.w.spaces[&pns].by_name(o.peer_name).is_some();
+        if st.by_name(o.host_name).is_some() || taken_there {
+            return Err(err(libc::EEXIST, what()));
+        }
+        let end = |name: &str, mac: Option<[u8; 6]>, netnsid: Option<i32>| Link {
+            index: 0,
+            name: name.into(),
+            mac,
+            mtu: if o.mtu > 0 { o.mtu } else { 1500 },
+            up: o.up,
+            kind: Some("veth".into()),
+            link_netnsid: netnsid,
+            peer_index: None,
+        };
+        let other = (pns != self.ns).then_some(0);
+        let host = st.add_link(end(o.host_name, o.host_mac, other), None)?;
+        let there = st.w.spaces.get_mut(&pns).expect("namespace exists");
+        let peer = there.add_link(end(o.peer_name, o.peer_mac, other), None)?;
+        let p = there.links.get_mut(&peer).expect("just added");
+        p.peer = Some((self.ns, host));
+        p.link.peer_index = Some(host);
+        let h = st.links.get_mut(&host).expect("just added");
+        h.peer = Some((pns, peer));
+        h.link.peer_index = Some(peer);
+        Ok(())
+    }
+
+    fn enter_pod(&mut self, pod: &NetNs, _keys: &[&str]) -> Result<PodSide> {
+        self.st()
+            .enter(Op::NetnsEnter, || format!("enter network namespace {pod}"))?;
+        let inside = self.in_netns(pod);
+        Ok(PodSide {
+            netlink: Box::new(inside.clone()),
+            sysctls: Box::new(inside),
+        })
+    }
+}
+
 impl NftApply for FakeKernel {
     fn apply_changes(&mut self, table: &str, changes: &[TableChange]) -> Result<()> {
         let mut st = self.st();
@@ -879,5 +1137,63 @@ mod tests {
         );
         k.unsupported("ipip");
         assert!(k.create_ipip("tunl0", None).unwrap_err().is_unsupported());
+    }
+
+    /// A veth pair spans the node's namespace and a pod's (any descriptor stands for one);
+    /// deleting either end deletes both; per-interface sysctls exist while the interface does;
+    /// `fail_nth` lets the calls before the n-th pass.
+    #[test]
+    fn veth_pairs_span_namespaces_and_die_whole() {
+        use crate::kernel::{PodNamespaces, Sysctls};
+        let dir = std::env::temp_dir().join(format!("tern-fake-ns-{}", std::process::id()));
+        std::fs::write(&dir, b"").unwrap();
+        let file = std::fs::File::open(&dir).unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        let pod_ns = NetNs::from_fd(file.try_clone().unwrap().into());
+        let (mut k, _) = host();
+        let opts = |host: &'static str| VethOptions {
+            host_name: host,
+            peer_name: "eth0",
+            peer_ns: pod_ns.as_fd(),
+            mtu: 1450,
+            host_mac: Some([0xee; 6]),
+            peer_mac: None,
+            up: true,
+        };
+        k.create_veth_with(&opts("tern0")).unwrap();
+        // The pod already has an eth0: EEXIST, and nothing is made.
+        let e = k.create_veth_with(&opts("tern1")).unwrap_err();
+        assert!(e.is_already_exists(), "{e}");
+        assert!(k.link("tern1").is_none());
+        let host_end = k.link("tern0").unwrap();
+        assert!(host_end.link_netnsid.is_some());
+        let mut side = k.enter_pod(&pod_ns, &[]).unwrap();
+        let peer = side.netlink.link_by_name("eth0").unwrap().unwrap();
+        assert_eq!((peer.mtu, host_end.peer_index), (1450, Some(peer.index)));
+        assert_eq!(
+            k.in_netns(&NetNs::from_fd(file.into())).link("eth0"),
+            Some(peer)
+        );
+        k.set_sysctl("net/ipv4/conf/tern0/proxy_arp", "1").unwrap();
+        assert_eq!(
+            k.sysctl("net/ipv4/conf/tern0/proxy_arp").as_deref(),
+            Some("1")
+        );
+        assert!(
+            k.set_sysctl("net/ipv4/conf/tern9/proxy_arp", "1")
+                .unwrap_err()
+                .is_not_found()
+        );
+        k.absent_sysctls("net/ipv6/");
+        assert!(
+            !k.set_sysctl_if_present("net/ipv6/conf/tern0/forwarding", "1")
+                .unwrap()
+        );
+        k.fail_nth(Op::LinkList, 2, libc::EIO);
+        side.netlink.link_by_name("eth0").unwrap();
+        assert!(side.netlink.link_by_name("eth0").is_err());
+        assert!(k.delete_link("tern0").unwrap());
+        assert!(side.netlink.link_by_name("eth0").unwrap().is_none());
+        assert!(k.sysctl("net/ipv4/conf/tern0/proxy_arp").is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! The kernel seam: narrow traits for what the agent's reconcilers ask of the kernel (links,
-//! addresses, routes, neighbours and FDB entries, nftables batches), implemented by the real
-//! adapters ([`Handle`], [`SystemNft`]) and, behind the `test-support` feature, by the
+//! addresses, routes, neighbours and FDB entries, sysctls, the pod namespaces a veth pair
+//! spans, nftables batches), implemented by the real adapters ([`Handle`], [`SystemNft`]) and,
+//! behind the `test-support` feature, by the
 //! stateful in-memory [`crate::fake::FakeKernel`], so that every sync, rollback and repair
 //! path above them is testable without root. Felix's route table takes its netlink the same
 //! way.
@@ -16,7 +17,9 @@ use ipnet::IpNet;
 use tern_nft::TableChange;
 
 use crate::Result;
-use crate::netlink::{FdbEntry, Handle, Link, Neighbour, Route, VxlanInfo};
+use crate::netlink::{FdbEntry, Handle, Link, Neighbour, Route, VethOptions, VxlanInfo};
+use crate::netns::NetNs;
+use crate::sysctl::{self, OpenSysctl};
 
 /// Network interfaces: listing, tern's tunnel devices, deletion and attributes.
 pub trait Links {
@@ -94,6 +97,109 @@ pub trait Neighbours {
 pub trait Netlink: Links + Addresses + Routes + Neighbours {}
 
 impl<T: Links + Addresses + Routes + Neighbours + ?Sized> Netlink for T {}
+
+/// `/proc/sys` of one network namespace (keys such as `net/ipv4/conf/<if>/proxy_arp`).
+pub trait Sysctls {
+    /// Writes `value` to `key`; a key that does not exist is an error.
+    fn set_sysctl(&mut self, key: &str, value: &str) -> Result<()>;
+    /// As [`Sysctls::set_sysctl`], `Ok(false)` when the key does not exist (IPv6 disabled).
+    fn set_sysctl_if_present(&mut self, key: &str, value: &str) -> Result<bool>;
+}
+
+/// The pod side of a namespace visit: its rtnetlink socket and the sysctl keys opened there.
+pub struct PodSide {
+    /// Links, addresses and routes inside the pod's namespace.
+    pub netlink: Box<dyn Netlink>,
+    /// The keys named to [`PodNamespaces::enter_pod`], inside the pod's namespace.
+    pub sysctls: Box<dyn Sysctls>,
+}
+
+/// What pod wiring asks beyond the node's own namespace: a veth pair whose peer is created
+/// directly inside the pod's namespace (never moved there), and one visit of that namespace.
+pub trait PodNamespaces {
+    /// Creates a veth pair in one request: `o.host_name` here, `o.peer_name` inside
+    /// `o.peer_ns`, both with the MTU, MACs and admin state of `o`. EEXIST when a name is taken.
+    fn create_veth_with(&mut self, o: &VethOptions<'_>) -> Result<()>;
+    /// Opens, in one visit of `pod`, a netlink socket inside it and the sysctl keys `keys`
+    /// (the only keys the returned [`PodSide::sysctls`] sets; an absent one reads as absent).
+    fn enter_pod(&mut self, pod: &NetNs, keys: &[&str]) -> Result<PodSide>;
+}
+
+/// Everything the pod ADD path and the orphan sweep ask of the kernel: the node namespace's
+/// links, addresses, routes and sysctls, and the pods' namespaces.
+pub trait PodKernel: Netlink + Sysctls + PodNamespaces {}
+
+impl<T: Netlink + Sysctls + PodNamespaces + ?Sized> PodKernel for T {}
+
+/// Sysctls of the calling thread's namespace (the one a [`Handle`] opened on this thread
+/// talks to).
+impl Sysctls for Handle {
+    fn set_sysctl(&mut self, key: &str, value: &str) -> Result<()> {
+        sysctl::set(key, value)
+    }
+    fn set_sysctl_if_present(&mut self, key: &str, value: &str) -> Result<bool> {
+        match sysctl::open_if_present(key)? {
+            Some(f) => f.set(value).map(|()| true),
+            None => Ok(false),
+        }
+    }
+}
+
+impl PodNamespaces for Handle {
+    fn create_veth_with(&mut self, o: &VethOptions<'_>) -> Result<()> {
+        Handle::create_veth_with(self, o)
+    }
+    fn enter_pod(&mut self, pod: &NetNs, keys: &[&str]) -> Result<PodSide> {
+        let (netlink, files) = pod.open_inside(|| -> Result<_> {
+            let h = Handle::new()?;
+            let mut files = Vec::with_capacity(keys.len());
+            for k in keys {
+                files.push((k.to_string(), sysctl::open_if_present(k)?));
+            }
+            Ok((h, files))
+        })??;
+        Ok(PodSide {
+            netlink: Box::new(netlink),
+            sysctls: Box::new(OpenedSysctls(files)),
+        })
+    }
+}
+
+/// Sysctl files opened inside another namespace ([`PodNamespaces::enter_pod`]): writing them
+/// later sets that namespace's values, whatever namespace the writer is in.
+struct OpenedSysctls(Vec<(String, Option<OpenSysctl>)>);
+
+impl OpenedSysctls {
+    fn file(&self, key: &str) -> Result<Option<&OpenSysctl>> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, f)| f.as_ref())
+            .ok_or_else(|| {
+                crate::LinuxError::InvalidArgument(format!(
+                    "sysctl {key} was not opened inside the namespace"
+                ))
+            })
+    }
+}
+
+impl Sysctls for OpenedSysctls {
+    fn set_sysctl(&mut self, key: &str, value: &str) -> Result<()> {
+        match self.file(key)? {
+            Some(f) => f.set(value),
+            None => Err(crate::LinuxError::io(
+                format!("set sysctl {key}={value}"),
+                std::io::Error::from_raw_os_error(libc::ENOENT),
+            )),
+        }
+    }
+    fn set_sysctl_if_present(&mut self, key: &str, value: &str) -> Result<bool> {
+        match self.file(key)? {
+            Some(f) => f.set(value).map(|()| true),
+            None => Ok(false),
+        }
+    }
+}
 
 /// nftables: a batch of table changes as one transaction, and the `nft -f` fallback.
 pub trait NftApply {

@@ -160,7 +160,11 @@ pub enum Deleted {
 /// the prefix) is left alone and reported. The deletion goes by the index of the link that was
 /// checked, so a rename in between cannot redirect it to another device.
 pub fn delete_pod_veth(name: &str, prefix: &str) -> Result<Deleted> {
-    let mut h = netlink::Handle::new()?;
+    delete_pod_veth_on(&mut netlink::Handle::new()?, name, prefix)
+}
+
+/// [`delete_pod_veth`] on the links `h` (the kernel seam).
+pub fn delete_pod_veth_on(h: &mut dyn kernel::Links, name: &str, prefix: &str) -> Result<Deleted> {
     let Some(link) = h.link_by_name(name)? else {
         return Ok(Deleted::Absent);
     };

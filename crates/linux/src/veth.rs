@@ -6,15 +6,23 @@
 //! both MACs, MTU and admin state in a single request, and the pod's side is configured through
 //! a socket (and sysctl files) that the calling thread opens inside the pod's namespace and
 //! leaves at once ([`NetNs::open_inside`]).
+//!
+//! The wiring is four steps on the kernel seam ([`PodKernel`]), so a caller can register an
+//! undo after each ([`create_pod_veth`], [`prepare_host_side`], [`configure_pod_side`],
+//! [`host_routes`]) and a fake kernel can fail any of them;
+//! [`setup_pod_interface`] runs them all on the real kernel.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
 use crate::error::{LinuxError, Result};
-use crate::netlink::{Handle, Link, MAIN_TABLE, RouteSpec, Scope, VethOptions, check_ifname};
+use crate::kernel::PodKernel;
+use crate::netlink::{
+    Handle, Link, MAIN_TABLE, Route, RouteSpec, Scope, VethOptions, check_ifname,
+};
 use crate::netns::NetNs;
-use crate::{HOST_VETH_MAC, TERN_ROUTE_PROTOCOL, sysctl};
+use crate::{HOST_VETH_MAC, TERN_ROUTE_PROTOCOL};
 
 /// The pod's IPv4 gateway: never assigned anywhere, answered by proxy-ARP on the host veth.
 pub const POD_GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -129,26 +137,70 @@ fn families(addresses: &[IpNet]) -> (bool, bool) {
 /// Builds the pod's interface. Call from a thread in the HOST (node) namespace. See the module
 /// docs for the layout; on any failure after the veth exists it is deleted again.
 pub fn setup_pod_interface(cfg: &PodInterfaceConfig) -> Result<PodInterface> {
-    let pending = create_pod_veth(cfg)?;
-    finish_pod_interface(cfg, pending)
+    setup_pod_interface_on(&mut Handle::new()?, cfg)
 }
 
-/// A veth pair created and brought up by [`create_pod_veth`], not yet given addresses or routes.
-/// Hand it to [`finish_pod_interface`], or to [`abandon_pod_veth`] when the ADD fails.
+/// [`setup_pod_interface`] on the kernel `k` (the node's namespace): every step in order, the
+/// veth pair deleted again when a later step fails.
+pub fn setup_pod_interface_on(
+    k: &mut dyn PodKernel,
+    cfg: &PodInterfaceConfig,
+) -> Result<PodInterface> {
+    let pending = create_pod_veth(k, cfg)?;
+    let wired = (|| {
+        prepare_host_side(k, cfg, &pending)?;
+        let pod = configure_pod_side(k, cfg, &pending)?;
+        for r in host_routes(cfg, &pending) {
+            k.replace_route_full(&r)?;
+        }
+        Ok(pending.interface(&pod, cfg.mtu))
+    })();
+    if wired.is_err() {
+        // Deleting the host end removes the pod end and the host routes with it.
+        let _ = k.delete_link_by_index(pending.host.index);
+    }
+    wired
+}
+
+/// A veth pair made by [`create_pod_veth`]: the host end, whose deletion removes both ends and
+/// every route through it.
 #[derive(Debug)]
 pub struct PendingVeth {
     host: Link,
 }
 
-/// First half of [`setup_pod_interface`]: the host side, which does not depend on the pod's
-/// addresses (veth pair with the peer made in the pod namespace, host MAC, host up, host IPv4
-/// sysctls). It runs while the agent allocates the addresses, so the two costs overlap.
-/// `cfg.addresses` is not read. Everything inside the pod namespace happens in
-/// [`finish_pod_interface`], in one visit of the namespace.
-pub fn create_pod_veth(cfg: &PodInterfaceConfig) -> Result<PendingVeth> {
+impl PendingVeth {
+    /// The host end's interface index.
+    pub fn host_index(&self) -> u32 {
+        self.host.index
+    }
+
+    /// What was built, once the pod side is configured ([`configure_pod_side`]'s link).
+    pub fn interface(&self, pod: &Link, mtu: u32) -> PodInterface {
+        PodInterface {
+            host_ifname: self.host.name.clone(),
+            host_mac: self.host.mac.unwrap_or(HOST_VETH_MAC),
+            pod_ifname: pod.name.clone(),
+            pod_mac: pod.mac.unwrap_or_default(),
+            pod_ifindex: pod.index,
+            host_ifindex: self.host.index,
+            mtu: if self.host.mtu > 0 {
+                self.host.mtu
+            } else {
+                mtu
+            },
+        }
+    }
+}
+
+/// Step 1: the veth pair, in one request, with the peer created directly inside the pod's
+/// namespace (host MAC [`HOST_VETH_MAC`], MTU, both ends up). A stale host end of an earlier
+/// attempt (its pod side already gone) is replaced; an interface of the pod's name already in
+/// the pod is [`LinuxError::InterfaceExists`]. On success the caller owns the pair: deleting
+/// the host end ([`PendingVeth::host_index`]) undoes this step and every later one.
+pub fn create_pod_veth(k: &mut dyn PodKernel, cfg: &PodInterfaceConfig) -> Result<PendingVeth> {
     check_ifname(cfg.host_ifname)?;
     check_ifname(cfg.pod_ifname)?;
-    let mut h = Handle::new()?;
     let opts = VethOptions {
         host_name: cfg.host_ifname,
         peer_name: cfg.pod_ifname,
@@ -159,91 +211,65 @@ pub fn create_pod_veth(cfg: &PodInterfaceConfig) -> Result<PendingVeth> {
         up: true,
     };
     // Try first and diagnose EEXIST only when it happens: the common path stays one request.
-    if let Err(e) = h.create_veth_with(&opts) {
+    if let Err(e) = k.create_veth_with(&opts) {
         if !e.is_already_exists() {
             return Err(e);
         }
-        let pod_ifname = cfg.pod_ifname;
-        let in_pod = cfg
-            .pod_ns
-            .run(|| Handle::new()?.link_by_name(pod_ifname))??;
-        if in_pod.is_some() {
+        let mut inside = k.enter_pod(cfg.pod_ns, &[])?;
+        if inside.netlink.link_by_name(cfg.pod_ifname)?.is_some() {
             return Err(LinuxError::InterfaceExists {
                 name: cfg.pod_ifname.to_string(),
                 namespace: cfg.pod_ns.to_string(),
             });
         }
         // A stale host veth from an earlier attempt (its pod side is already gone): replace it.
-        if !h.delete_link(cfg.host_ifname)? {
+        if !k.delete_link(cfg.host_ifname)? {
             return Err(e);
         }
-        h.create_veth_with(&opts)?;
+        k.create_veth_with(&opts)?;
     }
-    let host = match h.link_by_name(cfg.host_ifname) {
-        Ok(Some(l)) => l,
-        Ok(None) => {
-            return Err(LinuxError::NotFound {
-                what: format!("host veth {} right after creating it", cfg.host_ifname),
-            });
-        }
+    match k.link_by_name(cfg.host_ifname) {
+        Ok(Some(host)) => Ok(PendingVeth { host }),
+        Ok(None) => Err(LinuxError::NotFound {
+            what: format!("host veth {} right after creating it", cfg.host_ifname),
+        }),
         Err(e) => {
-            let _ = h.delete_link(cfg.host_ifname);
-            return Err(e);
-        }
-    };
-    let prepared = (|| -> Result<()> {
-        let name = cfg.host_ifname;
-        sysctl::set(&format!("net/ipv4/conf/{name}/proxy_arp"), "1")?;
-        sysctl::set(&format!("net/ipv4/neigh/{name}/proxy_delay"), "0")?;
-        sysctl::set(&format!("net/ipv4/conf/{name}/forwarding"), "1")?;
-        Ok(())
-    })();
-    match prepared {
-        Ok(()) => Ok(PendingVeth { host }),
-        Err(e) => {
-            let _ = h.delete_link_by_index(host.index);
+            let _ = k.delete_link(cfg.host_ifname);
             Err(e)
         }
     }
 }
 
-/// Second half of [`setup_pod_interface`]: the pod's addresses and routes, the host's IPv6
-/// sysctls and /32 (/128) routes. On failure the veth pair is deleted.
-pub fn finish_pod_interface(
+/// Step 2: the host end's sysctls: proxy-ARP without delay and forwarding; for a pod with
+/// IPv6, proxy-NDP and forwarding, router advertisements ignored (IPv6 keys skipped where the
+/// node has IPv6 disabled).
+pub fn prepare_host_side(
+    k: &mut dyn PodKernel,
     cfg: &PodInterfaceConfig,
-    pending: PendingVeth,
-) -> Result<PodInterface> {
-    let mut h = Handle::new()?;
-    match configure(cfg, &mut h, &pending) {
-        Ok(pi) => Ok(pi),
-        Err(e) => {
-            // Deleting the host end removes the pod end and the host routes with it.
-            let _ = h.delete_link_by_index(pending.host.index);
-            Err(e)
-        }
+    _pending: &PendingVeth,
+) -> Result<()> {
+    let name = cfg.host_ifname;
+    k.set_sysctl(&format!("net/ipv4/conf/{name}/proxy_arp"), "1")?;
+    k.set_sysctl(&format!("net/ipv4/neigh/{name}/proxy_delay"), "0")?;
+    k.set_sysctl(&format!("net/ipv4/conf/{name}/forwarding"), "1")?;
+    if families(cfg.addresses).1 {
+        k.set_sysctl_if_present(&format!("net/ipv6/conf/{name}/proxy_ndp"), "1")?;
+        k.set_sysctl_if_present(&format!("net/ipv6/conf/{name}/forwarding"), "1")?;
+        k.set_sysctl_if_present(&format!("net/ipv6/conf/{name}/accept_ra"), "0")?;
     }
-}
-
-/// Deletes a veth pair made by [`create_pod_veth`] whose ADD failed.
-pub fn abandon_pod_veth(pending: PendingVeth) -> Result<()> {
-    Handle::new()?.delete_link_by_index(pending.host.index)?;
     Ok(())
 }
 
-fn configure(
+/// Step 3: inside the pod's namespace, in one visit: IPv6 off for an IPv4-only pod, the
+/// interface and `lo` up, the addresses as /32 (/128), the default routes via the proxy
+/// gateways (for the pod's first interface only), forwarding when asked. Returns the pod's
+/// interface. Undone with the pair.
+pub fn configure_pod_side(
+    k: &mut dyn PodKernel,
     cfg: &PodInterfaceConfig,
-    h: &mut Handle,
-    pending: &PendingVeth,
-) -> Result<PodInterface> {
+    _pending: &PendingVeth,
+) -> Result<Link> {
     let (v4, v6) = families(cfg.addresses);
-    let host = &pending.host;
-    let name = cfg.host_ifname;
-    if v6 {
-        sysctl::set_if_present(&format!("net/ipv6/conf/{name}/proxy_ndp"), "1")?;
-        sysctl::set_if_present(&format!("net/ipv6/conf/{name}/forwarding"), "1")?;
-        sysctl::set_if_present(&format!("net/ipv6/conf/{name}/accept_ra"), "0")?;
-    }
-
     let ns = cfg.pod_ns;
     let pod_ifname = cfg.pod_ifname;
     // The pod's side is configured through descriptors opened inside its namespace, from this
@@ -252,43 +278,28 @@ fn configure(
     let fwd_v4 = "net/ipv4/ip_forward";
     let fwd_v6 = "net/ipv6/conf/all/forwarding";
     let no_v6_key = format!("net/ipv6/conf/{pod_ifname}/disable_ipv6");
-    let allow_fwd = cfg.allow_ip_forwarding;
-    let opened = ns.open_inside(|| -> Result<_> {
-        let ph = Handle::new()?;
-        // An IPv4-only pod gets no IPv6 on its interface (as Calico does): no link-local
-        // address, no DAD or router solicitation work when the link comes up.
-        let no_v6 = if v6 {
-            None
-        } else {
-            sysctl::open_if_present(&no_v6_key)?
-        };
-        let fwd = if allow_fwd {
-            let v4 = sysctl::open_if_present(fwd_v4)?.ok_or_else(|| {
-                LinuxError::io(
-                    format!("set sysctl {fwd_v4}=1"),
-                    std::io::Error::from(std::io::ErrorKind::NotFound),
-                )
-            })?;
-            let v6f = if v6 {
-                sysctl::open_if_present(fwd_v6)?
-            } else {
-                None
-            };
-            Some((v4, v6f))
-        } else {
-            None
-        };
-        Ok((ph, no_v6, fwd))
-    })??;
-    let (mut ph, no_v6, fwd) = opened;
+    let mut keys: Vec<&str> = Vec::new();
+    // An IPv4-only pod gets no IPv6 on its interface (as Calico does): no link-local
+    // address, no DAD or router solicitation work when the link comes up.
+    if !v6 {
+        keys.push(&no_v6_key);
+    }
+    if cfg.allow_ip_forwarding {
+        keys.push(fwd_v4);
+        if v6 {
+            keys.push(fwd_v6);
+        }
+    }
+    let side = k.enter_pod(ns, &keys)?;
+    let (mut ph, mut sys) = (side.netlink, side.sysctls);
     let mut pod = ph
         .link_by_name(pod_ifname)?
         .ok_or_else(|| LinuxError::NotFound {
             what: format!("interface {pod_ifname} in container namespace {ns} after creating it"),
         })?;
     let pod_index = pod.index;
-    if let Some(f) = &no_v6 {
-        f.set("1")?;
+    if !v6 {
+        sys.set_sysctl_if_present(&no_v6_key, "1")?;
     }
     ph.set_link_up(pod_index)?;
     // lo is ifindex 1 in every namespace.
@@ -300,41 +311,39 @@ fn configure(
     }
     // The pod's first interface owns its default route; a second interface of the same pod
     // (e.g. `net1`) gets its addresses only, so it never takes the default away.
-    let has_default = |ph: &mut Handle, v6: bool| -> Result<bool> {
+    let mut has_default = |v6: bool| -> Result<bool> {
         Ok(ph
-            .routes(v6)?
+            .routes_full(v6, MAIN_TABLE)?
             .iter()
             .any(|r| r.dst.prefix_len() == 0 && r.oif != Some(pod_index)))
     };
-    let (v4_routes, v6_routes) = (
-        v4 && !has_default(&mut ph, false)?,
-        v6 && !has_default(&mut ph, true)?,
-    );
+    let (v4_routes, v6_routes) = (v4 && !has_default(false)?, v6 && !has_default(true)?);
     for r in pod_routes(pod_index, v4_routes, v6_routes) {
-        ph.replace_route(&r).map_err(|e| in_container(e, ns))?;
+        ph.replace_route_full(&Route::from(&r))
+            .map_err(|e| in_container(e, ns))?;
     }
-    if let Some((v4f, v6f)) = &fwd {
-        v4f.set("1")?;
-        if let Some(f) = v6f {
-            f.set("1")?;
+    if cfg.allow_ip_forwarding {
+        sys.set_sysctl(fwd_v4, "1")?;
+        if v6 {
+            sys.set_sysctl_if_present(fwd_v6, "1")?;
         }
     }
-    drop(ph);
-
-    for a in cfg.addresses {
-        h.replace_route(&host_route(a, host.index))?;
+    if pod.mac.is_none() {
+        return Err(LinuxError::Malformed(format!(
+            "interface {} has no MAC address",
+            pod.name
+        )));
     }
-    Ok(PodInterface {
-        host_ifname: host.name.clone(),
-        host_mac: host.mac.unwrap_or(HOST_VETH_MAC),
-        pod_ifname: pod.name.clone(),
-        pod_mac: pod.mac.ok_or_else(|| {
-            LinuxError::Malformed(format!("interface {} has no MAC address", pod.name))
-        })?,
-        pod_ifindex: pod.index,
-        host_ifindex: host.index,
-        mtu: host.mtu,
-    })
+    Ok(pod)
+}
+
+/// Step 4: the node's /32 (/128) routes to the pod's addresses through the host end, for the
+/// caller to install (`replace_route_full`) and, on a later failure, delete.
+pub fn host_routes(cfg: &PodInterfaceConfig, pending: &PendingVeth) -> Vec<Route> {
+    cfg.addresses
+        .iter()
+        .map(|a| Route::from(&host_route(a, pending.host.index)))
+        .collect()
 }
 
 fn in_container(e: LinuxError, ns: &NetNs) -> LinuxError {
@@ -370,11 +379,30 @@ pub fn check_pod_interface(
     pod_ns: &NetNs,
     addresses: &[IpNet],
 ) -> Result<()> {
+    check_pod_interface_on(
+        &mut Handle::new()?,
+        host_ifname,
+        pod_ifname,
+        pod_ns,
+        addresses,
+    )
+}
+
+/// [`check_pod_interface`] on the kernel `k` (the node's namespace); the pod's side is read
+/// through a netlink socket opened inside `pod_ns` ([`PodNamespaces::enter_pod`]).
+///
+/// [`PodNamespaces::enter_pod`]: crate::kernel::PodNamespaces::enter_pod
+pub fn check_pod_interface_on(
+    k: &mut dyn PodKernel,
+    host_ifname: &str,
+    pod_ifname: &str,
+    pod_ns: &NetNs,
+    addresses: &[IpNet],
+) -> Result<()> {
     check_ifname(host_ifname)?;
     check_ifname(pod_ifname)?;
     let (v4, v6) = families(addresses);
-    let mut h = Handle::new()?;
-    let host = h.link_by_name(host_ifname)?.ok_or_else(|| {
+    let host = k.link_by_name(host_ifname)?.ok_or_else(|| {
         LinuxError::CheckFailed(format!("host veth {host_ifname} does not exist"))
     })?;
     if !host.up {
@@ -390,10 +418,10 @@ pub fn check_pod_interface(
     }
     let mut host_routes = Vec::new();
     if v4 {
-        host_routes.extend(h.routes(false)?);
+        host_routes.extend(k.routes_full(false, MAIN_TABLE)?);
     }
     if v6 {
-        host_routes.extend(h.routes(true)?);
+        host_routes.extend(k.routes_full(true, MAIN_TABLE)?);
     }
     for a in addresses {
         let dst = host_prefix(a);
@@ -407,47 +435,45 @@ pub fn check_pod_interface(
         }
     }
 
-    pod_ns.run(|| -> Result<()> {
-        let mut ph = Handle::new()?;
-        let pod = ph.link_by_name(pod_ifname)?.ok_or_else(|| {
-            LinuxError::CheckFailed(format!(
-                "interface {pod_ifname} does not exist in container namespace {pod_ns}"
-            ))
-        })?;
-        if host.peer_index.is_some_and(|p| p != pod.index) {
+    let mut ph = k.enter_pod(pod_ns, &[])?.netlink;
+    let pod = ph.link_by_name(pod_ifname)?.ok_or_else(|| {
+        LinuxError::CheckFailed(format!(
+            "interface {pod_ifname} does not exist in container namespace {pod_ns}"
+        ))
+    })?;
+    if host.peer_index.is_some_and(|p| p != pod.index) {
+        return Err(LinuxError::CheckFailed(format!(
+            "host veth {host_ifname} is not the peer of {pod_ifname} in container namespace {pod_ns}"
+        )));
+    }
+    let have = ph.addresses(Some(pod.index))?;
+    for a in addresses {
+        if !have.iter().any(|(_, h)| h.addr() == a.addr()) {
             return Err(LinuxError::CheckFailed(format!(
-                "host veth {host_ifname} is not the peer of {pod_ifname} in container namespace {pod_ns}"
+                "address {} is missing on {pod_ifname} in container namespace {pod_ns}",
+                a.addr()
             )));
         }
-        let have = ph.addresses(Some(pod.index))?;
-        for a in addresses {
-            if !have.iter().any(|(_, h)| h.addr() == a.addr()) {
-                return Err(LinuxError::CheckFailed(format!(
-                    "address {} is missing on {pod_ifname} in container namespace {pod_ns}",
-                    a.addr()
-                )));
-            }
+    }
+    for (want, is_v6) in [(v4, false), (v6, true)] {
+        if !want {
+            continue;
         }
-        for (want, is_v6) in [(v4, false), (v6, true)] {
-            if !want {
-                continue;
-            }
-            let gw = if is_v6 {
-                IpAddr::V6(POD_GATEWAY_V6)
-            } else {
-                IpAddr::V4(POD_GATEWAY_V4)
-            };
-            // A secondary interface relies on the default route of the pod's first interface.
-            let routes = ph.routes(is_v6)?;
-            if !routes
-                .iter()
-                .any(|r| r.dst == default_dst(is_v6) && r.gateway == Some(gw))
-            {
-                return Err(LinuxError::CheckFailed(format!(
-                    "default route via {gw} dev {pod_ifname} is missing in container namespace {pod_ns}"
-                )));
-            }
+        let gw = if is_v6 {
+            IpAddr::V6(POD_GATEWAY_V6)
+        } else {
+            IpAddr::V4(POD_GATEWAY_V4)
+        };
+        // A secondary interface relies on the default route of the pod's first interface.
+        let routes = ph.routes_full(is_v6, MAIN_TABLE)?;
+        if !routes
+            .iter()
+            .any(|r| r.dst == default_dst(is_v6) && r.gateway == Some(gw))
+        {
+            return Err(LinuxError::CheckFailed(format!(
+                "default route via {gw} dev {pod_ifname} is missing in container namespace {pod_ns}"
+            )));
         }
-        Ok(())
-    })?
+    }
+    Ok(())
 }

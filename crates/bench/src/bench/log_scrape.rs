@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::stats::percentile;
 
 /// Where the sequential ADDs' time went inside `ternd` (p50 of each step over the phase), read
-/// from its debug log (`TERN_BENCH_SPLIT=1` runs it with `tern_agent::ops` and
+/// from its debug log (`TERN_BENCH_SPLIT=1` runs it with `tern_agent::pod` and
 /// `tern_agent::server` at debug). What the runtime saw minus `served` is the plugin's exec,
 /// start-up and exit, the socket round trip and ternd's accept.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -28,7 +28,7 @@ pub struct AgentSplit {
 pub const SPLIT_ENV: &str = "TERN_BENCH_SPLIT";
 
 /// `ternd`'s log filter when [`SPLIT_ENV`] is set.
-pub(super) const SPLIT_LOG: &str = "info,tern_agent::ops=debug,tern_agent::server=debug";
+pub(super) const SPLIT_LOG: &str = "info,tern_agent::pod=debug,tern_agent::server=debug";
 
 /// Reads the whole microseconds `ternd` logs beside a step's `Debug` text: the `(us: A B C D)` at
 /// the end of `ADD <id>: allocate ...` (`text` is what follows `: allocate `) or the `(N us)` of
@@ -95,11 +95,11 @@ mod tests {
     #[test]
     fn agent_split_reads_only_the_phase_pods_from_the_log() {
         let log = "\
-[2026-12-01T11:59:27.100Z DEBUG tern_agent::ops] ADD warm: allocate 9ms, create veth 9ms, policy+configure 9ms, endpoint 9ms (us: 9000 9000 9000 9000)
+[2026-12-01T11:59:27.100Z DEBUG tern_agent::pod::add] ADD warm: allocate 9ms, create veth 9ms, policy+configure 9ms, endpoint 9ms (us: 9000 9000 9000 9000)
 [2026-12-01T11:59:27.100Z DEBUG tern_agent::server] ADD warm/eth0 ok in 40ms (40000 us)
-[2026-12-01T11:59:27.200Z DEBUG tern_agent::ops] ADD c1: allocate 100.4µs, create veth 600.1µs, policy+configure 300.9µs, endpoint 90µs (us: 100 600 300 90)
+[2026-12-01T11:59:27.200Z DEBUG tern_agent::pod::add] ADD c1: allocate 100.4µs, create veth 600.1µs, policy+configure 300.9µs, endpoint 90µs (us: 100 600 300 90)
 [2026-12-01T11:59:27.200Z DEBUG tern_agent::server] ADD c1/eth0 ok in 1.2004ms (1200 us)
-[2026-12-01T11:59:27.300Z DEBUG tern_agent::ops] ADD c2: allocate 200µs, create veth 700µs, policy+configure 400µs, endpoint 110µs (us: 200 700 400 110)
+[2026-12-01T11:59:27.300Z DEBUG tern_agent::pod::add] ADD c2: allocate 200µs, create veth 700µs, policy+configure 400µs, endpoint 110µs (us: 200 700 400 110)
 [2026-12-01T11:59:27.300Z DEBUG tern_agent::server] ADD c2/eth0 ok in 1.5ms (1500 us)
 [2026-12-01T11:59:27.400Z INFO  tern_agent::server] ADD c3/eth0 failed (code 11): busy
 ";
