@@ -624,3 +624,29 @@ impl KubeNode {
         Ternd::new(&self.netns.name, &self.tmp.path().join("node"), node, &args)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_text_is_parsed_with_labels_and_escapes() {
+        let text = "# HELP x help\n# TYPE x counter\n\
+                    apiserver_request_total{verb=\"LIST\",resource=\"pods\"} 12\n\
+                    up 1 1700000000\n\
+                    odd{path=\"/a,b}\\\"c\\n\"} 2.5\n\
+                    \n\
+                    broken{x=1} 3\n";
+        let s = parse_metrics(text);
+        assert_eq!(s.len(), 3, "{s:?}");
+        assert_eq!(s[0].name, "apiserver_request_total");
+        assert_eq!(s[0].label("verb"), "LIST");
+        assert_eq!(s[0].label("resource"), "pods");
+        assert_eq!(s[0].label("absent"), "");
+        assert_eq!(s[0].value, 12.0);
+        assert_eq!((s[1].name.as_str(), s[1].value), ("up", 1.0));
+        assert!(s[1].labels.is_empty());
+        assert_eq!(s[2].label("path"), "/a,b}\"c\n");
+        assert_eq!(s[2].value, 2.5);
+    }
+}

@@ -359,3 +359,41 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16,
     let body = out.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
     Ok((status, body))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_name_the_node_socket_state_and_a_default_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Ternd::new("ns1", dir.path(), "n7", &["--log-level=debug"]);
+        let d = dir.path().display();
+        assert_eq!(
+            t.args,
+            [
+                "--node-name=n7".to_string(),
+                format!("--store=sqlite://{d}/store.db"),
+                format!("--socket={d}/ternd.sock"),
+                format!("--state-dir={d}/state"),
+                "--log-level=debug".to_string(),
+            ]
+        );
+        assert_eq!(t.store_url(), format!("sqlite://{d}/store.db"));
+        assert_eq!(t.health_addr(), "127.0.0.1:9099".parse().unwrap());
+        assert!(!t.is_started());
+
+        let t = Ternd::new(
+            "ns1",
+            dir.path(),
+            "n7",
+            &["--store=etcd://127.0.0.1:2379", "--health-addr=127.0.0.1:1"],
+        );
+        assert_eq!(t.store_url(), "etcd://127.0.0.1:2379");
+        assert_eq!(
+            t.args.iter().filter(|a| a.starts_with("--store=")).count(),
+            1
+        );
+        assert_eq!(t.health_addr(), "127.0.0.1:1".parse().unwrap());
+    }
+}
