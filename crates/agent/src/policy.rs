@@ -776,8 +776,7 @@ mod tests {
 
     /// Runs `f` on a thread of its own (named after the test, so tern-testkit's skip or failure
     /// names it) inside a network namespace of that thread's own, never the machine's: nft and
-    /// netlink act there only. Without one (not root) it fails under TERN_TEST_STRICT=1 and is
-    /// a visible SKIP otherwise.
+    /// netlink act there only. Without one (not root) the test fails saying so.
     fn in_private_netns(f: fn()) {
         let t = tern_testkit::thread_for_test().spawn(move || {
             // Only this dedicated thread (and processes it spawns) changes namespace.
@@ -786,9 +785,8 @@ mod tests {
                 Ok(()) => String::new(),
                 Err(e) => format!("{e}; run as root"),
             };
-            if tern_testkit::require("a private network namespace (root)", entered.is_ok(), why) {
-                f();
-            }
+            tern_testkit::need("a private network namespace (root)", entered.is_ok(), why);
+            f();
         });
         t.unwrap().join().unwrap();
     }

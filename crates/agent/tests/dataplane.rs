@@ -6,8 +6,10 @@
 
 mod common;
 
+use tern_testkit::netns::{Netns as Ns, Underlay};
+
 // The harness's UDP and TCP echoes between namespaces.
-use common::{Netns as Ns, Underlay, tcp_echo as tcp, udp_echo as udp};
+use common::tcp_echo as tcp;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +19,7 @@ use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_linux::netns::NetNs;
 use tern_model::{EncapMode, IpPool, IpPoolSpec, Kind, Resource};
 use tern_store::Store;
+use tern_testkit::netns::udp_echo;
 
 /// One node: namespace, address, reconciler.
 struct NodeNs {
@@ -176,9 +179,7 @@ fn two_nodes(
 
 #[test]
 fn direct_routing_between_two_nodes() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let (_d, s, _u, a, b) = two_nodes(EncapMode::Never, false);
     let ipam = Ipam::new(s.clone());
     let pa = add_pod(&a, &ipam, "pa");
@@ -193,7 +194,10 @@ fn direct_routing_between_two_nodes() {
     );
     assert!(!ra.contains("vxlan.tern"), "{ra}");
     assert_eq!(a.dp.as_ref().unwrap().pod_mtu(), 1500);
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
     tcp(&pb.ns, &pa.ns, pa.ip).unwrap();
 
     // A route deleted behind the reconciler's back is repaired by the resync.
@@ -232,9 +236,7 @@ fn direct_routing_between_two_nodes() {
 
 #[test]
 fn vxlan_between_two_nodes_and_watch_latency() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let (_d, s, _u, mut a, mut b) = two_nodes(EncapMode::Always, false);
     a.start(&s, true);
     b.start(&s, true);
@@ -256,7 +258,7 @@ fn vxlan_between_two_nodes_and_watch_latency() {
     let pb = add_pod(&b, &ipam, "pb");
     let bb = block_of(&ipam, pb.ip);
     assert!(
-        common::poll(Duration::from_secs(2), Duration::from_millis(10), || a
+        tern_testkit::wait::poll(Duration::from_secs(2), Duration::from_millis(10), || a
             .routes()
             .contains(&bb.to_string())),
         "{}",
@@ -284,7 +286,10 @@ fn vxlan_between_two_nodes_and_watch_latency() {
     );
     let fdb = a.ns.exec(&["bridge", "fdb", "show", "dev", "vxlan.tern"]);
     assert!(fdb.contains(&format!("{mac} dst 198.18.0.2")), "{fdb}");
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
     tcp(&pa.ns, &pb.ns, pb.ip).unwrap();
 
     // Delete the neighbour behind our back: the resync repairs it.
@@ -298,15 +303,13 @@ fn vxlan_between_two_nodes_and_watch_latency() {
 
 #[test]
 fn cross_subnet_encapsulates_only_across_the_router() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let (_d, s) = store();
     put_pool(&*s, "pool", EncapMode::CrossSubnet, EncapMode::Never, false);
     let u = Underlay::new();
     // A router namespace joins 198.18.0.0/24 (the bridge) and 198.18.1.0/24 (a link to c).
     let r = Ns::new("r");
-    let port = common::unique("u");
+    let port = tern_testkit::netns::unique_name("u");
     u.ns.ip(&[
         "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &r.name,
     ]);
@@ -351,16 +354,20 @@ fn cross_subnet_encapsulates_only_across_the_router() {
         ra.contains(&format!("{bc} via")) && ra.contains("dev vxlan.tern"),
         "{ra}"
     );
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
-    assert_eq!(udp(&pa.ns, &pc.ns, pc.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pc.ns.path(), pc.ip).unwrap(),
+        pa.ip
+    );
     tcp(&pc.ns, &pb.ns, pb.ip).unwrap();
 }
 
 #[test]
 fn nat_outgoing_masquerades_to_destinations_outside_the_pools() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let (_d, s, u, a, b) = two_nodes(EncapMode::Never, true);
     let ipam = Ipam::new(s.clone());
     let pa = add_pod(&a, &ipam, "pa");
@@ -374,13 +381,16 @@ fn nat_outgoing_masquerades_to_destinations_outside_the_pools() {
     );
     // An "external" host on the underlay, outside every pool.
     u.ns.ip(&["addr", "add", "198.18.0.100/24", "dev", "br0"]);
-    let seen = udp(&pa.ns, &u.ns, "198.18.0.100".parse().unwrap()).unwrap();
+    let seen = udp_echo(&pa.ns.path(), &u.ns.path(), "198.18.0.100".parse().unwrap()).unwrap();
     assert_eq!(
         seen, a.ip,
         "traffic leaving the pool is masqueraded to the node address"
     );
     // Pod to pod stays unmasqueraded.
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
     // Turning natOutgoing off empties the chain; other tables are untouched.
     a.ns.exec(&["nft", "add", "table", "ip", "other"]);
     put_pool(&*s, "pool", EncapMode::Never, EncapMode::Never, false);
@@ -394,16 +404,14 @@ fn nat_outgoing_masquerades_to_destinations_outside_the_pools() {
     // Without NAT the external host sees the pod address (given a route back to the pool).
     u.ns.ip(&["route", "add", "10.244.0.0/16", "via", "198.18.0.1"]);
     assert_eq!(
-        udp(&pa.ns, &u.ns, "198.18.0.100".parse().unwrap()).unwrap(),
+        udp_echo(&pa.ns.path(), &u.ns.path(), "198.18.0.100".parse().unwrap()).unwrap(),
         pa.ip
     );
 }
 
 #[test]
 fn bad_input_is_reported_and_the_rest_keeps_working() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let (_d, s) = store();
     put_pool(&*s, "good", EncapMode::Never, EncapMode::Never, false);
     // Written behind validation's back: both encapsulations, and an unknown mode.
@@ -513,9 +521,7 @@ fn bad_input_is_reported_and_the_rest_keeps_working() {
 /// BGP, a BGP route outside every pool is removed too. Traffic flows at every step.
 #[test]
 fn bgp_routes_are_taken_over_when_the_pool_switches_to_vxlan() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let (_d, s, _u, a, b) = two_nodes(EncapMode::Never, false);
     for n in [&a, &b] {
         n.dp.as_ref().unwrap().set_bgp_routing(true);
@@ -542,7 +548,10 @@ fn bgp_routes_are_taken_over_when_the_pool_switches_to_vxlan() {
         bgp_routes(&a)
     );
     assert!(!a.routes().contains(&format!("{bb} via")), "{}", a.routes());
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
 
     // The pool switches to VXLAN; only a has seen it (b has no VTEP yet).
     put_pool(&*s, "pool", EncapMode::Always, EncapMode::Never, false);
@@ -562,7 +571,10 @@ fn bgp_routes_are_taken_over_when_the_pool_switches_to_vxlan() {
         bgp.contains("10.99.0.0/24"),
         "outside the pools, BGP's:\n{bgp}"
     );
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
 
     // Both know each other's VTEP: the tunnel routes replace the BGP routes.
     sync_all(&[&a, &b]);
@@ -582,7 +594,10 @@ fn bgp_routes_are_taken_over_when_the_pool_switches_to_vxlan() {
             n.name
         );
     }
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
     tcp(&pb.ns, &pa.ns, pa.ip).unwrap();
 
     // ternd restarted without --bgp: no speaker routes anything, its last route goes.
@@ -591,5 +606,8 @@ fn bgp_routes_are_taken_over_when_the_pool_switches_to_vxlan() {
     let r = a.sync();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(bgp_routes(&a).trim(), "", "BGP routes left without --bgp");
-    assert_eq!(udp(&pa.ns, &pb.ns, pb.ip).unwrap(), pa.ip);
+    assert_eq!(
+        udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
+        pa.ip
+    );
 }

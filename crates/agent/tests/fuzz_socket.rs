@@ -196,9 +196,7 @@ fn run_case(sock: &Path, fds: &Fds, case: &Case) -> Result<(), TestCaseError> {
 
 #[test]
 fn socket_frames_never_crash_leak_or_stall_the_server() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let cases: u32 = std::env::var("TERN_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())

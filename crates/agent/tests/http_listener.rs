@@ -22,9 +22,7 @@ fn rss_kib() -> u64 {
 
 #[test]
 fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     tern_linux::netns::run_in_new(|| {
         common::lo_up();
         let dir = tempfile::tempdir().unwrap();
@@ -37,7 +35,7 @@ fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
         agent.start_maintenance().unwrap();
         let addr = tern_agent::http::start_http(&agent)[0];
         assert_eq!(
-            common::http_get(addr, "/liveness", Duration::from_secs(2))
+            tern_testkit::ternd::http_get(addr, "/liveness", Duration::from_secs(2))
                 .unwrap()
                 .0,
             200
@@ -96,7 +94,7 @@ fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
         let mut probes = 0;
         while start.elapsed() < Duration::from_secs(4) {
             let t0 = Instant::now();
-            let r = common::http_get(addr, "/liveness", Duration::from_secs(1));
+            let r = tern_testkit::ternd::http_get(addr, "/liveness", Duration::from_secs(1));
             let took = t0.elapsed();
             assert!(
                 matches!(r, Ok((200, _))),
@@ -107,7 +105,8 @@ fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
             std::thread::sleep(Duration::from_millis(100));
         }
         assert!(worst < Duration::from_secs(1), "worst /liveness {worst:?}");
-        let (m, body) = common::http_get(addr, "/metrics", Duration::from_secs(2)).unwrap();
+        let (m, body) =
+            tern_testkit::ternd::http_get(addr, "/metrics", Duration::from_secs(2)).unwrap();
         assert_eq!(m, 200);
         assert!(body.contains("tern_endpoints"), "{body}");
 

@@ -39,9 +39,7 @@ impl Drop for Setup {
 /// Runs `test` against a fresh agent (leak grace `grace` seconds) in a fresh network namespace;
 /// needs root (tern-testkit).
 fn with_agent(grace: u64, test: impl FnOnce(&Setup) + Send) {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     tern_linux::netns::run_in_new(|| test(&setup(grace))).unwrap();
 }
 

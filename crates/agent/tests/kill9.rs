@@ -8,7 +8,6 @@
 
 mod common;
 
-use common::{Netns, Node};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::net::IpAddr;
@@ -19,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tern_api::{AddRequest, Attachment, DelRequest, Reply, Request};
 use tern_ipam::Ipam;
+use tern_testkit::netns::Netns;
+use tern_testkit::ternd::Node;
 
 struct Pod {
     ns: Netns,
@@ -38,9 +39,7 @@ fn add(sock: &Path, pod: &Netns, att: &Attachment) -> Result<IpAddr, String> {
 
 #[test]
 fn kill_9_during_adds_leaves_no_duplicate_and_no_leak() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let mut node = Node::new(&[
         "--default-ipv4-pool=10.78.0.0/22",
         "--resync-seconds=1",

@@ -29,10 +29,8 @@
 //! 198.18.7.0/24.
 
 mod common;
-mod kube_api;
 
-use common::{Netns, Ternd, Underlay, in_netns, wait_until};
-use kube_api::{KubeApi, NETWORK};
+use common::kube::NETWORK;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::net::IpAddr;
@@ -46,6 +44,10 @@ use std::time::{Duration, Instant};
 use tern_api::{AddRequest, Attachment, DelRequest, PodRef, Reply, Request};
 use tern_ipam::Ipam;
 use tern_store::kube::{KubeConfig, KubeStore};
+use tern_testkit::kube_api::KubeApi;
+use tern_testkit::netns::{Netns, Underlay, in_netns};
+use tern_testkit::ternd::Ternd;
+use tern_testkit::wait::wait_until;
 
 const API_IP: &str = "198.18.7.1";
 /// The nodes' default gateway: on the underlay's subnet, held by nobody (every address the
@@ -104,7 +106,7 @@ impl Cluster {
         let api = KubeApi::start_reachable(&api_ns.name, &tmp.path().join("k8s"), API_IP);
         api.install_crds();
         // ternd authenticates as the manifest's ServiceAccount with the manifest's RBAC.
-        api.apply(&kube_api::manifest_rbac());
+        api.apply(&tern_testkit::kube_api::manifest_rbac());
         api.apply(POOL);
         let nodes: Vec<String> = NODES
             .iter()
@@ -113,7 +115,7 @@ impl Cluster {
         api.apply(&nodes.join("---\n"));
         let admin = api.kubeconfig("storm-admin", "storm-admin", &["system:masters"]);
         // ternd's credentials, with the API server's underlay address.
-        let kubeconfig = api.remote_kubeconfig("tern-node", kube_api::SA_USER, &[]);
+        let kubeconfig = api.remote_kubeconfig("tern-node", tern_testkit::kube_api::SA_USER, &[]);
         let kubeconfig = format!("--kubeconfig={}", kubeconfig.display());
         let mut agents = Vec::new();
         for (name, ip) in NODES {
@@ -883,9 +885,7 @@ fn wave(c: &mut Cluster, ns: &str, fault: Fault) {
 
 #[test]
 fn ipam_storm_of_three_agents_through_agent_kill_and_api_server_restart() {
-    if !kube_api::require_k8s() {
-        return;
-    }
+    tern_testkit::kube_api::need_k8s();
     let t0 = Instant::now();
     let mut c = Cluster::start();
     eprintln!(

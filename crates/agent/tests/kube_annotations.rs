@@ -15,15 +15,17 @@
 //! removed by drop guards; the root namespace is never touched.
 
 mod common;
-mod kube_api;
 
-use common::{Ternd, wait_until};
+use common::REFERENCE_PLUGINS;
+use common::kube::{KubePod, KubeTernd as _};
 use ipnet::IpNet;
-use kube_api::{AGENT_RBAC, KubeNode, KubePod, REFERENCE_PLUGINS};
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
+use tern_testkit::kube_api::{AGENT_RBAC, KubeNode};
+use tern_testkit::ternd::Ternd;
+use tern_testkit::wait::wait_until;
 
 const NODE: &str = "annot-node";
 const NODE_IP: &str = "198.18.0.20";
@@ -78,11 +80,8 @@ fn assert_refused(st: i32, out: &Value, code: u64, words: &[&str]) {
 
 #[test]
 fn calico_ipam_annotations_from_the_api_server() {
-    if !kube_api::require_k8s()
-        || !tern_testkit::require_binary(&format!("{REFERENCE_PLUGINS}/host-local"))
-    {
-        return;
-    }
+    tern_testkit::kube_api::need_k8s();
+    tern_testkit::need_binary(&format!("{REFERENCE_PLUGINS}/host-local"));
     let plugin = common::tern_plugin();
     let k = KubeNode::start(NODE_IP);
     let api = &k.api;

@@ -18,15 +18,17 @@
 //! removed by drop guards; the root namespace is never touched.
 
 mod common;
-mod kube_api;
 
-use common::{Ternd, in_netns, wait_until};
-use kube_api::{AGENT_RBAC, KubeNode, KubePod};
+use common::kube::{KubePod, KubeTernd as _};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tern_testkit::kube_api::{AGENT_RBAC, KubeNode};
+use tern_testkit::netns::in_netns;
+use tern_testkit::ternd::Ternd;
+use tern_testkit::wait::wait_until;
 
 const NODE: &str = "itest-node";
 const NODE_IP: &str = "198.18.0.10";
@@ -114,9 +116,7 @@ fn web_policy(name: &str, ingress: &str) -> String {
 
 #[test]
 fn ternd_follows_the_kubernetes_api() {
-    if !kube_api::require_k8s() {
-        return;
-    }
+    tern_testkit::kube_api::need_k8s();
     let plugin = common::tern_plugin();
     let k = KubeNode::start(NODE_IP);
     k.netns

@@ -17,13 +17,13 @@
 //! --ignored --nocapture`
 
 mod common;
-mod kube_api;
 
+use common::kube::KubeTernd as _;
 use common::pctl;
-use kube_api::{AGENT_RBAC, KubeNode};
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use tern_testkit::kube_api::{AGENT_RBAC, KubeNode};
 
 const NODE: &str = "bench-node";
 const NODE_IP: &str = "198.18.0.20";
@@ -74,10 +74,7 @@ fn print_samples(what: &str, total: Vec<Duration>, kubectl: Vec<Duration>) {
 #[test]
 #[ignore = "benchmark: run with --ignored --nocapture"]
 fn kube_watch_memory_and_propagation() {
-    assert!(
-        kube_api::require_k8s(),
-        "root, openssl and the Kubernetes binaries are needed"
-    );
+    tern_testkit::kube_api::need_k8s();
     let bench_start = Instant::now();
     let plugin = common::tern_plugin();
     let k = KubeNode::start(NODE_IP);
@@ -285,17 +282,14 @@ fn ipam_add_del_latency_per_datastore() {
     use tern_store::kube::{KubeConfig, KubeStore};
     const OPS: usize = 200;
     const OTHER_NODES: usize = 1000;
-    assert!(
-        kube_api::require_k8s(),
-        "root, openssl and the Kubernetes binaries are needed"
-    );
-    let k = kube_api::KubeNode::start(NODE_IP);
+    tern_testkit::kube_api::need_k8s();
+    let k = tern_testkit::kube_api::KubeNode::start(NODE_IP);
     let api = &k.api;
     api.install_crds();
     let admin = api.kubeconfig("store-admin", "store-admin", &["system:masters"]);
     let db = k.tmp.path().join("ipam.db");
     let ns = format!("/run/netns/{}", k.netns.name);
-    common::in_netns(&ns, || {
+    tern_testkit::netns::in_netns(&ns, || {
         let stores: Vec<(&str, std::sync::Arc<dyn Store>)> = vec![
             (
                 "sqlite",
@@ -303,7 +297,11 @@ fn ipam_add_del_latency_per_datastore() {
             ),
             (
                 "etcd",
-                tern_store::open(&format!("etcd://127.0.0.1:{}", kube_api::ETCD_PORT)).unwrap(),
+                tern_store::open(&format!(
+                    "etcd://127.0.0.1:{}",
+                    tern_testkit::kube_api::ETCD_PORT
+                ))
+                .unwrap(),
             ),
             (
                 "kubernetes",

@@ -21,16 +21,16 @@
 //! root namespace is never touched.
 
 mod common;
-mod kube_api;
 
-use common::in_netns;
-use kube_api::KubeNode;
+use common::kube::KubeTernd as _;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tern_store::conformance::{self, Options};
 use tern_store::kube::{KubeConfig, KubeStore};
 use tern_store::{Store, StoreError};
+use tern_testkit::kube_api::KubeNode;
+use tern_testkit::netns::in_netns;
 
 const NODE_IP: &str = "198.18.0.40";
 const NODE: &str = "kds-node";
@@ -82,7 +82,7 @@ spec:
 
 /// The API server's count of write requests (POST, PUT, PATCH, DELETE) by verb and resource,
 /// from its `apiserver_request_total`.
-fn api_writes(api: &kube_api::KubeApi) -> BTreeMap<(String, String), u64> {
+fn api_writes(api: &tern_testkit::kube_api::KubeApi) -> BTreeMap<(String, String), u64> {
     api_requests(api, |verb| {
         matches!(verb, "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY")
     })
@@ -91,7 +91,7 @@ fn api_writes(api: &kube_api::KubeApi) -> BTreeMap<(String, String), u64> {
 /// The API server's count of the requests whose verb `keep` takes, by verb and resource,
 /// from its `apiserver_request_total`.
 fn api_requests(
-    api: &kube_api::KubeApi,
+    api: &tern_testkit::kube_api::KubeApi,
     keep: impl Fn(&str) -> bool,
 ) -> BTreeMap<(String, String), u64> {
     let text = api.must(&["get", "--raw", "/metrics"]);
@@ -123,13 +123,13 @@ fn api_requests(
 
 /// The watch streams open on tern's resources (group tern.dev), by resource, from the API
 /// server's `apiserver_longrunning_requests`.
-fn tern_watches(api: &kube_api::KubeApi) -> BTreeMap<String, u64> {
+fn tern_watches(api: &tern_testkit::kube_api::KubeApi) -> BTreeMap<String, u64> {
     watches(api, "tern.dev")
 }
 
 /// The watch streams open on the resources of API `group` ("" for the core group), by
 /// resource, from the API server's `apiserver_longrunning_requests`.
-fn watches(api: &kube_api::KubeApi, group: &str) -> BTreeMap<String, u64> {
+fn watches(api: &tern_testkit::kube_api::KubeApi, group: &str) -> BTreeMap<String, u64> {
     let text = api.must(&["get", "--raw", "/metrics"]);
     let mut out = BTreeMap::new();
     let group = format!("group=\"{group}\"");
@@ -169,9 +169,7 @@ fn diff(
 
 #[test]
 fn kubernetes_datastore_conformance_crds_and_kubectl() {
-    if !kube_api::require_k8s() {
-        return;
-    }
+    tern_testkit::kube_api::need_k8s();
     let mut k = KubeNode::start(NODE_IP);
     let api = &k.api;
     api.install_crds();
@@ -463,7 +461,7 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
     // ternd on the Kubernetes datastore (`--store kubernetes` with its `--kubeconfig`, as
     // tern-agent with tern's RBAC): a pod's ADD takes an address from a block it claims in
     // the API server, its DEL gives it back.
-    api.apply(kube_api::AGENT_RBAC);
+    api.apply(tern_testkit::kube_api::AGENT_RBAC);
     api.apply(DATASTORE_RBAC);
     api.apply(&format!(
         "apiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: prod}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: prod}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: prod}}\nspec: {{nodeName: {NODE}, automountServiceAccountToken: false, containers: [{{name: c, image: pause}}]}}\n"
@@ -739,7 +737,7 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
                 .unwrap()
         });
     }
-    let released = common::wait_until(Duration::from_secs(40), || {
+    let released = tern_testkit::wait::wait_until(Duration::from_secs(40), || {
         ["gone", "moved", "done"].iter().all(|p| held_by(p) == 0)
     });
     assert!(

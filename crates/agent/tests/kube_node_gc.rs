@@ -17,10 +17,7 @@
 //! process is killed by PID by the harness; the root namespace is never touched.
 
 mod common;
-mod kube_api;
 
-use common::{in_netns, wait_until};
-use kube_api::{KubeApi, KubeNode};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -29,6 +26,9 @@ use tern_agent::kube::{Kube, KubeSettings};
 use tern_ipam::Ipam;
 use tern_model::{Kind, Resource};
 use tern_store::Store;
+use tern_testkit::kube_api::{KubeApi, KubeNode};
+use tern_testkit::netns::in_netns;
+use tern_testkit::wait::wait_until;
 
 const NODE_IP: &str = "198.18.0.40";
 const GRACE: Duration = Duration::from_secs(5);
@@ -137,19 +137,17 @@ fn lease_holder(api: &KubeApi) -> String {
 
 #[test]
 fn deleted_nodes_are_released_by_one_elected_agent() {
-    if !kube_api::require_k8s() {
-        return;
-    }
+    tern_testkit::kube_api::need_k8s();
     let _ = env_logger::builder().is_test(true).try_init();
     let k = KubeNode::start(NODE_IP);
     let (api, tmp, n) = (&k.api, &k.tmp, &k.netns.name);
-    api.apply(&kube_api::manifest_rbac());
+    api.apply(&tern_testkit::kube_api::manifest_rbac());
     let node_yaml =
         |name: &str| format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n");
     for name in ["node1", "node2", "node3", "node4"] {
         api.apply(&node_yaml(name));
     }
-    let kubeconfig = api.kubeconfig("tern-node", kube_api::SA_USER, &[]);
+    let kubeconfig = api.kubeconfig("tern-node", tern_testkit::kube_api::SA_USER, &[]);
 
     let url = format!("sqlite://{}", tmp.path().join("store.db").display());
     let store = tern_store::open(&url).unwrap();

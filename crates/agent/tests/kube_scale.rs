@@ -56,10 +56,9 @@
 //! ternd with `TERN_TEST_TERND=<target>/release/ternd`.
 
 mod common;
-mod kube_api;
 
-use common::{Netns, Ternd, Underlay, in_netns, pctl};
-use kube_api::{KubeApi, NETWORK, Sample};
+use common::kube::NETWORK;
+use common::pctl;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -76,6 +75,9 @@ use tern_api::{AddRequest, Attachment, DelRequest, PodRef, Reply, Request};
 use tern_ipam::{Affinity, AffinityState, AllocationAttrs, Block, Ipam};
 use tern_store::kube::{KubeConfig, KubeStore};
 use tern_store::{Store, keys};
+use tern_testkit::kube_api::{KubeApi, Sample};
+use tern_testkit::netns::{Netns, Underlay, in_netns};
+use tern_testkit::ternd::Ternd;
 
 const API_IP: &str = "198.18.19.1";
 /// The nodes' default gateway: on the underlay's subnet, held by nobody.
@@ -216,10 +218,10 @@ impl Cluster {
         underlay.attach(&api_ns, &format!("{API_IP}/24"), GATEWAY);
         let api = KubeApi::start_reachable(&api_ns.name, &tmp.path().join("k8s"), API_IP);
         api.install_crds();
-        api.apply(&kube_api::manifest_rbac());
+        api.apply(&tern_testkit::kube_api::manifest_rbac());
         api.apply(POOL);
         let admin = api.kubeconfig("scale-admin", "scale-admin", &["system:masters"]);
-        let kubeconfig = api.remote_kubeconfig("tern-node", kube_api::SA_USER, &[]);
+        let kubeconfig = api.remote_kubeconfig("tern-node", tern_testkit::kube_api::SA_USER, &[]);
         let kubeconfig = format!("--kubeconfig={}", kubeconfig.display());
         let pool = format!("--default-ipv4-pool={POOL_CIDR}");
         let mut agents = Vec::new();
@@ -1188,10 +1190,7 @@ fn propagation_policy(name: &str) -> String {
 #[test]
 #[ignore = "benchmark: run with --ignored --nocapture"]
 fn kube_scale_1000_nodes_10000_pods_20_agents() {
-    assert!(
-        kube_api::require_k8s(),
-        "root, openssl and the Kubernetes binaries are needed"
-    );
+    tern_testkit::kube_api::need_k8s();
     let t0 = Instant::now();
     let mut c = Cluster::start();
     eprintln!(
@@ -1518,7 +1517,7 @@ fn kube_scale_1000_nodes_10000_pods_20_agents() {
             "kube_scale: one kube-apiserver v1.34 + etcd, {AGENTS} ternd agents ({}{}), \
              {NODES} Node objects ({FAKE_NODES} fake), {PODS} Pods ({FAKE_PODS} on fake \
              nodes), {} namespaces, {BACKGROUND_POLICIES} NetworkPolicies; {} CPUs",
-            common::ternd_bin().display(),
+            tern_testkit::ternd::default_bin().display(),
             std::env::var("MALLOC_ARENA_MAX")
                 .map(|v| format!(", MALLOC_ARENA_MAX={v}"))
                 .unwrap_or_default(),
@@ -1690,7 +1689,7 @@ fn prometheus_samples_parse() {
         apiserver_longrunning_requests{group=\"\",resource=\"pods\",verb=\"WATCH\"} 20\n\
         odd{msg=\"a \\\"quoted\\\", {braced} value\"} 1.5e3\n\
         plain 4 1700000000\n\nbroken{x=\"1\" 2\n";
-    let s = kube_api::parse_metrics(text);
+    let s = tern_testkit::kube_api::parse_metrics(text);
     assert_eq!(s.len(), 4, "{s:?}");
     assert_eq!(s[0].name, "apiserver_request_total");
     assert_eq!(

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{attachment, lo_up, wait_until};
+use common::{attachment, lo_up};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +15,7 @@ use tern_agent::Agent;
 use tern_api::{AddRequest, IpamAddRequest, IpamRequest, Reply, Request, Response};
 use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
 use tern_store::{KeyValue, Store, StoreError, Txn, TxnResponse, Watch};
+use tern_testkit::wait::wait_until;
 
 /// A store that answers `Unavailable` while `down` is set.
 struct Flaky {
@@ -116,9 +117,7 @@ fn with_agent(
     grace: u64,
     test: impl FnOnce(&Setup, &Ipam, &[std::net::SocketAddr]) + Send,
 ) {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     tern_linux::netns::run_in_new(|| {
         lo_up();
         let s = setup(resync, grace);
@@ -132,7 +131,7 @@ fn with_agent(
 
 /// GET `path` from the agent's listener at `addr`: (status, body).
 fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    common::http_get(addr, path, Duration::from_secs(10)).unwrap()
+    tern_testkit::ternd::http_get(addr, path, Duration::from_secs(10)).unwrap()
 }
 
 #[test]

@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{Netns, REFERENCE_PLUGINS, Ternd, Underlay, wait_until};
+use common::REFERENCE_PLUGINS;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -32,6 +32,9 @@ use tern_agent::bgp::{ImportPolicy, PoolRange, Rejection, originated};
 use tern_agent::snapshot::{NodeInfo, PodCidr, Snapshot};
 use tern_model::{EncapMode, IpPool, IpPoolSpec, Kind, Resource};
 use tern_store::Store;
+use tern_testkit::netns::{Netns, Underlay};
+use tern_testkit::ternd::Ternd;
+use tern_testkit::wait::wait_until;
 
 /// How long a change may take to reach another node's kernel (store watch + sync; BGP).
 const CONVERGE: Duration = Duration::from_secs(30);
@@ -232,7 +235,7 @@ fn tcp(from: &Pod, to: &Pod) -> Result<(), String> {
 
 /// UDP from `from` to `to`, echoed back; the source address `to` saw.
 fn udp(from: &Pod, to: &Pod) -> Result<IpAddr, String> {
-    common::udp_echo(&from.ns, &to.ns, to.ip)
+    tern_testkit::netns::udp_echo(&from.ns.path(), &to.ns.path(), to.ip)
 }
 
 /// TCP both ways and UDP between `a` and `b` (retried while routes converge).
@@ -265,10 +268,10 @@ fn vxlan_tx(host: &Host) -> u64 {
     v[0]["stats64"]["tx"]["packets"].as_u64().unwrap_or(0)
 }
 
-/// Root and host-local, or a visible skip (a failure in strict mode).
-fn preconditions() -> bool {
-    tern_testkit::require_root()
-        && tern_testkit::require_binary(&format!("{REFERENCE_PLUGINS}/host-local"))
+/// Root and host-local, or the test fails (tern-testkit).
+fn preconditions() {
+    tern_testkit::need_root();
+    tern_testkit::need_binary(&format!("{REFERENCE_PLUGINS}/host-local"));
 }
 
 /// The store's directory, the plugin, the store's path, the store and the underlay.
@@ -280,27 +283,23 @@ type Setup = (
     Underlay,
 );
 
-/// What the kernel tests start from, or `None` when [`preconditions`] do not hold: the
+/// What the kernel tests start from, after [`preconditions`]: the
 /// directory of one SQLite store for every node (first: dropped last), the `tern` plugin, the
 /// store's path and the store, holding tern's own pool (away from the podCIDRs, so ternd
 /// creates no default pool), and the underlay.
-fn setup() -> Option<Setup> {
-    if !preconditions() {
-        return None;
-    }
+fn setup() -> Setup {
+    preconditions();
     let plugin = common::tern_plugin();
     let store_dir = tempfile::Builder::new().prefix("tpc-s-").tempdir().unwrap();
     let store_path = store_dir.path().join("store.db");
     let store = tern_store::open(&format!("sqlite://{}", store_path.display())).unwrap();
     put_pool(&*store, "tern", "10.244.0.0/16", EncapMode::Never, false);
-    Some((store_dir, plugin, store_path, store, Underlay::new()))
+    (store_dir, plugin, store_path, store, Underlay::new())
 }
 
 #[test]
 fn pod_cidrs_are_routed_directly_then_over_vxlan_and_follow_their_nodes() {
-    let Some((_store_dir, plugin, store_path, store, u)) = setup() else {
-        return;
-    };
+    let (_store_dir, plugin, store_path, store, u) = setup();
     let flag = ["--use-pod-cidr"];
     let mut a = Host::new("a", &u, "198.18.7.1", &store_path, &flag);
     let mut b = Host::new("b", &u, "198.18.7.2", &store_path, &flag);
@@ -407,9 +406,7 @@ fn pod_cidrs_are_routed_directly_then_over_vxlan_and_follow_their_nodes() {
 
 #[test]
 fn with_bgp_pod_cidrs_are_advertised_and_learned() {
-    let Some((_store_dir, plugin, store_path, store, u)) = setup() else {
-        return;
-    };
+    let (_store_dir, plugin, store_path, store, u) = setup();
     let flags = ["--use-pod-cidr", "--bgp"];
     let mut a = Host::new("a", &u, "198.18.8.1", &store_path, &flags);
     let mut b = Host::new("b", &u, "198.18.8.2", &store_path, &flags);

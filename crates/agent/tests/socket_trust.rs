@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{Netns, sendmsg_fds};
+use common::sendmsg_fds;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -18,13 +18,14 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tern_api::{AddRequest, Attachment, Reply, Request, Response};
+use tern_testkit::netns::Netns;
 
 /// ternd in a namespace of its own, started under `umask 000`.
-struct Node(common::Node);
+struct Node(tern_testkit::ternd::Node);
 
 impl std::ops::Deref for Node {
-    type Target = common::Node;
-    fn deref(&self) -> &common::Node {
+    type Target = tern_testkit::ternd::Node;
+    fn deref(&self) -> &tern_testkit::ternd::Node {
         &self.0
     }
 }
@@ -40,7 +41,7 @@ impl Node {
             "--log-level=info",
         ];
         args.extend_from_slice(extra);
-        let mut n = common::Node::new(&args);
+        let mut n = tern_testkit::ternd::Node::new(&args);
         // Traversable by anyone: the socket's own mode must be what keeps others out.
         std::fs::set_permissions(n.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         n.ternd.umask = Some(0);
@@ -164,9 +165,7 @@ fn reply_of(v: &ChildView) -> Response {
 
 #[test]
 fn socket_is_0660_root_under_umask_000_and_strangers_are_refused() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let n = Node::start(&[]);
     let meta = std::fs::metadata(n.ternd.socket()).unwrap();
     assert_eq!(
@@ -208,9 +207,7 @@ fn socket_is_0660_root_under_umask_000_and_strangers_are_refused() {
 
 #[test]
 fn members_of_the_socket_group_are_served() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let n = Node::start(&["--socket-group", "4242"]);
     let meta = std::fs::metadata(n.ternd.socket()).unwrap();
     assert_eq!((meta.mode() & 0o777, meta.gid()), (0o660, 4242));
@@ -252,9 +249,7 @@ fn code_of(r: &Response) -> u32 {
 
 #[test]
 fn received_descriptors_are_checked_and_extra_ones_never_leak() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let n = Node::start(&[]);
     let pod = Netns::new("p");
     let pod_ns = File::open(pod.path()).unwrap();
@@ -334,9 +329,7 @@ fn received_descriptors_are_checked_and_extra_ones_never_leak() {
 
 #[test]
 fn oversized_frames_slow_clients_and_the_connection_cap() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let n = Node::start(&["--max-connections", "4"]);
     // A 16 MiB frame is refused after its length prefix, naming the limit.
     let s = UnixStream::connect(n.ternd.socket()).unwrap();
@@ -463,9 +456,7 @@ fn oversized_frames_slow_clients_and_the_connection_cap() {
 /// (code 4) and its descriptor count stays flat (it used to hold 8 per byte received).
 #[test]
 fn descriptors_sent_one_byte_at_a_time_do_not_pile_up() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let n = Node::start(&[]);
     let f = File::open("/proc/self/status").unwrap();
     let eight = [f.as_raw_fd(); 8];

@@ -13,13 +13,14 @@
 
 mod common;
 
-use common::{Netns, Node, Ternd};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tern_api::{AddRequest, Reply, Request};
+use tern_testkit::netns::Netns;
+use tern_testkit::ternd::{Node, Ternd};
 
 /// ternd's health listener (in the node namespace).
 const HEALTH: &str = "127.0.0.1:19099";
@@ -58,11 +59,9 @@ fn identity(dir: &Path) -> String {
 }
 
 /// A node with two pods added by its running ternd: the node, its two pods' host veths and the pods' sandboxes (a veth lives as long as its
-/// peer's namespace); `None` (the test returns) when the test cannot run here.
-fn node_with_pods() -> Option<(Node, Vec<String>, Vec<Netns>)> {
-    if !tern_testkit::require_root() {
-        return None;
-    }
+/// peer's namespace); needs root (tern-testkit).
+fn node_with_pods() -> (Node, Vec<String>, Vec<Netns>) {
+    tern_testkit::need_root();
     let mut n = node();
     n.ternd.start();
     let pods: Vec<Netns> = (0..2).map(|_| Netns::new("p")).collect();
@@ -71,14 +70,12 @@ fn node_with_pods() -> Option<(Node, Vec<String>, Vec<Netns>)> {
     }
     let veths = n.ns.tern_veths();
     assert_eq!(veths.len(), 2, "{veths:?}");
-    Some((n, veths, pods))
+    (n, veths, pods)
 }
 
 #[test]
 fn truncated_store_is_refused_and_pods_survive() {
-    let Some((mut n, veths, _pods)) = node_with_pods() else {
-        return;
-    };
+    let (mut n, veths, _pods) = node_with_pods();
     let dir = n.dir.path();
     let id = identity(dir);
     n.ternd.kill(); // SIGKILL: the agent is down
@@ -131,9 +128,7 @@ fn truncated_store_is_refused_and_pods_survive() {
 
 #[test]
 fn store_deleted_under_running_ternd_is_noticed_and_pods_survive() {
-    let Some((mut n, veths, _pods)) = node_with_pods() else {
-        return;
-    };
+    let (mut n, veths, _pods) = node_with_pods();
     let dir = n.dir.path();
     assert_eq!(n.ternd.http_get("/readiness").0, 200, "{}", n.ternd.log());
     for f in store_files(dir) {
@@ -164,9 +159,7 @@ fn store_deleted_under_running_ternd_is_noticed_and_pods_survive() {
 
 #[test]
 fn fresh_node_and_fresh_store_start_normally() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let mut n = node();
     n.ternd.start();
     let (t, dir) = (&mut n.ternd, n.dir.path());

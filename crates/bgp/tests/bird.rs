@@ -120,9 +120,10 @@ impl Drop for Bird {
     }
 }
 
-/// BIRD and birdc, as tern-testkit's `require_binary` (fails under strict mode).
-fn have_bird() -> bool {
-    tern_testkit::require_binary(BIRD) && tern_testkit::require_binary(BIRDC)
+/// BIRD and birdc, or the test fails (tern-testkit).
+fn need_bird() {
+    tern_testkit::need_binary(BIRD);
+    tern_testkit::need_binary(BIRDC);
 }
 
 fn tern(n: u8, asn: u32) -> SpeakerConfig {
@@ -150,9 +151,7 @@ async fn established(h: &SpeakerHandle) {
 
 #[test]
 fn bird_route_reflector_with_two_tern_clients() {
-    if !have_bird() {
-        return;
-    }
+    need_bird();
     in_netns(|| async {
         let conf = format!(
             r#"{BIRD_HEAD}
@@ -228,9 +227,7 @@ protocol bgp c3 from rrc {{ neighbor 198.18.0.3 as 64512; }}
 
 #[test]
 fn bird_as_ebgp_peer() {
-    if !have_bird() {
-        return;
-    }
+    need_bird();
     in_netns(|| async {
         let conf = format!(
             r#"{BIRD_HEAD}

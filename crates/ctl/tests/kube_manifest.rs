@@ -1,6 +1,7 @@
 //! The Kubernetes manifest (`ternctl install manifest`, `manifests/tern.yaml`) against a real
 //! kube-apiserver (issue 13, "Installed the Kubernetes way"): the harness of the agent's API
-//! server tests (etcd + kube-apiserver with RBAC, in a network namespace of the test's own).
+//! server tests, `tern_testkit::kube_api` (etcd + kube-apiserver with RBAC, in a network
+//! namespace of the test's own).
 //!
 //! Shown: every object passes server-side dry-run and a real apply with no warning; the stored
 //! DaemonSet has the fields the design needs (hostNetwork, privileged, system-node-critical,
@@ -14,16 +15,11 @@
 //! Needs root and the binaries of `scripts/k8s-components.sh`; without them the test fails and
 //! says how to get them. The namespace and every process are removed by drop guards.
 
-#[path = "../../agent/tests/common/mod.rs"]
-mod common;
-#[path = "../../agent/tests/kube_api/mod.rs"]
-mod kube_api;
-
-use kube_api::{KubeApi, KubeNode};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use tern_testkit::kube_api::{KubeApi, KubeNode};
 
 const NODE_IP: &str = "198.18.0.10";
 const SA: &str = "system:serviceaccount:kube-system:tern-node";
@@ -300,9 +296,7 @@ fn check_rbac(api: &KubeApi) {
 
 #[test]
 fn manifest_is_accepted_by_a_real_apiserver_with_least_rbac() {
-    if !kube_api::require_k8s() {
-        return;
-    }
+    tern_testkit::kube_api::need_k8s();
     let mut k = KubeNode::start(NODE_IP);
     k.api.request_timeout = Duration::from_secs(20);
     let api = &k.api;

@@ -121,9 +121,7 @@ fn put(lab: &Lab, r: Resource) {
 
 #[test]
 fn bgp_full_mesh_graceful_restart_and_flap() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let mut lab = build("bgpm", 3);
     lab.assert_bgp_routes(40);
     lab.assert_full_mesh();
@@ -232,9 +230,8 @@ fn bgp_full_mesh_graceful_restart_and_flap() {
 
 #[test]
 fn bird_route_reflector_with_mesh_disabled() {
-    if !common::require_root() || !common::require_bird() {
-        return;
-    }
+    tern_testkit::need_root();
+    common::need_bird();
     let mut lab = build("bgprr", 3);
     let clients: Vec<String> = lab.st.nodes.iter().map(|n| n.address.clone()).collect();
     let conf = tern_lab::bird::route_reflector_config(BIRD_IP, 64512, &clients);
@@ -285,9 +282,8 @@ fn bird_route_reflector_with_mesh_disabled() {
 
 #[test]
 fn bird_as_ebgp_peer() {
-    if !common::require_root() || !common::require_bird() {
-        return;
-    }
+    tern_testkit::need_root();
+    common::need_bird();
     let mut lab = build("bgpe", 2);
     let peers: Vec<String> = lab.st.nodes.iter().map(|n| n.address.clone()).collect();
     let conf = tern_lab::bird::ebgp_config(BIRD_IP, 65001, &peers, 64512, &["10.99.0.0/24"]);

@@ -61,8 +61,7 @@ fn assert_full_mesh(lab: &Lab) {
         let r = lab.probe_mesh(PORT);
         assert_eq!(r.results.len(), pods * (pods - 1) * 2);
         if r.failures().is_empty() {
-            // not a skip: control flow
-            return;
+            break;
         }
         if Instant::now() > deadline {
             panic!(
@@ -84,9 +83,7 @@ fn mesh_test(tag: &str, encap: Encap, store: StoreKind) -> Lab {
 
 #[test]
 fn mesh_direct_sqlite() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let lab = mesh_test("md", Encap::None, StoreKind::Sqlite);
     // Direct routing: node1 reaches the other nodes' blocks through their underlay addresses.
     let routes = mesh::routes(&lab.st, "node1").unwrap();
@@ -99,9 +96,7 @@ fn mesh_direct_sqlite() {
 
 #[test]
 fn mesh_vxlan_sqlite() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let lab = mesh_test("mv", Encap::Vxlan, StoreKind::Sqlite);
     let routes = mesh::routes(&lab.st, "node1").unwrap();
     assert_eq!(
@@ -113,9 +108,7 @@ fn mesh_vxlan_sqlite() {
 
 #[test]
 fn mesh_crosssubnet_sqlite() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let lab = mesh_test("mc", Encap::Crosssubnet, StoreKind::Sqlite);
     // node1 and node3 share 198.18.1.0/24: direct; node2 is behind the router: VXLAN.
     assert_eq!(lab.st.node("node1").unwrap().address, "198.18.1.11");
@@ -127,12 +120,8 @@ fn mesh_crosssubnet_sqlite() {
 
 #[test]
 fn mesh_vxlan_etcd() {
-    if !common::require_root() {
-        return;
-    }
-    if !tern_testkit::require_binary(tern_lab::topology::ETCD_BIN) {
-        return;
-    }
+    tern_testkit::need_root();
+    tern_testkit::need_binary(tern_lab::topology::ETCD_BIN);
     let lab = mesh_test("me", Encap::Vxlan, StoreKind::Etcd);
     assert!(lab.st.store_url().starts_with("etcd://198.18.0.2:"));
     // The nodes registered themselves in etcd, with their VXLAN endpoints.
@@ -142,25 +131,20 @@ fn mesh_vxlan_etcd() {
 
 #[test]
 fn mesh_ipip_sqlite() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     if !tern_lab::topology::kernel_supports("ipip").unwrap() {
-        tern_testkit::kernel_limit(
+        tern_testkit::skip_kernel_limit!(
             "ipip",
             "this kernel cannot create ipip devices (`ip link add type ipip` fails: \
              no ipip support built in or loadable)",
         );
-        return;
     }
     mesh_test("mi", Encap::Ipip, StoreKind::Sqlite);
 }
 
 #[test]
 fn agent_restart_keeps_pods_connected_and_repairs_routes() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let mut lab = build("ar", Encap::Vxlan, StoreKind::Sqlite, 2, 1);
     assert_full_mesh(&lab);
     let to = target(&lab, "p2x1");
@@ -237,9 +221,7 @@ fn own_blocks(lab: &Lab, node: &str) -> Vec<String> {
 
 #[test]
 fn node_leaves_and_joins_live() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let mut lab = build("nj", Encap::Vxlan, StoreKind::Sqlite, 3, 1);
     assert_full_mesh(&lab);
     let pids: Vec<Option<u32>> = lab.st.nodes.iter().map(|n| n.ternd_pid).collect();

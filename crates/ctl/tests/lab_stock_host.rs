@@ -76,9 +76,7 @@ fn mesh_failures(lab: &Lab) -> (usize, String) {
 
 #[test]
 fn stock_hosts_reach_each_other_because_ternd_sets_forwarding() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let lab = build("sh", &[]);
     for node in ["node1", "node2"] {
         assert_eq!(
@@ -118,9 +116,7 @@ fn stock_hosts_reach_each_other_because_ternd_sets_forwarding() {
 
 #[test]
 fn no_set_sysctls_leaves_the_host_and_readiness_says_why() {
-    if !common::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let lab = build("sn", &["--no-set-sysctls"]);
     assert_eq!(lab.sysctl("node1", "net/ipv4/ip_forward"), "0");
     let (code, body) = lab.readiness("node1");

@@ -434,9 +434,7 @@ fn restart_under_load(lab: &mut Lab, m: &Model) -> Result<String, String> {
 
 #[test]
 fn netpol_proofs_in_three_node_lab() {
-    let Some(dir) = common::lab_ready() else {
-        return;
-    };
+    let dir = common::lab_ready();
     let doc: Value = tern_testkit::conformance::netpol_cases();
     let name = common::lab_name("np");
     let mut o = tern_lab::UpOptions::new(&name, dir);

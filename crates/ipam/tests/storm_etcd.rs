@@ -8,8 +8,8 @@
 //! `storm_etcd_child`) with the store URL, the options and the worker index in the environment;
 //! the runs and checks are shared with `storm.rs` (`common/mod.rs`).
 //!
-//! When no etcd binary is installed (`$TERN_ETCD_BIN` or `etcd` on `PATH`) the tests print a
-//! SKIP line and pass without running, and fail under `TERN_TEST_STRICT=1` (tern-testkit).
+//! When no etcd binary is installed (`$TERN_ETCD_BIN` or `etcd` on `PATH`) the tests fail
+//! saying how to get one (tern-testkit).
 
 mod common;
 
@@ -18,13 +18,11 @@ use std::sync::Arc;
 use tern_store::Store;
 use tern_store::etcd::harness::{EtcdServer, etcd_available};
 
-/// Runs `body` with the URL of a fresh etcd, stopped after it; when etcd is not installed,
-/// a SKIP line instead (a failure under `TERN_TEST_STRICT=1`).
+/// Runs `body` with the URL of a fresh etcd, stopped after it; fails the test when etcd is
+/// not installed (tern-testkit).
 fn with_etcd(body: impl FnOnce(&str)) {
     let how = tern_testkit::install_hint("etcd");
-    if !tern_testkit::require("an etcd binary", etcd_available(), how) {
-        return;
-    }
+    tern_testkit::need("an etcd binary", etcd_available(), how);
     let server = EtcdServer::start().expect("starting a throw-away etcd");
     body(&server.url());
 }

@@ -867,9 +867,7 @@ mod tests {
     #[test]
     fn kernel_probe_answers_for_known_and_unknown_kinds() {
         // The probe creates a private network namespace: root (tern-testkit; fails when strict).
-        if !tern_testkit::require_root() {
-            return;
-        }
+        tern_testkit::need_root();
         assert!(kernel_supports("bridge").unwrap());
         assert!(!kernel_supports("no-such-link-kind").unwrap());
     }

@@ -481,9 +481,7 @@ mod tests {
 
     #[test]
     fn open_inside_binds_descriptors_to_the_namespace_and_returns_the_thread() {
-        if !tern_testkit::require_root() {
-            return;
-        }
+        tern_testkit::need_root();
         let pod = new_anonymous().expect("new namespace");
         let pod_ino = pod.run(own_ns_inode).unwrap();
         let home = own_ns_inode();

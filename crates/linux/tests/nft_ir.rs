@@ -38,8 +38,10 @@ fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
         .unwrap()
 }
 
-fn can_run() -> bool {
-    tern_testkit::require_root() && tern_testkit::require_binary("nft")
+/// Root and `nft`, or the test fails (tern-testkit).
+fn can_run() {
+    tern_testkit::need_root();
+    tern_testkit::need_binary("nft");
 }
 
 /// Removes handles and sorts element lists (hash sets list in no particular order).
@@ -572,9 +574,7 @@ fn rich() -> Ruleset {
 
 #[test]
 fn a_rich_table_is_the_same_by_text_and_by_netlink() {
-    if !can_run() {
-        return;
-    }
+    can_run();
     let (text, netlink) = both_ways(rich(), None);
     assert!(text.json.contains("natOutgoing"), "{}", text.json);
     assert_same("rich table", &text, &netlink);
@@ -582,9 +582,7 @@ fn a_rich_table_is_the_same_by_text_and_by_netlink() {
 
 #[test]
 fn deltas_of_a_rich_table_are_the_same_by_text_and_by_netlink() {
-    if !can_run() {
-        return;
-    }
+    can_run();
     let old = rich();
     let mut new = old.clone();
     // A pool joins (auto-merge: refilled), an address leaves, one joins, an endpoint goes,
@@ -952,18 +950,14 @@ proptest! {
 
     #[test]
     fn random_tables_are_the_same_by_text_and_by_netlink(rs in table()) {
-        if !can_run() {
-            return Ok(());
-        }
+        can_run();
         let (text, netlink) = both_ways(rs, None);
         assert_same("random table", &text, &netlink);
     }
 
     #[test]
     fn random_deltas_are_the_same_by_text_and_by_netlink(old in table(), new in table()) {
-        if !can_run() {
-            return Ok(());
-        }
+        can_run();
         let (text, netlink) = both_ways(old, Some(new));
         assert_same(
             "random delta",
@@ -975,9 +969,7 @@ proptest! {
 
 #[test]
 fn a_refused_batch_changes_nothing_and_names_the_change() {
-    if !can_run() {
-        return;
-    }
+    can_run();
     in_netns(|| {
         let rs = rich();
         let mut s = tern_linux::nft_netlink::NftSocket::new().unwrap();

@@ -24,13 +24,11 @@ add chain inet tern ep-in-tern1
 add chain inet tern ep-in-tern2
 ";
 
-/// Runs `f` in a private network namespace; skips (returns None) without root or nft, or fails
-/// the test under `TERN_TEST_STRICT=1` (tern-testkit).
+/// Runs `f` in a private network namespace; fails the test without root or nft (tern-testkit).
 fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     // Checked on the test's own thread, so the message names the test.
-    if !tern_testkit::require_root() || !tern_testkit::require_binary("nft") {
-        return None;
-    }
+    tern_testkit::need_root();
+    tern_testkit::need_binary("nft");
     std::thread::spawn(move || {
         // SAFETY: unshare only affects this dedicated thread (and processes it spawns).
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };

@@ -25,9 +25,7 @@ fn add_orphan_veth(node: &Node, name: &str, peer: &str) {
 
 #[test]
 fn add_while_the_agent_is_down_is_code_11_and_says_how_to_start_it() {
-    let Some((mut node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (mut node, pod) = node_and_pod();
     node.stop();
     let msg = node
         .cni("ADD", &pod, "down1", "eth0", &node.conf("1.0.0"))
@@ -43,9 +41,7 @@ fn add_while_the_agent_is_down_is_code_11_and_says_how_to_start_it() {
 
 #[test]
 fn del_while_the_agent_is_down_is_journaled_and_replayed_at_start() {
-    let Some((mut node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (mut node, pod) = node_and_pod();
     let conf = node.conf("1.0.0");
     let (_, ip, host_if) = node.add_pod(&pod, "journal1", &conf);
     node.stop();
@@ -74,9 +70,7 @@ fn del_while_the_agent_is_down_is_journaled_and_replayed_at_start() {
 
 #[test]
 fn status_is_code_50_when_the_agent_is_down_and_ok_when_up() {
-    let Some((mut node, _)) = node_and_pod() else {
-        return;
-    };
+    let (mut node, _) = node_and_pod();
     let conf = node.conf("1.1.0");
     let out = node.cni_global("STATUS", &conf);
     out.ok();
@@ -89,9 +83,7 @@ fn status_is_code_50_when_the_agent_is_down_and_ok_when_up() {
 
 #[test]
 fn start_up_reconciliation_releases_dead_pods_and_orphans() {
-    let Some((mut node, mut a)) = node_and_pod() else {
-        return;
-    };
+    let (mut node, mut a) = node_and_pod();
     let conf = node.conf("1.0.0");
     let b = Pod::new();
     let (_, _, host_a) = node.add_pod(&a, "recona", &conf);
@@ -125,9 +117,7 @@ fn start_up_reconciliation_releases_dead_pods_and_orphans() {
 
 #[test]
 fn periodic_reconciliation_removes_an_orphan_while_running() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     let r = node.add(&pod, "periodic", &node.conf("1.0.0"));
     add_orphan_veth(&node, "tern00000000001", "orphpeer1");
     // --resync-seconds 1.
@@ -142,9 +132,7 @@ fn periodic_reconciliation_removes_an_orphan_while_running() {
 
 #[test]
 fn gc_releases_attachments_that_are_not_valid() {
-    let Some((node, _)) = node_and_pod() else {
-        return;
-    };
+    let (node, _) = node_and_pod();
     let conf = node.conf("1.1.0");
     let pods: Vec<Pod> = (0..3).map(|_| Pod::new()).collect();
     let results: Vec<_> = pods
@@ -174,9 +162,7 @@ fn gc_releases_attachments_that_are_not_valid() {
 /// derived name: the plugin deletes it only when its peer is CNI_IFNAME inside CNI_NETNS.
 #[test]
 fn del_while_down_deletes_only_its_own_sandboxs_veth() {
-    let Some((mut node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (mut node, pod) = node_and_pod();
     let old_sandbox = Pod::new();
     let conf = node.conf("1.0.0");
     let (_, _, host_if) = node.add_pod(&pod, "sandbox-b", &conf);
@@ -219,9 +205,7 @@ fn del_while_down_deletes_only_its_own_sandboxs_veth() {
 /// devices is refused with code 7 naming the field, before anything is named or deleted.
 #[test]
 fn a_bad_interface_prefix_is_code_7_naming_the_field() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     for bad in ["veth", "mycluster-pod-", "Tern", ""] {
         let mut conf = node.conf("1.0.0");
         conf["interface_prefix"] = json!(bad);

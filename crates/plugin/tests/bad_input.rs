@@ -26,9 +26,7 @@ fn assert_nothing_left(node: &Node, pod: &Pod, cid: &str) {
 
 #[test]
 fn malformed_json_is_code_6() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     let out = add_with_env(
         &node,
         &pod,
@@ -41,8 +39,7 @@ fn malformed_json_is_code_6() {
 }
 
 /// ADD of `cid` with `overrides` and the configuration of `version` changed by `edit`: fails
-/// with `code`, names `culprit` and leaves nothing behind. Returns the message; `None` when the
-/// test cannot run (tern-testkit's guard decided).
+/// with `code`, names `culprit` and leaves nothing behind. Returns the message.
 #[track_caller]
 fn refused(
     version: &str,
@@ -51,15 +48,15 @@ fn refused(
     overrides: &[(&'static str, &str)],
     code: u64,
     culprit: &str,
-) -> Option<String> {
-    let (node, pod) = node_and_pod()?;
+) -> String {
+    let (node, pod) = node_and_pod();
     let mut conf = node.conf(version);
     edit(&mut conf);
     let msg =
         add_with_env(&node, &pod, cid, overrides, conf.to_string().as_bytes()).fails_with(code);
     assert!(msg.contains(culprit), "{msg}");
     assert_nothing_left(&node, &pod, cid);
-    Some(msg)
+    msg
 }
 
 #[test]
@@ -86,9 +83,7 @@ fn too_long_ifname_is_code_4_naming_cni_ifname() {
 
 #[test]
 fn container_id_with_a_slash_is_code_4() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     let conf = node.conf("1.0.0").to_string();
     let msg = add_with_env(
         &node,
@@ -117,18 +112,15 @@ fn missing_netns_on_add_is_code_4() {
 
 #[test]
 fn netns_that_does_not_exist_is_code_4_naming_cni_netns() {
-    let missing = format!("/run/netns/{}-absent", unique_name());
+    let missing = format!("/run/netns/{}-absent", unique_name("x"));
     let env = [("CNI_NETNS", missing.as_str())];
-    if let Some(msg) = refused("1.0.0", |_| {}, "bad8", &env, 4, "CNI_NETNS") {
-        assert!(msg.contains(&missing), "{msg}");
-    }
+    let msg = refused("1.0.0", |_| {}, "bad8", &env, 4, "CNI_NETNS");
+    assert!(msg.contains(&missing), "{msg}");
 }
 
 #[test]
 fn interface_already_in_the_pod_fails_and_leaves_nothing() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     ip(&[
         "-n",
         pod.name(),
@@ -155,9 +147,7 @@ fn interface_already_in_the_pod_fails_and_leaves_nothing() {
 
 #[test]
 fn pool_exhaustion_is_code_100_and_leaves_nothing() {
-    if !can_run() {
-        return;
-    }
+    tern_testkit::need_root();
     let node = Node::with_pool("10.99.0.0/30");
     let conf = node.conf("1.0.0");
     let pods: Vec<Pod> = (0..5).map(|_| Pod::new()).collect();

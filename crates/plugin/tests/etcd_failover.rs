@@ -211,9 +211,7 @@ fn ride_through(
 
 #[test]
 fn adds_ride_through_sigkill_of_the_leader() {
-    if !can_run_etcd() {
-        return;
-    }
+    need_etcd();
     // ternd talks to a follower, as in the observed failure.
     ride_through(
         1,
@@ -229,9 +227,7 @@ fn adds_ride_through_sigkill_of_the_leader() {
 
 #[test]
 fn adds_ride_through_a_graceful_stop_of_the_member_in_use() {
-    if !can_run_etcd() {
-        return;
-    }
+    need_etcd();
     // The member ternd talks to is the leader: stopping it breaks ternd's connections and
     // hands the leadership over.
     ride_through(
@@ -247,9 +243,7 @@ fn adds_ride_through_a_graceful_stop_of_the_member_in_use() {
 
 #[test]
 fn every_member_down_longer_than_the_budget_fails_add_with_code_11() {
-    if !can_run_etcd() {
-        return;
-    }
+    need_etcd();
     let mut node = Node::unstarted_with_store(&etcd_url());
     let mut cluster = start_cluster(&node);
     node.start();

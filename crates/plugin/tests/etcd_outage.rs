@@ -149,25 +149,21 @@ impl Drop for NsEtcd {
     }
 }
 
-/// After [`can_run_etcd`], a node whose ternd runs on an etcd in the node's underlay, both
-/// started; `None` when the test cannot run. The node comes first in the pair so that, bound
-/// as `let (node, etcd)`, etcd is dropped (killed) before the node's namespace goes.
-fn started_on_etcd() -> Option<(Node, NsEtcd)> {
-    if !can_run_etcd() {
-        return None;
-    }
+/// After [`need_etcd`], a node whose ternd runs on an etcd in the node's underlay, both
+/// started. The node comes first in the pair so that, bound as `let (node, etcd)`, etcd is
+/// dropped (killed) before the node's namespace goes.
+fn started_on_etcd() -> (Node, NsEtcd) {
+    need_etcd();
     let mut node = Node::unstarted_with_store(&etcd_url());
     let mut etcd = NsEtcd::new(&node);
     etcd.start();
     node.start();
-    Some((node, etcd))
+    (node, etcd)
 }
 
 #[test]
 fn etcd_outage_del_is_journaled_add_is_code_11_and_the_journal_is_replayed() {
-    let Some((node, mut etcd)) = started_on_etcd() else {
-        return;
-    };
+    let (node, mut etcd) = started_on_etcd();
     let conf = node.conf("1.0.0");
 
     let pod_a = Pod::new();
@@ -246,9 +242,7 @@ fn etcd_outage_del_is_journaled_add_is_code_11_and_the_journal_is_replayed() {
 
 #[test]
 fn ternd_started_while_etcd_is_down_serves_once_etcd_is_up() {
-    if !can_run_etcd() {
-        return;
-    }
+    need_etcd();
     let mut node = Node::unstarted_with_store(&etcd_url());
     let mut etcd = NsEtcd::new(&node);
     node.spawn_agent();
@@ -279,11 +273,9 @@ fn ternd_started_while_etcd_is_down_serves_once_etcd_is_up() {
 
 #[test]
 fn ternctl_on_an_etcd_that_refuses_connections_fails_fast_and_clearly() {
-    if !can_run() {
-        return;
-    }
+    tern_testkit::need_root();
     // A fresh namespace: nothing listens on 127.0.0.1:1 there, so the connection is refused.
-    let ns = Netns::new();
+    let ns = Netns::new("p");
     let ternctl = ternctl_bin();
     let (out, took) = timed(|| {
         Command::new("ip")
@@ -319,9 +311,7 @@ fn ternctl_on_an_etcd_that_refuses_connections_fails_fast_and_clearly() {
 /// connection), so ADD answers code 11 well within 10 s.
 #[test]
 fn etcd_that_hangs_add_is_code_11_in_bounded_time_and_works_after() {
-    let Some((node, mut etcd)) = started_on_etcd() else {
-        return;
-    };
+    let (node, mut etcd) = started_on_etcd();
     let conf = node.conf("1.0.0");
     let pod = Pod::new();
 

@@ -52,7 +52,7 @@ fn env_with_netns(node: &Node, cid: &str, netns: &str) -> Vec<(&'static str, Str
 
 #[test]
 fn bad_cni_netns_is_code_4_and_never_hangs() {
-    assert!(can_run(), "needs root");
+    tern_testkit::need_root();
     let node = Node::new();
     let conf = node.conf("1.0.0").to_string();
     let fifo = node.dir.path().join("fifo");
@@ -108,7 +108,7 @@ fn bad_cni_netns_is_code_4_and_never_hangs() {
 
 #[test]
 fn stdin_over_the_limit_is_code_7_naming_it() {
-    assert!(can_run(), "needs root");
+    tern_testkit::need_root();
     let node = Node::new();
     let pod = Pod::new();
     let mut conf = node.conf("1.0.0");
@@ -136,7 +136,7 @@ fn stdin_over_the_limit_is_code_7_naming_it() {
 
 #[test]
 fn undecodable_prev_results_leave_nothing_behind() {
-    assert!(can_run(), "needs root");
+    tern_testkit::need_root();
     let node = Node::new();
     let pod = Pod::new();
     let bad: Vec<Value> = vec![

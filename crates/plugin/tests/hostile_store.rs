@@ -93,10 +93,7 @@ fn alive(node: &Node) -> bool {
 
 #[test]
 fn ternd_survives_pathological_selectors_and_documents_in_the_store() {
-    assert!(
-        can_run(),
-        "this test needs root for network namespaces; it cannot be skipped"
-    );
+    tern_testkit::need_root();
     let mut node = Node::new();
     let conf = node.conf("1.0.0");
     let before = Pod::new();

@@ -23,7 +23,7 @@ fn del_as(node: &Node, pod: &Pod, network: &str, cid: &str, ifname: &str, pod_na
 
 #[test]
 fn colliding_names_get_distinct_handles_and_veths() {
-    assert!(can_run(), "needs root");
+    tern_testkit::need_root();
     let node = Node::new();
     // (network, containerID, ifname, pod): the first two shared handle `n.x.net1` and veth
     // sha1("default.x.net1"); the last two shared handle `a.b.c`.
@@ -102,7 +102,7 @@ fn colliding_names_get_distinct_handles_and_veths() {
 
 #[test]
 fn agent_down_del_and_replay_leave_a_bridge_of_that_name() {
-    assert!(can_run(), "needs root");
+    tern_testkit::need_root();
     let mut node = Node::new();
     let pod = Pod::new();
     // The name the plugin computes for this attachment, taken by a bridge.

@@ -117,9 +117,7 @@ fn conf_with(node: &Node, cni_args: Value) -> Value {
 
 #[test]
 fn policy_on_a_named_port_allows_only_that_port() {
-    if !can_run() {
-        return;
-    }
+    tern_testkit::need_root();
     let node = Node::new();
     let (server, client) = (Pod::new(), Pod::new());
     let server_conf = conf_with(
@@ -197,9 +195,7 @@ fn policy_on_a_named_port_allows_only_that_port() {
 
 #[test]
 fn bad_named_ports_fail_with_code_7_and_create_nothing() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     let cases = [
         (
             json!([{"name": "http", "containerPort": 80}, {"name": "big", "containerPort": 70000}]),

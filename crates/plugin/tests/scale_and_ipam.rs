@@ -11,9 +11,7 @@ use std::sync::Arc;
 
 #[test]
 fn thirty_parallel_adds_then_thirty_parallel_dels() {
-    if !can_run() {
-        return;
-    }
+    tern_testkit::need_root();
     const N: usize = 30;
     let node = Arc::new(Node::new());
     let pods: Vec<Arc<Pod>> = (0..N).map(|_| Arc::new(Pod::new())).collect();
@@ -74,9 +72,7 @@ fn thirty_parallel_adds_then_thirty_parallel_dels() {
 
 #[test]
 fn delegated_host_local_ipam() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     let data_dir = node.dir.path().join("host-local");
     let mut conf = node.conf("1.0.0");
     conf["ipam"] = json!({"type": "host-local", "subnet": "10.77.0.0/24", "dataDir": data_dir});
@@ -100,7 +96,7 @@ fn delegated_host_local_ipam() {
     node.cni("CHECK", &pod, "hl1", "eth0", &conf).ok();
     let node_ip: IpAddr = NODE_IP.parse().unwrap();
     assert_eq!(
-        udp_round_trip(&pod.path(), &node.ns.path(), node_ip).expect("pod -> node"),
+        udp_echo(&pod.path(), &node.ns.path(), node_ip).expect("pod -> node"),
         ip
     );
 
@@ -117,9 +113,7 @@ fn delegated_host_local_ipam() {
 
 #[test]
 fn tern_ipam_under_the_reference_ptp_plugin() {
-    let Some((node, pod)) = node_and_pod() else {
-        return;
-    };
+    let (node, pod) = node_and_pod();
     let conf = json!({
         "cniVersion": "1.0.0",
         "name": "ptpnet",
@@ -164,7 +158,7 @@ fn tern_ipam_under_the_reference_ptp_plugin() {
     assert_eq!(pod.ipv4("eth0"), vec![format!("{ip}/26")]);
     let node_ip: IpAddr = NODE_IP.parse().unwrap();
     assert_eq!(
-        udp_round_trip(&pod.path(), &node.ns.path(), node_ip).expect("pod -> node"),
+        udp_echo(&pod.path(), &node.ns.path(), node_ip).expect("pod -> node"),
         ip
     );
     // The allocation carries the attachment, so a plain IPAM CHECK finds it.

@@ -282,19 +282,16 @@ fn extra_chains_are_rendered_with_policy_and_a_failed_apply_forces_a_full_resync
     assert!(s.text.contains("198.18.0.0/16"));
 }
 
-/// A fresh, uniquely named network namespace for applying scripts, or `None` (skipped)
-/// without root; under `TERN_TEST_STRICT=1` a missing root fails the test (tern-testkit).
-fn kernel_netns(tag: &str) -> Option<Netns> {
-    if !tern_testkit::require_root() {
-        return None;
-    }
+/// A fresh, uniquely named network namespace for applying scripts; needs root (tern-testkit).
+fn kernel_netns(tag: &str) -> Netns {
+    tern_testkit::need_root();
     let ns = Netns(vec![format!("tpol-{tag}-{}", std::process::id())]);
     let ok = Command::new("ip")
         .args(["netns", "add", &ns.0[0]])
         .status()
         .unwrap();
     assert!(ok.success());
-    Some(ns)
+    ns
 }
 
 /// Applies the pending script in `ns` (it must apply cleanly) and commits it.
@@ -308,19 +305,17 @@ fn apply_script(ns: &Netns, inc: &mut Incremental) {
 
 /// After [`kernel_netns`], an empty node state applied there, then the local endpoint x/a
 /// (not applied yet).
-fn kernel_incremental(tag: &str) -> Option<(Netns, Incremental)> {
-    let ns = kernel_netns(tag)?;
+fn kernel_incremental(tag: &str) -> (Netns, Incremental) {
+    let ns = kernel_netns(tag);
     let mut inc = Incremental::new("n1", PolicySet::new());
     apply_script(&ns, &mut inc);
     inc.upsert_endpoint(ep("x", "a", "n1", "198.18.0.1", &[("pod", "a")]));
-    Some((ns, inc))
+    (ns, inc)
 }
 
 #[test]
 fn every_delta_applies_to_a_real_kernel() {
-    let Some((ns, mut inc)) = kernel_incremental("inc") else {
-        return;
-    };
+    let (ns, mut inc) = kernel_incremental("inc");
     let apply = |inc: &mut Incremental| apply_script(&ns, inc);
     apply(&mut inc);
     for r in resources(POLICIES) {
@@ -367,9 +362,7 @@ fn assert_kernel_chains(ns: &Netns, inc: &Incremental) {
 
 #[test]
 fn policies_activate_and_deactivate_through_deltas_in_a_real_kernel() {
-    let Some((ns, mut inc)) = kernel_incremental("act") else {
-        return;
-    };
+    let (ns, mut inc) = kernel_incremental("act");
     let apply = |inc: &mut Incremental| apply_script(&ns, inc);
     // x/a (pod=a) is filtered by a policy of its own, so the base chain's conntrack rules are
     // there before the cases below.
@@ -580,9 +573,7 @@ apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: narrow, 
 
 #[test]
 fn fast_path_sets_follow_policy_changes_in_a_real_kernel() {
-    let Some((ns, mut inc)) = kernel_incremental("fp") else {
-        return;
-    };
+    let (ns, mut inc) = kernel_incremental("fp");
     let apply = |inc: &mut Incremental| apply_script(&ns, inc);
     let docs = resources(IPBLOCKS);
     // The wide policy alone, then the narrow one overlapping it (the set's elements are

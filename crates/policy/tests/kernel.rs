@@ -110,9 +110,7 @@ fn load(set: &mut PolicySet, yaml: &str) {
 
 #[test]
 fn rulesets_enforce_policy_in_a_private_namespace() {
-    if !tern_testkit::require_root() {
-        return;
-    }
+    tern_testkit::need_root();
     let tag = std::process::id();
     let (r, a, b) = (
         format!("tpol-{tag}-r"),

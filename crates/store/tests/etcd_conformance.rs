@@ -188,9 +188,7 @@ fn open_by_url_and_config_errors() {
 
 #[test]
 fn tls_with_client_certificates() {
-    if !tern_testkit::require_binary("openssl") {
-        return;
-    }
+    tern_testkit::need_binary("openssl");
     let certs = TestCerts::generate().expect("test certificates made with openssl");
     let etcd = EtcdServer::start_tls(&certs).expect("start TLS etcd");
     let url = etcd.url();

@@ -300,7 +300,7 @@ impl LossyProxy {
         let (d, n) = (drop_answers.clone(), dropped.clone());
         thread::spawn(move || {
             for client in l.incoming() {
-                let Ok(client) = client else { return };
+                let Ok(client) = client else { break };
                 let Ok(up) = TcpStream::connect(&upstream) else {
                     continue;
                 };
@@ -334,8 +334,7 @@ fn serve(
             match c2.read(&mut buf) {
                 Ok(0) | Err(_) => {
                     let _ = u2.shutdown(Shutdown::Write);
-                    // not a skip: control flow
-                    return;
+                    break;
                 }
                 Ok(n) => {
                     if buf[..n].starts_with(b"POST /v3/kv/txn")
@@ -346,8 +345,7 @@ fn serve(
                         *l2.lock().unwrap() = true;
                     }
                     if u2.write_all(&buf[..n]).is_err() {
-                        // not a skip: control flow
-                        return;
+                        break;
                     }
                 }
             }
@@ -358,8 +356,7 @@ fn serve(
         match up.read(&mut buf) {
             Ok(0) | Err(_) => {
                 let _ = client.shutdown(Shutdown::Both);
-                // not a skip: control flow
-                return;
+                break;
             }
             Ok(n) => {
                 if *lossy.lock().unwrap() {
@@ -367,12 +364,10 @@ fn serve(
                     on_drop();
                     let _ = client.shutdown(Shutdown::Both);
                     let _ = up.shutdown(Shutdown::Both);
-                    // not a skip: control flow
-                    return;
+                    break;
                 }
                 if client.write_all(&buf[..n]).is_err() {
-                    // not a skip: control flow
-                    return;
+                    break;
                 }
             }
         }

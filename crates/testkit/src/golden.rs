@@ -141,7 +141,7 @@ pub fn check_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::panic_message;
+    use crate::guard::tests::panic_message;
 
     /// A fresh directory of cases, removed when dropped (also when the test fails).
     struct Cases(PathBuf);

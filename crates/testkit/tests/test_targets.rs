@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// What a test file uses when it needs the components.
 const KUBE_MARKERS: &[&str] = &[
     "kube_preconditions(",
-    "mod kube_api",
+    "need_k8s(",
     "KubeOptions::from_env",
     "TERN_K8S_BIN",
     "kube::check_binaries",

@@ -1,5 +1,6 @@
-//! The one harness of tern-ctl's lab tests (issue 11): the root/strict guard, binaries that
-//! are never stale, `ternctl lab` runs, unique lab names and a teardown guard.
+//! The one harness of tern-ctl's lab tests (issue 11): the guards (root, BIRD, the Kubernetes
+//! components; a missing one fails the test, tern-testkit), binaries that are never stale,
+//! `ternctl lab` runs, unique lab names and a teardown guard.
 //!
 //! Each test file includes it with `mod common;`. A file uses only part of it, hence the
 //! `dead_code` allowance below.
@@ -19,24 +20,17 @@ pub fn ternctl() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ternctl"))
 }
 
-/// Root (network namespaces), as tern-testkit's `require_root`: a visible skip on a developer's
-/// machine, a failure under strict mode (`TERN_TEST_STRICT=1`).
-#[track_caller]
-pub fn require_root() -> bool {
-    tern_testkit::require_root()
-}
-
 /// The directory of the workspace's binaries, checked current (tern-testkit's
 /// `workspace_binaries`: a lab never runs a stale `ternd`, and no test runs cargo).
 pub fn fresh_binaries() -> &'static Path {
     tern_testkit::workspace_binaries(Path::new(env!("CARGO_BIN_EXE_ternctl")))
 }
 
-/// The guard of a lab test: root (see [`require_root`]), then [`fresh_binaries`]. `None`
-/// means the test is skipped (visibly; never under strict mode) and returns.
+/// The guard of a lab test: root (tern-testkit's `need_root`), then [`fresh_binaries`].
 #[track_caller]
-pub fn lab_ready() -> Option<&'static Path> {
-    require_root().then(fresh_binaries)
+pub fn lab_ready() -> &'static Path {
+    tern_testkit::need_root();
+    fresh_binaries()
 }
 
 /// A lab name of our own, so that a user's `ternctl lab` or a concurrent test is never
@@ -191,20 +185,27 @@ pub fn wait_until(
     context: impl Fn() -> String,
     mut f: impl FnMut() -> Option<String>,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let Some(why) = f() else { return };
-        if Instant::now() > deadline {
-            panic!("{what}: {why}{}", context());
-        }
-        std::thread::sleep(Duration::from_millis(300));
+    let mut why = String::new();
+    let done = tern_testkit::wait::poll(
+        Duration::from_secs(secs),
+        Duration::from_millis(300),
+        || match f() {
+            None => true,
+            Some(w) => {
+                why = w;
+                false
+            }
+        },
+    );
+    if !done {
+        panic!("{what}: {why}{}", context());
     }
 }
 
-/// BIRD 2 for a lab's BIRD node, as tern-testkit's `require` (fails under strict mode).
+/// BIRD 2 for a lab's BIRD node, or the test fails (tern-testkit).
 #[track_caller]
-pub fn require_bird() -> bool {
-    tern_testkit::require(
+pub fn need_bird() {
+    tern_testkit::need(
         "BIRD 2",
         tern_lab::bird::available(),
         tern_testkit::install_hint("bird"),
@@ -229,8 +230,11 @@ impl Lab {
 /// [`fresh_binaries`]. `who` and `why` go into the message ("lab_kube needs root (...)").
 #[track_caller]
 pub fn root_and_binaries(who: &str, why: &str) -> &'static Path {
-    // SAFETY: geteuid has no preconditions.
-    assert!(unsafe { libc::geteuid() } == 0, "{who} needs root ({why})");
+    tern_testkit::need(
+        "root",
+        tern_testkit::is_root(),
+        format!("{who} needs it ({why})"),
+    );
     fresh_binaries()
 }
 

@@ -382,12 +382,8 @@ mod tests {
 
     #[test]
     fn overlapping_labs_share_the_machines_values_and_the_last_restores() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            // /run/tern-lab is root's; the lab itself needs root.
-            assert!(std::env::var_os("TERN_TEST_STRICT").is_none(), "needs root");
-            return;
-        }
+        // /run/tern-lab is root's; the lab itself needs root.
+        tern_testkit::need_root();
         let tag = format!("{}-{}", std::process::id(), crate::process::random_hex(3));
         let (a, b) = (format!("sysreg-a-{tag}"), format!("sysreg-b-{tag}"));
         // A registry of the test's own: real labs (CI runs upstream's e2e on one meanwhile)

@@ -1,24 +1,29 @@
-//! Harness of the real-kernel integration tests: a node (network namespace + `ternd`), pods
-//! (network namespaces) and a runner for the `tern` plugin inside the node.
+//! The plugins' own test helpers, on tern-testkit's harnesses (`tern_testkit::netns` for the
+//! namespaces, `tern_testkit::ternd` for the agent): a node (network namespace with an
+//! underlay + `ternd`), pods (network namespaces) and a runner for the `tern` plugin inside the
+//! node, with the checks that a DEL released everything.
 //!
-//! Every namespace is uniquely named (`tpt-<pid>-<n>`) and deleted by a drop guard, and every
-//! process this harness starts is killed by PID, so the tests can run in parallel and leave
-//! nothing behind even when an assertion panics. Nothing here touches the root network
-//! namespace: commands that change the network run with `ip -n NS` / `ip netns exec NS`, and
-//! sockets are created on short-lived threads that first `setns` into a test namespace.
+//! Every namespace is uniquely named and deleted by a drop guard, and every process this
+//! harness starts is killed by PID, so the tests can run in parallel and leave nothing behind
+//! even when an assertion panics. Nothing here touches the root network namespace.
 
 // Each test binary uses a different subset of the harness.
 #![allow(dead_code)]
 
 use serde_json::{Value, json};
-use std::fs::File;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use tern_testkit::ternd::Ternd;
+
+// tern-testkit's helpers the plugin's tests use, beside this file's (`use common::*`); each
+// test binary uses some of them.
+#[allow(unused_imports)]
+pub use tern_testkit::netns::{Netns, in_netns, ip, ip_ok, udp_echo, unique_name};
+#[allow(unused_imports)]
+pub use tern_testkit::wait::wait_until;
 
 /// The node's underlay address (every node is its own namespace, so they may share it).
 pub const NODE_IP: &str = "198.18.0.10";
@@ -27,27 +32,20 @@ pub const NETWORK: &str = "k8s-pod-network";
 /// The tern-assigned host veth MAC.
 pub const HOST_MAC: &str = "ee:ee:ee:ee:ee:ee";
 
-/// True when the tests can run (root). Otherwise the test fails under `TERN_TEST_STRICT=1`, or
-/// prints a `SKIP` line and gets `false` (see tern-testkit). Call first in every test.
-pub fn can_run() -> bool {
-    tern_testkit::require_root()
+/// Root, and an etcd binary to run; fails the test otherwise (tern-testkit).
+pub fn need_etcd() {
+    tern_testkit::need_root();
+    tern_testkit::need(
+        "an etcd binary",
+        tern_store::etcd::harness::etcd_available(),
+        tern_testkit::install_hint("etcd"),
+    );
 }
 
-/// Root, and an etcd binary to run, as tern-testkit's `require` (fails under strict mode).
-pub fn can_run_etcd() -> bool {
-    can_run()
-        && tern_testkit::require(
-            "an etcd binary",
-            tern_store::etcd::harness::etcd_available(),
-            tern_testkit::install_hint("etcd"),
-        )
-}
-
-/// A node with ternd running and one pod, after [`can_run`]: `None` when the test cannot run
-/// (the kit has printed the skip, or failed the test in strict mode), so a test starts with
-/// `let Some((node, pod)) = node_and_pod() else { return };`.
-pub fn node_and_pod() -> Option<(Node, Pod)> {
-    can_run().then(|| (Node::new(), Pod::new()))
+/// A node with ternd running and one pod; needs root (tern-testkit).
+pub fn node_and_pod() -> (Node, Pod) {
+    tern_testkit::need_root();
+    (Node::new(), Pod::new())
 }
 
 /// Runs `f` and returns its value and how long it took.
@@ -66,40 +64,6 @@ pub fn assert_store_unreachable(msg: &str) {
     );
 }
 
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// A name unique in this machine: `tpt-<pid>-<n>` (at most 15 bytes for netns names in practice).
-pub fn unique_name() -> String {
-    format!(
-        "tpt-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Runs `ip ARGS`, panicking with stderr on failure.
-pub fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs `ip ARGS` and returns whether it succeeded (for commands whose failure is a result).
-pub fn ip_ok(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
 /// `ip -n NS -j ARGS` parsed.
 pub fn ip_json(ns: &str, args: &[&str]) -> Value {
     let mut all = vec!["-n", ns, "-j"];
@@ -111,64 +75,6 @@ pub fn ip_json(ns: &str, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("ip -j {args:?} in {ns}: {e}: {out}"))
 }
 
-/// Polls `cond` every 50 ms until it holds or `timeout` passes; returns whether it held.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A uniquely named network namespace (`/run/netns/<name>`), deleted on drop.
-pub struct Netns {
-    pub name: String,
-    deleted: bool,
-}
-
-impl Netns {
-    /// Creates the namespace and brings its loopback up.
-    pub fn new() -> Netns {
-        let name = unique_name();
-        ip(&["netns", "add", &name]);
-        let ns = Netns {
-            name,
-            deleted: false,
-        };
-        ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// The bind-mounted path runtimes pass as CNI_NETNS.
-    pub fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-
-    /// Deletes the namespace now (as a runtime does when a pod sandbox goes away).
-    pub fn delete(&mut self) {
-        if !self.deleted {
-            ip(&["netns", "del", &self.name]);
-            self.deleted = true;
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
-
 /// A pod sandbox: a network namespace.
 pub struct Pod {
     pub ns: Netns,
@@ -176,7 +82,9 @@ pub struct Pod {
 
 impl Pod {
     pub fn new() -> Pod {
-        Pod { ns: Netns::new() }
+        Pod {
+            ns: Netns::new("p"),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -235,63 +143,6 @@ pub fn link_names(ns: &str) -> Vec<String> {
         .flatten()
         .filter_map(|l| l["ifname"].as_str().map(str::to_string))
         .collect()
-}
-
-/// Runs `f` on a fresh thread that first joins the network namespace at `ns_path`. Sockets
-/// created by `f` stay in that namespace after the thread ends; the thread's namespace change
-/// dies with it, so the test process's own threads never leave their namespace.
-pub fn in_netns<T: Send + 'static>(ns_path: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = ns_path.to_string();
-    std::thread::spawn(move || {
-        let file = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
-        // SAFETY: setns on a descriptor we own; it only changes this thread's namespace.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns({path}): {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("namespace thread panicked")
-}
-
-/// Sends a datagram from a socket in `from_ns` to a server bound on `to_ip` in `to_ns`, which
-/// echoes it back. Returns the source address the server saw. Retries a few times because the
-/// first packet may wait for neighbour resolution.
-pub fn udp_round_trip(from_ns: &str, to_ns: &str, to_ip: IpAddr) -> Result<IpAddr, String> {
-    let server = in_netns(to_ns, move || UdpSocket::bind(SocketAddr::new(to_ip, 0)))
-        .map_err(|e| format!("binding {to_ip} in {to_ns}: {e}"))?;
-    let client = in_netns(from_ns, || UdpSocket::bind("0.0.0.0:0"))
-        .map_err(|e| format!("binding a client in {from_ns}: {e}"))?;
-    let dst = server.local_addr().map_err(|e| e.to_string())?;
-    let t = Some(Duration::from_millis(700));
-    server.set_read_timeout(t).map_err(|e| e.to_string())?;
-    client.set_read_timeout(t).map_err(|e| e.to_string())?;
-    let mut last = String::new();
-    for attempt in 0..4 {
-        let msg = format!("tern-itest-{attempt}");
-        if let Err(e) = client.send_to(msg.as_bytes(), dst) {
-            last = format!("send to {dst}: {e}");
-            std::thread::sleep(Duration::from_millis(300));
-            continue;
-        }
-        let mut buf = [0u8; 64];
-        let (n, src) = match server.recv_from(&mut buf) {
-            Ok(x) => x,
-            Err(e) => {
-                last = format!("server {dst} received nothing: {e}");
-                continue;
-            }
-        };
-        server
-            .send_to(&buf[..n], src)
-            .map_err(|e| format!("reply to {src}: {e}"))?;
-        let mut back = [0u8; 64];
-        match client.recv_from(&mut back) {
-            Ok((m, from)) if &back[..m] == msg.as_bytes() && from == dst => return Ok(src.ip()),
-            Ok((m, from)) => last = format!("unexpected reply {:?} from {from}", &back[..m]),
-            Err(e) => last = format!("client got no reply from {dst}: {e}"),
-        }
-    }
-    Err(last)
 }
 
 /// The `tern` plugin binary.
@@ -405,17 +256,17 @@ impl Out {
 }
 
 /// A node: its network namespace (underlay veth pair with 198.18.0.10/24 and a default route,
-/// which proxy-ARP needs), a temp dir with the store, socket and state dir, and `ternd`.
+/// which proxy-ARP needs), a temp dir with the store, socket and state dir, and `ternd`
+/// (node `itest-node`, resync every second, debug log).
 pub struct Node {
-    // Field order matters on drop: the agent is killed in `Drop::drop`, then the namespace is
-    // deleted, then the temp dir removed.
+    // Field order matters on drop: the agent is killed (and its log printed when the test
+    // panics) first, then the namespace is deleted, then the temp dir removed.
+    pub ternd: Ternd,
     pub ns: Netns,
     pub dir: tempfile::TempDir,
     pub pool: Option<String>,
-    /// The datastore URL given to ternd; `None` = a SQLite file in `dir`.
-    store: Option<String>,
-    child: Option<Child>,
-    starts: usize,
+    /// Whether the datastore is given by URL (e.g. etcd), not a SQLite file in `dir`.
+    remote_store: bool,
 }
 
 impl Node {
@@ -436,7 +287,7 @@ impl Node {
     /// A node whose ternd runs on the datastore at `url` (e.g. `etcd://127.0.0.1:PORT`); the
     /// URL is resolved inside the node namespace, so a loopback etcd must run there too.
     pub fn with_store(url: &str) -> Node {
-        let mut node = Node::build(None, Some(url.to_string()));
+        let mut node = Node::build(None, Some(url));
         node.start();
         node
     }
@@ -445,40 +296,36 @@ impl Node {
     /// the datastore inside the node namespace, or start ternd while it is down
     /// ([`Node::spawn_agent`]).
     pub fn unstarted_with_store(url: &str) -> Node {
-        Node::build(None, Some(url.to_string()))
+        Node::build(None, Some(url))
     }
 
-    fn build(pool: Option<String>, store: Option<String>) -> Node {
-        let ternd = ternd_bin();
-        let ns = Netns::new();
-        let n = &ns.name;
-        ip(&[
-            "-n", n, "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
-        ]);
-        ip(&[
-            "-n",
-            n,
-            "addr",
-            "add",
-            &format!("{NODE_IP}/24"),
-            "dev",
-            "ul0",
-        ]);
-        ip(&["-n", n, "link", "set", "ul0", "up"]);
-        ip(&["-n", n, "link", "set", "ul1", "up"]);
-        ip(&["-n", n, "route", "add", "default", "via", "198.18.0.1"]);
+    fn build(pool: Option<String>, store: Option<&str>) -> Node {
+        let ns = Netns::with_underlay("n", NODE_IP);
+        ns.ip(&["route", "add", "default", "via", "198.18.0.1"]);
         let dir = tempfile::Builder::new()
             .prefix("tpt-")
             .tempdir()
             .expect("temp dir");
-        assert!(ternd.exists());
+        let mut args = vec![
+            "--resync-seconds=1".to_string(),
+            "--log-level=debug".to_string(),
+        ];
+        if let Some(url) = store {
+            args.push(format!("--store={url}"));
+        }
+        if let Some(p) = &pool {
+            args.push(format!("--default-ipv4-pool={p}"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut ternd = Ternd::new(&ns.name, dir.path(), "itest-node", &args);
+        ternd.bin = ternd_bin();
+        ternd.listen_timeout = Duration::from_secs(10);
         Node {
+            ternd,
             ns,
             dir,
             pool,
-            store,
-            child: None,
-            starts: 0,
+            remote_store: store.is_some(),
         }
     }
 
@@ -487,11 +334,11 @@ impl Node {
     }
 
     pub fn socket(&self) -> PathBuf {
-        self.dir.path().join("ternd.sock")
+        self.ternd.socket()
     }
 
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.ternd.state_dir()
     }
 
     pub fn journal_dir(&self) -> PathBuf {
@@ -499,10 +346,7 @@ impl Node {
     }
 
     pub fn store_url(&self) -> String {
-        match &self.store {
-            Some(url) => url.clone(),
-            None => format!("sqlite://{}/store.db", self.dir.path().display()),
-        }
+        self.ternd.store_url()
     }
 
     /// Runs `f` with a fresh connection to the node's store. For a store given by URL (etcd)
@@ -519,84 +363,38 @@ impl Node {
                 tern_store::open(&url).unwrap_or_else(|e| panic!("opening the store {url}: {e}"));
             f(store)
         };
-        if self.store.is_some() {
+        if self.remote_store {
             in_netns(&self.ns.path(), open)
         } else {
             open()
         }
     }
 
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join(format!("ternd.{}.log", self.starts))
-    }
-
-    /// Starts ternd in the node namespace and waits until its socket accepts connections.
+    /// Starts ternd in the node namespace and waits (10 s) until its socket accepts
+    /// connections.
     pub fn start(&mut self) {
-        self.spawn_agent();
-        let up = self.wait_listening(Duration::from_secs(10));
-        assert!(
-            up,
-            "ternd did not listen on {} within 10 s: {}",
-            self.socket().display(),
-            self.agent_log()
-        );
+        self.ternd.start();
     }
 
     /// Starts ternd in the node namespace without waiting for its socket (ternd waits for an
     /// unreachable datastore before it serves).
     pub fn spawn_agent(&mut self) {
-        assert!(self.child.is_none(), "ternd already running");
-        self.starts += 1;
-        let log = File::create(self.log_path()).expect("ternd log");
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.name()])
-            .arg(ternd_bin())
-            .args(["--node-name", "itest-node", "--store", &self.store_url()])
-            .arg("--socket")
-            .arg(self.socket())
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .args(["--resync-seconds", "1", "--log-level", "debug"]);
-        if let Some(p) = &self.pool {
-            cmd.args(["--default-ipv4-pool", p]);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        let child = cmd.spawn().expect("spawning ternd");
-        self.child = Some(child);
+        self.ternd.spawn();
     }
 
     /// Waits up to `timeout` until ternd's socket accepts connections; panics when ternd exits.
     pub fn wait_listening(&mut self, timeout: Duration) -> bool {
-        let sock = self.socket();
-        wait_until(timeout, || {
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                panic!("ternd exited at start ({st}): {}", self.agent_log());
-            }
-            UnixStream::connect(&sock).is_ok()
-        })
+        self.ternd.wait_listening(timeout)
     }
 
     /// Kills ternd (SIGKILL by PID, like a crash) and reaps it. The stale socket file stays.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.ternd.stop();
     }
 
     /// Everything ternd logged in every run of this node.
     pub fn agent_log(&self) -> String {
-        let mut s = String::new();
-        for i in 1..=self.starts {
-            let p = self.dir.path().join(format!("ternd.{i}.log"));
-            s.push_str(&format!("--- ternd run {i}\n"));
-            s.push_str(&std::fs::read_to_string(p).unwrap_or_default());
-        }
-        s
+        self.ternd.log()
     }
 
     /// The `tern` plugin's network configuration for this node.
@@ -850,15 +648,6 @@ impl Node {
                 .collect(),
             Err(_) => vec![],
         }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("ternd log of node {}:\n{}", self.ns.name, self.agent_log());
-        }
-        self.stop();
     }
 }
 

@@ -1,23 +1,24 @@
-//! Harness of the API-server-only Kubernetes tests: a real etcd and kube-apiserver (no kubelet,
-//! no controller-manager) on the loopback of a node network namespace, with certificates made
-//! by the `openssl` CLI, RBAC authorization, an admin `kubectl`, and client-certificate
-//! kubeconfigs for other users (ternd's).
+//! A real etcd and kube-apiserver for tests (no kubelet, no controller-manager) on the loopback
+//! of a node network namespace, with RBAC authorization, an admin `kubectl`, and
+//! client-certificate kubeconfigs for other users (ternd's); for the test targets named
+//! `*kube*` (`scripts/test.sh` runs them once the components are built).
 //!
 //! Everything runs inside a network namespace the test created (`ip netns exec`), so the root
 //! namespace is never touched and fixed ports cannot collide with anything. Every process is
-//! started by this harness and killed by PID on drop; the files live in the caller's temp dir.
+//! started here and killed by PID on drop; the files live in the caller's temp dir. The
+//! certificates are made in one place, [`Ca`] (with the `openssl` CLI).
 
-#![allow(dead_code)]
-
-use super::common::{Netns, Ternd, in_netns, wait_until};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use crate::netns::{Netns, in_netns};
+use crate::ternd::Ternd;
+use crate::wait::wait_until;
 
 /// Where `scripts/k8s-components.sh` puts the binaries (overridable with `TERN_K8S_BIN`).
 pub const DEFAULT_BIN: &str = "/var/cache/tern/k8s/v1.34.4/bin";
@@ -33,40 +34,56 @@ pub fn bin_dir() -> PathBuf {
     PathBuf::from(std::env::var("TERN_K8S_BIN").unwrap_or_else(|_| DEFAULT_BIN.into()))
 }
 
-/// What these tests need, through tern-testkit (a failure under `TERN_TEST_STRICT=1`, a
-/// visible skip otherwise): root, the `openssl` CLI and the Kubernetes binaries, naming the
-/// command that builds them.
-pub fn require_k8s() -> bool {
-    if !tern_testkit::require_root() || !tern_testkit::require_binary("openssl") {
-        return false;
-    }
+/// What these tests need: root, the `openssl` CLI and the Kubernetes binaries; fails the test
+/// naming the command that builds them. Their directory.
+#[track_caller]
+pub fn need_k8s() -> PathBuf {
+    crate::need_root();
+    crate::need_binary("openssl");
     let dir = bin_dir();
     let missing: Vec<&str> = K8S_BINARIES
         .into_iter()
         .filter(|b| !dir.join(b).is_file())
         .collect();
-    let ok = tern_testkit::require(
+    crate::need(
         &format!("the Kubernetes binaries {missing:?} in {}", dir.display()),
         missing.is_empty(),
         "build them with `scripts/k8s-components.sh` (from the repository root; it needs Go \
          1.24+ and prints the directory it filled), or set TERN_K8S_BIN to another directory",
     );
-    if ok {
-        eprintln!("kubernetes binaries: {}", dir.display());
-    }
-    ok
+    eprintln!("kubernetes binaries: {}", dir.display());
+    dir
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    tern_store::etcd::harness::openssl(dir, args).unwrap_or_else(|e| panic!("{e}"));
-}
-
-/// A certificate authority in `dir` (`ca.crt`, `ca.key`) that signs server and client certs.
+/// The certificates of the API server, all made here: a certificate authority in `dir`
+/// (`ca.crt`, `ca.key`) that signs the server's (`apiserver.crt`) and the clients' certificates
+/// ([`Ca::client`]), and the service-account key pair (`sa.key`, `sa.pub`).
 pub struct Ca {
     pub dir: PathBuf,
 }
 
 impl Ca {
+    /// The CA, the API server's certificate for `127.0.0.1`, `advertise` and the service
+    /// address, and the service-account key pair.
+    pub fn for_apiserver(dir: &Path, advertise: &str) -> Ca {
+        let ca = Ca::new(dir);
+        ca.issue(
+            "apiserver",
+            "/CN=kube-apiserver",
+            &format!(
+                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+                 extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:{advertise},\
+                 IP:10.96.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
+            ),
+        );
+        let openssl = |args: &[&str]| {
+            tern_store::etcd::harness::openssl(&ca.dir, args).unwrap_or_else(|e| panic!("{e}"))
+        };
+        openssl(&["genrsa", "-out", "sa.key", "2048"]);
+        openssl(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+        ca
+    }
+
     pub fn new(dir: &Path) -> Ca {
         std::fs::create_dir_all(dir).unwrap();
         tern_store::etcd::harness::make_ca(
@@ -162,21 +179,7 @@ impl KubeApi {
     fn start_bound(netns: &str, dir: &Path, advertise: &str, bind: &str) -> KubeApi {
         let bin = bin_dir();
         std::fs::create_dir_all(dir).unwrap();
-        let ca = Ca::new(&dir.join("pki"));
-        ca.issue(
-            "apiserver",
-            "/CN=kube-apiserver",
-            &format!(
-                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-                 extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:{advertise},\
-                 IP:10.96.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
-            ),
-        );
-        openssl(&ca.dir, &["genrsa", "-out", "sa.key", "2048"]);
-        openssl(
-            &ca.dir,
-            &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
-        );
+        let ca = Ca::for_apiserver(&dir.join("pki"), advertise);
         let mut api = KubeApi {
             netns: netns.to_string(),
             dir: dir.to_path_buf(),
@@ -590,11 +593,6 @@ pub fn manifest_rbac() -> String {
     docs.join("\n---\n")
 }
 
-/// Where the reference CNI plugins (host-local) are installed.
-pub const REFERENCE_PLUGINS: &str = super::common::REFERENCE_PLUGINS;
-/// The network name of the test configurations.
-pub const NETWORK: &str = "k8s-pod-network";
-
 /// A node with the API server: its namespace (underlay address `node_ip`), etcd and
 /// kube-apiserver in it, the test's files; dropped API server first, then the namespace.
 pub struct KubeNode {
@@ -627,180 +625,28 @@ impl KubeNode {
     }
 }
 
-/// A pod as the runtime sees it: its Kubernetes identity, a sandbox network namespace, the
-/// UID passed in CNI_ARGS (none when empty), and its address once added.
-pub struct KubePod {
-    pub namespace: String,
-    pub name: String,
-    /// The sandbox's container ID (unique per sandbox, as a runtime's).
-    pub cid: String,
-    pub uid: String,
-    pub ns: Netns,
-    pub ip: Option<IpAddr>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl KubePod {
-    pub fn new(namespace: &str, name: &str) -> KubePod {
-        let ns = Netns::new("p");
-        KubePod {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            cid: format!("sandbox-{}", ns.name),
-            uid: String::new(),
-            ns,
-            ip: None,
-        }
-    }
-
-    /// Whether the sandbox has an `eth0`.
-    pub fn has_eth0(&self) -> bool {
-        self.ns.links().contains(": eth0@")
-    }
-}
-
-/// ternd's records and the `tern` plugin, for the Kubernetes tests.
-impl Ternd {
-    /// Waits until ternd's `/readiness` answers 200; panics with its last answer and log.
-    pub fn wait_ready(&self, timeout: Duration) {
-        let mut last = String::new();
-        let ok = wait_until(timeout, || {
-            let (code, body) = self.http_get("/readiness");
-            last = body;
-            code == 200
-        });
-        assert!(
-            ok,
-            "ternd not ready within {timeout:?}: {last}\n{}",
-            self.log()
-        );
-    }
-
-    /// `nft list table inet tern` in the node's namespace.
-    pub fn nft_table(&self) -> String {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.netns,
-                "nft",
-                "list",
-                "table",
-                "inet",
-                "tern",
-            ])
-            .output()
-            .expect("nft");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// CNI ADD of API pods `ns/<name>` (with their UIDs from the API server, as a runtime
-    /// passes them): the pods with the addresses ternd gave them; panics on a failed ADD.
-    pub fn add_api_pods(
-        &self,
-        api: &KubeApi,
-        plugin: &Path,
-        ns: &str,
-        names: &[&str],
-    ) -> Vec<KubePod> {
-        let mut pods: Vec<KubePod> = names.iter().map(|p| KubePod::new(ns, p)).collect();
-        for p in pods.iter_mut() {
-            p.uid = api.pod_uid(ns, &p.name);
-            let (st, out) = self.cni(plugin, "ADD", Some(p), &json!({}));
-            assert_eq!(st, 0, "ADD {}: {out}\n{}", p.name, self.log());
-            let a = out["ips"][0]["address"].as_str().unwrap();
-            p.ip = Some(a.split('/').next().unwrap().parse().unwrap());
-        }
-        pods
-    }
-
-    /// Number of policy chains (`pol-…`) in the node's `inet tern` table.
-    pub fn policy_chains(&self) -> usize {
-        self.nft_table()
-            .lines()
-            .filter(|l| l.trim_start().starts_with("chain pol-"))
-            .count()
-    }
-
-    /// The node's WorkloadEndpoint documents.
-    pub fn endpoints(&self) -> Vec<Value> {
-        let (kvs, _) = self
-            .store()
-            .range(&tern_store::keys::resource_prefix("WorkloadEndpoint"))
-            .unwrap();
-        kvs.iter()
-            .map(|kv| serde_json::from_slice(&kv.value).unwrap())
-            .collect()
-    }
-
-    /// The WorkloadEndpoint of pod `ns/pod`, if any.
-    pub fn endpoint(&self, ns: &str, pod: &str) -> Option<Value> {
-        self.endpoints()
-            .into_iter()
-            .find(|v| v["metadata"]["namespace"] == ns && v["spec"]["pod"] == pod)
-    }
-
-    /// IPAM allocations recorded for pod `ns/pod`.
-    pub fn allocations(&self, ns: &str, pod: &str) -> Vec<IpAddr> {
-        tern_ipam::Ipam::new(self.store())
-            .allocations(None)
-            .unwrap()
-            .into_iter()
-            .filter(|a| a.attrs.namespace == ns && a.attrs.pod == pod)
-            .map(|a| a.ip)
-            .collect()
-    }
-
-    /// Runs the `tern` plugin in the node namespace for `pod` (none: STATUS) as containerd
-    /// does, `K8S_POD_*` in CNI_ARGS; `extra` is merged into the configuration. The exit
-    /// status and the JSON it printed.
-    pub fn cni(
-        &self,
-        plugin: &Path,
-        cmd: &str,
-        pod: Option<&KubePod>,
-        extra: &Value,
-    ) -> (i32, Value) {
-        let mut conf = json!({
-            "cniVersion": "1.0.0",
-            "name": NETWORK,
-            "type": "tern",
-            "agent_socket": self.socket(),
-            "state_dir": self.state_dir(),
-            "ipam": {"type": "tern-ipam"},
-        });
-        if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
-            for (k, v) in e {
-                c.insert(k.clone(), v.clone());
-            }
-        }
-        let mut command = super::common::cni_command(&self.netns, plugin, cmd);
-        if let Some(p) = pod {
-            let mut args = format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};\
-                 K8S_POD_INFRA_CONTAINER_ID={}",
-                p.namespace, p.name, p.cid
-            );
-            if !p.uid.is_empty() {
-                args.push_str(&format!(";K8S_POD_UID={}", p.uid));
-            }
-            command
-                .env("CNI_CONTAINERID", &p.cid)
-                .env("CNI_NETNS", p.ns.path())
-                .env("CNI_IFNAME", "eth0")
-                .env("CNI_ARGS", args);
-        }
-        let out = super::common::output_with_stdin(&mut command, conf.to_string().as_bytes());
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let v = if stdout.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&stdout).unwrap_or(Value::String(stdout.into_owned()))
-        };
-        (out.status.code().unwrap_or(-1), v)
-    }
-
-    /// CNI STATUS (version 1.1.0) through the plugin.
-    pub fn cni_status(&self, plugin: &Path) -> (i32, Value) {
-        self.cni(plugin, "STATUS", None, &json!({"cniVersion": "1.1.0"}))
+    #[test]
+    fn metrics_text_is_parsed_with_labels_and_escapes() {
+        let text = "# HELP x help\n# TYPE x counter\n\
+                    apiserver_request_total{verb=\"LIST\",resource=\"pods\"} 12\n\
+                    up 1 1700000000\n\
+                    odd{path=\"/a,b}\\\"c\\n\"} 2.5\n\
+                    \n\
+                    broken{x=1} 3\n";
+        let s = parse_metrics(text);
+        assert_eq!(s.len(), 3, "{s:?}");
+        assert_eq!(s[0].name, "apiserver_request_total");
+        assert_eq!(s[0].label("verb"), "LIST");
+        assert_eq!(s[0].label("resource"), "pods");
+        assert_eq!(s[0].label("absent"), "");
+        assert_eq!(s[0].value, 12.0);
+        assert_eq!((s[1].name.as_str(), s[1].value), ("up", 1.0));
+        assert!(s[1].labels.is_empty());
+        assert_eq!(s[2].label("path"), "/a,b}\"c\n");
+        assert_eq!(s[2].value, 2.5);
     }
 }
