@@ -76,7 +76,7 @@ fn print_samples(what: &str, total: Vec<Duration>, kubectl: Vec<Duration>) {
 fn kube_watch_memory_and_propagation() {
     assert!(
         kube_api::require_k8s(),
-        "root, openssl and the Kubernetes binaries are needed"
+        "root and the Kubernetes binaries are needed"
     );
     let bench_start = Instant::now();
     let plugin = common::tern_plugin();
@@ -287,7 +287,7 @@ fn ipam_add_del_latency_per_datastore() {
     const OTHER_NODES: usize = 1000;
     assert!(
         kube_api::require_k8s(),
-        "root, openssl and the Kubernetes binaries are needed"
+        "root and the Kubernetes binaries are needed"
     );
     let k = kube_api::KubeNode::start(NODE_IP);
     let api = &k.api;

@@ -1,6 +1,6 @@
 //! Harness of the API-server-only Kubernetes tests: a real etcd and kube-apiserver (no kubelet,
 //! no controller-manager) on the loopback of a node network namespace, with certificates made
-//! by the `openssl` CLI, RBAC authorization, an admin `kubectl`, and client-certificate
+//! by `tern-pki`, RBAC authorization, an admin `kubectl`, and client-certificate
 //! kubeconfigs for other users (ternd's).
 //!
 //! Everything runs inside a network namespace the test created (`ip netns exec`), so the root
@@ -18,6 +18,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use tern_pki::{CertSpec, San};
 
 /// Where `scripts/k8s-components.sh` puts the binaries (overridable with `TERN_K8S_BIN`).
 pub const DEFAULT_BIN: &str = "/var/cache/tern/k8s/v1.34.4/bin";
@@ -34,10 +35,10 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// What these tests need, through tern-testkit (a failure under `TERN_TEST_STRICT=1`, a
-/// visible skip otherwise): root, the `openssl` CLI and the Kubernetes binaries, naming the
-/// command that builds them.
+/// visible skip otherwise): root and the Kubernetes binaries, naming the command that builds
+/// them.
 pub fn require_k8s() -> bool {
-    if !tern_testkit::require_root() || !tern_testkit::require_binary("openssl") {
+    if !tern_testkit::require_root() {
         return false;
     }
     let dir = bin_dir();
@@ -57,31 +58,20 @@ pub fn require_k8s() -> bool {
     ok
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    tern_store::etcd::harness::openssl(dir, args).unwrap_or_else(|e| panic!("{e}"));
-}
-
 /// A certificate authority in `dir` (`ca.crt`, `ca.key`) that signs server and client certs.
 pub struct Ca {
     pub dir: PathBuf,
+    pki: tern_pki::Ca,
 }
 
 impl Ca {
     pub fn new(dir: &Path) -> Ca {
-        std::fs::create_dir_all(dir).unwrap();
-        tern_store::etcd::harness::make_ca(
-            dir,
-            &["-newkey", "rsa:2048", "-nodes"],
-            &[
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("making the CA: {e}"));
+        let pki = tern_pki::Ca::new("tern-test-ca", Duration::from_secs(2 * 24 * 3600))
+            .and_then(|ca| ca.write(dir, "ca").map(|_| ca))
+            .unwrap_or_else(|e| panic!("making the CA: {e}"));
         Ca {
             dir: dir.to_path_buf(),
+            pki,
         }
     }
 
@@ -89,32 +79,24 @@ impl Ca {
         self.dir.join("ca.crt")
     }
 
-    /// Signs a key pair `<name>.crt`/`<name>.key` for `subject` with the given extensions
-    /// (an `openssl x509 -extfile` body).
-    pub fn issue(&self, name: &str, subject: &str, ext: &str) -> (PathBuf, PathBuf) {
-        tern_store::etcd::harness::sign_with_ca(
-            &self.dir,
-            name,
-            &["-newkey", "rsa:2048", "-nodes"],
-            subject,
-            ext,
-        )
-        .unwrap_or_else(|e| panic!("issuing {name}: {e}"))
+    /// Signs a key pair `<name>.crt`/`<name>.key` as `spec` says.
+    pub fn issue(&self, name: &str, spec: &tern_pki::CertSpec) -> (PathBuf, PathBuf) {
+        let pair = self
+            .pki
+            .issue(spec)
+            .and_then(|c| c.write(&self.dir, name))
+            .unwrap_or_else(|e| panic!("issuing {name}: {e}"));
+        (pair.cert, pair.key)
     }
 
-    /// A client certificate for user `cn` in groups `orgs`.
+    /// A client certificate for user `cn` in groups `orgs` (one at most).
     pub fn client(&self, name: &str, cn: &str, orgs: &[&str]) -> (PathBuf, PathBuf) {
-        let mut subject = String::new();
-        for o in orgs {
-            subject.push_str(&format!("/O={o}"));
-        }
-        subject.push_str(&format!("/CN={cn}"));
-        self.issue(
-            name,
-            &subject,
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-             extendedKeyUsage=clientAuth\n",
-        )
+        let spec = match orgs {
+            [] => tern_pki::CertSpec::client(cn),
+            [group] => tern_pki::CertSpec::client(cn).org(*group),
+            _ => panic!("{cn}: a certificate names one group at most, not {orgs:?}"),
+        };
+        self.issue(name, &spec)
     }
 }
 
@@ -163,20 +145,22 @@ impl KubeApi {
         let bin = bin_dir();
         std::fs::create_dir_all(dir).unwrap();
         let ca = Ca::new(&dir.join("pki"));
-        ca.issue(
-            "apiserver",
-            "/CN=kube-apiserver",
-            &format!(
-                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-                 extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:{advertise},\
-                 IP:10.96.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
-            ),
-        );
-        openssl(&ca.dir, &["genrsa", "-out", "sa.key", "2048"]);
-        openssl(
-            &ca.dir,
-            &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
-        );
+        let advertise_ip: IpAddr = advertise
+            .parse()
+            .unwrap_or_else(|e| panic!("advertise address {advertise:?}: {e}"));
+        let sans = [
+            San::Ip([127, 0, 0, 1].into()),
+            San::Ip(advertise_ip),
+            San::Ip([10, 96, 0, 1].into()),
+            San::dns("localhost"),
+            San::dns("kubernetes.default.svc"),
+        ];
+        ca.issue("apiserver", &CertSpec::server("kube-apiserver", sans));
+        let sa = tern_pki::CertPair {
+            cert: ca.dir.join("sa.pub"),
+            key: ca.dir.join("sa.key"),
+        };
+        tern_pki::signing_key_pair(&sa).unwrap_or_else(|e| panic!("service-account keys: {e}"));
         let mut api = KubeApi {
             netns: netns.to_string(),
             dir: dir.to_path_buf(),
