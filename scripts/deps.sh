@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   nftables iproute2 etcd-server bird2 containerd runc busybox-static
   containernetworking-plugins protobuf-compiler iperf3 golang-1.19-go
-  golang-github-appc-cni-dev python3 openssl gcc libc6-dev
+  golang-github-appc-cni-dev python3 gcc libc6-dev
   curl netcat-openbsd
 )
 

@@ -21,7 +21,7 @@
 # - crictl (sigs.k8s.io/cri-tools v1.34.0): to debug the CRI, and the CRI-path fallback.
 # - our own pause image (scripts/k8s/pause.c, static), a probe image (scripts/k8s/probe.c: UDP
 #   echo and timed TCP transfers, which busybox's nc cannot do) and a busybox image built from
-#   Debian's busybox-static by scripts/k8s/busybox_image.py: there is no registry.
+#   Debian's busybox-static by `scripts/k8s/oci_image.py busybox`: there is no registry.
 #
 # Environment: TERN_K8S_CACHE (default /var/cache/tern).
 set -euo pipefail
@@ -31,7 +31,7 @@ LOG_TAG=k8s-components
 # The pinned versions (K8S_VERSION, ...), the cache's layout and the Go environment.
 # shellcheck source=k8s/go-env.sh
 . "$REPO_DIR/scripts/k8s/go-env.sh"
-BUSYBOX_IMAGE_TOOL=$REPO_DIR/scripts/k8s/busybox_image.py
+IMAGE_TOOL=$REPO_DIR/scripts/k8s/oci_image.py
 
 # gobuild MODDIR NAME PKG LDFLAGS [TAGS]: build PKG into $BIN/NAME unless its recipe is unchanged.
 gobuild() {
@@ -83,7 +83,7 @@ module_dir() {
 c_image() {
   local name=$1 tag=$2 src="$REPO_DIR/scripts/k8s/$1.c"
   local recipe
-  recipe="$(sha256sum "$src" "$REPO_DIR/scripts/k8s/mk_image.py" | cut -c1-16 | tr '\n' ' ')$tag"
+  recipe="$(sha256sum "$src" "$IMAGE_TOOL" | cut -c1-16 | tr '\n' ' ')$tag"
   if up_to_date "$name" "$recipe" && [ -f "$IMAGES/$name.tar" ]; then
     log "$name image: up to date"
     return
@@ -93,7 +93,7 @@ c_image() {
   gcc -static -Os -Wall -Werror -o "$BIN/$name.tmp" "$src"
   strip "$BIN/$name.tmp" 2>/dev/null || true
   mv -f "$BIN/$name.tmp" "$BIN/$name"
-  python3 "$REPO_DIR/scripts/k8s/mk_image.py" "$BIN/$name" "/$name" "$IMAGES/$name.tar.tmp" "$tag" >/dev/null
+  python3 "$IMAGE_TOOL" static "$BIN/$name" "/$name" "$IMAGES/$name.tar.tmp" "$tag" >/dev/null
   mv -f "$IMAGES/$name.tar.tmp" "$IMAGES/$name.tar"
   mark "$name" "$recipe"
   log "$name image: $IMAGES/$name.tar ($tag)"
@@ -105,12 +105,12 @@ build_images() {
   local recipe
   local bb=/bin/busybox
   [ -x "$bb" ] || die "$bb not found (Debian package busybox-static; scripts/deps.sh installs it)"
-  recipe="$(sha256sum "$bb" "$BUSYBOX_IMAGE_TOOL" "$REPO_DIR/scripts/k8s/oci_image.py" | cut -c1-16 | tr '\n' ' ')"
+  recipe="$(sha256sum "$bb" "$IMAGE_TOOL" | cut -c1-16 | tr '\n' ' ')"
   if [ -f "$IMAGES/busybox.tar" ] && [ -f "$IMAGES/.busybox.recipe" ] &&
     [ "$(cat "$IMAGES/.busybox.recipe")" = "$recipe" ]; then
     log "busybox image: up to date"
   else
-    python3 "$BUSYBOX_IMAGE_TOOL" "$bb" "$IMAGES/busybox.tar.tmp" tern-busybox:1 >/dev/null
+    python3 "$IMAGE_TOOL" busybox "$bb" "$IMAGES/busybox.tar.tmp" tern-busybox:1 >/dev/null
     mv -f "$IMAGES/busybox.tar.tmp" "$IMAGES/busybox.tar"
     printf '%s' "$recipe" >"$IMAGES/.busybox.recipe"
     log "busybox image: $IMAGES/busybox.tar (docker.io/library/tern-busybox:1)"

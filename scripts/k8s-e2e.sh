@@ -201,12 +201,12 @@ for spec in /usr/bin/curl:/usr/bin/curl /bin/nc.openbsd:/usr/bin/nc /usr/bin/bas
     log "warning: ${spec%%:*} not found (Debian packages curl, netcat-openbsd, bash): the Networking specs that exec it will fail"
   fi
 done
-img_recipe="$recipe|$(sha256sum "$BIN/agnhost" "$bb" "$REPO_DIR/scripts/k8s/agnhost_image.py" "${extras[@]%%:*}" | cut -c1-16 | tr '\n' ' ')"
+img_recipe="$recipe|$(sha256sum "$BIN/agnhost" "$bb" "$REPO_DIR/scripts/k8s/oci_image.py" "${extras[@]%%:*}" | cut -c1-16 | tr '\n' ' ')"
 if [ -f "$IMAGES/agnhost.tar" ] && [ -f "$IMAGES/.agnhost.recipe" ] &&
   [ "$(cat "$IMAGES/.agnhost.recipe")" = "$img_recipe" ]; then
   log "agnhost image: up to date"
 else
-  python3 "$REPO_DIR/scripts/k8s/agnhost_image.py" "$BIN/agnhost" "$bb" "$IMAGES/agnhost.tar.tmp" "$AGNHOST_TAG" \
+  python3 "$REPO_DIR/scripts/k8s/oci_image.py" agnhost "$BIN/agnhost" "$bb" "$IMAGES/agnhost.tar.tmp" "$AGNHOST_TAG" \
     "${extras[@]}" >/dev/null
   mv -f "$IMAGES/agnhost.tar.tmp" "$IMAGES/agnhost.tar"
   printf '%s' "$img_recipe" >"$IMAGES/.agnhost.recipe"

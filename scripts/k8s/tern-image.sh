@@ -109,7 +109,7 @@ trap 'rm -rf "$etc"' EXIT
 printf 'root:x:0:0:root:/root:/bin/false\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$etc/group"
 mkdir -p "$(dirname "$out")"
-exec python3 "$here/oci_image.py" --out "$out" --tag "$tag" --ldd \
+exec python3 "$here/oci_image.py" files --out "$out" --tag "$tag" --ldd \
   --entrypoint /usr/local/bin/ternd \
   --env PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --file "$bin_dir/ternd:/usr/local/bin/ternd" \

@@ -120,7 +120,7 @@ if [ "$up" = 1 ]; then ok "containerd started with private root/state/socket"; e
   not_ok "containerd started with private root/state/socket"; tail -20 "$T/containerd.log" | sed 's/^/#   /'; finish
 fi
 
-check "busybox image built" python3 "$REPO/scripts/k8s/busybox_image.py" /bin/busybox "$T/busybox.tar" rt-busybox:latest || finish
+check "busybox image built" python3 "$REPO/scripts/k8s/oci_image.py" busybox /bin/busybox "$T/busybox.tar" rt-busybox:latest || finish
 check "busybox image imported" ctr_ images import "$T/busybox.tar" || finish
 
 # --- container A: httpd server -------------------------------------------------------------------

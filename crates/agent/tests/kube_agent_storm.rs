@@ -23,7 +23,7 @@
 //!   store) is clean.
 //!
 //! The figures (ADDs done and failed, DELs retried, kills, times) are printed; nothing is
-//! timed. Needs root, `openssl` and the binaries of `scripts/k8s-components.sh`; without them
+//! timed. Needs root and the binaries of `scripts/k8s-components.sh`; without them
 //! the test fails and says how to get them. Every namespace is uniquely named and removed on
 //! drop, every process is killed by PID; the root namespace is never touched. Underlay
 //! 198.18.7.0/24.

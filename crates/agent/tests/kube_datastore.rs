@@ -16,7 +16,7 @@
 //! RBAC on the CRDs gets an error naming the verb and the resource; a storm keeps every
 //! invariant through a restart of the API server in its middle.
 //!
-//! Needs root, `openssl` and the binaries of `scripts/k8s-components.sh`; without them the
+//! Needs root and the binaries of `scripts/k8s-components.sh`; without them the
 //! test fails and says how to get them. The namespace and processes are removed on drop; the
 //! root namespace is never touched.
 

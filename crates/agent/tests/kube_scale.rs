@@ -48,7 +48,7 @@
 //!   namespace, read as the kernel reports the commit), p50/p99 per agent and for all 20;
 //! - the DEL wave of the 500 pods: DELs/s, latency, API requests and bytes per DEL.
 //!
-//! Needs root, `openssl` and the binaries of `scripts/k8s-components.sh`. Every namespace is
+//! Needs root and the binaries of `scripts/k8s-components.sh`. Every namespace is
 //! uniquely named and removed on drop, every process is killed by PID, also when the
 //! benchmark fails; the root namespace is never touched. Underlay 198.18.19.0/24.
 //!

@@ -22,7 +22,7 @@
 //! [`cluster`] (the lab's datastore), [`pod`] (CNI ADD/DEL of pods), [`traffic`] (echo server
 //! and probes used to prove connectivity), [`mesh`] (every pod to every pod), [`netns`] (code
 //! inside a lab namespace), [`process`] (commands and PIDs), [`pki`] (a CA and its
-//! certificates), [`bird`] (BIRD peers), [`netpol`] (the NetworkPolicy harness).
+//! certificates, made by `tern-pki`), [`bird`] (BIRD peers), [`netpol`] (the NetworkPolicy harness).
 //!
 //! The Kubernetes cluster ([`kube`]) is an add-on on the base: `topology` calls it only
 //! through the hook [`addon::Addon`] (`kube::Cluster` implements it), and [`ops`] hands it
@@ -100,6 +100,9 @@ pub enum LabError {
         target: String,
         message: String,
     },
+    /// A certificate or key could not be made, read or written.
+    #[error("lab PKI: {0}")]
+    Pki(#[source] tern_pki::PkiError),
 }
 
 impl LabError {

@@ -1,136 +1,38 @@
-//! The lab's PKI, made with the `openssl` command line: a CA and the certificates it issues
-//! (client, serving, or both). Keys are ECDSA P-256 (fast to make; etcd and every Kubernetes
-//! component accept them). Used by the lab's etcd over TLS (`topology`) and the Kubernetes
-//! cluster (`kube::certs`).
+//! The lab's PKI, made by [`tern_pki`]: one CA per directory (kept when it exists, so nodes
+//! joining later are signed by the same one) and the certificates it issues, all valid for
+//! [`VALIDITY`]. Used by the lab's etcd over TLS (`topology`) and the Kubernetes cluster
+//! (`kube::certs`).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
 
-use crate::process::run;
+pub use tern_pki::{Ca, CertPair, CertSpec, San};
+
 use crate::{LabError, Result};
 
-/// Days the lab's certificates are valid: labs are throwaway.
-const DAYS: &str = "30";
+/// How long the lab's certificates are valid: labs are throwaway.
+pub const VALIDITY: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// A key and certificate pair on disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertPair {
-    /// The PEM certificate.
-    pub cert: PathBuf,
-    /// The PEM private key.
-    pub key: PathBuf,
+/// The CA under `dir` (`ca.crt`, `ca.key`): loaded if it exists, else made. Itself and its
+/// files.
+pub fn ca(dir: &Path) -> Result<(Ca, CertPair)> {
+    Ca::load_or_create(dir, "ca", "tern-lab-ca", VALIDITY).map_err(LabError::Pki)
 }
 
-/// What a certificate is for.
-#[derive(Debug, Clone, Default)]
-pub struct CertSpec<'a> {
-    /// Subject CN (a user name for client certificates).
-    pub cn: &'a str,
-    /// Subject O entries (group names for client certificates).
-    pub orgs: &'a [&'a str],
-    /// Subject alternative names (`IP:1.2.3.4`, `DNS:name`); makes it a serving certificate.
-    pub sans: &'a [String],
-    /// Also usable as a client certificate (every certificate here but pure servers).
-    pub client: bool,
+/// Issues `<dir>/<name>.crt` and `.key` as `spec` says (valid for [`VALIDITY`]), signed by
+/// `ca`.
+pub fn issue(dir: &Path, name: &str, ca: &Ca, spec: CertSpec) -> Result<CertPair> {
+    ca.issue(&spec.valid_for(VALIDITY))
+        .and_then(|issued| issued.write(dir, name))
+        .map_err(LabError::Pki)
 }
 
-pub(crate) fn openssl() -> Command {
-    Command::new("openssl")
-}
-
-/// A new ECDSA P-256 private key at `path`.
-pub(crate) fn gen_key(path: &Path) -> Result<()> {
-    run(openssl()
-        .args([
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-        ])
-        .arg("-out")
-        .arg(path))
-    .map(drop)
-}
-
-/// A CA under `dir` (`ca.crt`, `ca.key`); kept if it already exists.
-pub fn ca(dir: &Path) -> Result<CertPair> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
-    let pair = CertPair {
-        cert: dir.join("ca.crt"),
-        key: dir.join("ca.key"),
-    };
-    if pair.cert.is_file() && pair.key.is_file() {
-        return Ok(pair);
-    }
-    gen_key(&pair.key)?;
-    run(openssl()
-        .args(["req", "-x509", "-new", "-sha256", "-days", DAYS])
-        .arg("-key")
-        .arg(&pair.key)
-        .args(["-subj", "/CN=tern-lab-ca"])
-        .args(["-addext", "basicConstraints=critical,CA:TRUE"])
-        .args([
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-        ])
-        .arg("-out")
-        .arg(&pair.cert))?;
-    Ok(pair)
-}
-
-/// Issues `<dir>/<name>.crt` and `.key` signed by `ca`.
-pub fn issue(dir: &Path, name: &str, ca: &CertPair, spec: &CertSpec<'_>) -> Result<CertPair> {
-    let pair = CertPair {
-        cert: dir.join(format!("{name}.crt")),
-        key: dir.join(format!("{name}.key")),
-    };
-    gen_key(&pair.key)?;
-    let mut subj = String::new();
-    for o in spec.orgs {
-        subj.push_str(&format!("/O={o}"));
-    }
-    subj.push_str(&format!("/CN={}", spec.cn));
-    let csr = dir.join(format!("{name}.csr"));
-    run(openssl()
-        .args(["req", "-new", "-sha256"])
-        .arg("-key")
-        .arg(&pair.key)
-        .args(["-subj", &subj])
-        .arg("-out")
-        .arg(&csr))?;
-    let mut usages = Vec::new();
-    if spec.client {
-        usages.push("clientAuth");
-    }
-    if !spec.sans.is_empty() {
-        usages.push("serverAuth");
-    }
-    let mut ext = String::from(
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
-    );
-    ext.push_str(&format!("extendedKeyUsage={}\n", usages.join(",")));
-    if !spec.sans.is_empty() {
-        ext.push_str(&format!("subjectAltName={}\n", spec.sans.join(",")));
-    }
-    let ext_path = dir.join(format!("{name}.ext"));
-    std::fs::write(&ext_path, ext)
-        .map_err(|e| LabError::io(format!("cannot write {}", ext_path.display()), e))?;
-    run(openssl()
-        .args(["x509", "-req", "-sha256", "-days", DAYS])
-        .arg("-in")
-        .arg(&csr)
-        .arg("-CA")
-        .arg(&ca.cert)
-        .arg("-CAkey")
-        .arg(&ca.key)
-        .arg("-CAcreateserial")
-        .arg("-extfile")
-        .arg(&ext_path)
-        .arg("-out")
-        .arg(&pair.cert))?;
-    let _ = std::fs::remove_file(&csr);
-    let _ = std::fs::remove_file(&ext_path);
-    Ok(pair)
+/// The IP address SAN for an address of the lab's state.
+pub fn ip_san(address: &str) -> Result<San> {
+    address.parse::<IpAddr>().map(San::Ip).map_err(|e| {
+        LabError::Invalid(format!(
+            "{address:?} is no IP address for a certificate: {e}"
+        ))
+    })
 }

@@ -311,33 +311,14 @@ pub(crate) fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Resu
 /// the client's files.
 fn etcd_pki(dir: &Path, address: &str) -> Result<(pki::CertPair, state::EtcdTlsFiles)> {
     use crate::pki::CertSpec;
-    let ca = pki::ca(dir)?;
-    let sans = [format!("IP:{address}")];
-    let server = pki::issue(
-        dir,
-        "server",
-        &ca,
-        &CertSpec {
-            cn: "tern-lab-etcd",
-            sans: &sans,
-            // Also a client certificate: etcd's HTTP gateway (the JSON API tern uses) dials
-            // etcd's own gRPC listener with it, which --client-cert-auth checks too.
-            client: true,
-            ..CertSpec::default()
-        },
-    )?;
-    let client = pki::issue(
-        dir,
-        "client",
-        &ca,
-        &CertSpec {
-            cn: "tern-node",
-            client: true,
-            ..CertSpec::default()
-        },
-    )?;
+    let (ca, ca_files) = pki::ca(dir)?;
+    // Also a client certificate: etcd's HTTP gateway (the JSON API tern uses) dials etcd's own
+    // gRPC listener with it, which --client-cert-auth checks too.
+    let server = CertSpec::server("tern-lab-etcd", [pki::ip_san(address)?]).and_client();
+    let server = pki::issue(dir, "server", &ca, server)?;
+    let client = pki::issue(dir, "client", &ca, CertSpec::client("tern-node"))?;
     let files = state::EtcdTlsFiles {
-        ca: ca.cert,
+        ca: ca_files.cert,
         cert: client.cert,
         key: client.key,
     };

@@ -874,6 +874,7 @@ fn load_tls(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>> {
         .map_err(StoreError::Config)
 }
 
+#[cfg(feature = "test-support")]
 pub mod harness;
 
 #[cfg(test)]

@@ -188,8 +188,7 @@ fn open_by_url_and_config_errors() {
 
 #[test]
 fn tls_with_client_certificates() {
-    tern_testkit::need_binary("openssl");
-    let certs = TestCerts::generate().expect("test certificates made with openssl");
+    let certs = TestCerts::generate().expect("test certificates made with tern-pki");
     let etcd = EtcdServer::start_tls(&certs).expect("start TLS etcd");
     let url = etcd.url();
     let s = etcd::open_with_tls(

@@ -28,7 +28,6 @@ pub fn install_hint(name: &str) -> String {
         "etcd" | "etcdctl" => "etcd-server",
         "nft" => "nftables",
         "ip" | "tc" | "bridge" => "iproute2",
-        "openssl" => "openssl",
         "iperf3" => "iperf3",
         "containerd" | "ctr" => "containerd",
         "runc" => "runc",

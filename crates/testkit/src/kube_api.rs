@@ -1,20 +1,22 @@
 //! A real etcd and kube-apiserver for tests (no kubelet, no controller-manager) on the loopback
-//! of a node network namespace, with RBAC authorization, an admin `kubectl`, and
-//! client-certificate kubeconfigs for other users (ternd's); for the test targets named
-//! `*kube*` (`scripts/test.sh` runs them once the components are built).
+//! of a node network namespace, with certificates made by `tern-pki`, RBAC authorization, an
+//! admin `kubectl`, and client-certificate kubeconfigs for other users (ternd's); for the test
+//! targets named `*kube*` (`scripts/test.sh` runs them once the components are built).
 //!
 //! Everything runs inside a network namespace the test created (`ip netns exec`), so the root
 //! namespace is never touched and fixed ports cannot collide with anything. Every process is
 //! started here and killed by PID on drop; the files live in the caller's temp dir. The
-//! certificates are made in one place, [`Ca`] (with the `openssl` CLI).
+//! certificates are made in one place, [`Ca`] (with `tern-pki`).
 
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use tern_pki::{CertSpec, San};
 
 use crate::netns::{Netns, in_netns};
 use crate::ternd::Ternd;
@@ -34,12 +36,11 @@ pub fn bin_dir() -> PathBuf {
     PathBuf::from(std::env::var("TERN_K8S_BIN").unwrap_or_else(|_| DEFAULT_BIN.into()))
 }
 
-/// What these tests need: root, the `openssl` CLI and the Kubernetes binaries; fails the test
+/// What these tests need: root and the Kubernetes binaries; fails the test
 /// naming the command that builds them. Their directory.
 #[track_caller]
 pub fn need_k8s() -> PathBuf {
     crate::need_root();
-    crate::need_binary("openssl");
     let dir = bin_dir();
     let missing: Vec<&str> = K8S_BINARIES
         .into_iter()
@@ -60,6 +61,7 @@ pub fn need_k8s() -> PathBuf {
 /// ([`Ca::client`]), and the service-account key pair (`sa.key`, `sa.pub`).
 pub struct Ca {
     pub dir: PathBuf,
+    pki: tern_pki::Ca,
 }
 
 impl Ca {
@@ -67,38 +69,32 @@ impl Ca {
     /// address, and the service-account key pair.
     pub fn for_apiserver(dir: &Path, advertise: &str) -> Ca {
         let ca = Ca::new(dir);
-        ca.issue(
-            "apiserver",
-            "/CN=kube-apiserver",
-            &format!(
-                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-                 extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:{advertise},\
-                 IP:10.96.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
-            ),
-        );
-        let openssl = |args: &[&str]| {
-            tern_store::etcd::harness::openssl(&ca.dir, args).unwrap_or_else(|e| panic!("{e}"))
+        let advertise_ip: IpAddr = advertise
+            .parse()
+            .unwrap_or_else(|e| panic!("advertise address {advertise:?}: {e}"));
+        let sans = [
+            San::Ip([127, 0, 0, 1].into()),
+            San::Ip(advertise_ip),
+            San::Ip([10, 96, 0, 1].into()),
+            San::dns("localhost"),
+            San::dns("kubernetes.default.svc"),
+        ];
+        ca.issue("apiserver", &CertSpec::server("kube-apiserver", sans));
+        let sa = tern_pki::CertPair {
+            cert: ca.dir.join("sa.pub"),
+            key: ca.dir.join("sa.key"),
         };
-        openssl(&["genrsa", "-out", "sa.key", "2048"]);
-        openssl(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+        tern_pki::signing_key_pair(&sa).unwrap_or_else(|e| panic!("service-account keys: {e}"));
         ca
     }
 
     pub fn new(dir: &Path) -> Ca {
-        std::fs::create_dir_all(dir).unwrap();
-        tern_store::etcd::harness::make_ca(
-            dir,
-            &["-newkey", "rsa:2048", "-nodes"],
-            &[
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("making the CA: {e}"));
+        let pki = tern_pki::Ca::new("tern-test-ca", Duration::from_secs(2 * 24 * 3600))
+            .and_then(|ca| ca.write(dir, "ca").map(|_| ca))
+            .unwrap_or_else(|e| panic!("making the CA: {e}"));
         Ca {
             dir: dir.to_path_buf(),
+            pki,
         }
     }
 
@@ -106,32 +102,24 @@ impl Ca {
         self.dir.join("ca.crt")
     }
 
-    /// Signs a key pair `<name>.crt`/`<name>.key` for `subject` with the given extensions
-    /// (an `openssl x509 -extfile` body).
-    pub fn issue(&self, name: &str, subject: &str, ext: &str) -> (PathBuf, PathBuf) {
-        tern_store::etcd::harness::sign_with_ca(
-            &self.dir,
-            name,
-            &["-newkey", "rsa:2048", "-nodes"],
-            subject,
-            ext,
-        )
-        .unwrap_or_else(|e| panic!("issuing {name}: {e}"))
+    /// Signs a key pair `<name>.crt`/`<name>.key` as `spec` says.
+    pub fn issue(&self, name: &str, spec: &tern_pki::CertSpec) -> (PathBuf, PathBuf) {
+        let pair = self
+            .pki
+            .issue(spec)
+            .and_then(|c| c.write(&self.dir, name))
+            .unwrap_or_else(|e| panic!("issuing {name}: {e}"));
+        (pair.cert, pair.key)
     }
 
-    /// A client certificate for user `cn` in groups `orgs`.
+    /// A client certificate for user `cn` in groups `orgs` (one at most).
     pub fn client(&self, name: &str, cn: &str, orgs: &[&str]) -> (PathBuf, PathBuf) {
-        let mut subject = String::new();
-        for o in orgs {
-            subject.push_str(&format!("/O={o}"));
-        }
-        subject.push_str(&format!("/CN={cn}"));
-        self.issue(
-            name,
-            &subject,
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-             extendedKeyUsage=clientAuth\n",
-        )
+        let spec = match orgs {
+            [] => tern_pki::CertSpec::client(cn),
+            [group] => tern_pki::CertSpec::client(cn).org(*group),
+            _ => panic!("{cn}: a certificate names one group at most, not {orgs:?}"),
+        };
+        self.issue(name, &spec)
     }
 }
 

@@ -1,30 +1,22 @@
-//! The cluster's PKI, made with the `openssl` command line: one CA signs the apiserver's
-//! serving certificate, every client certificate (admin, controller-manager, scheduler,
-//! kube-proxy, each kubelet, the apiserver's kubelet client) and each kubelet's serving
-//! certificate, so `kubectl exec/logs/port-forward` verify the kubelet. Keys are ECDSA P-256
-//! (fast to make; every component accepts them). Plus the service-account signing key pair
-//! and the kubeconfig files that point at them. The CA and the certificates are the lab's
-//! [`crate::pki`]'s.
+//! The cluster's PKI, made by [`crate::pki`]: one CA signs the apiserver's serving
+//! certificate, every client certificate (admin, controller-manager, scheduler, kube-proxy,
+//! each kubelet, the apiserver's kubelet client) and each kubelet's serving certificate, so
+//! `kubectl exec/logs/port-forward` verify the kubelet. Plus the service-account signing key
+//! pair and the kubeconfig files that point at them.
 
 use std::path::Path;
 
-pub use crate::pki::{CertPair, CertSpec, ca, issue};
-use crate::pki::{gen_key, openssl};
-use crate::process::run;
+pub use crate::pki::{Ca, CertPair, CertSpec, San, ca, ip_san, issue};
 use crate::{LabError, Result};
 
 /// The API server's serving certificate (`apiserver.crt`/`.key` in `dir`), for the names and
-/// addresses in `sans` (`IP:...`, `DNS:...`).
-pub fn issue_apiserver(dir: &Path, ca: &CertPair, sans: &[String]) -> Result<CertPair> {
+/// addresses in `sans`.
+pub fn issue_apiserver(dir: &Path, ca: &Ca, sans: Vec<San>) -> Result<CertPair> {
     issue(
         dir,
         "apiserver",
         ca,
-        &CertSpec {
-            cn: "kube-apiserver",
-            sans,
-            ..CertSpec::default()
-        },
+        CertSpec::server("kube-apiserver", sans),
     )
 }
 
@@ -34,13 +26,7 @@ pub fn service_account_keys(dir: &Path) -> Result<CertPair> {
         cert: dir.join("sa.pub"),
         key: dir.join("sa.key"),
     };
-    gen_key(&pair.key)?;
-    run(openssl()
-        .args(["pkey", "-pubout"])
-        .arg("-in")
-        .arg(&pair.key)
-        .arg("-out")
-        .arg(&pair.cert))?;
+    tern_pki::signing_key_pair(&pair).map_err(LabError::Pki)?;
     Ok(pair)
 }
 
@@ -64,55 +50,27 @@ pub fn write_kubeconfig(
 
 #[cfg(test)]
 mod tests {
-    use std::process::Command;
+    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
 
     #[test]
-    fn issued_certificates_verify_against_the_ca() {
+    fn the_cluster_files_are_where_the_components_look() {
         let dir = tempfile::tempdir().unwrap();
-        let ca = ca(dir.path()).unwrap();
-        let sans = vec!["IP:198.18.0.3".to_string(), "DNS:kubernetes".to_string()];
-        let server = issue_apiserver(dir.path(), &ca, &sans).unwrap();
-        let client = issue(
-            dir.path(),
-            "node1",
-            &ca,
-            &CertSpec {
-                cn: "system:node:node1",
-                orgs: &["system:nodes"],
-                client: true,
-                ..CertSpec::default()
-            },
-        )
-        .unwrap();
-        for c in [&server.cert, &client.cert] {
-            run(Command::new("openssl")
-                .arg("verify")
-                .arg("-CAfile")
-                .arg(&ca.cert)
-                .arg(c))
-            .unwrap();
+        let (ca, ca_files) = ca(dir.path()).unwrap();
+        assert_eq!(ca_files, CertPair::named(dir.path(), "ca"));
+        let server = issue_apiserver(dir.path(), &ca, vec![ip_san("198.18.0.3").unwrap()]).unwrap();
+        assert_eq!(server, CertPair::named(dir.path(), "apiserver"));
+        let sa = service_account_keys(dir.path()).unwrap();
+        for key in [&ca_files.key, &server.key, &sa.key] {
+            let mode = std::fs::metadata(key).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", key.display());
         }
-        let text = run(Command::new("openssl")
-            .args(["x509", "-noout", "-text", "-in"])
-            .arg(&client.cert))
-        .unwrap();
-        assert!(
-            text.contains("O = system:nodes, CN = system:node:node1"),
-            "{text}"
-        );
-        assert!(text.contains("TLS Web Client Authentication"), "{text}");
-        let text = run(Command::new("openssl")
-            .args(["x509", "-noout", "-text", "-in"])
-            .arg(&server.cert))
-        .unwrap();
-        assert!(text.contains("IP Address:198.18.0.3"), "{text}");
-        // Reusing the CA keeps it.
-        let again = super::ca(dir.path()).unwrap();
-        assert_eq!(
-            std::fs::read(&again.cert).unwrap(),
-            std::fs::read(&ca.cert).unwrap()
-        );
+        let public = std::fs::read_to_string(dir.path().join("sa.pub")).unwrap();
+        assert!(public.starts_with("-----BEGIN PUBLIC KEY-----"), "{public}");
+        // Reusing the directory keeps the CA.
+        let (again, _) = super::ca(dir.path()).unwrap();
+        assert_eq!(again.cert_pem(), ca.cert_pem());
+        assert!(ip_san("node-1").unwrap_err().to_string().contains("node-1"));
     }
 }

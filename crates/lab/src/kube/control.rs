@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::certs::{self, CertSpec};
+use super::certs::{self, CertSpec, San};
 use super::{
     APISERVER_PORT, KUBERNETES_SERVICE_IP, KubeState, Proc, SERVICE_CIDR, kubectl, mkdir, spawn,
     wait_for,
@@ -120,67 +120,60 @@ pub fn up(st: &mut LabState) -> Result<()> {
 fn pki(k: &KubeState) -> Result<()> {
     let dir = k.pki();
     mkdir(&dir)?;
-    let ca = certs::ca(&dir)?;
-    let sans: Vec<String> = [
-        format!("IP:{}", k.cp_address),
-        format!("IP:{KUBERNETES_SERVICE_IP}"),
-        "IP:127.0.0.1".into(),
-        "DNS:localhost".into(),
-        "DNS:kubernetes".into(),
-        "DNS:kubernetes.default".into(),
-        "DNS:kubernetes.default.svc".into(),
-        "DNS:kubernetes.default.svc.cluster.local".into(),
-    ]
-    .into();
-    certs::issue_apiserver(&dir, &ca, &sans)?;
+    let (ca, ca_files) = certs::ca(&dir)?;
+    let sans = vec![
+        certs::ip_san(&k.cp_address)?,
+        certs::ip_san(KUBERNETES_SERVICE_IP)?,
+        San::Ip([127, 0, 0, 1].into()),
+        San::dns("localhost"),
+        San::dns("kubernetes"),
+        San::dns("kubernetes.default"),
+        San::dns("kubernetes.default.svc"),
+        San::dns("kubernetes.default.svc.cluster.local"),
+    ];
+    certs::issue_apiserver(&dir, &ca, sans)?;
     certs::service_account_keys(&dir)?;
     let server = format!("https://{}:{APISERVER_PORT}", k.cp_address);
-    let clients: [(&str, &str, &[&str], Option<&Path>); 5] = [
+    let clients: [(&str, &str, Option<&str>, Option<&Path>); 5] = [
         (
             "admin",
             "tern-lab-admin",
-            &["system:masters"],
+            Some("system:masters"),
             Some(&k.admin_kubeconfig()),
         ),
         (
             "apiserver-kubelet-client",
             "kube-apiserver-kubelet-client",
-            &["system:masters"],
+            Some("system:masters"),
             None,
         ),
         (
             "controller-manager",
             "system:kube-controller-manager",
-            &[],
+            None,
             Some(&k.dir.join("controller-manager.conf")),
         ),
         (
             "scheduler",
             "system:kube-scheduler",
-            &[],
+            None,
             Some(&k.dir.join("scheduler.conf")),
         ),
         (
             "kube-proxy",
             "system:kube-proxy",
-            &[],
+            None,
             Some(&k.dir.join("kube-proxy.conf")),
         ),
     ];
-    for (file, cn, orgs, kubeconfig) in clients {
-        let pair = certs::issue(
-            &dir,
-            file,
-            &ca,
-            &CertSpec {
-                cn,
-                orgs,
-                client: true,
-                ..CertSpec::default()
-            },
-        )?;
+    for (file, cn, group, kubeconfig) in clients {
+        let mut spec = CertSpec::client(cn);
+        if let Some(group) = group {
+            spec = spec.org(group);
+        }
+        let pair = certs::issue(&dir, file, &ca, spec)?;
         if let Some(path) = kubeconfig {
-            certs::write_kubeconfig(path, &server, &ca.cert, cn, &pair)?;
+            certs::write_kubeconfig(path, &server, &ca_files.cert, cn, &pair)?;
         }
     }
     Ok(())

@@ -55,7 +55,7 @@ pub const DEFAULT_K8S_BIN: &str = "/var/cache/tern/k8s/v1.34.4/bin";
 pub const K8S_BIN_ENV: &str = "TERN_K8S_BIN";
 /// The sandbox image every node imports (built from `scripts/k8s/pause.c`).
 pub const PAUSE_IMAGE: &str = "localhost/tern/pause:3.10";
-/// The busybox image every node imports (`mk_busybox_image.py`).
+/// The busybox image every node imports (`scripts/k8s/oci_image.py busybox`).
 pub const BUSYBOX_IMAGE: &str = "docker.io/library/tern-busybox:1";
 /// The probe image every node imports (`scripts/k8s/probe.c`: UDP echo, timed transfers).
 pub const PROBE_IMAGE: &str = "localhost/tern/probe:1";

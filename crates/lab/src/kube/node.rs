@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use super::certs::{self, CertSpec};
+use super::certs::{self, CertSpec, San};
 use super::{
     KubeNode, KubeState, PAUSE_IMAGE, Proc, REFERENCE_CNI_DIR, RUNC, kubectl, mkdir, spawn, sys,
     wait_for, write,
@@ -389,36 +389,22 @@ pub fn restart(st: &mut LabState, name: &str, component: &str, timeout: Duration
 /// certificate (for the node's address, signed by the cluster CA) and its kubeconfig.
 fn node_pki(k: &KubeState, n: &NodeState, dir: &Path) -> Result<()> {
     let pki = dir.join("pki");
-    let ca = certs::CertPair {
-        cert: k.pki().join("ca.crt"),
-        key: k.pki().join("ca.key"),
-    };
+    let ca_files = certs::CertPair::named(&k.pki(), "ca");
+    let ca = certs::Ca::load(&ca_files).map_err(LabError::Pki)?;
     let cn = format!("system:node:{}", n.name);
-    let client = certs::issue(
-        &pki,
-        "kubelet-client",
-        &ca,
-        &CertSpec {
-            cn: &cn,
-            orgs: &["system:nodes"],
-            client: true,
-            ..CertSpec::default()
-        },
-    )?;
-    let sans = vec![format!("IP:{}", n.address), format!("DNS:{}", n.name)];
-    certs::issue(
-        &pki,
-        "kubelet-serving",
-        &ca,
-        &CertSpec {
-            cn: &cn,
-            orgs: &["system:nodes"],
-            sans: &sans,
-            ..CertSpec::default()
-        },
-    )?;
+    let client = CertSpec::client(&cn).org("system:nodes");
+    let client = certs::issue(&pki, "kubelet-client", &ca, client)?;
+    let sans = [certs::ip_san(&n.address)?, San::dns(&n.name)];
+    let serving = CertSpec::server(&cn, sans).org("system:nodes");
+    certs::issue(&pki, "kubelet-serving", &ca, serving)?;
     let server = format!("https://{}:{}", k.cp_address, super::APISERVER_PORT);
-    certs::write_kubeconfig(&dir.join("kubelet.conf"), &server, &ca.cert, &cn, &client)
+    certs::write_kubeconfig(
+        &dir.join("kubelet.conf"),
+        &server,
+        &ca_files.cert,
+        &cn,
+        &client,
+    )
 }
 
 /// containerd 2.x configuration (version 3): everything private to the node; CRI with our

@@ -52,87 +52,7 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Runs `openssl ARGS` in `dir`; its stderr is the error when it fails (or is missing).
-pub fn openssl(dir: &Path, args: &[&str]) -> io::Result<()> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| io::Error::new(e.kind(), format!("running openssl: {e}")))?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "openssl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(())
-}
-
-/// Makes a self-signed CA in `dir` (`ca.crt`, `ca.key`, valid two days) with `openssl req
-/// -x509`, `key_args` (e.g. `-newkey rsa:2048 -nodes`) and `extra` arguments (e.g. `-addext`).
-pub fn make_ca(dir: &Path, key_args: &[&str], extra: &[&str]) -> io::Result<()> {
-    let mut args = vec!["req", "-x509"];
-    args.extend(key_args);
-    args.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=tern-test-ca",
-    ]);
-    args.extend(extra);
-    openssl(dir, &args)
-}
-
-/// Makes `<name>.key` with `openssl req` and `key_args` (e.g. `-newkey rsa:2048 -nodes`) and
-/// signs `<name>.crt` for `subject` with the CA in `dir` (`ca.crt`, `ca.key`), the certificate's
-/// extensions given as an `openssl x509 -extfile` body. Returns the certificate and key paths.
-pub fn sign_with_ca(
-    dir: &Path,
-    name: &str,
-    key_args: &[&str],
-    subject: &str,
-    ext: &str,
-) -> io::Result<(PathBuf, PathBuf)> {
-    let (key, csr, crt, extf) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-        format!("{name}.ext"),
-    );
-    fs::write(dir.join(&extf), ext)?;
-    let mut req = vec!["req"];
-    req.extend(key_args);
-    req.extend(["-keyout", &key, "-out", &csr, "-subj", subject]);
-    openssl(dir, &req)?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &extf,
-        ],
-    )?;
-    Ok((dir.join(crt), dir.join(key)))
-}
-
-/// Certificates made with `openssl` for a TLS etcd on 127.0.0.1.
+/// Certificates made with `tern-pki` for a TLS etcd on 127.0.0.1.
 #[derive(Debug)]
 pub struct TestCerts {
     /// Directory holding every file (removed on drop).
@@ -151,41 +71,35 @@ pub struct TestCerts {
 
 impl TestCerts {
     /// Generates a CA, a server certificate for IP 127.0.0.1 and a client certificate
-    /// (P-256 keys) in a new directory. Fails when `openssl` is missing.
+    /// (P-256 keys, valid two days) in a new directory.
     pub fn generate() -> io::Result<TestCerts> {
+        use tern_pki::{Ca, CertSpec, San};
         let dir = scratch_dir("etcd-certs")?;
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        make_ca(&dir, &ec, &[])?;
-        for (name, usage, san) in [
+        let made = (|| {
+            let ca = Ca::new("tern-test-ca", Duration::from_secs(2 * 24 * 3600))?;
+            let ca_files = ca.write(&dir, "ca")?;
             // etcd's gateway dials its own gRPC port with the server certificate, so the
             // server certificate needs client use too.
-            (
-                "server",
-                "serverAuth,clientAuth",
-                "IP:127.0.0.1,DNS:localhost",
-            ),
-            ("client", "clientAuth", "DNS:tern-client"),
-        ] {
-            sign_with_ca(
-                &dir,
-                name,
-                &ec,
-                &format!("/CN=tern-{name}"),
-                &format!("subjectAltName={san}\nextendedKeyUsage={usage}\n"),
-            )?;
-        }
+            let localhost = [San::Ip([127, 0, 0, 1].into()), San::dns("localhost")];
+            let server = CertSpec::server("tern-server", localhost).and_client();
+            let server = ca.issue(&server)?.write(&dir, "server")?;
+            let client = CertSpec::client("tern-client");
+            let client = ca.issue(&client)?.write(&dir, "client")?;
+            Ok::<_, tern_pki::PkiError>((ca_files, server, client))
+        })();
+        let (ca, server, client) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(io::Error::other(e));
+            }
+        };
         Ok(TestCerts {
-            ca: dir.join("ca.crt"),
-            server_cert: dir.join("server.crt"),
-            server_key: dir.join("server.key"),
-            client_cert: dir.join("client.crt"),
-            client_key: dir.join("client.key"),
+            ca: ca.cert,
+            server_cert: server.cert,
+            server_key: server.key,
+            client_cert: client.cert,
+            client_key: client.key,
             dir,
         })
     }
