@@ -238,7 +238,7 @@ impl Agent {
         // The pod's labels and ports from the API server (cache, or one GET): before anything
         // is created, so "try again" has nothing to roll back.
         let kube_pod = match &self.kube {
-            Some(k) => k.pod_for_add(a).map_err(|(c, m)| err(c, m))?,
+            Some(k) => k.pod_for_add(a).map_err(|e| err(e.code(), e.to_string()))?,
             None => None,
         };
         // The pod's (and namespace's) IPAM annotations: pools, fixed addresses, or addresses
@@ -247,7 +247,7 @@ impl Agent {
         let no_ipam = match (&self.kube, &kube_pod) {
             (Some(k), Some(pod)) => k
                 .ipam_for_add(pod, &mut ipam_req, delegated)
-                .map_err(|(c, m)| err(c, m))?,
+                .map_err(|e| err(e.code(), e.to_string()))?,
             _ => None,
         };
         let mut cfg = veth::PodInterfaceConfig {

@@ -42,11 +42,13 @@
 //!   logged and fails `/readiness` and STATUS, so a missing permission is never an empty cache.
 
 pub mod annotations;
+pub mod error;
 pub mod feed;
 pub mod gc;
 pub mod slim;
 pub mod wep;
 
+pub use error::{AddError, AnnotationError, ApiError};
 pub use slim::{NodeInfo, PodInfo};
 pub use wep::SERVICE_ACCOUNT_LABEL;
 
@@ -65,7 +67,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tern_api::Attachment;
-use tern_cni::code;
 use tern_model::{Kind, Resource};
 use tern_store::Store;
 
@@ -310,10 +311,10 @@ impl Kube {
     }
 
     /// The pod an ADD is for: from the cache when its UID matches the runtime's
-    /// (`K8S_POD_UID`), else by one GET. `Ok(None)` for attachments without a pod. Errors are
-    /// `(CNI code, message)`: code 11 (try again) when the API server cannot answer and the
-    /// pod is not cached, or when it knows another incarnation of the pod.
-    pub fn pod_for_add(&self, a: &Attachment) -> Result<Option<PodInfo>, (u32, String)> {
+    /// (`K8S_POD_UID`), else by one GET. `Ok(None)` for attachments without a pod. "Try
+    /// again" ([`AddError::code`]) when the API server cannot answer and the pod is not
+    /// cached, or when it knows another incarnation of the pod.
+    pub fn pod_for_add(&self, a: &Attachment) -> Result<Option<PodInfo>, AddError> {
         let Some(p) = &a.pod else {
             return Ok(None);
         };
@@ -323,54 +324,47 @@ impl Kube {
         {
             return Ok(Some(c.clone()));
         }
-        let got = self.inner.get_pod(&p.namespace, &p.name).map_err(|e| {
-            (
-                code::TRY_AGAIN_LATER,
-                format!(
-                    "pod {}/{} is not in ternd's cache and the Kubernetes API server cannot \
-                     answer ({e}); retry when it is reachable",
-                    p.namespace, p.name
-                ),
-            )
-        })?;
+        let got =
+            self.inner
+                .get_pod(&p.namespace, &p.name)
+                .map_err(|cause| AddError::PodUnreadable {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    cause,
+                })?;
         let Some(info) = got else {
-            return Err((
-                code::TRY_AGAIN_LATER,
-                format!(
-                    "pod {}/{} does not exist in the Kubernetes API server",
-                    p.namespace, p.name
-                ),
-            ));
+            return Err(AddError::PodNotFound {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+            });
         };
         if !p.uid.is_empty() && info.uid != p.uid {
-            return Err((
-                code::TRY_AGAIN_LATER,
-                format!(
-                    "pod {}/{}: the runtime asked for uid {} but the API server has uid {} \
-                     (the pod was re-created); retry",
-                    p.namespace, p.name, p.uid, info.uid
-                ),
-            ));
+            return Err(AddError::PodRecreated {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                asked: p.uid.clone(),
+                found: info.uid,
+            });
         }
         Ok(Some(info))
     }
 
     /// Applies the IPAM annotations of `pod` and of its namespace to the IPAM part of an ADD
-    /// ([`annotations::apply`]; `delegated` when another IPAM plugin chose the addresses): `Ok(Some(addresses))` when they are to be used without IPAM
-    /// (`ipAddrsNoIpam`). Errors are `(CNI code, message)`: 7 for a bad or refused annotation
-    /// (naming the pod and the annotation), 11 when the namespace cannot be read now.
+    /// ([`annotations::apply`]; `delegated` when another IPAM plugin chose the addresses):
+    /// `Ok(Some(addresses))` when they are to be used without IPAM (`ipAddrsNoIpam`). Fails
+    /// with [`AddError::BadAnnotation`] for a bad or refused annotation (naming the pod and
+    /// the annotation), and with a "try again" error when the namespace cannot be read now.
     pub fn ipam_for_add(
         &self,
         pod: &PodInfo,
         req: &mut tern_api::IpamRequest,
         delegated: bool,
-    ) -> Result<Option<Vec<std::net::IpAddr>>, (u32, String)> {
+    ) -> Result<Option<Vec<std::net::IpAddr>>, AddError> {
         let ns_ann = self.namespace_annotations(&pod.namespace)?;
         if pod.annotations.is_empty() && ns_ann.is_empty() {
             return Ok(None);
         }
-        let parsed = annotations::parse(&pod.namespace, &pod.name, &pod.annotations, &ns_ann)
-            .map_err(|m| (code::INVALID_CONFIG, m))?;
+        let parsed = annotations::parse(&pod.namespace, &pod.name, &pod.annotations, &ns_ann)?;
         if parsed.is_empty() {
             return Ok(None);
         }
@@ -380,21 +374,9 @@ impl Kube {
             pod.name
         );
         let store = self.inner.store.clone();
-        let pools = move || -> Result<Vec<annotations::PoolRef>, (u32, String)> {
-            let (list, _) =
-                tern_model::list_resources_skipping(&*store, Kind::IpPool).map_err(|e| {
-                    let code = match &e {
-                        tern_model::ModelError::Store(
-                            tern_store::StoreError::Unavailable(_)
-                            | tern_store::StoreError::Ambiguous(_),
-                        ) => code::TRY_AGAIN_LATER,
-                        _ => 101,
-                    };
-                    (
-                        code,
-                        format!("reading IP pools for the pool annotations: {e}"),
-                    )
-                })?;
+        let pools = move || -> Result<Vec<annotations::PoolRef>, AddError> {
+            let (list, _) = tern_model::list_resources_skipping(&*store, Kind::IpPool)
+                .map_err(|e| AddError::pools(&e))?;
             Ok(list
                 .into_iter()
                 .filter_map(|r| match r {
@@ -410,21 +392,18 @@ impl Kube {
         annotations::apply(&pod.namespace, &pod.name, &parsed, req, delegated, &pools)
     }
 
-    /// The IPAM annotations of namespace `ns`: from the cache, else by one GET (code 11 when
-    /// the API server cannot answer).
-    fn namespace_annotations(&self, ns: &str) -> Result<BTreeMap<String, String>, (u32, String)> {
+    /// The IPAM annotations of namespace `ns`: from the cache, else by one GET ("try again"
+    /// when the API server cannot answer).
+    fn namespace_annotations(&self, ns: &str) -> Result<BTreeMap<String, String>, AddError> {
         if let Some(a) = self.inner.ns_annotations.lock().unwrap().get(ns) {
             return Ok(a.clone());
         }
-        self.inner.get_namespace_annotations(ns).map_err(|e| {
-            (
-                code::TRY_AGAIN_LATER,
-                format!(
-                    "namespace {ns} is not in ternd's cache and the Kubernetes API server cannot \
-                     answer ({e}); retry when it is reachable"
-                ),
-            )
-        })
+        self.inner
+            .get_namespace_annotations(ns)
+            .map_err(|cause| AddError::NamespaceUnreadable {
+                namespace: ns.to_string(),
+                cause,
+            })
     }
 
     /// Called after an ADD recorded `ep`: when the pod changed between the cache read and the
@@ -568,14 +547,14 @@ impl Inner {
 
     /// Runs one GET on the source's runtime and waits for it (at most [`GET_TIMEOUT`]): the
     /// API's answer, or why there is none (no client yet, timed out).
-    fn get<T, F, Fut>(&self, request: F) -> Result<Result<T, ::kube::Error>, String>
+    fn get<T, F, Fut>(&self, request: F) -> Result<Result<T, ::kube::Error>, ApiError>
     where
         F: FnOnce(::kube::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, ::kube::Error>> + Send + 'static,
         T: Send + 'static,
     {
         let (Some(h), Some(c)) = (self.handle.get(), self.client.get()) else {
-            return Err("no client for the API server yet".into());
+            return Err(ApiError::NoClient);
         };
         let fut = request(c.clone());
         let (tx, rx) = std::sync::mpsc::channel();
@@ -585,22 +564,22 @@ impl Inner {
         });
         match rx.recv_timeout(GET_TIMEOUT + Duration::from_secs(1)) {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(_)) | Err(_) => Err(format!("GET timed out after {GET_TIMEOUT:?}")),
+            Ok(Err(_)) | Err(_) => Err(ApiError::Timeout(GET_TIMEOUT)),
         }
     }
 
-    fn get_pod(&self, ns: &str, name: &str) -> Result<Option<PodInfo>, String> {
+    fn get_pod(&self, ns: &str, name: &str) -> Result<Option<PodInfo>, ApiError> {
         let (ns, name) = (ns.to_string(), name.to_string());
         let got = self
             .get(move |c| async move { Api::<SlimPod>::namespaced(c, &ns).get_opt(&name).await })?;
         match got {
             Ok(p) => Ok(p.map(|p| PodInfo::from_pod(&p))),
-            Err(e) => Err(describe_client_error("get", PODS, &e)),
+            Err(e) => Err(ApiError::from_client("get", PODS, &e)),
         }
     }
 
     /// One GET of a namespace's metadata; a namespace that does not exist has no annotations.
-    fn get_namespace_annotations(&self, ns: &str) -> Result<BTreeMap<String, String>, String> {
+    fn get_namespace_annotations(&self, ns: &str) -> Result<BTreeMap<String, String>, ApiError> {
         let name = ns.to_string();
         let got = self
             .get(move |c| async move { Api::<Namespace>::all(c).get_metadata_opt(&name).await })?;
@@ -608,7 +587,7 @@ impl Inner {
             Ok(m) => Ok(m
                 .map(|m| annotations::relevant(m.metadata.annotations.as_ref()))
                 .unwrap_or_default()),
-            Err(e) => Err(describe_client_error("get", NAMESPACES, &e)),
+            Err(e) => Err(ApiError::from_client("get", NAMESPACES, &e)),
         }
     }
 
@@ -906,23 +885,16 @@ impl Inner {
 type Converted = Result<Resource, (Option<String>, String, String)>;
 
 /// A client error as one line; a 401/403 names the verb and resource the agent lacks.
-fn describe_client_error(verb: &str, resource: &str, e: &::kube::Error) -> String {
-    match e {
-        ::kube::Error::Api(s) if s.code == 401 || s.code == 403 => rbac_message(verb, resource, s),
-        other => format!("{verb} {resource}: {other}"),
-    }
+fn describe_client_error(verb: &'static str, resource: &'static str, e: &::kube::Error) -> String {
+    ApiError::from_client(verb, resource, e).to_string()
 }
 
-fn rbac_message(verb: &str, resource: &str, s: &::kube::core::Status) -> String {
-    format!(
-        "RBAC: ternd may not {verb} {resource} (HTTP {}): {}; grant the agent's ClusterRole \
-         what manifests/tern.yaml grants on {resource} (here at least {verb})",
-        s.code, s.message
-    )
+fn rbac_message(verb: &'static str, resource: &'static str, s: &::kube::core::Status) -> String {
+    ApiError::forbidden(verb, resource, s).to_string()
 }
 
 /// Classifies a watcher error: `Some(message)` when it is a permission problem.
-fn rbac_problem(resource: &str, e: &watcher::Error) -> Option<String> {
+fn rbac_problem(resource: &'static str, e: &watcher::Error) -> Option<String> {
     let (verb, status) = match e {
         watcher::Error::InitialListFailed(::kube::Error::Api(s)) => ("list", s),
         watcher::Error::WatchStartFailed(::kube::Error::Api(s))
