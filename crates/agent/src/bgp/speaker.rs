@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::metrics::exposition::Page;
+
 use tern_api::BgpStatusReply;
 use tern_store::Store;
 use tokio::sync::mpsc;
@@ -80,7 +82,7 @@ impl Bgp {
     }
 
     /// Appends the per-session metrics to a `/metrics` page.
-    pub fn render_metrics(&self, out: &mut String) {
-        self.shared.lock().unwrap().render_metrics(out);
+    pub fn render_metrics(&self, page: &mut Page) {
+        self.shared.lock().unwrap().render_metrics(page);
     }
 }

@@ -54,6 +54,7 @@ pub use wep::SERVICE_ACCOUNT_LABEL;
 
 use crate::endpoints::Endpoint;
 use crate::external::ExternalObjects;
+use crate::metrics::exposition::Page;
 use ::kube::api::{Api, Patch, PatchParams};
 use ::kube::runtime::WatchStreamExt;
 use ::kube::runtime::watcher;
@@ -273,22 +274,17 @@ impl Kube {
 
     /// The Kubernetes source's lines of `/metrics`: whether this agent leads the garbage
     /// collection, and what the pod IPAM GC released.
-    pub fn render_metrics(&self, node: &str, out: &mut String) {
-        use std::fmt::Write as _;
-        let node = crate::metrics::escape(node);
-        let _ = writeln!(
-            out,
-            "# HELP tern_gc_leader Whether this agent holds the Lease kube-system/tern-node-gc.\n\
-             # TYPE tern_gc_leader gauge\ntern_gc_leader{{node=\"{node}\"}} {}",
-            u8::from(self.node_gc_leader())
-        );
-        let _ = writeln!(
-            out,
-            "# HELP tern_ipam_gc_released_total Addresses of pods gone or finished that the \
-             pod IPAM GC released.\n# TYPE tern_ipam_gc_released_total counter\n\
-             tern_ipam_gc_released_total{{node=\"{node}\"}} {}",
-            self.ipam_gc_released()
-        );
+    pub fn render_metrics(&self, node: &str, page: &mut Page) {
+        page.gauge(
+            "tern_gc_leader",
+            "Whether this agent holds the Lease kube-system/tern-node-gc.",
+        )
+        .sample(&[("node", node)], self.node_gc_leader());
+        page.counter(
+            "tern_ipam_gc_released_total",
+            "Addresses of pods gone or finished that the pod IPAM GC released.",
+        )
+        .sample(&[("node", node)], self.ipam_gc_released());
     }
 
     /// A node of the cluster as last seen by the node watch (`None` before the first list or
