@@ -474,9 +474,9 @@ impl PodSource for KubePods {
         ipam: &mut IpamRequest,
         delegated: bool,
     ) -> Result<Option<PodForAdd>, ErrorReply> {
-        let coded = |(code, msg): (u32, String)| ErrorReply {
-            code,
-            msg,
+        let coded = |e: crate::kube::AddError| ErrorReply {
+            code: e.code(),
+            msg: e.to_string(),
             details: String::new(),
         };
         let Some(pod) = self.0.pod_for_add(a).map_err(coded)? else {

@@ -25,6 +25,8 @@ use std::sync::Mutex;
 use tern_linux::sysctl;
 use tern_store::Store;
 
+use crate::metrics::exposition::Page;
+
 /// The state of every prerequisite at the last check.
 #[derive(Debug, Default)]
 pub struct HostState {
@@ -43,23 +45,17 @@ impl HostState {
     }
 
     /// Prometheus lines: one `tern_host_prerequisite_ok` gauge per sysctl checked.
-    pub fn render_metrics(&self, node: &str, out: &mut String) {
-        use std::fmt::Write;
+    pub fn render_metrics(&self, node: &str, page: &mut Page) {
         let checks = self.lock();
         if checks.is_empty() {
             return;
         }
-        out.push_str(
-            "# HELP tern_host_prerequisite_ok Whether a node prerequisite (sysctl) tern needs is met.\n\
-             # TYPE tern_host_prerequisite_ok gauge\n",
+        let mut f = page.gauge(
+            "tern_host_prerequisite_ok",
+            "Whether a node prerequisite (sysctl) tern needs is met.",
         );
         for (name, problem) in checks.iter() {
-            let _ = writeln!(
-                out,
-                "tern_host_prerequisite_ok{{node=\"{}\",sysctl=\"{name}\"}} {}",
-                node.replace('\\', "\\\\").replace('"', "\\\""),
-                u8::from(problem.is_none())
-            );
+            f.sample(&[("node", node), ("sysctl", name)], problem.is_none());
         }
     }
 }
@@ -404,8 +400,13 @@ mod tests {
         let h = HostState::default();
         h.lock()
             .insert("net.ipv4.ip_forward".into(), Some("off".into()));
-        let mut out = String::new();
-        h.render_metrics("n1", &mut out);
+        let mut page = Page::new();
+        h.render_metrics("n1", &mut page);
+        let out = page.into_string();
+        assert_eq!(
+            crate::metrics::exposition::check(&out).unwrap(),
+            ["tern_host_prerequisite_ok"]
+        );
         assert!(
             out.contains("tern_host_prerequisite_ok{node=\"n1\",sysctl=\"net.ipv4.ip_forward\"} 0"),
             "{out}"

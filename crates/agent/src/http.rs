@@ -4,8 +4,8 @@
 //! here; the counters and gauges themselves are [`crate::metrics`]'s.
 
 use crate::agent::Agent;
-use crate::metrics::{PoolGauges, escape, ipam_gauges};
-use std::fmt::Write as _;
+use crate::metrics::exposition::Page;
+use crate::metrics::{PoolGauges, ipam_gauges};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -22,8 +22,8 @@ impl Agent {
     /// The full `/metrics` page.
     pub fn render_metrics(&self) -> String {
         let node = &self.cfg.node_name;
-        let en = escape(node);
-        let mut out = String::new();
+        let mut page = Page::new();
+        let up = "Whether the last scrape could read the datastore.";
         match ipam_gauges(self.pods().ipam(), node) {
             Ok(g) => {
                 for (name, help, get) in [
@@ -43,41 +43,35 @@ impl Agent {
                         |g: &PoolGauges| g.borrowed,
                     ),
                 ] {
-                    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+                    let mut f = page.gauge(name, help);
                     for (pool, v) in &g {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{ippool=\"{}\",node=\"{en}\"}} {}",
-                            escape(pool),
-                            get(v)
-                        );
+                        f.sample(&[("ippool", pool), ("node", node)], get(v));
                     }
                 }
-                out.push_str("# HELP tern_datastore_up Whether the last scrape could read the datastore.\n# TYPE tern_datastore_up gauge\n");
-                let _ = writeln!(out, "tern_datastore_up{{node=\"{en}\"}} 1");
+                page.gauge("tern_datastore_up", up)
+                    .sample(&[("node", node)], 1u64);
             }
             Err(e) => {
                 log::debug!("metrics: cannot read IPAM: {e}");
-                out.push_str("# HELP tern_datastore_up Whether the last scrape could read the datastore.\n# TYPE tern_datastore_up gauge\n");
-                let _ = writeln!(out, "tern_datastore_up{{node=\"{en}\"}} 0");
+                page.gauge("tern_datastore_up", up)
+                    .sample(&[("node", node)], 0u64);
             }
         }
         if let Some(b) = &self.bgp {
-            b.render_metrics(&mut out);
+            b.render_metrics(&mut page);
         }
-        out.push_str("# HELP tern_endpoints Pod interfaces (WorkloadEndpoints) of this node.\n# TYPE tern_endpoints gauge\n");
-        let _ = writeln!(
-            out,
-            "tern_endpoints{{node=\"{en}\"}} {}",
-            self.pods().endpoint_count()
-        );
+        page.gauge(
+            "tern_endpoints",
+            "Pod interfaces (WorkloadEndpoints) of this node.",
+        )
+        .sample(&[("node", node)], self.pods().endpoint_count());
         if let Some(k) = &self.kube {
-            k.render_metrics(node, &mut out);
+            k.render_metrics(node, &mut page);
         }
-        self.metrics.render_counters(node, &mut out);
-        self.host.render_metrics(node, &mut out);
-        crate::metrics::render_heap(node, &mut out);
-        out
+        self.metrics.render_counters(node, &mut page);
+        self.host.render_metrics(node, &mut page);
+        crate::metrics::render_heap(node, &mut page);
+        page.into_string()
     }
 
     /// Reasons this node is not ready beyond the datastore and pools: a store that can no

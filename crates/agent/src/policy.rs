@@ -12,7 +12,7 @@
 //! - Start: the table the previous agent left in the kernel stays until the first full resync
 //!   replaces it in one transaction, so a restart never opens a window of allow-all.
 //! - ADD: [`PolicyEngine::endpoint_added`] puts the endpoint's chains, map entries and set
-//!   elements into the kernel before the pod has an address or a route (see `ops.rs`), so no
+//!   elements into the kernel before the pod has an address or a route (see `pod/add.rs`), so no
 //!   packet reaches or leaves the pod unpoliced.
 //! - Watch: every policy / namespace / endpoint change in the store becomes a delta of the
 //!   chains and sets it touched. A periodic full resync (from the maintenance loop) repairs

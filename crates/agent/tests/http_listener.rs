@@ -109,6 +109,15 @@ fn liveness_answers_while_slow_and_oversized_clients_are_connected() {
             tern_testkit::ternd::http_get(addr, "/metrics", Duration::from_secs(2)).unwrap();
         assert_eq!(m, 200);
         assert!(body.contains("tern_endpoints"), "{body}");
+        // The whole page parses as the exposition format, each family once.
+        let families = tern_agent::metrics::exposition::check(&body).unwrap();
+        for name in [
+            "tern_datastore_up",
+            "tern_endpoints",
+            "tern_cni_requests_total",
+        ] {
+            assert!(families.iter().any(|f| f == name), "{name} missing: {body}");
+        }
 
         for t in slow {
             let (held, out) = t.join().unwrap();

@@ -8,7 +8,8 @@ use tern_model::{Kind, WorkloadEndpoint};
 use tern_store::{Compare, Op, Txn, keys};
 
 use crate::block::Block;
-use crate::{Ipam, IpamError, Result, decode, encode};
+use crate::codec::{decode, encode};
+use crate::{Ipam, IpamError, Result};
 
 /// What [`Ipam::release_node`] removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -22,6 +22,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use super::error::{AddError, AnnotationError};
+
 /// Prefix of Calico's annotations.
 pub const CALICO_PREFIX: &str = "cni.projectcalico.org/";
 /// Prefix of tern's equivalents.
@@ -106,7 +108,7 @@ fn lookup(
     ann: &BTreeMap<String, String>,
     suffix: &str,
     who: &dyn Fn(&str) -> String,
-) -> Result<Option<(String, String)>, String> {
+) -> Result<Option<(String, String)>, AnnotationError> {
     let calico_key = format!("{CALICO_PREFIX}{suffix}");
     let tern_key = format!("{TERN_PREFIX}{suffix}");
     let get = |k: &str| ann.get(k).filter(|v| !v.trim().is_empty()).cloned();
@@ -126,9 +128,13 @@ fn lookup(
             if same {
                 Ok(Some((calico_key, c)))
             } else {
-                Err(format!(
-                    "{} is {c:?} but {tern_key} is {t:?}: set one of them, or both to the same value",
-                    who(&calico_key)
+                Err(AnnotationError::new(
+                    &calico_key,
+                    Some(&c),
+                    format!(
+                        "{} is {c:?} but {tern_key} is {t:?}: set one of them, or both to the same value",
+                        who(&calico_key)
+                    ),
                 ))
             }
         }
@@ -151,7 +157,7 @@ fn pools(
     pod_ann: &BTreeMap<String, String>,
     ns_ann: &BTreeMap<String, String>,
     suffix: &str,
-) -> Result<Option<Annotated<Vec<String>>>, String> {
+) -> Result<Option<Annotated<Vec<String>>>, AnnotationError> {
     let on_pod = lookup(pod_ann, suffix, &|k| whose(ns, pod, k, false))?;
     let (found, from_namespace) = match on_pod {
         Some(f) => (Some(f), false),
@@ -160,7 +166,8 @@ fn pools(
     let Some((key, v)) = found else {
         return Ok(None);
     };
-    let list = string_list(&whose(ns, pod, &key, from_namespace), &v)?;
+    let list = string_list(&whose(ns, pod, &key, from_namespace), &v)
+        .map_err(|m| AnnotationError::new(&key, Some(&v), m))?;
     if list.is_empty() {
         return Ok(None);
     }
@@ -176,26 +183,36 @@ fn addresses(
     pod: &str,
     pod_ann: &BTreeMap<String, String>,
     suffix: &str,
-) -> Result<Option<Annotated<Vec<IpAddr>>>, String> {
+) -> Result<Option<Annotated<Vec<IpAddr>>>, AnnotationError> {
     let Some((key, v)) = lookup(pod_ann, suffix, &|k| whose(ns, pod, k, false))? else {
         return Ok(None);
     };
     let who = whose(ns, pod, &key, false);
+    let bad = |value: &str, m: String| AnnotationError::new(&key, Some(value), m);
     let list: Vec<String> = serde_json::from_str(&v).map_err(|e| {
-        format!("{who}: {v:?} is not a JSON list of addresses (e.g. [\"10.244.0.10\"]): {e}")
+        bad(
+            &v,
+            format!("{who}: {v:?} is not a JSON list of addresses (e.g. [\"10.244.0.10\"]): {e}"),
+        )
     })?;
     if list.is_empty() {
-        return Err(format!("{who}: the list is empty"));
+        return Err(bad(&v, format!("{who}: the list is empty")));
     }
     let mut out: Vec<IpAddr> = Vec::with_capacity(list.len());
     for s in &list {
         let ip: IpAddr = s.trim().parse().map_err(|_| {
-            format!("{who}: {s:?} is not an IP address (write it without a prefix length)")
+            bad(
+                s,
+                format!("{who}: {s:?} is not an IP address (write it without a prefix length)"),
+            )
         })?;
         if out.iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
-            return Err(format!(
-                "{who}: more than one IPv{} address (at most one IPv4 and one IPv6)",
-                if ip.is_ipv4() { 4 } else { 6 }
+            return Err(bad(
+                &v,
+                format!(
+                    "{who}: more than one IPv{} address (at most one IPv4 and one IPv6)",
+                    if ip.is_ipv4() { 4 } else { 6 }
+                ),
             ));
         }
         out.push(ip);
@@ -214,7 +231,7 @@ pub fn parse(
     pod: &str,
     pod_ann: &BTreeMap<String, String>,
     ns_ann: &BTreeMap<String, String>,
-) -> Result<PodIpam, String> {
+) -> Result<PodIpam, AnnotationError> {
     let p = PodIpam {
         v4_pools: pools(ns, pod, pod_ann, ns_ann, IPV4_POOLS)?,
         v6_pools: pools(ns, pod, pod_ann, ns_ann, IPV6_POOLS)?,
@@ -222,9 +239,13 @@ pub fn parse(
         ip_addrs_no_ipam: addresses(ns, pod, pod_ann, IP_ADDRS_NO_IPAM)?,
     };
     if let (Some(a), Some(b)) = (&p.ip_addrs, &p.ip_addrs_no_ipam) {
-        return Err(format!(
-            "pod {ns}/{pod}: annotations {} and {} cannot be used together",
-            a.key, b.key
+        return Err(AnnotationError::new(
+            &a.key,
+            None,
+            format!(
+                "pod {ns}/{pod}: annotations {} and {} cannot be used together",
+                a.key, b.key
+            ),
         ));
     }
     let fixed = p.ip_addrs.as_ref().or(p.ip_addrs_no_ipam.as_ref());
@@ -233,10 +254,14 @@ pub fn parse(
         .flatten()
         .find(|x| !x.from_namespace);
     if let (Some(f), Some(pl)) = (fixed, pod_pools) {
-        return Err(format!(
-            "pod {ns}/{pod}: annotations {} and {} cannot be used together (the addresses are \
-             fixed, so no pool is chosen)",
-            f.key, pl.key
+        return Err(AnnotationError::new(
+            &f.key,
+            None,
+            format!(
+                "pod {ns}/{pod}: annotations {} and {} cannot be used together (the addresses \
+                 are fixed, so no pool is chosen)",
+                f.key, pl.key
+            ),
         ));
     }
     Ok(p)
@@ -265,37 +290,47 @@ fn requested_set(requested: &[String]) -> Vec<IpAddr> {
 /// Applies the annotations `p` of pod `ns/pod` to the IPAM part of an ADD (`delegated` when
 /// another IPAM plugin already chose the addresses): pools and requested addresses go into
 /// `req`; `Ok(Some(addresses))` for `ipAddrsNoIpam` (the caller uses them without IPAM).
-/// `pools` lists the IP pools, read only when a pool annotation needs checking. Errors are
-/// `(CNI code, message)`, code 7 naming the pod and the annotation.
+/// `pools` lists the IP pools, read only when a pool annotation needs checking. A refused
+/// annotation is [`AddError::BadAnnotation`] (CNI code 7), naming the pod and the annotation.
 pub fn apply(
     ns: &str,
     pod: &str,
     p: &PodIpam,
     req: &mut tern_api::IpamRequest,
     delegated: bool,
-    pools: &dyn Fn() -> Result<Vec<PoolRef>, (u32, String)>,
-) -> Result<Option<Vec<IpAddr>>, (u32, String)> {
-    let bad = |m: String| (tern_cni::code::INVALID_CONFIG, m);
+    pools: &dyn Fn() -> Result<Vec<PoolRef>, AddError>,
+) -> Result<Option<Vec<IpAddr>>, AddError> {
+    let bad = |key: &str, value: String, m: String| {
+        AddError::BadAnnotation(AnnotationError::new(key, Some(&value), m))
+    };
     let fixed = p.ip_addrs.as_ref().or(p.ip_addrs_no_ipam.as_ref());
     if let Some(f) = fixed {
         if delegated {
-            return Err(bad(format!(
-                "{}: needs tern's IPAM (ipam type tern-ipam or calico-ipam); this network \
+            return Err(bad(
+                &f.key,
+                format!("{:?}", f.value),
+                format!(
+                    "{}: needs tern's IPAM (ipam type tern-ipam or calico-ipam); this network \
                  delegates IPAM to another plugin",
-                whose(ns, pod, &f.key, false)
-            )));
+                    whose(ns, pod, &f.key, false)
+                ),
+            ));
         }
         let asked = requested_set(&req.requested);
         let mut want = f.value.clone();
         want.sort();
         if !asked.is_empty() && asked != want {
-            return Err(bad(format!(
-                "{}: asks for {:?} but the runtime requested {:?} (runtimeConfig.ips, \
+            return Err(bad(
+                &f.key,
+                format!("{:?}", f.value),
+                format!(
+                    "{}: asks for {:?} but the runtime requested {:?} (runtimeConfig.ips, \
                  args.cni.ips or CNI_ARGS IP=); use one of them",
-                whose(ns, pod, &f.key, false),
-                f.value,
-                req.requested
-            )));
+                    whose(ns, pod, &f.key, false),
+                    f.value,
+                    req.requested
+                ),
+            ));
         }
     }
     if let Some(a) = &p.ip_addrs {
@@ -304,12 +339,16 @@ pub fn apply(
     }
     if let Some(a) = &p.ip_addrs_no_ipam {
         if !req.ip_addrs_no_ipam {
-            return Err(bad(format!(
-                "{}: requested feature is not enabled: ip_addrs_no_ipam (set \
+            return Err(bad(
+                &a.key,
+                format!("{:?}", a.value),
+                format!(
+                    "{}: requested feature is not enabled: ip_addrs_no_ipam (set \
                  \"feature_control\": {{\"ip_addrs_no_ipam\": true}} in the network \
                  configuration to allow addresses without IPAM)",
-                whose(ns, pod, &a.key, false)
-            )));
+                    whose(ns, pod, &a.key, false)
+                ),
+            ));
         }
         return Ok(Some(a.value.clone()));
     }
@@ -341,15 +380,19 @@ pub fn apply(
                     .iter()
                     .map(|x| format!("{} ({})", x.name, x.net))
                     .collect();
-                return Err(bad(format!(
-                    "{}: IPv{family} pool {w:?} does not exist (IPv{family} pools: {})",
-                    whose(ns, pod, &a.key, a.from_namespace),
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                )));
+                return Err(bad(
+                    &a.key,
+                    w.to_string(),
+                    format!(
+                        "{}: IPv{family} pool {w:?} does not exist (IPv{family} pools: {})",
+                        whose(ns, pod, &a.key, a.from_namespace),
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
             }
         }
         // The annotation replaces the network configuration's pools, as in Calico.
@@ -369,12 +412,12 @@ mod tests {
     }
 
     /// Pod prod/web's annotations `kv` read, in a namespace without any.
-    fn parse_pod(kv: &[(&str, &str)]) -> Result<PodIpam, String> {
-        parse_pod_map(&m(kv))
+    fn parse_pod(kv: &[(&str, &str)]) -> Result<PodIpam, AnnotationError> {
+        parse("prod", "web", &m(kv), &m(&[]))
     }
 
     fn parse_pod_map(pod: &BTreeMap<String, String>) -> Result<PodIpam, String> {
-        parse("prod", "web", pod, &m(&[]))
+        parse("prod", "web", pod, &m(&[])).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -440,6 +483,9 @@ mod tests {
             (("cni.projectcalico.org/ipv6pools", "{}"), "JSON list"),
         ] {
             let e = parse_pod(&[ann]).unwrap_err();
+            assert_eq!(e.key, ann.0, "{e}");
+            assert!(e.value.is_some(), "{e}");
+            let e = e.to_string();
             assert!(e.starts_with("pod prod/web: annotation "), "{e}");
             assert!(e.contains(ann.0), "{e} does not name {}", ann.0);
             assert!(e.contains(want), "{e} does not say {want}");
@@ -450,7 +496,8 @@ mod tests {
             &m(&[]),
             &m(&[("cni.projectcalico.org/ipv4pools", "[1]")]),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("of namespace prod"), "{e}");
     }
 
@@ -502,7 +549,7 @@ mod tests {
         }
     }
 
-    fn pool_list() -> Result<Vec<PoolRef>, (u32, String)> {
+    fn pool_list() -> Result<Vec<PoolRef>, AddError> {
         Ok(vec![
             PoolRef {
                 name: "blue".into(),
@@ -539,8 +586,8 @@ mod tests {
         // An unknown pool, or one of the other family, is code 7 naming pod and annotation.
         for v in [r#"["nope"]"#, r#"["v6"]"#] {
             let p = parse_pod(&[("tern.dev/ipv4pools", v)]).unwrap();
-            let (code, msg) =
-                apply("prod", "web", &p, &mut add_req(), false, &pool_list).unwrap_err();
+            let e = apply("prod", "web", &p, &mut add_req(), false, &pool_list).unwrap_err();
+            let (code, msg) = (e.code(), e.to_string());
             assert_eq!(code, 7);
             assert!(
                 msg.starts_with("pod prod/web: annotation tern.dev/ipv4pools: IPv4 pool"),
@@ -554,7 +601,7 @@ mod tests {
 
         let mut req = add_req();
         let p = parse_pod(&[("cni.projectcalico.org/ipAddrs", r#"["10.1.0.9"]"#)]).unwrap();
-        let no_pools = || -> Result<Vec<PoolRef>, (u32, String)> { panic!("pools read") };
+        let no_pools = || -> Result<Vec<PoolRef>, AddError> { panic!("pools read") };
         assert_eq!(
             apply("prod", "web", &p, &mut req, false, &no_pools),
             Ok(None)
@@ -568,12 +615,13 @@ mod tests {
         assert_eq!(
             apply("prod", "web", &p, &mut req, false, &no_pools)
                 .unwrap_err()
-                .0,
+                .code(),
             7
         );
         // Delegated IPAM cannot honour fixed addresses.
         let mut req = add_req();
-        let (code, msg) = apply("prod", "web", &p, &mut req, true, &no_pools).unwrap_err();
+        let e = apply("prod", "web", &p, &mut req, true, &no_pools).unwrap_err();
+        let (code, msg) = (e.code(), e.to_string());
         assert_eq!(code, 7);
         assert!(msg.contains("delegates IPAM"), "{msg}");
     }
@@ -582,7 +630,8 @@ mod tests {
     fn no_ipam_is_gated() {
         let p = parse_pod(&[("cni.projectcalico.org/ipAddrsNoIpam", r#"["192.0.2.5"]"#)]).unwrap();
         let mut req = add_req();
-        let (code, msg) = apply("prod", "web", &p, &mut req, false, &pool_list).unwrap_err();
+        let e = apply("prod", "web", &p, &mut req, false, &pool_list).unwrap_err();
+        let (code, msg) = (e.code(), e.to_string());
         assert_eq!(code, 7);
         assert!(
             msg.contains("annotation cni.projectcalico.org/ipAddrsNoIpam")

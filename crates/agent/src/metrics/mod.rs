@@ -1,29 +1,25 @@
 //! Prometheus metrics: the agent's in-memory counters ([`Metrics`]) and the IPAM gauges, in the
-//! text exposition format. The HTTP endpoints that serve them are the root's (`http.rs`).
+//! text exposition format, which [`exposition`] alone writes. The HTTP endpoints that serve
+//! them are the root's (`http.rs`).
 //!
 //! The IPAM gauges are computed from the store at
 //! scrape time, so they are never stale and cost nothing between scrapes. Gauges cover only
 //! this node (label `node`), so that a cluster of agents exports each series exactly once;
 //! they are labelled by pool as Calico's kube-controllers label theirs.
 
+pub mod exposition;
+
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use exposition::{Histogram, Page};
 
 /// Upper bounds (seconds) of the request latency histogram buckets.
 pub const LATENCY_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
-
-#[derive(Debug, Clone, Default)]
-struct Histogram {
-    /// Cumulative counts per bucket of [`LATENCY_BUCKETS`].
-    buckets: [u64; LATENCY_BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
 
 /// The agent's in-memory counters.
 #[derive(Debug, Default)]
@@ -43,16 +39,12 @@ impl Metrics {
             .unwrap()
             .entry((op.to_string(), result.to_string()))
             .or_default() += 1;
-        let secs = elapsed.as_secs_f64();
-        let mut lat = self.latency.lock().unwrap();
-        let h = lat.entry(op.to_string()).or_default();
-        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                h.buckets[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum += secs;
+        self.latency
+            .lock()
+            .unwrap()
+            .entry(op.to_string())
+            .or_insert_with(|| Histogram::new(&LATENCY_BUCKETS))
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Counts addresses released by leak repair.
@@ -65,50 +57,27 @@ impl Metrics {
         self.gc_reclamations.load(Ordering::Relaxed)
     }
 
-    /// Renders the counters (not the store-derived gauges) in Prometheus text format.
-    pub fn render_counters(&self, node: &str, out: &mut String) {
-        let node = escape(node);
-        out.push_str("# HELP tern_cni_requests_total CNI requests served, by operation and result.\n# TYPE tern_cni_requests_total counter\n");
-        for ((op, result), n) in self.requests.lock().unwrap().iter() {
-            let _ = writeln!(
-                out,
-                "tern_cni_requests_total{{op=\"{}\",result=\"{}\"}} {n}",
-                escape(op),
-                escape(result)
-            );
-        }
-        out.push_str("# HELP tern_cni_request_duration_seconds Time to serve a CNI request.\n# TYPE tern_cni_request_duration_seconds histogram\n");
-        for (op, h) in self.latency.lock().unwrap().iter() {
-            let op = escape(op);
-            for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "tern_cni_request_duration_seconds_bucket{{op=\"{op}\",le=\"{le}\"}} {}",
-                    h.buckets[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "tern_cni_request_duration_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "tern_cni_request_duration_seconds_sum{{op=\"{op}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "tern_cni_request_duration_seconds_count{{op=\"{op}\"}} {}",
-                h.count
-            );
-        }
-        out.push_str("# HELP ipam_gc_reclamations Leaked addresses released by the agent's leak repair.\n# TYPE ipam_gc_reclamations counter\n");
-        let _ = writeln!(
-            out,
-            "ipam_gc_reclamations{{node=\"{node}\"}} {}",
-            self.gc_reclamations()
+    /// Writes the counters (not the store-derived gauges) to a `/metrics` page.
+    pub fn render_counters(&self, node: &str, page: &mut Page) {
+        let mut f = page.counter(
+            "tern_cni_requests_total",
+            "CNI requests served, by operation and result.",
         );
+        for ((op, result), n) in self.requests.lock().unwrap().iter() {
+            f.sample(&[("op", op), ("result", result)], *n);
+        }
+        let mut f = page.histogram(
+            "tern_cni_request_duration_seconds",
+            "Time to serve a CNI request.",
+        );
+        for (op, h) in self.latency.lock().unwrap().iter() {
+            f.series(&[("op", op)], h);
+        }
+        page.counter(
+            "ipam_gc_reclamations",
+            "Leaked addresses released by the agent's leak repair.",
+        )
+        .sample(&[("node", node)], self.gc_reclamations());
     }
 }
 
@@ -128,10 +97,9 @@ pub fn trim_heap() {
 /// glibc's view of the agent's heap (`mallinfo2`): the bytes in use, the bytes freed but
 /// kept by the allocator (fragmentation, arenas), and the bytes in whole mapped blocks. The
 /// difference between the RSS and the bytes in use tells memory held from memory lost.
-pub fn render_heap(node: &str, out: &mut String) {
+pub fn render_heap(node: &str, page: &mut Page) {
     // SAFETY: mallinfo2 only reads the allocator's counters; it takes no argument.
     let m = unsafe { libc::mallinfo2() };
-    let en = escape(node);
     for (name, help, v) in [
         (
             "tern_heap_in_use_bytes",
@@ -144,16 +112,8 @@ pub fn render_heap(node: &str, out: &mut String) {
             m.fordblks,
         ),
     ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        let _ = writeln!(out, "{name}{{node=\"{en}\"}} {v}");
+        page.gauge(name, help).sample(&[("node", node)], v);
     }
-}
-
-/// Escapes a Prometheus label value.
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Per-pool IPAM figures of one node.
@@ -216,8 +176,21 @@ mod tests {
         m.observe_request("add", "ok", Duration::from_millis(700));
         m.observe_request("del", "error", Duration::from_millis(1));
         m.add_gc_reclamations(3);
-        let mut out = String::new();
-        m.render_counters("n1", &mut out);
+        let mut page = Page::new();
+        m.render_counters("n1", &mut page);
+        render_heap("n1", &mut page);
+        let out = page.into_string();
+        // The page parses, and the names dashboards, tests and docs rely on are unchanged.
+        assert_eq!(
+            exposition::check(&out).unwrap(),
+            vec![
+                "tern_cni_requests_total",
+                "tern_cni_request_duration_seconds",
+                "ipam_gc_reclamations",
+                "tern_heap_in_use_bytes",
+                "tern_heap_free_bytes",
+            ]
+        );
         assert!(
             out.contains("tern_cni_requests_total{op=\"add\",result=\"ok\"} 2\n"),
             "{out}"
@@ -250,11 +223,6 @@ mod tests {
             out.contains("# TYPE ipam_gc_reclamations counter\n"),
             "{out}"
         );
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 
     #[test]
