@@ -44,10 +44,22 @@ fn labels_of(t: &Ternd, pod: &str) -> BTreeMap<String, String> {
 /// Whether a UDP datagram from `from` reaches `to`:PORT and its echo comes back.
 fn udp_reaches(from: &KubePod, to: &KubePod) -> bool {
     let to_ip = to.ip.expect("target pod has an address");
-    let server = in_netns(&to.ns.path(), move || {
-        UdpSocket::bind(SocketAddr::new(to_ip, PORT))
-    })
-    .expect("binding the server");
+    // A process the test spawns (kubectl, kube-apiserver) holds a copy of a socket from fork to
+    // exec: the previous probe's server may stay bound that long after it was dropped.
+    let bind = || {
+        in_netns(&to.ns.path(), move || {
+            UdpSocket::bind(SocketAddr::new(to_ip, PORT))
+        })
+    };
+    let mut bound = bind();
+    for _ in 0..50 {
+        if !matches!(&bound, Err(e) if e.kind() == std::io::ErrorKind::AddrInUse) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        bound = bind();
+    }
+    let server = bound.expect("binding the server");
     let client = in_netns(&from.ns.path(), || UdpSocket::bind("0.0.0.0:0")).unwrap();
     let t = Some(Duration::from_millis(400));
     server.set_read_timeout(t).unwrap();
