@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tern_api::{Attachment, PodRef};
 use tern_model::EndpointPort;
+use tern_model::MacAddr;
 use tern_store::{Store, StoreError};
 
 /// Annotation of a WorkloadEndpoint with the pod's UID (`K8S_POD_UID`, or the API server's).
@@ -55,13 +56,34 @@ fn parse_ip_networks(w: &tern_model::WorkloadEndpoint) -> Vec<IpNet> {
     nets.nets
 }
 
+/// The pod interface's MAC of a WorkloadEndpoint record: none when empty; a bad one (only a
+/// record written around validation) is left out with a warning naming the endpoint and the
+/// value.
+fn parse_mac(w: &tern_model::WorkloadEndpoint) -> Option<MacAddr> {
+    if w.spec.mac.is_empty() {
+        return None;
+    }
+    w.spec
+        .mac
+        .parse()
+        .map_err(|e| {
+            log::warn!(
+                "WorkloadEndpoint {}/{}: ignoring spec.mac: {e}",
+                w.metadata.namespace.as_deref().unwrap_or_default(),
+                w.metadata.name
+            )
+        })
+        .ok()
+}
+
 /// What the agent knows of one pod interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub node: String,
     pub attachment: Attachment,
     pub host_ifname: String,
-    pub mac: String,
+    /// The pod interface's MAC (absent until the ADD wired it, or when the record's was bad).
+    pub mac: Option<MacAddr>,
     /// Pod addresses as CIDRs (10.244.0.5/32), parsed once where a record is read
     /// from the store.
     pub ip_networks: Vec<IpNet>,
@@ -326,7 +348,7 @@ impl Endpoints {
             node: self.node.clone(),
             attachment: a.clone(),
             host_ifname: String::new(),
-            mac: String::new(),
+            mac: None,
             ip_networks: vec![],
             labels: BTreeMap::new(),
             ports: Vec::new(),
@@ -383,7 +405,7 @@ pub mod store_io {
                 container_id: ep.attachment.container_id.clone(),
                 endpoint: ep.attachment.ifname.clone(),
                 interface_name: ep.host_ifname.clone(),
-                mac: ep.mac.clone(),
+                mac: ep.mac.map(|m| m.to_string()).unwrap_or_default(),
                 ip_networks: ep.ip_networks.iter().map(|n| n.to_string()).collect(),
                 network: ep.attachment.network.clone(),
                 profiles: vec![],
@@ -423,7 +445,7 @@ pub mod store_io {
                 pod,
             },
             host_ifname: w.spec.interface_name.clone(),
-            mac: w.spec.mac.clone(),
+            mac: parse_mac(&w),
             ip_networks: super::parse_ip_networks(&w),
             labels: w.metadata.labels.clone(),
             ports: w.spec.ports.clone(),
@@ -593,7 +615,7 @@ mod tests {
                 }),
             },
             host_ifname: "tern0123456789a".into(),
-            mac: "0a:58:00:00:00:01".into(),
+            mac: Some(MacAddr([0x0a, 0x58, 0, 0, 0, 1])),
             ip_networks: vec!["10.244.0.5/32".parse().unwrap()],
             labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
             ports,

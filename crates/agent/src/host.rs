@@ -75,35 +75,3 @@ pub fn node_addresses() -> Vec<IpNet> {
     };
     find().unwrap_or_default()
 }
-
-/// Parses "aa:bb:cc:dd:ee:ff".
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut out = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in out.iter_mut() {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(out)
-}
-
-/// Formats a MAC as lower-case colon-separated hex.
-pub fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mac_round_trip() {
-        let m = parse_mac("EE:ee:ee:ee:ee:01").unwrap();
-        assert_eq!(fmt_mac(&m), "ee:ee:ee:ee:ee:01");
-        assert!(parse_mac("ee:ee").is_none());
-        assert!(parse_mac("ee:ee:ee:ee:ee:ee:ee").is_none());
-        assert!(parse_mac("zz:ee:ee:ee:ee:ee").is_none());
-    }
-}

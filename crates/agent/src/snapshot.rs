@@ -4,9 +4,9 @@
 //! routes belong to the reconciler rather than to BGP. With `--use-pod-cidr` the nodes'
 //! Kubernetes podCIDRs ([`PodCidr`]) are routed as blocks affine to their node are.
 
-use crate::host::parse_mac;
 use ipnet::IpNet;
 use std::net::IpAddr;
+use tern_model::MacAddr;
 use tern_model::{EncapMode, Kind, Resource};
 use tern_store::{Store, keys};
 
@@ -138,26 +138,46 @@ pub fn load_snapshot(store: &dyn Store) -> Result<Snapshot, String> {
     for kv in kvs {
         match Resource::from_stored(&kv.value) {
             Ok(Resource::Node(n)) => {
-                let addresses = n
-                    .spec
-                    .addresses
-                    .iter()
-                    .filter_map(|a| {
-                        a.address
-                            .parse::<IpNet>()
-                            .ok()
-                            .or_else(|| a.address.parse::<IpAddr>().ok().map(IpNet::from))
-                    })
-                    .collect();
+                // Validated on write; a value written past the model is reported by name and
+                // left out, the node's other fields still count.
+                let node = &n.metadata.name;
+                let mut addresses = Vec::new();
+                for a in &n.spec.addresses {
+                    match a
+                        .address
+                        .parse::<IpNet>()
+                        .or_else(|e| a.address.parse::<IpAddr>().map(IpNet::from).map_err(|_| e))
+                    {
+                        Ok(net) => addresses.push(net),
+                        Err(e) => s.errors.push(format!(
+                            "Node {node}: spec.addresses entry {:?} ignored: {e}",
+                            a.address
+                        )),
+                    }
+                }
+                let vxlan_tunnel_addr = n.spec.ipv4_vxlan_tunnel_addr.as_deref().and_then(|t| {
+                    let ip = t.split('/').next().unwrap_or_default();
+                    ip.parse::<IpAddr>()
+                        .map_err(|e| {
+                            s.errors.push(format!(
+                                "Node {node}: spec.ipv4VXLANTunnelAddr {t:?} ignored: {e}"
+                            ))
+                        })
+                        .ok()
+                });
+                let vtep_mac = n.spec.vxlan_tunnel_mac_addr.as_deref().and_then(|m| {
+                    m.parse::<MacAddr>()
+                        .map_err(|e| {
+                            s.errors
+                                .push(format!("Node {node}: spec.vxlanTunnelMACAddr ignored: {e}"))
+                        })
+                        .ok()
+                });
                 s.nodes.push(NodeInfo {
-                    name: n.metadata.name.clone(),
+                    name: node.clone(),
                     addresses,
-                    vxlan_tunnel_addr: n
-                        .spec
-                        .ipv4_vxlan_tunnel_addr
-                        .as_deref()
-                        .and_then(|a| a.split('/').next()?.parse().ok()),
-                    vtep_mac: n.spec.vxlan_tunnel_mac_addr.as_deref().and_then(parse_mac),
+                    vxlan_tunnel_addr,
+                    vtep_mac: vtep_mac.map(MacAddr::octets),
                 });
                 for c in n.spec.pod_cidrs.iter().flatten() {
                     // Validated on write (`spec.podCIDRs[i]`); a bad one written past the model
@@ -229,4 +249,43 @@ pub fn reconciler_owns(pools: &[PoolInfo], dst: &IpNet) -> bool {
         .filter(|p| p.cidr.contains(dst))
         .max_by_key(|p| p.cidr.prefix_len())
         .is_some_and(|p| p.vxlan != EncapMode::Never || p.ipip != EncapMode::Never)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Node record written past validation: each bad value is reported naming the node, the
+    /// field and the value, and the node's good fields still count.
+    #[test]
+    fn a_bad_node_field_is_reported_by_name_not_dropped_silently() {
+        let store = tern_store::mem::MemStore::new();
+        let node = serde_json::json!({
+            "apiVersion": "tern.dev/v1",
+            "kind": "Node",
+            "metadata": {"name": "n1"},
+            "spec": {
+                "addresses": [{"address": "198.18.0.1/24"}, {"address": "not-an-ip"}],
+                "ipv4VXLANTunnelAddr": "10.244.0.0.1",
+                "vxlanTunnelMACAddr": "ee:ee:zz:ee:ee:ee"
+            }
+        });
+        let key = keys::resource(Kind::Node.as_str(), "n1");
+        store
+            .put(&key, node.to_string().as_bytes())
+            .expect("put the record");
+        let s = load_snapshot(&store).expect("snapshot");
+        let n = s.nodes.iter().find(|n| n.name == "n1").expect("node kept");
+        assert_eq!(n.addresses, vec!["198.18.0.1/24".parse::<IpNet>().unwrap()]);
+        assert_eq!(n.vxlan_tunnel_addr, None);
+        assert_eq!(n.vtep_mac, None);
+        let errors = s.errors.join("\n");
+        for want in [
+            "Node n1: spec.addresses entry \"not-an-ip\" ignored",
+            "Node n1: spec.ipv4VXLANTunnelAddr \"10.244.0.0.1\" ignored",
+            "Node n1: spec.vxlanTunnelMACAddr ignored: \"ee:ee:zz:ee:ee:ee\" is not a MAC address",
+        ] {
+            assert!(errors.contains(want), "missing {want:?} in:\n{errors}");
+        }
+    }
 }

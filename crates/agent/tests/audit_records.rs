@@ -31,7 +31,7 @@ fn endpoint(node: &str, cid: &str, ifname: &str, pod: Option<(&str, &str)>, ip: 
             }),
         },
         host_ifname: format!("tern{cid}"),
-        mac: "ee:ee:ee:ee:ee:ee".into(),
+        mac: Some(tern_model::MacAddr([0xee; 6])),
         ip_networks: vec![format!("{ip}/32").parse().unwrap()],
         labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
         ports: Vec::new(),

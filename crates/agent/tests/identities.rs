@@ -112,7 +112,7 @@ fn put_endpoint(
         node: "n1".into(),
         attachment,
         host_ifname: host_ifname.into(),
-        mac: String::new(),
+        mac: None,
         ip_networks: ip_networks.iter().map(|n| n.parse().unwrap()).collect(),
         labels: Default::default(),
         ports: Vec::new(),

@@ -30,7 +30,7 @@ fn pod(store: &dyn Store, ns: &str, name: &str, app: &str, ip: &str) {
             }),
         },
         host_ifname: format!("tern{name}"),
-        mac: "ee:ee:ee:ee:ee:01".into(),
+        mac: Some(tern_model::MacAddr([0xee, 0xee, 0xee, 0xee, 0xee, 0x01])),
         ip_networks: vec![format!("{ip}/32").parse().unwrap()],
         labels: BTreeMap::from([("app".to_string(), app.to_string())]),
         ports: Vec::new(),

@@ -45,7 +45,7 @@ fn endpoint(store: &dyn Store, cid: &str, ip: std::net::IpAddr) {
             }),
         },
         host_ifname: format!("tern{cid}"),
-        mac: "ee:ee:ee:ee:ee:01".into(),
+        mac: Some(tern_model::MacAddr([0xee, 0xee, 0xee, 0xee, 0xee, 0x01])),
         ip_networks: vec![format!("{ip}/32").parse().unwrap()],
         labels: BTreeMap::new(),
         ports: Vec::new(),

@@ -22,6 +22,7 @@ pub mod document;
 pub mod error;
 pub mod kinds;
 pub mod limits;
+pub mod mac;
 pub mod parse;
 pub mod registry;
 pub mod resource;
@@ -53,6 +54,7 @@ pub use kinds::shared::{EndpointPort, IntOrString, PolicyType, Port, Protocol};
 pub use kinds::workload_endpoint::{
     BadIpNetwork, IpNetworks, WorkloadEndpoint, WorkloadEndpointSpec, parse_ip_networks,
 };
+pub use mac::{BadMac, MacAddr};
 pub use parse::{parse_documents, parse_stream};
 pub use registry::{Kind, PLANNED_KINDS, Resource, Spec};
 pub use selector::{Selector, SelectorError};

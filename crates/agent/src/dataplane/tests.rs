@@ -334,7 +334,7 @@ fn a_lost_host_route_of_an_up_pod_veth_is_restored() {
                 pod: None,
             },
             host_ifname: name.into(),
-            mac: "0a:58:00:00:00:01".into(),
+            mac: Some(tern_model::MacAddr([0x0a, 0x58, 0, 0, 0, 1])),
             ip_networks: vec![addr.parse().unwrap()],
             labels: Default::default(),
             ports: Vec::new(),

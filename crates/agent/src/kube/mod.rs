@@ -385,7 +385,7 @@ mod tests {
                 ..Default::default()
             },
             host_ifname: String::new(),
-            mac: String::new(),
+            mac: None,
             ip_networks: vec![],
             labels: BTreeMap::from([
                 ("tern.dev/orchestrator".to_string(), "k8s".to_string()),

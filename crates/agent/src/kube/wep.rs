@@ -213,7 +213,7 @@ mod tests {
                 }),
             },
             host_ifname: "tern0123456789a".into(),
-            mac: String::new(),
+            mac: None,
             ip_networks: vec!["10.244.0.5/32".parse().unwrap()],
             labels: crate::endpoints::workload_labels(
                 &Attachment {

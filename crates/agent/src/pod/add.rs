@@ -9,7 +9,6 @@
 use super::PodLifecycle;
 use super::errors::{err, ipam_err, link_err, store_err};
 use crate::endpoints::Endpoint;
-use crate::host::{fmt_mac, parse_mac};
 use crate::undo::Undo;
 use ipnet::IpNet;
 use std::net::IpAddr;
@@ -23,6 +22,7 @@ use tern_cni::code;
 use tern_ipam::{AllocationAttrs, AssignArgs};
 use tern_linux::netns::NetNs;
 use tern_linux::veth;
+use tern_model::MacAddr;
 use tern_model::{EndpointPort, Protocol};
 
 /// How long an ADD or DEL waits for another operation on the same interface.
@@ -145,16 +145,10 @@ impl PodLifecycle {
         let t0 = Instant::now();
         let delegated = req.delegated_ips.is_some();
         let mtu = if req.mtu > 0 { req.mtu } else { mtu };
-        let pod_mac = match req.mac.as_deref().map(parse_mac) {
-            Some(Some(m)) => Some(m),
-            Some(None) => {
-                return Err(err(
-                    code::INVALID_CONFIG,
-                    format!(
-                        "runtimeConfig.mac: {:?} is not a MAC address",
-                        req.mac.unwrap_or_default()
-                    ),
-                ));
+        let pod_mac = match req.mac.as_deref().map(str::parse::<MacAddr>) {
+            Some(Ok(m)) => Some(m.octets()),
+            Some(Err(e)) => {
+                return Err(err(code::INVALID_CONFIG, format!("runtimeConfig.mac: {e}")));
             }
             None => None,
         };
@@ -223,7 +217,7 @@ impl PodLifecycle {
             node: self.cfg.node_name.clone(),
             attachment: a.clone(),
             host_ifname: host_if.clone(),
-            mac: String::new(),
+            mac: None,
             ip_networks: addrs.clone(),
             labels: crate::endpoints::workload_labels(a, &req.labels),
             ports,
@@ -258,7 +252,7 @@ impl PodLifecycle {
         }
         drop(k);
         let iface = pending.interface(&pod_link, mtu);
-        ep.mac = fmt_mac(&iface.pod_mac);
+        ep.mac = Some(MacAddr(iface.pod_mac));
         let t_link = t0.elapsed();
         // Step 7, the endpoint record: the last step, so it needs no undo.
         self.endpoints
@@ -316,13 +310,13 @@ fn add_result(a: &Attachment, iface: &veth::PodInterface, addrs: &[IpNet]) -> Ne
         interfaces: vec![
             Interface {
                 name: iface.host_ifname.clone(),
-                mac: fmt_mac(&iface.host_mac),
+                mac: MacAddr(iface.host_mac).to_string(),
                 sandbox: String::new(),
                 mtu: None,
             },
             Interface {
                 name: a.ifname.clone(),
-                mac: fmt_mac(&iface.pod_mac),
+                mac: MacAddr(iface.pod_mac).to_string(),
                 sandbox: a.netns_path.clone(),
                 mtu: Some(iface.mtu),
             },

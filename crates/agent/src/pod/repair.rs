@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 use tern_linux::netns::NetNs;
 use tern_linux::veth;
+use tern_model::MacAddr;
 
 /// What one reconciliation pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -226,7 +227,7 @@ impl PodLifecycle {
                 pod_ns: &ns,
                 addresses: &ep.ip_networks,
                 mtu,
-                pod_mac: crate::host::parse_mac(&ep.mac),
+                pod_mac: ep.mac.map(MacAddr::octets),
                 allow_ip_forwarding: false,
             };
             let wired = self
