@@ -155,11 +155,13 @@ pub fn up(st: &mut LabState, name: &str) -> Result<()> {
     )?;
     node_mut(st, name).holder = Some(holder.clone());
     st.save()?;
+    // Ready once the script has touched the file AND exec'ed pause: until then the process does
+    // not carry its marker, and everything after this treats a holder without one as gone.
     wait_for(
         &format!("the mount namespace of {name}"),
         Duration::from_secs(10),
         Some(&holder),
-        || ready.is_file().then_some(()),
+        || (ready.is_file() && holder.alive()).then_some(()),
     )?;
 
     node_pki(&k, &n, &dir)?;
