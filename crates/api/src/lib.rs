@@ -9,6 +9,7 @@
 //! Addresses travel as strings ("10.244.0.5/32", "169.254.1.1") so this crate stays free of
 //! networking dependencies.
 
+pub mod flow;
 pub mod ident;
 pub mod journal;
 pub mod veth_name;
