@@ -51,6 +51,11 @@ pub use kinds::policy::{
     NetworkPolicySpec, Rule, validate_tern_spec,
 };
 pub use kinds::shared::{EndpointPort, IntOrString, PolicyType, Port, Protocol};
+pub use kinds::staged::{
+    StagedAction, StagedGlobalNetworkPolicy, StagedGlobalNetworkPolicySpec,
+    StagedKubernetesNetworkPolicy, StagedKubernetesNetworkPolicySpec, StagedNetworkPolicy,
+    StagedNetworkPolicySpec, validate_staged_k8s_spec, validate_staged_spec,
+};
 pub use kinds::workload_endpoint::{
     BadIpNetwork, IpNetworks, WorkloadEndpoint, WorkloadEndpointSpec, parse_ip_networks,
 };

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::document::{API_VERSION, Document, ObjectMeta};
 use crate::kinds::{
-    bgp, ip_reservation, ipam_config, ippool, k8s_policy, namespace, node, policy,
+    bgp, ip_reservation, ipam_config, ippool, k8s_policy, namespace, node, policy, staged,
     workload_endpoint,
 };
 use crate::validate::FieldError;
@@ -265,6 +265,8 @@ impl Resource {
         match self {
             Resource::NetworkPolicy(p) => policy::validate_tern_counts(&p.spec),
             Resource::GlobalNetworkPolicy(p) => policy::validate_tern_counts(&p.spec.0),
+            Resource::StagedNetworkPolicy(p) => staged::validate_staged_counts(&p.spec),
+            Resource::StagedGlobalNetworkPolicy(p) => staged::validate_staged_counts(&p.spec.0),
             _ => Ok(()),
         }
     }
@@ -379,6 +381,52 @@ kinds! {
         defaults: k8s_policy::fill_defaults,
         validate: k8s_policy::validate_k8s_policy,
     },
+    /// A staged tern NetworkPolicy: evaluated, never enforced (see `kinds/staged.rs`).
+    StagedNetworkPolicy {
+        spec: staged::StagedNetworkPolicySpec,
+        name: "StagedNetworkPolicy",
+        document_kind: "StagedNetworkPolicy",
+        api_versions: [API_VERSION],
+        namespaced: true,
+        user_authored: true,
+        singleton_key: None,
+        implied_spec: false,
+        aliases: ["stagednetworkpolicy", "stagednetworkpolicies", "snp"],
+        defaults: staged::fill_defaults,
+        validate: staged::validate_staged_policy,
+    },
+    /// A staged tern GlobalNetworkPolicy.
+    StagedGlobalNetworkPolicy {
+        spec: staged::StagedGlobalNetworkPolicySpec,
+        name: "StagedGlobalNetworkPolicy",
+        document_kind: "StagedGlobalNetworkPolicy",
+        api_versions: [API_VERSION],
+        namespaced: false,
+        user_authored: true,
+        singleton_key: None,
+        implied_spec: false,
+        aliases: ["stagedglobalnetworkpolicy", "stagedglobalnetworkpolicies", "sgnp"],
+        defaults: staged::fill_global_defaults,
+        validate: staged::validate_staged_global_policy,
+    },
+    /// A staged Kubernetes NetworkPolicy (tern's API group: Kubernetes has no such kind).
+    StagedKubernetesNetworkPolicy {
+        spec: staged::StagedKubernetesNetworkPolicySpec,
+        name: "StagedKubernetesNetworkPolicy",
+        document_kind: "StagedKubernetesNetworkPolicy",
+        api_versions: [API_VERSION],
+        namespaced: true,
+        user_authored: true,
+        singleton_key: None,
+        implied_spec: false,
+        aliases: [
+            "stagedkubernetesnetworkpolicy",
+            "stagedkubernetesnetworkpolicies",
+            "sknp"
+        ],
+        defaults: staged::fill_k8s_defaults,
+        validate: staged::validate_staged_k8s_policy,
+    },
     /// A namespace and its labels.
     Namespace {
         spec: namespace::NamespaceSpec,
@@ -441,6 +489,24 @@ impl Kind {
         Kind::ALL
             .into_iter()
             .find(|k| k.document_kind() == kind && k.api_versions().contains(&api_version))
+    }
+}
+
+impl Kind {
+    /// The enforced kind a staged kind stages (`StagedNetworkPolicy` -> `NetworkPolicy`, ...);
+    /// `None` for any other kind.
+    pub fn enforced_of_staged(self) -> Option<Kind> {
+        match self {
+            Kind::StagedNetworkPolicy => Some(Kind::NetworkPolicy),
+            Kind::StagedGlobalNetworkPolicy => Some(Kind::GlobalNetworkPolicy),
+            Kind::StagedKubernetesNetworkPolicy => Some(Kind::K8sNetworkPolicy),
+            _ => None,
+        }
+    }
+
+    /// Whether this is one of the staged policy kinds.
+    pub fn is_staged(self) -> bool {
+        self.enforced_of_staged().is_some()
     }
 }
 

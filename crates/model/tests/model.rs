@@ -110,7 +110,7 @@ fn header_errors() {
             "# c\napiVersion: tern.dev/v1\nkind: Pod\nmetadata: {name: x}\n",
             "x.yaml"
         ),
-        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint, IPReservation, NetworkPolicy, GlobalNetworkPolicy, KubernetesNetworkPolicy, Namespace, BGPConfiguration, BGPPeer"
+        "x.yaml:3: kind: unknown kind \"Pod\"; expected one of IPPool, IPAMConfig, Node, WorkloadEndpoint, IPReservation, NetworkPolicy, GlobalNetworkPolicy, KubernetesNetworkPolicy, StagedNetworkPolicy, StagedGlobalNetworkPolicy, StagedKubernetesNetworkPolicy, Namespace, BGPConfiguration, BGPPeer"
     );
     assert_eq!(
         parse_err(

@@ -12,6 +12,7 @@
 //! allows with [`Reason::NoPolicy`] and no endpoint.
 
 use serde::{Serialize, Serializer};
+use tern_api::flow::{FlowDirection, FlowPending, FlowPolicy, FlowReason, FlowVerdict};
 use tern_model::{Action, Kind};
 
 use crate::model::{Direction, Endpoint, Flow, IrPolicy, PolicySet};
@@ -141,6 +142,16 @@ impl PolicyRef {
         }
     }
 
+    /// The policy as a flow record names it.
+    pub fn flow_policy(&self) -> FlowPolicy {
+        FlowPolicy {
+            kind: self.kind.as_str().to_string(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            rule: self.rule.map(|r| r.to_string()),
+        }
+    }
+
     /// `Kind/namespace/name` (no namespace for a global policy).
     pub fn id(&self) -> String {
         match &self.namespace {
@@ -191,6 +202,34 @@ pub struct DirectionExplanation {
     pub logged: Vec<PolicyRef>,
 }
 
+impl DirectionExplanation {
+    /// The verdict and its cause in a flow record's terms (`tern_api::flow`): the record's
+    /// `verdict`, `reason` and `policies`, or its `pending`.
+    pub fn flow_cause(&self) -> FlowPending {
+        FlowPending {
+            verdict: match self.verdict {
+                Verdict::Allowed => FlowVerdict::Allowed,
+                Verdict::Denied => FlowVerdict::Denied,
+            },
+            reason: match self.reason {
+                Reason::Rule => FlowReason::Rule,
+                Reason::DefaultDeny => FlowReason::DefaultDeny,
+                Reason::NoPolicy => FlowReason::NoPolicy,
+            },
+            policies: self.policies.iter().map(PolicyRef::flow_policy).collect(),
+        }
+    }
+}
+
+impl From<FlowDirection> for Direction {
+    fn from(d: FlowDirection) -> Direction {
+        match d {
+            FlowDirection::Ingress => Direction::Ingress,
+            FlowDirection::Egress => Direction::Egress,
+        }
+    }
+}
+
 /// Both directions of a flow and the overall verdict (both must allow).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Explanation {
@@ -204,8 +243,8 @@ impl PolicySet {
     pub fn explain(&self, f: &Flow) -> Explanation {
         let src = self.endpoint_by_ip(f.src);
         let dst = self.endpoint_by_ip(f.dst);
-        let egress = self.decide(src, Direction::Egress, f, src, dst);
-        let ingress = self.decide(dst, Direction::Ingress, f, src, dst);
+        let egress = self.decide(src, Direction::Egress, f, src, dst, false);
+        let ingress = self.decide(dst, Direction::Ingress, f, src, dst, false);
         Explanation {
             verdict: Verdict::of(egress.verdict.is_allowed() && ingress.verdict.is_allowed()),
             egress,
@@ -222,10 +261,41 @@ impl PolicySet {
     ) -> DirectionExplanation {
         let src = self.endpoint_by_ip(f.src);
         let dst = self.endpoint_by_ip(f.dst);
-        self.decide(Some(ep), dir, f, src, dst)
+        self.decide(Some(ep), dir, f, src, dst, false)
     }
 
-    /// The evaluation itself, with the flow's ends already resolved to endpoints.
+    /// What the staged policies would decide for one direction of a flow (egress at the
+    /// source endpoint, ingress at the destination endpoint), applied on top of the enforced
+    /// ones (a `Set` replaces the enforced policy of the same name or adds itself, a `Delete`
+    /// removes it): `Some` only when its verdict or cause differs from the enforced one. A
+    /// staged policy in the cause is named by its staged kind. `None` without staged
+    /// policies, and for an end that is not an endpoint.
+    pub fn pending_direction(&self, f: &Flow, dir: Direction) -> Option<DirectionExplanation> {
+        if !self.has_staged() {
+            return None;
+        }
+        let src = self.endpoint_by_ip(f.src);
+        let dst = self.endpoint_by_ip(f.dst);
+        let ep = match dir {
+            Direction::Egress => src,
+            Direction::Ingress => dst,
+        }?;
+        let enforced = self.decide(Some(ep), dir, f, src, dst, false);
+        let staged = self.decide(Some(ep), dir, f, src, dst, true);
+        let same = staged.verdict == enforced.verdict
+            && staged.reason == enforced.reason
+            && staged.policies == enforced.policies;
+        (!same).then_some(staged)
+    }
+
+    /// [`PolicySet::pending_direction`] as a flow record's `pending` (`tern_api::flow`): what
+    /// the flows service puts in [`tern_api::flow::FlowRecord::pending`].
+    pub fn pending(&self, f: &Flow, dir: Direction) -> Option<FlowPending> {
+        self.pending_direction(f, dir).map(|e| e.flow_cause())
+    }
+
+    /// The evaluation itself, with the flow's ends already resolved to endpoints; with the
+    /// staged policies on top when `staged`.
     fn decide(
         &self,
         ep: Option<&Endpoint>,
@@ -233,8 +303,17 @@ impl PolicySet {
         f: &Flow,
         src: Option<&Endpoint>,
         dst: Option<&Endpoint>,
+        staged: bool,
     ) -> DirectionExplanation {
-        let pols = ep.map(|e| self.policies_for(e, dir)).unwrap_or_default();
+        let pols = ep
+            .map(|e| {
+                if staged {
+                    self.staged_policies_for(e, dir)
+                } else {
+                    self.policies_for(e, dir)
+                }
+            })
+            .unwrap_or_default();
         let mut out = DirectionExplanation {
             direction: dir,
             endpoint: ep.map(|e| EndpointRef {

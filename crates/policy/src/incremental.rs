@@ -494,6 +494,10 @@ impl Incremental {
                 self.policy_changed(&key, old);
                 Ok(())
             }
+            // Evaluated, never enforced: kept in the set, nothing compiled.
+            Resource::StagedNetworkPolicy(_)
+            | Resource::StagedGlobalNetworkPolicy(_)
+            | Resource::StagedKubernetesNetworkPolicy(_) => self.set.upsert_staged(r),
             _ => Ok(()),
         }
     }
@@ -519,6 +523,17 @@ impl Incremental {
                 if self.set.remove_policy(&key) {
                     self.policy_changed(&key, old);
                 }
+            }
+            Kind::StagedNetworkPolicy
+            | Kind::StagedGlobalNetworkPolicy
+            | Kind::StagedKubernetesNetworkPolicy => {
+                self.set.remove_staged(&PolicyKey {
+                    kind,
+                    namespace: kind
+                        .namespaced()
+                        .then(|| namespace.unwrap_or_default().to_string()),
+                    name: name.to_string(),
+                });
             }
             _ => {}
         }

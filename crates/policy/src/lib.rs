@@ -5,7 +5,10 @@
 //!   documentation defines the semantics precisely.
 //! - [`explain`]: [`PolicySet::explain`], the same evaluator naming its cause: per direction
 //!   the policies that select the endpoint, the deciding policy and rule (`ingress[0]`) or the
-//!   default deny, as `ternctl explain` shows it.
+//!   default deny, as `ternctl explain` shows it; and [`PolicySet::pending`], what the staged
+//!   policies (kept beside the enforced ones, never compiled) would decide instead, in a flow
+//!   record's terms (`tern_api::flow::FlowPending`; hence the dependency on `tern-api`, the
+//!   crate of that agreed JSON shape).
 //! - [`compile`]: [`compile()`] turns a [`PolicySet`] into the desired `inet tern`
 //!   [`Ruleset`] for one node.
 //! - [`incremental`]: [`Incremental`] keeps one node's compiled state up to date change by
@@ -28,7 +31,7 @@ pub use explain::{DirectionExplanation, Explanation, PolicyRef, Reason, RuleRef,
 pub use incremental::{Changes, Incremental, Script, policy_key};
 pub use model::{
     Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Labels, Match, PolicyKey,
-    PolicySet,
+    PolicySet, StagedPolicy,
 };
 pub use tern_nft as nft;
 pub use tern_nft::{Chain, ElementChange, Ruleset, Set, TableChange, render_delta};

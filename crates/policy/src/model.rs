@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use tern_model::{
     Action, BadIpNetwork, EndpointPort, GlobalNetworkPolicy, K8sNetworkPolicy, K8sPeer, K8sPort,
     Kind, NetworkPolicy, NetworkPolicySpec, PolicyType, Port, Protocol, Resource, Selector,
-    WorkloadEndpoint,
+    StagedAction, WorkloadEndpoint,
 };
 
 use crate::PolicyError;
@@ -286,6 +286,41 @@ pub struct PolicySet {
     /// endpoints hold it.
     label_sets: HashMap<Labels, usize>,
     policies: BTreeMap<PolicyKey, IrPolicy>,
+    /// The staged policies, by their staged key (`StagedNetworkPolicy/ns/name`): evaluated
+    /// by [`PolicySet::pending`], never compiled (the compiler and [`crate::Incremental`]
+    /// read [`PolicySet::policies`] only).
+    staged: BTreeMap<PolicyKey, StagedPolicy>,
+}
+
+/// A staged policy as a [`PolicySet`] keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StagedPolicy {
+    /// `stagedAction: Set`: the policy, keyed and named by its staged kind, replacing the
+    /// enforced policy of the same name (or added).
+    Set(Box<IrPolicy>),
+    /// `stagedAction: Delete`: the enforced policy of the same name left out.
+    Delete,
+}
+
+impl PolicyKey {
+    /// The key of the enforced policy a staged policy's key stages (the key itself for an
+    /// enforced policy).
+    pub fn enforced(&self) -> PolicyKey {
+        PolicyKey {
+            kind: self.kind.enforced_of_staged().unwrap_or(self.kind),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// The key in evaluation order: a staged policy sorts as the policy it stages.
+    pub(crate) fn eval_order(&self) -> (Kind, &Option<String>, &str) {
+        (
+            self.kind.enforced_of_staged().unwrap_or(self.kind),
+            &self.namespace,
+            &self.name,
+        )
+    }
 }
 
 fn parse_selector(text: &str, what: &str, key: &PolicyKey) -> Result<Selector, PolicyError> {
@@ -505,146 +540,83 @@ impl PolicySet {
             Resource::WorkloadEndpoint(w) => {
                 upsert_workload_endpoint(w, |ep| self.upsert_endpoint(ep))
             }
+            Resource::StagedNetworkPolicy(_)
+            | Resource::StagedGlobalNetworkPolicy(_)
+            | Resource::StagedKubernetesNetworkPolicy(_) => self.upsert_staged(r),
             _ => Ok(()),
         }
     }
 
+    /// Adds or replaces a staged policy of any flavour (a `Set` validated as its enforced
+    /// kind); other resources are ignored.
+    pub fn upsert_staged(&mut self, r: &Resource) -> Result<(), PolicyError> {
+        let meta = r.metadata();
+        let key = PolicyKey {
+            kind: r.kind(),
+            namespace: r
+                .kind()
+                .namespaced()
+                .then(|| meta.namespace.clone().unwrap_or_default()),
+            name: meta.name.clone(),
+        };
+        let (action, ir) = match r {
+            Resource::StagedNetworkPolicy(p) => (
+                p.spec.staged_action,
+                calico_ir(key.clone(), key.namespace.clone(), &p.spec.enforced()),
+            ),
+            Resource::StagedGlobalNetworkPolicy(p) => (
+                p.spec.staged_action,
+                calico_ir(key.clone(), None, &p.spec.enforced()),
+            ),
+            Resource::StagedKubernetesNetworkPolicy(p) => {
+                let doc = K8sNetworkPolicy {
+                    api_version: tern_model::K8S_NETWORKING_API_VERSION.to_string(),
+                    kind: "NetworkPolicy".to_string(),
+                    metadata: p.metadata.clone(),
+                    spec: p.spec.enforced(),
+                };
+                (p.spec.staged_action, k8s_ir(&doc, key.kind))
+            }
+            _ => return Ok(()),
+        };
+        let staged = match action {
+            StagedAction::Set => StagedPolicy::Set(Box::new(ir?)),
+            StagedAction::Delete => StagedPolicy::Delete,
+        };
+        self.staged.insert(key, staged);
+        Ok(())
+    }
+
+    /// Puts a staged policy's kept form back as it was (as [`PolicySet::keep_policy`]); the
+    /// key is the staged one.
+    pub fn keep_staged(&mut self, key: PolicyKey, staged: StagedPolicy) {
+        self.staged.insert(key, staged);
+    }
+
+    /// Removes a staged policy by its staged key; true when it existed.
+    pub fn remove_staged(&mut self, key: &PolicyKey) -> bool {
+        self.staged.remove(key).is_some()
+    }
+
+    /// One staged policy by its staged key.
+    pub fn staged_policy(&self, key: &PolicyKey) -> Option<&StagedPolicy> {
+        self.staged.get(key)
+    }
+
+    /// Every staged policy, by staged key.
+    pub fn staged(&self) -> impl Iterator<Item = (&PolicyKey, &StagedPolicy)> {
+        self.staged.iter()
+    }
+
+    /// Whether any staged policy is kept (nothing can be pending without one).
+    pub fn has_staged(&self) -> bool {
+        !self.staged.is_empty()
+    }
+
     /// Adds or replaces a Kubernetes NetworkPolicy (validated first).
     pub fn upsert_k8s_policy(&mut self, p: &K8sNetworkPolicy) -> Result<(), PolicyError> {
-        let mut p = p.clone();
-        tern_model::Spec::fill_defaults(&mut p.spec);
-        let ns = p.metadata.namespace.clone().unwrap_or_default();
-        let key = PolicyKey {
-            kind: Kind::K8sNetworkPolicy,
-            namespace: Some(ns.clone()),
-            name: p.metadata.name.clone(),
-        };
-        tern_model::validate_k8s_spec(&p.spec).map_err(|(f, m)| PolicyError::Invalid {
-            policy: key.to_string(),
-            reason: format!("{f}: {m}"),
-        })?;
-        let peer_match = |peer: &K8sPeer| -> Result<Match, PolicyError> {
-            if let Some(b) = &peer.ip_block {
-                let (cidr, except) = b.nets().map_err(|(f, m)| PolicyError::Invalid {
-                    policy: key.to_string(),
-                    reason: format!("ipBlock.{f}: {m}"),
-                })?;
-                return Ok(Match {
-                    nets: vec![cidr],
-                    not_nets: except,
-                    ..Match::default()
-                });
-            }
-            let scope = match &peer.namespace_selector {
-                Some(s) => NamespaceScope::Selector(s.to_selector()),
-                None => NamespaceScope::Named(ns.clone()),
-            };
-            let selector = peer
-                .pod_selector
-                .as_ref()
-                .map_or(Selector::All, |s| s.to_selector());
-            Ok(Match {
-                endpoints: Some(EndpointSelector { scope, selector }),
-                ..Match::default()
-            })
-        };
-        // A rule allows (any peer) x (any port entry); the IR has one protocol per rule, so
-        // the product is expanded.
-        let expand = |index: usize, peers: &[K8sPeer], ports: &[K8sPort], peer_is_src: bool| {
-            let peer_matches: Vec<Match> = if peers.is_empty() {
-                vec![Match::default()]
-            } else {
-                peers.iter().map(peer_match).collect::<Result<_, _>>()?
-            };
-            let port_specs: Vec<(Option<Protocol>, Vec<Port>)> = if ports.is_empty() {
-                vec![(None, Vec::new())]
-            } else {
-                ports
-                    .iter()
-                    .map(|p| {
-                        let proto = Protocol::from(p.protocol.unwrap_or_default());
-                        let ports = match &p.port {
-                            None => Vec::new(),
-                            Some(tern_model::IntOrString::Int(n)) => {
-                                let lo = *n as u16;
-                                let hi = p.end_port.map_or(lo, |e| e as u16);
-                                vec![Port::Range(lo, hi)]
-                            }
-                            Some(tern_model::IntOrString::Str(s)) => vec![Port::Named(s.clone())],
-                        };
-                        (Some(proto), ports)
-                    })
-                    .collect()
-            };
-            let mut out = Vec::new();
-            for m in &peer_matches {
-                for (proto, ports) in &port_specs {
-                    let mut dst = Match {
-                        ports: ports.clone(),
-                        ..Match::default()
-                    };
-                    let mut src = Match::default();
-                    if peer_is_src {
-                        src = m.clone();
-                    } else {
-                        dst.endpoints = m.endpoints.clone();
-                        dst.nets = m.nets.clone();
-                        dst.not_nets = m.not_nets.clone();
-                    }
-                    out.push(IrRule {
-                        index,
-                        action: Action::Allow,
-                        protocol: *proto,
-                        src,
-                        dst,
-                    });
-                }
-            }
-            Ok::<_, PolicyError>(out)
-        };
-        // The rules of a direction, (peers, ports) each, when the policy has that type.
-        let direction =
-            |ty: PolicyType, rules: Vec<(usize, &[K8sPeer], &[K8sPort])>, peer_is_src| {
-                if !p.spec.policy_types.contains(&ty) {
-                    return Ok(None);
-                }
-                let mut out = Vec::new();
-                for (index, peers, ports) in rules {
-                    out.extend(expand(index, peers, ports, peer_is_src)?);
-                }
-                Ok::<_, PolicyError>(Some(out))
-            };
-        let ingress = direction(
-            PolicyType::Ingress,
-            p.spec
-                .ingress
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (i, &r.from[..], &r.ports[..]))
-                .collect(),
-            true,
-        )?;
-        let egress = direction(
-            PolicyType::Egress,
-            p.spec
-                .egress
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (i, &r.to[..], &r.ports[..]))
-                .collect(),
-            false,
-        )?;
-        let ir = IrPolicy {
-            key: key.clone(),
-            order: 1000.0,
-            applies_to: EndpointSelector {
-                scope: NamespaceScope::Named(ns),
-                selector: p.spec.pod_selector.to_selector(),
-            },
-            ingress,
-            egress,
-        };
-        self.policies.insert(key, ir);
+        let ir = k8s_ir(p, Kind::K8sNetworkPolicy)?;
+        self.policies.insert(ir.key.clone(), ir);
         Ok(())
     }
 
@@ -675,80 +647,8 @@ impl PolicySet {
         ns: Option<String>,
         spec: &NetworkPolicySpec,
     ) -> Result<(), PolicyError> {
-        let mut spec = spec.clone();
-        tern_model::Spec::fill_defaults(&mut spec);
-        tern_model::validate_tern_spec(&spec).map_err(|(f, m)| PolicyError::Invalid {
-            policy: key.to_string(),
-            reason: format!("{f}: {m}"),
-        })?;
-        let scope_default = || match &ns {
-            Some(n) => NamespaceScope::Named(n.clone()),
-            None => NamespaceScope::Any,
-        };
-        let entity = |e: &tern_model::EntityRule, what: &str| -> Result<Match, PolicyError> {
-            let nssel = e
-                .namespace_selector
-                .as_deref()
-                .map(|s| parse_selector(s, &format!("{what}.namespaceSelector"), &key))
-                .transpose()?;
-            let sel = e
-                .selector
-                .as_deref()
-                .map(|s| parse_selector(s, &format!("{what}.selector"), &key))
-                .transpose()?;
-            let endpoints = match (sel, nssel) {
-                (None, None) => None,
-                (sel, nssel) => Some(EndpointSelector {
-                    scope: nssel.map_or_else(scope_default, NamespaceScope::Selector),
-                    selector: sel.unwrap_or(Selector::All),
-                }),
-            };
-            let (nets, not_nets) = e.parsed_nets().map_err(|(f, m)| PolicyError::Invalid {
-                policy: key.to_string(),
-                reason: format!("{what}.{f}: {m}"),
-            })?;
-            Ok(Match {
-                endpoints,
-                nets,
-                not_nets,
-                ports: e.ports.clone(),
-            })
-        };
-        let rules = |rs: &[tern_model::Rule], dir: &str| -> Result<Vec<IrRule>, PolicyError> {
-            rs.iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    Ok(IrRule {
-                        index: i,
-                        action: r.action,
-                        protocol: r.protocol,
-                        src: entity(&r.source, &format!("{dir}[{i}].source"))?,
-                        dst: entity(&r.destination, &format!("{dir}[{i}].destination"))?,
-                    })
-                })
-                .collect()
-        };
-        let ingress = if spec.types.contains(&PolicyType::Ingress) {
-            Some(rules(&spec.ingress, "ingress")?)
-        } else {
-            None
-        };
-        let egress = if spec.types.contains(&PolicyType::Egress) {
-            Some(rules(&spec.egress, "egress")?)
-        } else {
-            None
-        };
-        let ir = IrPolicy {
-            key: key.clone(),
-            order: spec.order.unwrap_or(f64::INFINITY),
-            applies_to: EndpointSelector {
-                scope: scope_default(),
-                selector: parse_selector(&spec.selector, "selector", &key)?,
-            },
-            ingress,
-            egress,
-        };
-        self.policies.insert(key, ir);
+        let ir = calico_ir(key, ns, spec)?;
+        self.policies.insert(ir.key.clone(), ir);
         Ok(())
     }
 
@@ -765,6 +665,30 @@ impl PolicySet {
             .filter(|p| p.rules(dir).is_some() && self.selects(&p.applies_to, ep))
             .collect();
         v.sort_by(|a, b| a.order.total_cmp(&b.order).then_with(|| a.key.cmp(&b.key)));
+        v
+    }
+
+    /// The policies that would apply to `ep` in `dir` were the staged policies in force, in
+    /// evaluation order: the enforced ones no staged policy replaces or deletes, and the
+    /// staged `Set` ones (sorted as the policy each stages).
+    pub fn staged_policies_for(&self, ep: &Endpoint, dir: Direction) -> Vec<&IrPolicy> {
+        let overridden: BTreeSet<PolicyKey> = self.staged.keys().map(PolicyKey::enforced).collect();
+        let staged = self.staged.values().filter_map(|s| match s {
+            StagedPolicy::Set(p) => Some(&**p),
+            StagedPolicy::Delete => None,
+        });
+        let mut v: Vec<&IrPolicy> = self
+            .policies
+            .values()
+            .filter(|p| !overridden.contains(&p.key))
+            .chain(staged)
+            .filter(|p| p.rules(dir).is_some() && self.selects(&p.applies_to, ep))
+            .collect();
+        v.sort_by(|a, b| {
+            a.order
+                .total_cmp(&b.order)
+                .then_with(|| a.key.eval_order().cmp(&b.key.eval_order()))
+        });
         v
     }
 
@@ -820,6 +744,225 @@ impl PolicySet {
     pub fn allowed(&self, f: &Flow) -> bool {
         self.explain(f).verdict.is_allowed()
     }
+}
+
+/// A Kubernetes NetworkPolicy in the IR, keyed by `kind` (its own, or the staged kind).
+fn k8s_ir(p: &K8sNetworkPolicy, kind: Kind) -> Result<IrPolicy, PolicyError> {
+    let mut p = p.clone();
+    tern_model::Spec::fill_defaults(&mut p.spec);
+    let ns = p.metadata.namespace.clone().unwrap_or_default();
+    let key = PolicyKey {
+        kind,
+        namespace: Some(ns.clone()),
+        name: p.metadata.name.clone(),
+    };
+    tern_model::validate_k8s_spec(&p.spec).map_err(|(f, m)| PolicyError::Invalid {
+        policy: key.to_string(),
+        reason: format!("{f}: {m}"),
+    })?;
+    let peer_match = |peer: &K8sPeer| -> Result<Match, PolicyError> {
+        if let Some(b) = &peer.ip_block {
+            let (cidr, except) = b.nets().map_err(|(f, m)| PolicyError::Invalid {
+                policy: key.to_string(),
+                reason: format!("ipBlock.{f}: {m}"),
+            })?;
+            return Ok(Match {
+                nets: vec![cidr],
+                not_nets: except,
+                ..Match::default()
+            });
+        }
+        let scope = match &peer.namespace_selector {
+            Some(s) => NamespaceScope::Selector(s.to_selector()),
+            None => NamespaceScope::Named(ns.clone()),
+        };
+        let selector = peer
+            .pod_selector
+            .as_ref()
+            .map_or(Selector::All, |s| s.to_selector());
+        Ok(Match {
+            endpoints: Some(EndpointSelector { scope, selector }),
+            ..Match::default()
+        })
+    };
+    // A rule allows (any peer) x (any port entry); the IR has one protocol per rule, so
+    // the product is expanded.
+    let expand = |index: usize, peers: &[K8sPeer], ports: &[K8sPort], peer_is_src: bool| {
+        let peer_matches: Vec<Match> = if peers.is_empty() {
+            vec![Match::default()]
+        } else {
+            peers.iter().map(peer_match).collect::<Result<_, _>>()?
+        };
+        let port_specs: Vec<(Option<Protocol>, Vec<Port>)> = if ports.is_empty() {
+            vec![(None, Vec::new())]
+        } else {
+            ports
+                .iter()
+                .map(|p| {
+                    let proto = Protocol::from(p.protocol.unwrap_or_default());
+                    let ports = match &p.port {
+                        None => Vec::new(),
+                        Some(tern_model::IntOrString::Int(n)) => {
+                            let lo = *n as u16;
+                            let hi = p.end_port.map_or(lo, |e| e as u16);
+                            vec![Port::Range(lo, hi)]
+                        }
+                        Some(tern_model::IntOrString::Str(s)) => vec![Port::Named(s.clone())],
+                    };
+                    (Some(proto), ports)
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        for m in &peer_matches {
+            for (proto, ports) in &port_specs {
+                let mut dst = Match {
+                    ports: ports.clone(),
+                    ..Match::default()
+                };
+                let mut src = Match::default();
+                if peer_is_src {
+                    src = m.clone();
+                } else {
+                    dst.endpoints = m.endpoints.clone();
+                    dst.nets = m.nets.clone();
+                    dst.not_nets = m.not_nets.clone();
+                }
+                out.push(IrRule {
+                    index,
+                    action: Action::Allow,
+                    protocol: *proto,
+                    src,
+                    dst,
+                });
+            }
+        }
+        Ok::<_, PolicyError>(out)
+    };
+    // The rules of a direction, (peers, ports) each, when the policy has that type.
+    let direction = |ty: PolicyType, rules: Vec<(usize, &[K8sPeer], &[K8sPort])>, peer_is_src| {
+        if !p.spec.policy_types.contains(&ty) {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        for (index, peers, ports) in rules {
+            out.extend(expand(index, peers, ports, peer_is_src)?);
+        }
+        Ok::<_, PolicyError>(Some(out))
+    };
+    let ingress = direction(
+        PolicyType::Ingress,
+        p.spec
+            .ingress
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, &r.from[..], &r.ports[..]))
+            .collect(),
+        true,
+    )?;
+    let egress = direction(
+        PolicyType::Egress,
+        p.spec
+            .egress
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, &r.to[..], &r.ports[..]))
+            .collect(),
+        false,
+    )?;
+    let ir = IrPolicy {
+        key: key.clone(),
+        order: 1000.0,
+        applies_to: EndpointSelector {
+            scope: NamespaceScope::Named(ns),
+            selector: p.spec.pod_selector.to_selector(),
+        },
+        ingress,
+        egress,
+    };
+    Ok(ir)
+}
+
+/// A tern policy in the IR, keyed by `key` (its own kind, or the staged kind).
+fn calico_ir(
+    key: PolicyKey,
+    ns: Option<String>,
+    spec: &NetworkPolicySpec,
+) -> Result<IrPolicy, PolicyError> {
+    let mut spec = spec.clone();
+    tern_model::Spec::fill_defaults(&mut spec);
+    tern_model::validate_tern_spec(&spec).map_err(|(f, m)| PolicyError::Invalid {
+        policy: key.to_string(),
+        reason: format!("{f}: {m}"),
+    })?;
+    let scope_default = || match &ns {
+        Some(n) => NamespaceScope::Named(n.clone()),
+        None => NamespaceScope::Any,
+    };
+    let entity = |e: &tern_model::EntityRule, what: &str| -> Result<Match, PolicyError> {
+        let nssel = e
+            .namespace_selector
+            .as_deref()
+            .map(|s| parse_selector(s, &format!("{what}.namespaceSelector"), &key))
+            .transpose()?;
+        let sel = e
+            .selector
+            .as_deref()
+            .map(|s| parse_selector(s, &format!("{what}.selector"), &key))
+            .transpose()?;
+        let endpoints = match (sel, nssel) {
+            (None, None) => None,
+            (sel, nssel) => Some(EndpointSelector {
+                scope: nssel.map_or_else(scope_default, NamespaceScope::Selector),
+                selector: sel.unwrap_or(Selector::All),
+            }),
+        };
+        let (nets, not_nets) = e.parsed_nets().map_err(|(f, m)| PolicyError::Invalid {
+            policy: key.to_string(),
+            reason: format!("{what}.{f}: {m}"),
+        })?;
+        Ok(Match {
+            endpoints,
+            nets,
+            not_nets,
+            ports: e.ports.clone(),
+        })
+    };
+    let rules = |rs: &[tern_model::Rule], dir: &str| -> Result<Vec<IrRule>, PolicyError> {
+        rs.iter()
+            .enumerate()
+            .map(|(i, r)| {
+                Ok(IrRule {
+                    index: i,
+                    action: r.action,
+                    protocol: r.protocol,
+                    src: entity(&r.source, &format!("{dir}[{i}].source"))?,
+                    dst: entity(&r.destination, &format!("{dir}[{i}].destination"))?,
+                })
+            })
+            .collect()
+    };
+    let ingress = if spec.types.contains(&PolicyType::Ingress) {
+        Some(rules(&spec.ingress, "ingress")?)
+    } else {
+        None
+    };
+    let egress = if spec.types.contains(&PolicyType::Egress) {
+        Some(rules(&spec.egress, "egress")?)
+    } else {
+        None
+    };
+    let ir = IrPolicy {
+        key: key.clone(),
+        order: spec.order.unwrap_or(f64::INFINITY),
+        applies_to: EndpointSelector {
+            scope: scope_default(),
+            selector: parse_selector(&spec.selector, "selector", &key)?,
+        },
+        ingress,
+        egress,
+    };
+    Ok(ir)
 }
 
 #[cfg(test)]

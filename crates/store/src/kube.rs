@@ -193,6 +193,28 @@ pub const CLASSES: &[Class] = &[
             "globalnetworkpolicies",
         )
     },
+    // Staged policies: evaluated by every agent, never enforced.
+    Class {
+        namespaced: true,
+        ..doc(
+            "/tern/v1/resources/stagednetworkpolicy/",
+            "StagedNetworkPolicy",
+            "stagednetworkpolicies",
+        )
+    },
+    doc(
+        "/tern/v1/resources/stagedglobalnetworkpolicy/",
+        "StagedGlobalNetworkPolicy",
+        "stagedglobalnetworkpolicies",
+    ),
+    Class {
+        namespaced: true,
+        ..doc(
+            "/tern/v1/resources/stagedkubernetesnetworkpolicy/",
+            "StagedKubernetesNetworkPolicy",
+            "stagedkubernetesnetworkpolicies",
+        )
+    },
     doc(
         "/tern/v1/resources/bgpconfiguration/",
         "BGPConfiguration",
@@ -2288,6 +2310,9 @@ pub fn crd(class: &Class) -> Value {
         }
         "DatastoreLease" => {
             columns.push(col("TTL-ms", "integer", ".spec.ttlMillis"));
+        }
+        "StagedNetworkPolicy" | "StagedGlobalNetworkPolicy" | "StagedKubernetesNetworkPolicy" => {
+            columns.push(col("Action", "string", ".spec.stagedAction"));
         }
         _ => {}
     }
