@@ -107,6 +107,11 @@ pub enum Command {
     /// Which policy and which rule decide a connection, from live state (`--from NS/POD --to
     /// NS/POD --port 8080/TCP`).
     Explain(ExplainArgs),
+    /// Policies (`policy promote`: a staged policy becomes its enforced kind).
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// IP address management.
     Ipam {
         #[command(subcommand)]
@@ -148,6 +153,25 @@ pub struct ExplainArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = ExplainOutput::Table)]
     pub output: ExplainOutput,
+}
+
+/// `policy` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Turn a staged policy into its enforced kind (`stagedAction: Set` writes it, `Delete`
+    /// deletes the enforced policy of that name), then delete the staged policy. Running it
+    /// again after an interruption finishes it.
+    Promote {
+        /// Name of the staged policy.
+        name: String,
+        /// Namespace (namespaced kinds; default `default`).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Kind: StagedNetworkPolicy (snp), StagedGlobalNetworkPolicy (sgnp) or
+        /// StagedKubernetesNetworkPolicy (sknp); needed only when several have the name.
+        #[arg(long)]
+        kind: Option<String>,
+    },
 }
 
 /// Output formats of `explain`.

@@ -190,6 +190,19 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
             );
         }
+        Command::Policy {
+            command:
+                cli::PolicyCommand::Promote {
+                    name,
+                    namespace,
+                    kind,
+                },
+        } => {
+            let kind = kind.as_deref().map(get::parse_kind).transpose()?;
+            let s = open_store(&store)?;
+            let staged = commands::promote::find(&*s, kind, &name, namespace.as_deref())?;
+            println!("{}", commands::promote::promote(&*s, &staged)?);
+        }
         Command::Ipam { command } => {
             let s = open_store(&store)?;
             return run_ipam(s, command);

@@ -231,7 +231,7 @@ fn check_rbac(api: &KubeApi) {
     // The apply-ippool init container applies tern-config's pool: created, then updated.
     let pools: &[&str] = &["get", "list", "watch", "create", "update"];
     let read: &[&str] = &["get", "list", "watch"];
-    let table: [(&str, &str, &[&str]); 17] = [
+    let table: [(&str, &str, &[&str]); 20] = [
         ("pods", "", &["get", "list", "watch"]),
         ("namespaces", "", &["get", "list", "watch"]),
         ("nodes", "", &["get", "list", "watch"]),
@@ -252,6 +252,9 @@ fn check_rbac(api: &KubeApi) {
         ("ippools.tern.dev", "", pools),
         ("clusterinformations.tern.dev", "", create_once),
         ("globalnetworkpolicies.tern.dev", "", read),
+        ("stagednetworkpolicies.tern.dev", "", read),
+        ("stagedglobalnetworkpolicies.tern.dev", "", read),
+        ("stagedkubernetesnetworkpolicies.tern.dev", "", read),
         ("bgppeers.tern.dev", "", read),
         ("secrets", "", &[]),
         ("configmaps", "", &[]),

@@ -7,6 +7,10 @@
 //! compiled rules are tested against: egress at the source pod, ingress at the destination
 //! pod. An address that is no pod's has no policy: a node's (from the Node resources, named
 //! as that host) or an outside one.
+//!
+//! Staged policies are read too: where applying them on top of the enforced ones would change
+//! a direction's verdict or cause ([`PolicySet::pending_direction`]), the report shows that
+//! direction's `pending` explanation beside the enforced one, and the overall pending verdict.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -15,18 +19,21 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use tern_model::{Kind, Protocol, Resource};
 use tern_policy::explain::{Reason, action_str, direction_str};
-use tern_policy::{DirectionExplanation, Explanation, Flow, PolicySet};
+use tern_policy::{Direction, DirectionExplanation, Explanation, Flow, PolicySet, Verdict};
 use tern_store::Store;
 
 use crate::table;
 
 /// The kinds that make up policy state, namespaces first (as the agent loads them).
-const POLICY_KINDS: [Kind; 5] = [
+const POLICY_KINDS: [Kind; 8] = [
     Kind::Namespace,
     Kind::WorkloadEndpoint,
     Kind::K8sNetworkPolicy,
     Kind::NetworkPolicy,
     Kind::GlobalNetworkPolicy,
+    Kind::StagedNetworkPolicy,
+    Kind::StagedGlobalNetworkPolicy,
+    Kind::StagedKubernetesNetworkPolicy,
 ];
 
 /// The cluster's policy state and who its endpoints are.
@@ -145,6 +152,46 @@ pub struct Report {
     pub port: u16,
     #[serde(flatten)]
     pub explanation: Explanation,
+    /// What the staged policies would decide, when it differs (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Pending>,
+}
+
+/// The staged policies' verdict: overall, and each direction they change.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pending {
+    pub verdict: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<DirectionExplanation>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<DirectionExplanation>,
+}
+
+impl Pending {
+    /// The pending explanations of `flow` against the enforced `e`; `None` when the staged
+    /// policies change neither direction.
+    fn of(set: &PolicySet, flow: &Flow, e: &Explanation) -> Option<Pending> {
+        let egress = set.pending_direction(flow, Direction::Egress);
+        let ingress = set.pending_direction(flow, Direction::Ingress);
+        if egress.is_none() && ingress.is_none() {
+            return None;
+        }
+        let allows = |p: &Option<DirectionExplanation>, enforced: &DirectionExplanation| {
+            p.as_ref()
+                .map_or(enforced.verdict, |p| p.verdict)
+                .is_allowed()
+        };
+        let verdict = if allows(&egress, &e.egress) && allows(&ingress, &e.ingress) {
+            Verdict::Allowed
+        } else {
+            Verdict::Denied
+        };
+        Some(Pending {
+            verdict,
+            egress,
+            ingress,
+        })
+    }
 }
 
 impl State {
@@ -211,18 +258,21 @@ impl State {
                 dst.ip
             );
         }
-        let explanation = self.set.explain(&Flow {
+        let flow = Flow {
             src: src.ip,
             dst: dst.ip,
             protocol,
             dst_port: port,
-        });
+        };
+        let explanation = self.set.explain(&flow);
+        let pending = Pending::of(&self.set, &flow, &explanation);
         Ok(Report {
             src,
             dst,
             proto: proto_name(protocol),
             port,
             explanation,
+            pending,
         })
     }
 }
@@ -279,8 +329,13 @@ fn decided_by(d: &DirectionExplanation, at: &End) -> String {
 /// direction the policies selecting the pod in evaluation order.
 pub fn render_table(r: &Report) -> String {
     let e = &r.explanation;
+    let staged = r
+        .pending
+        .as_ref()
+        .map(|p| format!(" (staged policies: {})", p.verdict.as_str().to_uppercase()))
+        .unwrap_or_default();
     let mut out = format!(
-        "{} -> {} {}/{}: {}\n\n",
+        "{} -> {} {}/{}: {}{staged}\n\n",
         r.src.label(),
         r.dst.label(),
         r.port,
@@ -304,6 +359,26 @@ pub fn render_table(r: &Report) -> String {
         &["DIRECTION", "AT", "VERDICT", "REASON", "DECIDED BY"],
         &rows,
     ));
+    if let Some(p) = &r.pending {
+        let rows: Vec<Vec<String>> = [(&p.egress, &r.src), (&p.ingress, &r.dst)]
+            .into_iter()
+            .filter_map(|(d, at)| {
+                let d = d.as_ref()?;
+                Some(vec![
+                    direction_str(d.direction).to_string(),
+                    at.label(),
+                    d.verdict.as_str().to_string(),
+                    d.reason.as_str().to_string(),
+                    decided_by(d, at),
+                ])
+            })
+            .collect();
+        out.push_str("\npending: what the staged policies would decide instead:\n");
+        out.push_str(&table::plain(
+            &["DIRECTION", "AT", "VERDICT", "REASON", "DECIDED BY"],
+            &rows,
+        ));
+    }
     for (d, at) in dirs {
         if d.selecting.is_empty() {
             continue;

@@ -4,7 +4,8 @@ use anyhow::bail;
 use tern_model::{
     BgpConfigurationSpec, BgpPeerSpec, Document, GlobalNetworkPolicySpec, IpPoolSpec,
     IpReservationSpec, IpamConfigSpec, K8sNetworkPolicySpec, Kind, NamespaceSpec,
-    NetworkPolicySpec, NodeSpec, Resource, WorkloadEndpointSpec,
+    NetworkPolicySpec, NodeSpec, Resource, StagedGlobalNetworkPolicySpec,
+    StagedKubernetesNetworkPolicySpec, StagedNetworkPolicySpec, WorkloadEndpointSpec,
 };
 use tern_store::Store;
 
@@ -103,6 +104,9 @@ tabulated! {
     NetworkPolicy: NetworkPolicySpec,
     GlobalNetworkPolicy: GlobalNetworkPolicySpec,
     K8sNetworkPolicy: K8sNetworkPolicySpec,
+    StagedNetworkPolicy: StagedNetworkPolicySpec,
+    StagedGlobalNetworkPolicy: StagedGlobalNetworkPolicySpec,
+    StagedKubernetesNetworkPolicy: StagedKubernetesNetworkPolicySpec,
     Namespace: NamespaceSpec,
     BgpConfiguration: BgpConfigurationSpec,
     BgpPeer: BgpPeerSpec,
@@ -183,6 +187,30 @@ fn render_table(kind: Kind, resources: &[Resource]) -> String {
             &[
                 ("NAMESPACE", namespace),
                 ("NAME", name),
+                ("POD-SELECTOR", |p| label_selector(&p.spec.pod_selector)),
+            ],
+        ),
+        Kind::StagedNetworkPolicy => columns::<StagedNetworkPolicySpec>(
+            r,
+            &[
+                ("NAMESPACE", namespace),
+                ("NAME", name),
+                ("ACTION", |p| p.spec.staged_action.as_str().to_string()),
+            ],
+        ),
+        Kind::StagedGlobalNetworkPolicy => columns::<StagedGlobalNetworkPolicySpec>(
+            r,
+            &[
+                ("NAME", name),
+                ("ACTION", |p| p.spec.0.staged_action.as_str().to_string()),
+            ],
+        ),
+        Kind::StagedKubernetesNetworkPolicy => columns::<StagedKubernetesNetworkPolicySpec>(
+            r,
+            &[
+                ("NAMESPACE", namespace),
+                ("NAME", name),
+                ("ACTION", |p| p.spec.staged_action.as_str().to_string()),
                 ("POD-SELECTOR", |p| label_selector(&p.spec.pod_selector)),
             ],
         ),

@@ -15,3 +15,4 @@ pub mod lab;
 pub mod label;
 pub mod node_status;
 pub mod port;
+pub mod promote;
