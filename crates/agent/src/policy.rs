@@ -201,11 +201,15 @@ fn log_apply(
     );
 }
 
-/// Kinds whose objects feed policy.
-const KINDS: [Kind; 5] = [
+/// Kinds whose objects feed policy. The staged policies are kept in the policy set (for
+/// `PolicySet::pending`), never compiled into the kernel's table.
+const KINDS: [Kind; 8] = [
     Kind::K8sNetworkPolicy,
     Kind::NetworkPolicy,
     Kind::GlobalNetworkPolicy,
+    Kind::StagedNetworkPolicy,
+    Kind::StagedGlobalNetworkPolicy,
+    Kind::StagedKubernetesNetworkPolicy,
     Kind::Namespace,
     Kind::WorkloadEndpoint,
 ];
@@ -286,6 +290,9 @@ fn load_sources(
         Kind::K8sNetworkPolicy,
         Kind::NetworkPolicy,
         Kind::GlobalNetworkPolicy,
+        Kind::StagedNetworkPolicy,
+        Kind::StagedGlobalNetworkPolicy,
+        Kind::StagedKubernetesNetworkPolicy,
     ] {
         let prefix = keys::resource_prefix(kind.as_str());
         let read = |s: &dyn Store| {
@@ -404,6 +411,22 @@ impl PolicyEngine {
     /// Number of full resyncs applied.
     pub fn full_applies(&self) -> u64 {
         self.full_applies.load(Ordering::Relaxed)
+    }
+
+    /// What the staged policies would decide for one direction of a flow, when it differs
+    /// from what is enforced ([`PolicySet::pending`]): a flow record's `pending`.
+    pub fn pending(
+        &self,
+        flow: &tern_policy::Flow,
+        dir: tern_policy::Direction,
+    ) -> Option<tern_api::flow::FlowPending> {
+        self.state.lock().unwrap().policy_set().pending(flow, dir)
+    }
+
+    /// Runs `f` on the policy state as it is now (the enforced and the staged policies, the
+    /// namespaces and endpoints), under the engine's lock: keep it short.
+    pub fn with_policy_set<R>(&self, f: impl FnOnce(&PolicySet) -> R) -> R {
+        f(self.state.lock().unwrap().policy_set())
     }
 
     /// The desired table as it is now (diagnostics, tests).
@@ -772,6 +795,66 @@ mod tests {
         let k = keys::resource("Namespace", "y");
         assert_eq!(parse_key(&k), Some((Kind::Namespace, None, "y".into())));
         assert_eq!(parse_key(&keys::resource("IPPool", "p")), None);
+    }
+
+    /// Staged policies are read from the store with the others and kept in the policy set:
+    /// `pending` sees them, the desired table does not.
+    #[test]
+    fn staged_policies_are_loaded_and_pending_never_compiled() {
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let docs = "apiVersion: tern.dev/v1\nkind: WorkloadEndpoint\nmetadata: {name: n1-k8s-web-eth0, namespace: x, labels: {app: web}}\nspec: {node: n1, pod: web, orchestrator: k8s, interfaceName: ternweb, ipNetworks: [10.0.1.5/32]}\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: x}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  ingress: [{ports: [{port: 80}]}]\n";
+        for r in tern_model::parse_documents(docs, "t.yaml").unwrap() {
+            tern_model::put_resource(&*store, &r).unwrap();
+        }
+        let before = PolicyEngine::load(store.clone(), "n1").unwrap().desired();
+        let put = |yaml: &str| {
+            for r in tern_model::parse_documents(yaml, "t.yaml").unwrap() {
+                tern_model::put_resource(&*store, &r).unwrap();
+            }
+        };
+        let flow = |protocol, dst_port| tern_policy::Flow {
+            src: "192.0.2.1".parse().unwrap(),
+            dst: "10.0.1.5".parse().unwrap(),
+            protocol,
+            dst_port,
+        };
+        let ingress = tern_policy::Direction::Ingress;
+        // A staged Delete of web: 81/TCP, denied by web's default deny, would meet no policy.
+        put(
+            "apiVersion: tern.dev/v1\nkind: StagedKubernetesNetworkPolicy\nmetadata: {name: web, namespace: x}\nspec: {stagedAction: Delete}\n",
+        );
+        let engine = PolicyEngine::load(store.clone(), "n1").unwrap();
+        assert_eq!(
+            engine.desired(),
+            before,
+            "a staged policy reached the table"
+        );
+        let p = engine
+            .pending(&flow(tern_model::Protocol::Tcp, 81), ingress)
+            .unwrap();
+        assert_eq!(p.verdict, tern_api::flow::FlowVerdict::Allowed);
+        assert_eq!(p.reason, tern_api::flow::FlowReason::NoPolicy);
+        // A staged global deny of UDP: its rule, named by its staged kind.
+        put(
+            "apiVersion: tern.dev/v1\nkind: StagedGlobalNetworkPolicy\nmetadata: {name: deny}\nspec: {order: 1, selector: all(), ingress: [{action: Deny, protocol: UDP}]}\n",
+        );
+        let engine = PolicyEngine::load(store.clone(), "n1").unwrap();
+        assert_eq!(
+            engine.desired(),
+            before,
+            "a staged policy reached the table"
+        );
+        assert_eq!(engine.with_policy_set(|s| s.staged().count()), 2);
+        let p = engine
+            .pending(&flow(tern_model::Protocol::Udp, 53), ingress)
+            .unwrap();
+        assert_eq!(p.verdict, tern_api::flow::FlowVerdict::Denied);
+        assert_eq!(p.policies[0].kind, "StagedGlobalNetworkPolicy");
+        assert_eq!(p.policies[0].rule.as_deref(), Some("ingress[0]"));
+        assert_eq!(
+            parse_key(&keys::resource("StagedGlobalNetworkPolicy", "deny")),
+            Some((Kind::StagedGlobalNetworkPolicy, None, "deny".into()))
+        );
     }
 
     /// Runs `f` on a thread of its own (named after the test, so tern-testkit's skip or failure

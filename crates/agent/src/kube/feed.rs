@@ -5,8 +5,8 @@
 //!
 //! ```text
 //!   kube-apiserver ──watch (kube-rs, bookmarks, relist with back-off)──► "store-feed" thread
-//!     tern.dev CRDs (pools, nodes, blocks, affinities, owners, policies, BGP, IPAM config,
-//!     reservations; namespaces and Kubernetes policies in datastoreentries)
+//!     tern.dev CRDs (pools, nodes, blocks, affinities, owners, policies, staged policies,
+//!     BGP, IPAM config, reservations; namespaces and Kubernetes policies in datastoreentries)
 //!       ──► tern_store::kube::decode_object ──► Feed of the key's class ─┐
 //!     every Pod (slim: EndpointPod)                                      ├──► Cache
 //!       ──► tern_store::kube::derived_kv (the endpoint it stands for) ───┘      │
@@ -48,6 +48,9 @@ pub fn cached_classes() -> Vec<ClassSpec> {
         Kind::NetworkPolicy,
         Kind::GlobalNetworkPolicy,
         Kind::K8sNetworkPolicy,
+        Kind::StagedNetworkPolicy,
+        Kind::StagedGlobalNetworkPolicy,
+        Kind::StagedKubernetesNetworkPolicy,
         Kind::Namespace,
         Kind::BgpConfiguration,
         Kind::BgpPeer,
