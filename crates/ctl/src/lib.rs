@@ -58,6 +58,23 @@ fn open_store(args: &StoreArgs) -> anyhow::Result<Arc<dyn Store>> {
         .with_context(|| format!("cannot open datastore {url}"))
 }
 
+/// The API server itself when the datastore is the Kubernetes one (for what lives in the
+/// cluster's own resources rather than tern's, such as Kubernetes NetworkPolicies).
+fn open_kube(args: &StoreArgs) -> anyhow::Result<Option<tern_store::kube::KubeStore>> {
+    use tern_store::kube::{KubeConfig, KubeStore};
+    let url = args.url.unwrap_or_default();
+    let cfg = if url == "kubernetes" || url == "kubernetes://" {
+        KubeConfig::discover(None)?
+    } else if let Some(path) = url.strip_prefix("kubernetes://") {
+        KubeConfig::from_kubeconfig(std::path::Path::new(path))?
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(KubeStore::connect(cfg).with_context(|| {
+        format!("cannot open the API server of {url}")
+    })?))
+}
+
 /// Runs one `ipam` subcommand; returns the exit code (`check` exits 1 when it finds
 /// problems, so scripts can act on it).
 fn run_ipam(s: Arc<dyn Store>, command: IpamCommand) -> anyhow::Result<i32> {
@@ -201,7 +218,11 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
             let kind = kind.as_deref().map(get::parse_kind).transpose()?;
             let s = open_store(&store)?;
             let staged = commands::promote::find(&*s, kind, &name, namespace.as_deref())?;
-            println!("{}", commands::promote::promote(&*s, &staged)?);
+            let kube = open_kube(&store)?;
+            println!(
+                "{}",
+                commands::promote::promote(&*s, kube.as_ref(), &staged)?
+            );
         }
         Command::Ipam { command } => {
             let s = open_store(&store)?;

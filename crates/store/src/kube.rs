@@ -1891,6 +1891,65 @@ impl KubeStore {
     }
 }
 
+/// The API path of a Kubernetes (`networking.k8s.io/v1`) NetworkPolicy.
+fn network_policy_path(namespace: &str, name: &str) -> String {
+    format!("/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}")
+}
+
+impl KubeStore {
+    /// Creates or replaces the Kubernetes NetworkPolicy `doc` (a `networking.k8s.io/v1`
+    /// document) by server-side apply as `ternctl`: the cluster's own object, which every
+    /// agent's Kubernetes source enforces, not a record of tern's. Idempotent.
+    pub fn apply_network_policy(&self, namespace: &str, name: &str, doc: &Value) -> Result<()> {
+        if !is_dns_subdomain(namespace) || !is_dns_subdomain(name) {
+            return Err(StoreError::Backend(format!(
+                "NetworkPolicy {namespace}/{name}: names must be DNS subdomains"
+            )));
+        }
+        let path = format!(
+            "{}?fieldManager=ternctl&force=true",
+            network_policy_path(namespace, name)
+        );
+        let a = self.call(
+            "PATCH",
+            &path,
+            Some(doc),
+            "application/apply-patch+yaml",
+            Idempotent::Yes,
+        )?;
+        match a.status {
+            200 | 201 => Ok(()),
+            _ => Err(StoreError::Backend(format!(
+                "PATCH {path}: {} {}",
+                a.status,
+                a.message()
+            ))),
+        }
+    }
+
+    /// Deletes the Kubernetes NetworkPolicy `namespace/name`; `Ok(false)` when there was none
+    /// (a delete of what is gone is success).
+    pub fn delete_network_policy(&self, namespace: &str, name: &str) -> Result<bool> {
+        let path = network_policy_path(namespace, name);
+        let a = self.call(
+            "DELETE",
+            &path,
+            Some(&json!({"kind": "DeleteOptions", "apiVersion": "v1"})),
+            "application/json",
+            Idempotent::Yes,
+        )?;
+        match a.status {
+            200 | 202 => Ok(true),
+            404 => Ok(false),
+            _ => Err(StoreError::Backend(format!(
+                "DELETE {path}: {} {}",
+                a.status,
+                a.message()
+            ))),
+        }
+    }
+}
+
 /// One class's watch stream: the socket handle (to end it) and the line reader.
 type Stream = (BufReader<Body>, TcpStream);
 

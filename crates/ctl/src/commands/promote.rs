@@ -4,6 +4,11 @@
 //! StagedKubernetesNetworkPolicy -> KubernetesNetworkPolicy) with the staged spec, labels and
 //! annotations; `Delete` deletes the enforced one. Then the staged policy is deleted.
 //!
+//! On the Kubernetes datastore a Kubernetes NetworkPolicy is the cluster's own
+//! `networking.k8s.io/v1` object: promote writes (server-side apply) or deletes it through the
+//! API server, which every agent's Kubernetes source enforces; a Delete also removes a record
+//! of that name `ternctl apply` may have written into tern's store.
+//!
 //! Two writes, in this order, each idempotent: a crash between them leaves the staged policy
 //! beside its effect, and running promote again writes the same enforced policy (or finds the
 //! deleted one gone, which is success) and finishes by deleting the staged one. The other order
@@ -15,6 +20,7 @@ use tern_model::{
     StagedKubernetesNetworkPolicy, StagedNetworkPolicy,
 };
 use tern_store::Store;
+use tern_store::kube::KubeStore;
 
 use crate::commands::delete::DEFAULT_NAMESPACE;
 
@@ -153,12 +159,35 @@ pub fn find(
 }
 
 /// Promotes the staged policy `r`: its effect first, then its deletion (see the module
-/// documentation). Returns what was done, for the user.
-pub fn promote(store: &dyn Store, r: &Resource) -> anyhow::Result<String> {
+/// documentation). Returns what was done, for the user. `kube`: the API server, when the
+/// datastore is the Kubernetes one (a Kubernetes NetworkPolicy is then written there as a
+/// `networking.k8s.io` object).
+pub fn promote(
+    store: &dyn Store,
+    kube: Option<&KubeStore>,
+    r: &Resource,
+) -> anyhow::Result<String> {
     let what = match promotion(r)? {
         Promotion::Set(enforced) => {
             let id = describe(enforced.kind(), enforced.namespace(), enforced.name());
-            tern_model::put_resource(store, &enforced).with_context(|| format!("writing {id}"))?;
+            match (kube, &*enforced) {
+                (Some(k), Resource::K8sNetworkPolicy(p)) => {
+                    let mut p = p.clone();
+                    tern_model::Spec::fill_defaults(&mut p.spec);
+                    Resource::K8sNetworkPolicy(p.clone()).validate()?;
+                    let doc = serde_json::to_value(&p).context("encoding the policy")?;
+                    k.apply_network_policy(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        &p.metadata.name,
+                        &doc,
+                    )
+                    .with_context(|| format!("writing {id} through the API server"))?;
+                }
+                _ => {
+                    tern_model::put_resource(store, &enforced)
+                        .with_context(|| format!("writing {id}"))?;
+                }
+            }
             format!("{id} written")
         }
         Promotion::Delete {
@@ -168,8 +197,13 @@ pub fn promote(store: &dyn Store, r: &Resource) -> anyhow::Result<String> {
         } => {
             let id = describe(kind, namespace.as_deref(), &name);
             // Already gone (a promote that stopped after this step) is success.
-            let gone = tern_model::delete_resource(store, kind, namespace.as_deref(), &name)
+            let mut gone = tern_model::delete_resource(store, kind, namespace.as_deref(), &name)
                 .with_context(|| format!("deleting {id}"))?;
+            if let (Some(k), Kind::K8sNetworkPolicy) = (kube, kind) {
+                gone |= k
+                    .delete_network_policy(namespace.as_deref().unwrap_or_default(), &name)
+                    .with_context(|| format!("deleting {id} through the API server"))?;
+            }
             if gone {
                 format!("{id} deleted")
             } else {
