@@ -2,9 +2,11 @@
 //! StagedKubernetesNetworkPolicy applied with `kubectl apply` (tern's CRDs) is seen by
 //! `ternctl get`; `ternctl policy promote` turns it into the cluster's own `networking.k8s.io`
 //! NetworkPolicy through the API server and deletes the staged one; a staged Delete promoted
-//! deletes that NetworkPolicy.
+//! deletes that NetworkPolicy. ternd's policy engine reads the staged policy from the API
+//! server as a staged one.
 
 use std::process::Command;
+use std::sync::Arc;
 
 use serde_json::Value;
 use tern_testkit::kube_api::KubeNode;
@@ -50,6 +52,19 @@ fn kubectl_applied_staged_policy_promotes_to_a_kubernetes_network_policy() {
     );
     let out = ok(&k, admin, &["get", "sknp", "-n", "shop"]);
     assert!(out.contains("default-deny") && out.contains("Set"), "{out}");
+    // ternd's policy engine reads it from the datastore into its policy set, not its table.
+    let cfg = tern_store::kube::KubeConfig::from_kubeconfig(std::path::Path::new(admin)).unwrap();
+    let (staged, active) = tern_testkit::netns::in_netns(&k.netns.path(), move || {
+        let store: Arc<dyn tern_store::Store> =
+            Arc::new(tern_store::kube::KubeStore::connect(cfg).unwrap());
+        let engine = tern_agent::policy::PolicyEngine::load(store, "n1").unwrap();
+        (
+            engine.with_policy_set(|s| s.staged().map(|(k, _)| k.to_string()).collect::<Vec<_>>()),
+            engine.with_policy_set(|s| s.policies().count()),
+        )
+    });
+    assert_eq!(staged, ["StagedKubernetesNetworkPolicy/shop/default-deny"]);
+    assert_eq!(active, 0, "a staged policy is not an enforced one");
 
     let out = ok(
         &k,
