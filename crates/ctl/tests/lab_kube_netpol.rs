@@ -781,6 +781,8 @@ fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
         let (mut case_ok, mut case_total) = (0, 0);
         // The case's policies as `namespace/name`: what a denial may name.
         let mut policies = std::collections::BTreeSet::new();
+        // One denial of the case goes through the ternctl binary too.
+        let mut cli_done = false;
         for (si, step) in case["steps"].as_sequence().unwrap().iter().enumerate() {
             for a in step["actions"].as_sequence().unwrap() {
                 if let Some(p) = a.get("create_policy").or_else(|| a.get("update_policy")) {
@@ -799,7 +801,14 @@ fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
             // A step the probes matched: explain must give every pod-to-pod probe the
             // verdict it saw (a failed step is reported above already).
             if diffs.is_empty() {
-                let e = explain_step(c, m, &tables, &wrong, &policies, &mut explained);
+                let e = explain_step(
+                    c,
+                    m,
+                    (&tables, &wrong),
+                    &policies,
+                    &mut cli_done,
+                    &mut explained,
+                );
                 problems.extend(e.into_iter().map(|d| format!("  step {si}: explain: {d}")));
             }
             problems.extend(diffs.into_iter().map(|d| format!("  step {si}: {d}")));
@@ -881,14 +890,15 @@ fn denying_policies(e: &tern_ctl::commands::explain::Report) -> Vec<Vec<String>>
 /// pod-to-pod cell of `tables` (the pod to itself excepted: that packet never leaves the pod)
 /// explained and compared with what the last round saw (its table's want, but for the
 /// `wrong` cells). A denial must name, in each denying direction, policies and only
-/// policies of the case (`policies`). The first denied cell of the step is also run through
-/// the `ternctl explain` binary, whose JSON must say the same. Problems, one line each.
+/// policies of the case (`policies`). The first denied cell is also run through the
+/// `ternctl explain` binary (unless `cli_done`: once per case), whose JSON must say the same.
+/// Problems, one line each.
 fn explain_step(
     c: &Cluster,
     m: &Model,
-    tables: &[Table],
-    wrong: &[Cell],
+    (tables, wrong): (&[Table], &[Cell]),
     policies: &std::collections::BTreeSet<String>,
+    cli_done: &mut bool,
     explained: &mut Explained,
 ) -> Vec<String> {
     let t0 = Instant::now();
@@ -908,7 +918,6 @@ fn explain_step(
     };
     explained.loads += 1;
     let mut problems = Vec::new();
-    let mut cli_done = false;
     for (ti, t) in tables.iter().enumerate() {
         let proto =
             tern_ctl::commands::explain::parse_port(&format!("{}/{}", t.port, t.l4.k8s())).unwrap();
@@ -954,8 +963,8 @@ fn explain_step(
                         "{what}: denied, explain names {named:?}, the case's policies are {policies:?}"
                     ));
                 }
-                if !cli_done {
-                    cli_done = true;
+                if !*cli_done {
+                    *cli_done = true;
                     explained.cli += 1;
                     problems.extend(explain_cli(&st, &url, from, to, t, &named));
                 }
