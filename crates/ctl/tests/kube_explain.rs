@@ -1,5 +1,6 @@
 //! `ternctl explain` on the Kubernetes datastore against a real kube-apiserver (tern-testkit's
-//! `kube_api`: etcd and kube-apiserver in a test namespace, no kubelet): namespaces, Pods and
+//! `kube_api`: etcd and kube-apiserver in a test namespace, no kubelet or controllers, so the
+//! service accounts are made here too): namespaces, Pods and
 //! NetworkPolicies exist only as Kubernetes' own objects (created with kubectl, the Pods'
 //! addresses written to their status as a kubelet would), and `ternctl --store
 //! kubernetes:///<kubeconfig> explain` must judge with them: a named port, a namespaceSelector
@@ -25,6 +26,14 @@ metadata: {name: shop}
 apiVersion: v1
 kind: Namespace
 metadata: {name: other, labels: {team: ops}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: default, namespace: shop}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: default, namespace: other}
 ---
 apiVersion: v1
 kind: Pod
