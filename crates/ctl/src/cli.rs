@@ -147,12 +147,25 @@ pub struct ExplainArgs {
     /// The server: NAMESPACE/POD or an IP address.
     #[arg(long)]
     pub to: String,
-    /// The destination port and protocol: `8080/TCP`, `53/UDP`, `8080` (TCP).
+    /// The destination port and protocol: `8080/TCP`, `53/UDP`, `8080` (TCP), or `ICMP`
+    /// (an echo request; ICMPv6 between IPv6 addresses).
     #[arg(long)]
     pub port: String,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = ExplainOutput::Table)]
     pub output: ExplainOutput,
+    /// Read the state from this lab's datastore (`ternctl lab up --name NAME`) instead of
+    /// `--store`; `--probe` implies the lab `lab` when not given.
+    #[arg(long, value_name = "NAME")]
+    pub lab: Option<String>,
+    /// Also make a real connection from the source's network namespace on the lab (TCP
+    /// connect, UDP exchange, SCTP association or ICMP echo) and print the kernel's verdict
+    /// beside the computed one; exits 2 when they disagree.
+    #[arg(long)]
+    pub probe: bool,
+    /// How long the probe waits for an answer, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    pub probe_timeout: f64,
 }
 
 /// `policy` subcommands.

@@ -193,12 +193,37 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Explain(args) => {
             let port = commands::explain::parse_port(&args.port)?;
-            let s = open_store(&store)?;
-            let state = commands::explain::load(&*s)?;
+            let timeout = std::time::Duration::try_from_secs_f64(args.probe_timeout)
+                .ok()
+                .filter(|t| !t.is_zero() && *t <= std::time::Duration::from_secs(60))
+                .with_context(|| {
+                    format!(
+                        "--probe-timeout {}: give seconds, more than 0 and at most 60",
+                        args.probe_timeout
+                    )
+                })?;
+            // `--probe` works on a lab, `lab` unless named; a lab's state comes from its store.
+            let lab_name = args
+                .lab
+                .clone()
+                .or_else(|| args.probe.then(|| "lab".to_string()));
+            let (lab_state, state) = match &lab_name {
+                Some(name) => {
+                    let (st, state) = commands::explain::load_lab(name)?;
+                    (Some(st), state)
+                }
+                None => match store.url.and_then(commands::explain::load_kubernetes) {
+                    Some(state) => (None, state?),
+                    None => (None, commands::explain::load(&*open_store(&store)?)?),
+                },
+            };
             for why in &state.skipped {
                 eprintln!("warning: skipped {why}");
             }
-            let report = state.explain(&args.from, &args.to, port)?;
+            let mut report = state.explain(&args.from, &args.to, port)?;
+            if let (true, Some(st)) = (args.probe, &lab_state) {
+                commands::explain::probe(st, &mut report, timeout)?;
+            }
             print!(
                 "{}",
                 match args.output {
@@ -206,6 +231,9 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                     cli::ExplainOutput::Json => commands::explain::render_json(&report),
                 }
             );
+            if report.probe.as_ref().is_some_and(|p| !p.agrees) {
+                return Ok(2);
+            }
         }
         Command::Policy {
             command:

@@ -433,7 +433,7 @@ fn probe_round(c: &Cluster, m: &Model, tables: &[Table]) -> Result<Round, String
 
 /// A probe that did not show what its table wants: table, source and destination index,
 /// through the Service or not.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Cell {
     table: usize,
     from: usize,
@@ -509,8 +509,9 @@ fn want(tables: &[Table], cell: &Cell) -> bool {
 /// number of probes. The diagonal (a pod to itself) is expected open at its own address
 /// (the packet never leaves the pod) and not asserted through its Service (a hairpin,
 /// which upstream does not assert either). The few cells a round gets wrong are probed
-/// again alone ([`CELL_RETRIES`]) before the round counts as wrong.
-fn wait_tables(c: &Cluster, m: &Model, tables: &[Table]) -> (Vec<String>, usize, usize) {
+/// again alone ([`CELL_RETRIES`]) before the round counts as wrong. Also the cells the last
+/// round saw otherwise than their table wants.
+fn wait_tables(c: &Cluster, m: &Model, tables: &[Table]) -> (Vec<String>, usize, usize, Vec<Cell>) {
     let t0 = Instant::now();
     let n = m.cols.len();
     loop {
@@ -586,7 +587,7 @@ fn wait_tables(c: &Cluster, m: &Model, tables: &[Table]) -> (Vec<String>, usize,
         }
         let ok = total - wrong.len();
         if diffs.is_empty() || t0.elapsed() > STEP_DEADLINE {
-            return (diffs, ok, total);
+            return (diffs, ok, total, wrong);
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -755,7 +756,7 @@ fn reset(c: &Cluster, m: &Model, t: &mut Touched) -> Result<(), String> {
 fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
     let open = open_tables(m);
     let t0 = Instant::now();
-    let (diffs, ok, total) = wait_tables(c, m, &open);
+    let (diffs, ok, total, _) = wait_tables(c, m, &open);
     assert!(
         diffs.is_empty(),
         "without policies every pod must reach every pod and Service ({ok}/{total} after {:?}):\n{}{}",
@@ -770,6 +771,7 @@ fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
     let cases = doc["cases"].as_sequence().unwrap();
     let mut failed = Vec::new();
     let (mut probes_ok, mut probes) = (0, 0);
+    let mut explained = Explained::default();
     let started = Instant::now();
     for case in cases {
         let id = case["id"].as_str().unwrap();
@@ -777,22 +779,45 @@ fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
         let mut touched = Touched::default();
         let mut problems = Vec::new();
         let (mut case_ok, mut case_total) = (0, 0);
+        // The case's policies as `namespace/name`: what a denial may name.
+        let mut policies = std::collections::BTreeSet::new();
+        // One denial of the case goes through the ternctl binary too.
+        let mut cli_done = false;
         for (si, step) in case["steps"].as_sequence().unwrap().iter().enumerate() {
             for a in step["actions"].as_sequence().unwrap() {
+                if let Some(p) = a.get("create_policy").or_else(|| a.get("update_policy")) {
+                    let meta = &p["metadata"];
+                    let (ns, name) = (meta["namespace"].as_str(), meta["name"].as_str());
+                    policies.insert(format!("{}/{}", ns.unwrap_or(""), name.unwrap_or("")));
+                }
                 if let Err(e) = apply_action(c, m, &mut touched, a) {
                     problems.push(format!("  step {si}: {e}"));
                 }
             }
-            let (diffs, ok, total) = wait_tables(c, m, &step_tables(step, m));
+            let tables = step_tables(step, m);
+            let (diffs, ok, total, wrong) = wait_tables(c, m, &tables);
             case_ok += ok;
             case_total += total;
+            // A step the probes matched: explain must give every pod-to-pod probe the
+            // verdict it saw (a failed step is reported above already).
+            if diffs.is_empty() {
+                let e = explain_step(
+                    c,
+                    m,
+                    (&tables, &wrong),
+                    &policies,
+                    &mut cli_done,
+                    &mut explained,
+                );
+                problems.extend(e.into_iter().map(|d| format!("  step {si}: explain: {d}")));
+            }
             problems.extend(diffs.into_iter().map(|d| format!("  step {si}: {d}")));
         }
         if let Err(e) = reset(c, m, &mut touched) {
             problems.push(format!("  reset: {e}"));
         }
         // Open again before the next case, so its first round does not see this one.
-        let (diffs, _, _) = wait_tables(c, m, &open);
+        let (diffs, _, _, _) = wait_tables(c, m, &open);
         problems.extend(diffs.into_iter().map(|d| format!("  after reset: {d}")));
         probes_ok += case_ok;
         probes += case_total;
@@ -822,7 +847,179 @@ fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
         failed.len(),
         started.elapsed().as_secs_f64()
     );
+    println!(
+        "netpol explain on the Kubernetes datastore: {} pod-to-pod probes ({} denied) judged as the probes saw them, {} through `ternctl explain`; state read {} times in {:.1}s",
+        explained.cells,
+        explained.denied,
+        explained.cli,
+        explained.loads,
+        explained.time.as_secs_f64()
+    );
     failed
+}
+
+/// What the explain checks did, for the summary line.
+#[derive(Default)]
+struct Explained {
+    cells: usize,
+    denied: usize,
+    cli: usize,
+    loads: usize,
+    time: Duration,
+}
+
+/// The policies an explanation's denying directions name, as `namespace/name`, and whether
+/// each such direction has one.
+fn denying_policies(e: &tern_ctl::commands::explain::Report) -> Vec<Vec<String>> {
+    [&e.explanation.egress, &e.explanation.ingress]
+        .into_iter()
+        .filter(|d| d.verdict.as_str() == "denied")
+        .map(|d| {
+            d.policies
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace.as_deref().unwrap_or(""), p.name))
+                .collect()
+        })
+        .collect()
+}
+
+/// `ternctl explain` on the Kubernetes datastore against a step's probes: the policy state
+/// read as `ternctl explain --store kubernetes:///<admin kubeconfig>` reads it (the API
+/// server's namespaces and NetworkPolicies, tern's store for the endpoints derived from the
+/// Pods; from the control plane's namespace, where that address is reachable), then every
+/// pod-to-pod cell of `tables` (the pod to itself excepted: that packet never leaves the pod)
+/// explained and compared with what the last round saw (its table's want, but for the
+/// `wrong` cells). A denial must name, in each denying direction, policies and only
+/// policies of the case (`policies`). The first denied cell is also run through the
+/// `ternctl explain` binary (unless `cli_done`: once per case), whose JSON must say the same.
+/// Problems, one line each.
+fn explain_step(
+    c: &Cluster,
+    m: &Model,
+    (tables, wrong): (&[Table], &[Cell]),
+    policies: &std::collections::BTreeSet<String>,
+    cli_done: &mut bool,
+    explained: &mut Explained,
+) -> Vec<String> {
+    let t0 = Instant::now();
+    let st = c.state();
+    let Some(k) = st.kube.as_ref() else {
+        return vec!["the lab has no Kubernetes state".into()];
+    };
+    let url = st.store_url();
+    let u = url.clone();
+    let state = match tern_lab::netns::in_netns(&k.cp_netns, move || {
+        tern_ctl::commands::explain::load_kubernetes(&u).map(|r| r.map_err(|e| format!("{e:#}")))
+    }) {
+        Ok(Some(Ok(s))) => s,
+        Ok(Some(Err(e))) => return vec![format!("reading the state: {e}")],
+        Ok(None) => return vec![format!("{url} is no Kubernetes datastore")],
+        Err(e) => return vec![format!("reading the state: {e}")],
+    };
+    explained.loads += 1;
+    let mut problems = Vec::new();
+    for (ti, t) in tables.iter().enumerate() {
+        let proto =
+            tern_ctl::commands::explain::parse_port(&format!("{}/{}", t.port, t.l4.k8s())).unwrap();
+        for (i, from) in m.cols.iter().enumerate() {
+            for (j, to) in m.cols.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let cell = Cell {
+                    table: ti,
+                    from: i,
+                    to: j,
+                    svc: false,
+                };
+                let saw = want(tables, &cell) != wrong.contains(&cell);
+                let what = format!("{}/{} {from} -> {to}", t.l4.k8s(), t.port);
+                let r = match state.explain(from, to, proto) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        problems.push(format!("{what}: {e:#}"));
+                        continue;
+                    }
+                };
+                explained.cells += 1;
+                let says = r.explanation.verdict.as_str();
+                if says != verdict(saw) {
+                    problems.push(format!(
+                        "{what}: the probe saw {}, explain says {says}",
+                        verdict(saw)
+                    ));
+                    continue;
+                }
+                if saw {
+                    continue;
+                }
+                explained.denied += 1;
+                let named = denying_policies(&r);
+                if named
+                    .iter()
+                    .any(|d| d.is_empty() || d.iter().any(|p| !policies.contains(p)))
+                {
+                    problems.push(format!(
+                        "{what}: denied, explain names {named:?}, the case's policies are {policies:?}"
+                    ));
+                }
+                if !*cli_done {
+                    *cli_done = true;
+                    explained.cli += 1;
+                    problems.extend(explain_cli(&st, &url, from, to, t, &named));
+                }
+            }
+        }
+    }
+    explained.time += t0.elapsed();
+    problems
+}
+
+/// `ternctl --store URL explain ... -o json` from node1's namespace for one denied cell: the
+/// verdict is `denied` and the denying directions name `named`.
+fn explain_cli(
+    st: &tern_lab::LabState,
+    url: &str,
+    from: &str,
+    to: &str,
+    t: &Table,
+    named: &[Vec<String>],
+) -> Option<String> {
+    let port = format!("{}/{}", t.port, t.l4.k8s());
+    let run = common::kube_lab::ternctl_in(&st.nodes[0].netns)
+        .args(["--store", url, "explain", "--from", from, "--to", to])
+        .args(["--port", &port, "-o", "json"])
+        .output()
+        .expect("ternctl runs");
+    let out = String::from_utf8_lossy(&run.stdout);
+    let what = format!("`ternctl explain --from {from} --to {to} --port {port}`");
+    let v: serde_json::Value = match serde_json::from_str(&out) {
+        Ok(v) if run.status.success() => v,
+        _ => {
+            let err = String::from_utf8_lossy(&run.stderr);
+            return Some(format!("{what} failed: {out}{err}"));
+        }
+    };
+    let got: Vec<Vec<String>> = ["egress", "ingress"]
+        .iter()
+        .filter(|d| v[**d]["verdict"] == "denied")
+        .map(|d| {
+            v[*d]["policies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p["namespace"].as_str().unwrap_or(""),
+                        p["name"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    (v["verdict"] != "denied" || got != named)
+        .then(|| format!("{what}: want denied by {named:?}, got {out}"))
 }
 
 // ---------------------------------------------------------------- part 2

@@ -20,7 +20,8 @@
 //! Modules: [`state`] (state file, the Kubernetes cluster's record included), [`topology`]
 //! (the base lab: up/down/status, nodes joining and leaving, agent restarts, etcd),
 //! [`cluster`] (the lab's datastore), [`pod`] (CNI ADD/DEL of pods), [`traffic`] (echo server
-//! and probes used to prove connectivity), [`mesh`] (every pod to every pod), [`netns`] (code
+//! and probes used to prove connectivity), [`verdict`] (the kernel's verdict on one new
+//! connection, for `ternctl explain --probe`), [`mesh`] (every pod to every pod), [`netns`] (code
 //! inside a lab namespace), [`process`] (commands and PIDs), [`pki`] (a CA and its
 //! certificates, made by `tern-pki`), [`bird`] (BIRD peers), [`netpol`] (the NetworkPolicy harness).
 //!
@@ -46,6 +47,7 @@ pub mod process;
 pub mod state;
 pub mod topology;
 pub mod traffic;
+pub mod verdict;
 
 pub use ops::{down, node_add, node_del, status};
 pub use pod::{add_pod, del_pod, start_server};

@@ -11,7 +11,9 @@
 //! - [`kinds`]: one module per kind with its spec, defaults and checks;
 //! - [`registry`]: the one table of kinds, generating [`Kind`], [`Resource`] and [`Spec`];
 //! - generic code over the table: [`mod@resource`] ([`Resource`]'s methods), [`parse`] (YAML/JSON
-//!   streams), [`storage`] (read/write over a [`tern_store::Store`]).
+//!   streams), [`storage`] (read/write over a [`tern_store::Store`]), [`kubernetes`]
+//!   (Kubernetes' own namespaces and NetworkPolicies as tern resources, for the agent and
+//!   `ternctl explain` alike).
 //!
 //! This file only declares and re-exports; every public item is reachable at the crate root.
 
@@ -21,6 +23,7 @@ pub mod defaults;
 pub mod document;
 pub mod error;
 pub mod kinds;
+pub mod kubernetes;
 pub mod limits;
 pub mod mac;
 pub mod parse;

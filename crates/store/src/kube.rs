@@ -731,6 +731,18 @@ impl std::fmt::Debug for KubeStore {
 }
 
 impl KubeStore {
+    /// The store of a `kubernetes` URL (the API server of [`KubeConfig::discover`]) or a
+    /// `kubernetes:///path/to/kubeconfig` one, as [`crate::open`] opens it; `None` for any
+    /// other URL.
+    pub fn open_url(url: &str) -> Option<Result<KubeStore>> {
+        let cfg = if url == "kubernetes" || url == "kubernetes://" {
+            KubeConfig::discover(None)
+        } else {
+            KubeConfig::from_kubeconfig(Path::new(url.strip_prefix("kubernetes://")?))
+        };
+        Some(cfg.and_then(KubeStore::connect))
+    }
+
     /// A store on the API server of `cfg`; checks that it answers and that tern's
     /// CustomResourceDefinitions are installed.
     pub fn connect(cfg: KubeConfig) -> Result<KubeStore> {
@@ -960,11 +972,38 @@ impl KubeStore {
         namespace: Option<&str>,
         selector: Option<&str>,
     ) -> Result<(Vec<Value>, i64)> {
+        self.list_at(&class.collection(namespace), selector, |what, a| {
+            self.unexpected(what, a, class)
+        })
+    }
+
+    /// Every object of one of Kubernetes' own collections, as the API server serves them
+    /// (`/api/v1/namespaces`, `/apis/networking.k8s.io/v1/networkpolicies`): what the agent
+    /// watches beside this store on the Kubernetes datastore, for a reader without those
+    /// watches (`ternctl explain`). Page by page, each page bounded as every answer is.
+    pub fn list_builtin(&self, collection: &str) -> Result<Vec<Value>> {
+        let (items, _) = self.list_at(collection, None, |what, a| match a.status {
+            404 => StoreError::Config(format!(
+                "{what}: the API server does not serve {collection}"
+            )),
+            _ => self.unexpected(what, a, class_of("")),
+        })?;
+        Ok(items)
+    }
+
+    /// Lists the collection at `collection` (every page), optionally with a label selector;
+    /// an answer other than a page or an expired continue token is `unexpected`'s error.
+    fn list_at(
+        &self,
+        collection: &str,
+        selector: Option<&str>,
+        unexpected: impl Fn(&str, &Answer) -> StoreError,
+    ) -> Result<(Vec<Value>, i64)> {
         let mut out = Vec::new();
         let mut cont = String::new();
         let mut rev = None;
         loop {
-            let mut path = format!("{}?limit={LIST_PAGE}", class.collection(namespace));
+            let mut path = format!("{collection}?limit={LIST_PAGE}");
             if let Some(s) = selector {
                 let _ = write!(path, "&labelSelector={}", url_escape(s));
             }
@@ -980,7 +1019,7 @@ impl KubeStore {
                 continue;
             }
             if a.status != 200 {
-                return Err(self.unexpected(&format!("GET {path}"), &a, class));
+                return Err(unexpected(&format!("GET {path}"), &a));
             }
             if rev.is_none() {
                 rev = Some(parse_rv(&a.body["metadata"]["resourceVersion"])?);

@@ -493,14 +493,8 @@ pub fn open(url: &str) -> Result<Arc<dyn Store>> {
     if url.starts_with("etcd://") {
         return etcd::open_with_tls(url, None, None, None);
     }
-    if url == "kubernetes" || url == "kubernetes://" {
-        return Ok(Arc::new(kube::KubeStore::connect(
-            kube::KubeConfig::discover(None)?,
-        )?));
-    }
-    if let Some(path) = url.strip_prefix("kubernetes://") {
-        let cfg = kube::KubeConfig::from_kubeconfig(std::path::Path::new(path))?;
-        return Ok(Arc::new(kube::KubeStore::connect(cfg)?));
+    if let Some(store) = kube::KubeStore::open_url(url) {
+        return Ok(Arc::new(store?));
     }
     Err(StoreError::Config(format!(
         "unsupported store URL {url:?} (expected sqlite:///abs/path.db, mem://, etcd://host:port, kubernetes or kubernetes:///path/to/kubeconfig)"

@@ -270,46 +270,29 @@ impl NodeInfo {
     }
 }
 
-/// The tern `Namespace` resource of a Kubernetes namespace (its labels feed namespaceSelectors).
+/// The tern `Namespace` resource of a Kubernetes namespace (its labels feed namespaceSelectors),
+/// by the conversion `ternctl explain` shares ([`tern_model::kubernetes`]).
 pub fn namespace_resource(m: &ObjectMeta) -> Result<Resource, String> {
-    let doc = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {
-            "name": m.name.clone().unwrap_or_default(),
-            "labels": m.labels.clone().unwrap_or_default(),
-        },
-        "spec": {},
-    });
-    parse_validated(&doc)
+    tern_model::kubernetes::namespace(
+        m.name.as_deref().unwrap_or_default(),
+        m.labels.as_ref().unwrap_or(&BTreeMap::new()),
+    )
 }
 
 /// The tern form of a `networking.k8s.io/v1` NetworkPolicy: the same document `ternctl apply`
 /// accepts (metadata reduced to name, namespace and labels; `status` dropped), parsed and
-/// validated by `tern-model`, so semantics are those of the existing compiler.
+/// validated by `tern-model` ([`tern_model::kubernetes`], which `ternctl explain` shares), so
+/// semantics are those of the existing compiler.
 pub fn network_policy_resource(p: &NetworkPolicy) -> Result<Resource, String> {
     let m = &p.metadata;
     let spec = serde_json::to_value(p.spec.clone().unwrap_or_default())
         .map_err(|e| format!("encoding spec: {e}"))?;
-    let doc = serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": m.name.clone().unwrap_or_default(),
-            "namespace": m.namespace.clone().unwrap_or_default(),
-            "labels": m.labels.clone().unwrap_or_default(),
-        },
-        "spec": spec,
-    });
-    parse_validated(&doc)
-}
-
-fn parse_validated(doc: &serde_json::Value) -> Result<Resource, String> {
-    let bytes = serde_json::to_vec(doc).map_err(|e| e.to_string())?;
-    let mut r = Resource::from_json(&bytes)?;
-    r.fill_defaults();
-    r.validate().map_err(|e| e.to_string())?;
-    Ok(r)
+    tern_model::kubernetes::network_policy(
+        m.name.as_deref().unwrap_or_default(),
+        m.namespace.as_deref().unwrap_or_default(),
+        m.labels.as_ref().unwrap_or(&BTreeMap::new()),
+        spec,
+    )
 }
 
 #[cfg(test)]

@@ -11,16 +11,32 @@
 //! Staged policies are read too: where applying them on top of the enforced ones would change
 //! a direction's verdict or cause ([`PolicySet::pending_direction`]), the report shows that
 //! direction's `pending` explanation beside the enforced one, and the overall pending verdict.
+//!
+//! On the Kubernetes datastore, namespaces and NetworkPolicies are Kubernetes' own objects,
+//! which the agent watches from the API server instead of reading them from the store: they
+//! are listed from the API server here too and converted by the agent's conversion
+//! ([`tern_model::kubernetes`]); tern's policies and the endpoints (derived from the Pods)
+//! come from the store as on any other.
+//!
+//! On a lab (`--lab NAME`), the state is read from the lab's datastore, and `--probe` also
+//! makes the connection for real from the source's network namespace (a lab pod's, a pod of
+//! the lab's Kubernetes cluster found through its runtime, or a node's) and reports the
+//! kernel's verdict ([`tern_lab::verdict`]) beside the computed one.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde::Serialize;
+use serde_json::Value;
+use tern_lab::LabState;
+use tern_lab::verdict::Seen;
 use tern_model::{Kind, Protocol, Resource};
 use tern_policy::explain::{Reason, action_str, direction_str};
 use tern_policy::{Direction, DirectionExplanation, Explanation, Flow, PolicySet, Verdict};
 use tern_store::Store;
+use tern_store::kube::KubeStore;
 
 use crate::table;
 
@@ -47,8 +63,45 @@ pub struct State {
     pub skipped: Vec<String>,
 }
 
-/// Reads the policy state from the store.
+/// Reads the policy state from the store (etcd, SQLite).
 pub fn load(store: &dyn Store) -> anyhow::Result<State> {
+    load_with(store, None)
+}
+
+/// Reads the policy state from the Kubernetes datastore at `url` (`kubernetes`,
+/// `kubernetes:///path/to/kubeconfig`); `None` for a URL of another store.
+pub fn load_kubernetes(url: &str) -> Option<anyhow::Result<State>> {
+    let store = KubeStore::open_url(url)?;
+    Some(
+        store
+            .with_context(|| format!("cannot open datastore {url}"))
+            .and_then(|s| load_with(&s, Some(&s))),
+    )
+}
+
+/// The conversion of an object as the API server serves it into a tern resource.
+type Convert = fn(&Value) -> Result<Resource, String>;
+
+/// The builtin collection each kind is listed from on the Kubernetes datastore, and the
+/// conversion of its objects.
+fn builtin(kind: Kind) -> Option<(&'static str, Convert)> {
+    match kind {
+        Kind::Namespace => Some((
+            "/api/v1/namespaces",
+            tern_model::kubernetes::namespace_object,
+        )),
+        Kind::K8sNetworkPolicy => Some((
+            "/apis/networking.k8s.io/v1/networkpolicies",
+            tern_model::kubernetes::network_policy_object,
+        )),
+        _ => None,
+    }
+}
+
+/// Reads the policy state: every kind from `store`, and namespaces and NetworkPolicies also
+/// from the API server of `api` when given (the Kubernetes datastore), applied after the
+/// store's.
+fn load_with(store: &dyn Store, api: Option<&KubeStore>) -> anyhow::Result<State> {
     let mut state = State {
         set: PolicySet::new(),
         pods: BTreeMap::new(),
@@ -65,9 +118,21 @@ pub fn load(store: &dyn Store) -> anyhow::Result<State> {
         }
     }
     for kind in POLICY_KINDS {
-        let (good, bad) = tern_model::list_resources_skipping(store, kind)
+        let (mut good, bad) = tern_model::list_resources_skipping(store, kind)
             .with_context(|| format!("reading {kind} objects"))?;
         state.skipped.extend(bad.iter().map(ToString::to_string));
+        // The API server's objects over the store's, as the agent holds them over its store's.
+        if let (Some(api), Some((collection, convert))) = (api, builtin(kind)) {
+            let objects = api
+                .list_builtin(collection)
+                .with_context(|| format!("listing {collection}"))?;
+            for o in &objects {
+                match convert(o) {
+                    Ok(r) => good.push(r),
+                    Err(e) => state.skipped.push(e),
+                }
+            }
+        }
         for r in good {
             if let Err(e) = state.set.apply(&r) {
                 state.skipped.push(e.to_string());
@@ -101,8 +166,14 @@ fn node_addresses(n: &tern_model::NodeSpec) -> Vec<IpAddr> {
         .collect()
 }
 
-/// `8080/TCP`, `53/udp`, `8080` (TCP): the destination port and protocol.
+/// `8080/TCP`, `53/udp`, `8080` (TCP): the destination port and protocol; `ICMP` (or
+/// `ICMPv6`) alone: an echo request, which has no port.
 pub fn parse_port(s: &str) -> anyhow::Result<(u16, Protocol)> {
+    match s.to_ascii_uppercase().as_str() {
+        "ICMP" => return Ok((0, Protocol::Icmp)),
+        "ICMPV6" => return Ok((0, Protocol::IcmpV6)),
+        _ => {}
+    }
     let (num, proto) = s.split_once('/').unwrap_or((s, "TCP"));
     let port = num
         .parse::<u16>()
@@ -150,11 +221,30 @@ pub struct Report {
     pub dst: End,
     pub proto: String,
     pub port: u16,
+    /// The protocol judged (and probed).
+    #[serde(skip)]
+    pub protocol: Protocol,
     #[serde(flatten)]
     pub explanation: Explanation,
     /// What the staged policies would decide, when it differs (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending: Option<Pending>,
+    /// The kernel's verdict on a real connection (`--probe`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
+}
+
+/// What the kernel did to a real connection, beside the computed verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Probe {
+    /// `allowed`, `denied`, or `failed` (no verdict: the probe itself went wrong).
+    pub verdict: &'static str,
+    /// What happened (`TCP connected`, `UDP: no answer within 2000.0 ms`).
+    pub detail: String,
+    /// The namespace the connection was made from.
+    pub from: String,
+    /// Whether the kernel's verdict is the computed one.
+    pub agrees: bool,
 }
 
 /// The staged policies' verdict: overall, and each direction they change.
@@ -258,6 +348,12 @@ impl State {
                 dst.ip
             );
         }
+        // An echo request is ICMPv6's between IPv6 addresses.
+        let protocol = match protocol {
+            Protocol::Icmp | Protocol::IcmpV6 if dst.ip.is_ipv6() => Protocol::IcmpV6,
+            Protocol::Icmp | Protocol::IcmpV6 => Protocol::Icmp,
+            p => p,
+        };
         let flow = Flow {
             src: src.ip,
             dst: dst.ip,
@@ -271,8 +367,10 @@ impl State {
             dst,
             proto: proto_name(protocol),
             port,
+            protocol,
             explanation,
             pending,
+            probe: None,
         })
     }
 }
@@ -282,6 +380,8 @@ fn proto_name(p: Protocol) -> String {
         Protocol::Tcp => "TCP".into(),
         Protocol::Udp => "UDP".into(),
         Protocol::Sctp => "SCTP".into(),
+        Protocol::Icmp => "ICMP".into(),
+        Protocol::IcmpV6 => "ICMPv6".into(),
         other => format!("{other:?}").to_uppercase(),
     }
 }
@@ -334,14 +434,33 @@ pub fn render_table(r: &Report) -> String {
         .as_ref()
         .map(|p| format!(" (staged policies: {})", p.verdict.as_str().to_uppercase()))
         .unwrap_or_default();
+    let service = match r.port {
+        0 => r.proto.clone(),
+        port => format!("{port}/{}", r.proto),
+    };
     let mut out = format!(
-        "{} -> {} {}/{}: {}{staged}\n\n",
+        "{} -> {} {service}: {}{staged}\n",
         r.src.label(),
         r.dst.label(),
-        r.port,
-        r.proto,
         e.verdict.as_str().to_uppercase()
     );
+    if let Some(p) = &r.probe {
+        out.push_str(&format!(
+            "probe from {}: {} ({}){}\n",
+            p.from,
+            p.verdict.to_uppercase(),
+            p.detail,
+            if p.agrees {
+                ": agrees".to_string()
+            } else {
+                format!(
+                    ": DISAGREES with the computed verdict {}",
+                    e.verdict.as_str().to_uppercase()
+                )
+            }
+        ));
+    }
+    out.push('\n');
     let dirs = [(&e.egress, &r.src), (&e.ingress, &r.dst)];
     let rows: Vec<Vec<String>> = dirs
         .iter()
@@ -431,6 +550,75 @@ pub fn render_table(r: &Report) -> String {
     out
 }
 
+/// The state file of lab `name` and its policy state, read from the lab's datastore (from
+/// inside the namespace that reaches it: the etcd's, or the control plane's for the
+/// Kubernetes datastore).
+pub fn load_lab(name: &str) -> anyhow::Result<(LabState, State)> {
+    let st = LabState::load(name)?
+        .with_context(|| format!("lab {name:?} does not exist; create it with `ternctl lab up`"))?;
+    let state = match (&st.store, &st.kube) {
+        // The API server's namespaces and NetworkPolicies too, from where the admin
+        // kubeconfig's address is reachable.
+        (tern_lab::StoreKind::Kubernetes, Some(k)) => {
+            let url = st.store_url();
+            tern_lab::netns::in_netns(&k.cp_netns, move || {
+                load_kubernetes(&url).unwrap_or_else(|| bail!("{url} is no Kubernetes datastore"))
+            })??
+        }
+        _ => tern_lab::cluster::with_store(&st, |s| {
+            load(&*s).map_err(|e| tern_lab::LabError::Invalid(format!("{e:#}")))
+        })?,
+    };
+    Ok((st, state))
+}
+
+/// The network namespace a connection from `src` starts in on the lab: that of the lab pod
+/// or node with its address, or, on a Kubernetes lab, the pod's sandbox (through the
+/// runtime). Its description and the open namespace.
+fn source_netns(st: &LabState, src: &End) -> anyhow::Result<(String, std::fs::File)> {
+    let ip = src.ip.to_string();
+    let named = |ns: &str| -> anyhow::Result<(String, std::fs::File)> {
+        let path = std::path::Path::new("/run/netns").join(ns);
+        let f = std::fs::File::open(&path)
+            .with_context(|| format!("--probe: opening {}", path.display()))?;
+        Ok((ns.to_string(), f))
+    };
+    if let Some(p) = st.pods.iter().find(|p| p.addresses.contains(&ip)) {
+        return named(&p.netns);
+    }
+    let host = |a: &str| a.split('/').next() == Some(ip.as_str());
+    if let Some(n) = st.nodes.iter().find(|n| host(&n.address)) {
+        return named(&n.netns);
+    }
+    if let (Some(k), Some(ns), Some(pod)) = (&st.kube, &src.namespace, &src.pod) {
+        let f = tern_lab::kube::probe::pod_netns(k, ns, pod)
+            .with_context(|| format!("--probe: the network namespace of pod {ns}/{pod}"))?;
+        return Ok((format!("pod {ns}/{pod}"), f));
+    }
+    bail!(
+        "--probe: {} is neither a pod nor a node of lab {:?}",
+        src.label(),
+        st.name
+    )
+}
+
+/// Makes the connection of `r` for real on lab `st` (from the source's namespace, waiting at
+/// most `timeout`) and records the kernel's verdict in `r.probe`.
+pub fn probe(st: &LabState, r: &mut Report, timeout: Duration) -> anyhow::Result<()> {
+    let (from, netns) = source_netns(st, &r.src)?;
+    let (protocol, target) = (r.protocol, SocketAddr::new(r.dst.ip, r.port));
+    let seen: Seen = tern_lab::netns::in_netns_file(&netns, &from, move || {
+        tern_lab::verdict::probe(protocol, target, timeout)
+    })?;
+    r.probe = Some(Probe {
+        verdict: seen.verdict(),
+        detail: seen.detail().to_string(),
+        from,
+        agrees: seen.verdict() == r.explanation.verdict.as_str(),
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,7 +630,9 @@ mod tests {
         assert_eq!(parse_port("53/udp").unwrap(), (53, Protocol::Udp));
         assert_eq!(parse_port("9000/Sctp").unwrap(), (9000, Protocol::Sctp));
         assert_eq!(parse_port("80").unwrap(), (80, Protocol::Tcp));
-        for bad in ["0", "70000/TCP", "http", "80/ICMP", "80/"] {
+        assert_eq!(parse_port("ICMP").unwrap(), (0, Protocol::Icmp));
+        assert_eq!(parse_port("icmpv6").unwrap(), (0, Protocol::IcmpV6));
+        for bad in ["0", "70000/TCP", "http", "80/ICMP", "80/", "ICMP/80"] {
             assert!(parse_port(bad).is_err(), "{bad}");
         }
     }
