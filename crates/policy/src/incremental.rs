@@ -118,6 +118,11 @@ fn map_key(ep: &Endpoint) -> Key {
 impl Incremental {
     /// The state of `node` for an initial policy set (compiled in one pass).
     pub fn new(node: &str, set: PolicySet) -> Incremental {
+        Incremental::with_flow_log(node, set, None)
+    }
+
+    /// [`Incremental::new`] with flow records on (`log`) or off, compiled once.
+    pub fn with_flow_log(node: &str, set: PolicySet, log: Option<FlowLog>) -> Incremental {
         let mut inc = Incremental {
             node: node.to_string(),
             set,
@@ -132,7 +137,7 @@ impl Incremental {
             applied: None,
             dirty_chains: BTreeSet::new(),
             dirty_sets: BTreeSet::new(),
-            log: None,
+            log,
         };
         inc.rebuild();
         inc
