@@ -52,6 +52,7 @@ struct Case {
 const VALID: &[&str] = &[
     r#"{"op":"status"}"#,
     r#"{"op":"bgp_status"}"#,
+    r#"{"op":"flows","after_seq":3,"since_ms":1000,"last":10}"#,
     r#"{"op":"add","attachment":{"network":"k8s-pod-network","container_id":"fz1","ifname":"eth0","netns_path":"/x","pod":{"namespace":"default","name":"fz"}},"mtu":0,"ipam":{"assign_ipv4":true,"assign_ipv6":false},"labels":{"app":"x"},"ports":[{"name":"http","port":80}]}"#,
     r#"{"op":"del","attachment":{"network":"k8s-pod-network","container_id":"fz1","ifname":"eth0"}}"#,
     r#"{"op":"check","attachment":{"network":"k8s-pod-network","container_id":"fz1","ifname":"eth0"},"prev_result":{"interfaces":[],"ips":[{"address":"10.79.0.1/32"}],"routes":[]}}"#,
