@@ -357,9 +357,8 @@ impl tern_agent::flows::FlowModel for BenchModel {
 impl RecordsReader {
     /// Binds the group inside `node` and starts the service's reader thread.
     fn start(node: &str, set: PolicySet) -> anyhow::Result<RecordsReader> {
-        let ns = tern_linux::netns::NetNs::open(std::path::Path::new(&format!(
-            "/run/netns/{node}"
-        )))?;
+        let ns =
+            tern_linux::netns::NetNs::open(std::path::Path::new(&format!("/run/netns/{node}")))?;
         let cfg = tern_agent::config::FlowsConfig::new(PP_FLOW_GROUP);
         let sock = ns.open_inside(|| {
             tern_linux::nflog::NflogSocket::open(&tern_linux::nflog::NflogConfig::new(
@@ -1195,7 +1194,14 @@ pub fn render_per_packet(r: &PerPacketReport) -> String {
         let _ = writeln!(s, "| {mode} | {} | {verdict} |", cells.join(" | "));
     }
     if r.samples.iter().any(|x| x.mode == "tern+records") {
-        let loss = |f| fmt_loss(&paired_losses(&r.samples, "tern+records", PP_RECORDS_BASE, f));
+        let loss = |f| {
+            fmt_loss(&paired_losses(
+                &r.samples,
+                "tern+records",
+                PP_RECORDS_BASE,
+                f,
+            ))
+        };
         let conn = median(&paired_losses(
             &r.samples,
             "tern+records",
