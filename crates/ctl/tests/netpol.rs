@@ -633,6 +633,87 @@ fn restart_under_load(lab: &mut Lab, m: &Model) -> Result<String, String> {
     Ok(line)
 }
 
+/// `ternctl flows` on the lab (after proof 3): the denied records as JSON lines and as a table,
+/// and the filters holding on what comes back.
+fn flows_cli(lab: &Lab) -> Result<String, String> {
+    let run = |args: &[&str]| -> Result<String, String> {
+        let out = std::process::Command::new(common::ternctl())
+            .args(["flows", "--lab", &lab.st.name])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "ternctl flows {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // Proof 3's denied UDP flow: a default deny of only-b (x/a's ingress). Records of its
+    // last packets may be resolved after only-b was deleted from the agent's model and name
+    // no policy (the kernel's verdict stands; the agent counts the disagreement), so the
+    // policy filter picks those that name it.
+    let json = run(&[
+        "--verdict",
+        "denied",
+        "--policy",
+        "x/only-b",
+        "--last",
+        "20",
+        "-o",
+        "json",
+    ])?;
+    let denied: Vec<FlowRecord> = json
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("a JSON line does not parse: {e}\n{json}"))?;
+    if denied.is_empty() || denied.len() > 20 {
+        return Err(format!("--last 20 gave {} denied records", denied.len()));
+    }
+    if let Some(r) = denied.iter().find(|r| {
+        r.verdict != FlowVerdict::Denied
+            || r.reason != tern_api::flow::FlowReason::DefaultDeny
+            || !r.policies.iter().any(|p| p.name == "only-b")
+            || r.dst.pod.as_deref() != Some("a")
+    }) {
+        return Err(format!("not a default deny of only-b at x/a: {r:?}"));
+    }
+    let table = run(&["--verdict", "denied", "--last", "3"])?;
+    if table.lines().count() != 3 || !table.lines().all(|l| l.contains(" DENIED ")) {
+        return Err(format!("the table of the last 3 denied:\n{table}"));
+    }
+    let filtered = run(&[
+        "-n",
+        "x",
+        "--direction",
+        "ingress",
+        "--port",
+        "80",
+        "--last",
+        "50",
+        "-o",
+        "json",
+    ])?;
+    let n = filtered.lines().count();
+    for l in filtered.lines() {
+        let r: FlowRecord = serde_json::from_str(l).map_err(|e| e.to_string())?;
+        let in_x = [&r.src, &r.dst]
+            .iter()
+            .any(|e| e.namespace.as_deref() == Some("x"));
+        if !in_x || r.direction != FlowDirection::Ingress || r.dst.port != Some(80) {
+            return Err(format!("a record past the filters: {l}"));
+        }
+    }
+    Ok(format!(
+        "ternctl flows: {} denied records as JSON, a table of 3, {n} filtered (-n x \
+         --direction ingress --port 80); last denied: {}",
+        denied.len(),
+        table.lines().last().unwrap_or("")
+    ))
+}
+
 #[test]
 fn netpol_proofs_in_three_node_lab() {
     let dir = common::lab_ready();
@@ -669,9 +750,12 @@ fn netpol_proofs_in_three_node_lab() {
     println!("{}", fp.as_ref().unwrap_or_else(|e| e));
     let rl = restart_under_load(&mut lab, &m);
     println!("{}", rl.as_ref().unwrap_or_else(|e| e));
+    let fl = flows_cli(&lab);
+    println!("{}", fl.as_ref().unwrap_or_else(|e| e));
     let mut problems = failed;
     problems.extend(fp.err().map(|e| format!("first packet: {e}")));
     problems.extend(rl.err().map(|e| format!("restart under load: {e}")));
+    problems.extend(fl.err().map(|e| format!("ternctl flows: {e}")));
     assert!(
         problems.is_empty(),
         "{} problems:\n{}{}",
