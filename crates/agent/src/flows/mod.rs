@@ -25,11 +25,12 @@ pub mod aggregate;
 pub mod resolve;
 pub mod ring;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tern_api::flow::{FlowQuery, FlowReply};
+use tern_api::flow::{FlowDirection, FlowPolicy, FlowQuery, FlowReason, FlowReply};
 use tern_linux::nflog::{NflogBatch, NflogConfig, NflogEvent, NflogSocket, PacketHeaders};
 use tern_policy::PolicySet;
 use tern_policy::flowtag::FlowTag;
@@ -72,7 +73,14 @@ struct State {
     aggregates: Aggregates,
     counts: Counts,
     budget: Budget,
+    /// The policies last named for a default deny at each (pod address, direction): an event
+    /// resolved just after its policies left the model (the kernel still enforced them when
+    /// the packet came) names these rather than none. At most [`MAX_REMEMBERED`] entries.
+    selecting: HashMap<(String, FlowDirection), Vec<FlowPolicy>>,
 }
+
+/// Bound of [`State::selecting`] (cleared when full).
+const MAX_REMEMBERED: usize = 4096;
 
 /// The flow-record service of this node.
 pub struct Flows {
@@ -97,6 +105,7 @@ impl Flows {
                 aggregates: Aggregates::new(cfg.minutes, cfg.keys_per_minute),
                 counts: Counts::default(),
                 budget: Budget::new(cfg.rate),
+                selecting: HashMap::new(),
             }),
             stats: Stats::default(),
         }
@@ -195,7 +204,24 @@ impl Flows {
                 .collect();
         });
         let mut st = self.state.lock().unwrap();
-        for r in out {
+        for mut r in out {
+            if r.record.reason == FlowReason::DefaultDeny {
+                let local = match r.record.direction {
+                    FlowDirection::Ingress => r.record.dst.ip.clone(),
+                    FlowDirection::Egress => r.record.src.ip.clone(),
+                };
+                let key = (local, r.record.direction);
+                if r.record.policies.is_empty() {
+                    if let Some(p) = st.selecting.get(&key) {
+                        r.record.policies = p.clone();
+                    }
+                } else {
+                    if st.selecting.len() >= MAX_REMEMBERED && !st.selecting.contains_key(&key) {
+                        st.selecting.clear();
+                    }
+                    st.selecting.insert(key, r.record.policies.clone());
+                }
+            }
             if r.disagrees {
                 s.disagreements.fetch_add(1, Ordering::Relaxed);
                 log::debug!(
@@ -358,6 +384,42 @@ mod tests {
                 icmp: None,
             }),
         }
+    }
+
+    /// A default deny resolved after its policy left the model names the policy last seen.
+    #[test]
+    fn a_default_deny_resolved_late_names_the_policy_last_seen() {
+        let mut set = PolicySet::new();
+        set.upsert_endpoint(tern_policy::Endpoint {
+            namespace: "b".into(),
+            name: "n1-k8s-server-eth0".into(),
+            node: "n1".into(),
+            interface: "tserver".into(),
+            labels: Arc::new([("app".to_string(), "server".to_string())].into()),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            ports: Vec::new(),
+        });
+        let without = Model(set.clone());
+        let deny = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-all, namespace: b}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n";
+        for r in tern_model::parse_documents(deny, "t.yaml").unwrap() {
+            set.apply(&r).unwrap();
+        }
+        let with = Model(set);
+        let f = Flows::new("n1", FlowsConfig::new(1));
+        let batch = || NflogBatch {
+            events: vec![event("t:dd:i", 1, 1_000)],
+            ..NflogBatch::default()
+        };
+        f.take(batch(), &with, &Hosts::default());
+        f.take(batch(), &without, &Hosts::default());
+        let r = f.query(&FlowQuery::default()).records;
+        assert_eq!(r.len(), 2);
+        for x in &r {
+            assert_eq!(x.reason, FlowReason::DefaultDeny);
+            assert_eq!(x.policies.len(), 1, "{x:?}");
+            assert_eq!(x.policies[0].name, "deny-all");
+        }
+        assert_eq!(f.disagreements(), 1, "the late one still counts");
     }
 
     /// A flood of new connections: the ring stays at its cap, the budget samples, the
