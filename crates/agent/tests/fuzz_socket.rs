@@ -52,7 +52,6 @@ struct Case {
 const VALID: &[&str] = &[
     r#"{"op":"status"}"#,
     r#"{"op":"bgp_status"}"#,
-    r#"{"op":"flows","after_seq":3,"since_ms":1000,"last":10}"#,
     r#"{"op":"add","attachment":{"network":"k8s-pod-network","container_id":"fz1","ifname":"eth0","netns_path":"/x","pod":{"namespace":"default","name":"fz"}},"mtu":0,"ipam":{"assign_ipv4":true,"assign_ipv6":false},"labels":{"app":"x"},"ports":[{"name":"http","port":80}]}"#,
     r#"{"op":"del","attachment":{"network":"k8s-pod-network","container_id":"fz1","ifname":"eth0"}}"#,
     r#"{"op":"check","attachment":{"network":"k8s-pod-network","container_id":"fz1","ifname":"eth0"},"prev_result":{"interfaces":[],"ips":[{"address":"10.79.0.1/32"}],"routes":[]}}"#,
@@ -60,6 +59,7 @@ const VALID: &[&str] = &[
     r#"{"op":"ipam_add","attachment":{"network":"k8s-pod-network","container_id":"fz2","ifname":"eth0"},"ipam":{"assign_ipv4":true,"assign_ipv6":true,"requested":["10.79.0.9"]}}"#,
     r#"{"op":"ipam_del","network":"k8s-pod-network","container_id":"fz2","ifname":"eth0"}"#,
     r#"{"op":"ipam_check","network":"k8s-pod-network","container_id":"fz2","ifname":"eth0"}"#,
+    r#"{"op":"flows","after_seq":3,"since_ms":1000,"last":10}"#,
 ];
 
 fn arb_body() -> impl Strategy<Value = Vec<u8>> {
