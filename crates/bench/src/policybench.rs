@@ -355,8 +355,9 @@ impl tern_agent::flows::FlowModel for BenchModel {
 }
 
 impl RecordsReader {
-    /// Binds the group inside `node` and starts the service's reader thread.
-    fn start(node: &str, set: PolicySet) -> anyhow::Result<RecordsReader> {
+    /// Binds the group inside `node` and starts the service's reader thread, on `cpu` when
+    /// given (the agent's own CPU, not the one the measured traffic runs on).
+    fn start(node: &str, set: PolicySet, cpu: Option<usize>) -> anyhow::Result<RecordsReader> {
         let ns =
             tern_linux::netns::NetNs::open(std::path::Path::new(&format!("/run/netns/{node}")))?;
         let cfg = tern_agent::config::FlowsConfig::new(PP_FLOW_GROUP);
@@ -371,6 +372,9 @@ impl RecordsReader {
         std::thread::Builder::new()
             .name("bench-flows".into())
             .spawn(move || {
+                if let Err(e) = pin_thread(cpu) {
+                    log::warn!("flow reader not pinned: {e}");
+                }
                 let model = BenchModel(set);
                 let hosts = tern_agent::flows::resolve::Hosts::default();
                 let mut sock = sock;
@@ -1053,7 +1057,10 @@ pub fn run_per_packet(o: &PerPacketOptions) -> anyhow::Result<PerPacketReport> {
                     "tern" => nft(node, &tern_script)?,
                     "tern+records" => {
                         nft(node, &records_script)?;
-                        reader = Some(RecordsReader::start(node, pp_policy_set(o.rules)?)?);
+                        // The reader on the other CPU than client and server, as an agent
+                        // would run beside the pods it watches.
+                        let other = o.pin.map(|p| usize::from(p.client == 0));
+                        reader = Some(RecordsReader::start(node, pp_policy_set(o.rules)?, other)?);
                     }
                     "iptables" => {
                         ns_run(node, &["iptables-restore"], Some(&iptables_script))?;
