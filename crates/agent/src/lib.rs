@@ -18,6 +18,8 @@
 //!   http thread(s):     /metrics, /liveness, /readiness (http.rs)
 //!   kubernetes:         API server watches → pod labels into the endpoints, namespaces and
 //!                       NetworkPolicies into the policy engine (kube/, with `--kubernetes`)
+//!   flows:              NFLOG → flow records resolved against the policy model, a bounded
+//!                       ring served on the socket (flows/, on unless --flow-log-group 0)
 //! ```
 //!
 //! Every request is handled on its own thread; the only shared state is the store (which
@@ -32,7 +34,7 @@
 //! | layer | modules | may import |
 //! |---|---|---|
 //! | leaf | `admission` `claims` `code` `config` `endpoints` `external` `host` `hostcheck` `identity` `logger` `metrics` `mtu` `nat` `owners` `reaper` `routes` `runtime` `snapshot` `undo` `testutil` (unit tests only) | other leaves (the leaves form a DAG) |
-//! | service | `bgp` `dataplane` (with `dataplane::node`) `kube` `pod` (the pod lifecycle, with `pod::leak`) `policy` | leaves, never another service |
+//! | service | `bgp` `dataplane` (with `dataplane::node`) `flows` (flow records) `kube` `pod` (the pod lifecycle, with `pod::leak`) `policy` | leaves, never another service |
 //! | root | `agent` (`Agent`: start-up and wiring), `server` (the socket server), `reconcile` (the maintenance loop), `http` (the HTTP endpoints), this file | anything below, and `agent`'s `Agent` |
 //!
 //! Only the root names [`Agent`]: a service gets its inputs as arguments and keeps its own
@@ -43,7 +45,8 @@
 //! root attaches, `external::ExternalObjects`, through which the Kubernetes source feeds
 //! namespaces and NetworkPolicies to the engine, and `pod::EndpointPolicy` / `pod::PodSource`,
 //! which the root implements over the policy engine and the Kubernetes source for the pod
-//! lifecycle. The graph is acyclic, the root's too: `server`, `reconcile` and `http` add
+//! lifecycle, and `flows::FlowModel`, which the root implements over the policy engine and the
+//! store's nodes for the flow records. The graph is acyclic, the root's too: `server`, `reconcile` and `http` add
 //! `impl Agent` blocks to the `Agent` of `agent`, which names none of them.
 
 /// The cluster-wide IPAM check, which lives next to IPAM (`tern_ipam::audit`) so that `ternctl`
@@ -57,6 +60,7 @@ pub mod config;
 pub mod dataplane;
 pub mod endpoints;
 pub mod external;
+pub mod flows;
 pub mod host;
 pub mod hostcheck;
 pub mod http;

@@ -423,8 +423,13 @@ impl PolicyEngine {
         self.state.lock().unwrap().policy_set().pending(flow, dir)
     }
 
-    /// Runs `f` on the policy state as it is now (the enforced and the staged policies, the
-    /// namespaces and endpoints), under the engine's lock: keep it short.
+    /// Turns flow records on (the NFLOG group the rules log to) or off; the next apply
+    /// carries the change, and every resync keeps it.
+    pub fn set_flow_log(&self, log: Option<tern_policy::FlowLog>) {
+        self.state.lock().unwrap().set_flow_log(log);
+    }
+
+    /// Runs `f` over the policy model as it is now (flow records resolve against it).
     pub fn with_policy_set<R>(&self, f: impl FnOnce(&PolicySet) -> R) -> R {
         f(self.state.lock().unwrap().policy_set())
     }
@@ -485,7 +490,7 @@ impl PolicyEngine {
         let node = inc.node().to_string();
         // natOutgoing's part comes from the dataplane, not from this store read: keep it.
         let extra = inc.extra().clone();
-        let mut next = Incremental::new(&node, set);
+        let mut next = Incremental::with_flow_log(&node, set, inc.flow_log());
         next.set_extra(extra);
         // A fresh state does not know the kernel's: its first apply is the full resync.
         *inc = next;

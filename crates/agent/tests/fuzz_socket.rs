@@ -59,6 +59,7 @@ const VALID: &[&str] = &[
     r#"{"op":"ipam_add","attachment":{"network":"k8s-pod-network","container_id":"fz2","ifname":"eth0"},"ipam":{"assign_ipv4":true,"assign_ipv6":true,"requested":["10.79.0.9"]}}"#,
     r#"{"op":"ipam_del","network":"k8s-pod-network","container_id":"fz2","ifname":"eth0"}"#,
     r#"{"op":"ipam_check","network":"k8s-pod-network","container_id":"fz2","ifname":"eth0"}"#,
+    r#"{"op":"flows","after_seq":3,"since_ms":1000,"last":10}"#,
 ];
 
 fn arb_body() -> impl Strategy<Value = Vec<u8>> {

@@ -325,8 +325,75 @@ pub fn render(o: &PolicyBenchOptions, r: &PolicyBenchReport) -> String {
 
 /// Dataplane configurations measured: no netfilter at all; conntrack only (the stateful
 /// minimum of any node: natOutgoing and kube-proxy need it), the baseline of the target;
-/// tern's ruleset; the same rules as a linear iptables chain.
-pub const PP_MODES: [&str; 4] = ["none", "conntrack", "tern", "iptables"];
+/// tern's ruleset; tern's ruleset with flow records on (every deciding rule logs to NFLOG,
+/// and the agent's flow-record service reads and resolves the events in this process, as
+/// ternd does); the same rules as a linear iptables chain. (Five modes: the round order's
+/// carry-over balance is exact only for an even count, see [`round_order`].)
+pub const PP_MODES: [&str; 5] = ["none", "conntrack", "tern", "tern+records", "iptables"];
+
+/// The mode flow records are compared with (records off).
+pub const PP_RECORDS_BASE: &str = "tern";
+/// The NFLOG group of the records mode.
+const PP_FLOW_GROUP: u16 = 2199;
+
+/// The flow-record service of the records mode, reading NFLOG in the node namespace.
+struct RecordsReader {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    flows: std::sync::Arc<tern_agent::flows::Flows>,
+}
+
+/// The policy model the records resolve against: the benchmark's own.
+struct BenchModel(PolicySet);
+
+impl tern_agent::flows::FlowModel for BenchModel {
+    fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet)) {
+        f(&self.0)
+    }
+    fn hosts(&self) -> tern_agent::flows::resolve::Hosts {
+        tern_agent::flows::resolve::Hosts::default()
+    }
+}
+
+impl RecordsReader {
+    /// Binds the group inside `node` and starts the service's reader thread, on `cpu` when
+    /// given (the agent's own CPU, not the one the measured traffic runs on).
+    fn start(node: &str, set: PolicySet, cpu: Option<usize>) -> anyhow::Result<RecordsReader> {
+        let ns =
+            tern_linux::netns::NetNs::open(std::path::Path::new(&format!("/run/netns/{node}")))?;
+        let cfg = tern_agent::config::FlowsConfig::new(PP_FLOW_GROUP);
+        let sock = ns.open_inside(|| {
+            tern_linux::nflog::NflogSocket::open(&tern_linux::nflog::NflogConfig::new(
+                PP_FLOW_GROUP,
+            ))
+        })??;
+        let flows = std::sync::Arc::new(tern_agent::flows::Flows::new("n1", cfg));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (f2, s2) = (flows.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("bench-flows".into())
+            .spawn(move || {
+                if let Err(e) = pin_thread(cpu) {
+                    log::warn!("flow reader not pinned: {e}");
+                }
+                let model = BenchModel(set);
+                let hosts = tern_agent::flows::resolve::Hosts::default();
+                let mut sock = sock;
+                while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(b) = sock.recv(Duration::from_millis(100)) {
+                        f2.take(b, &model, &hosts);
+                    }
+                }
+            })?;
+        Ok(RecordsReader { stop, flows })
+    }
+
+    /// Stops the reader; (records kept, records dropped).
+    fn stop(self) -> (usize, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(150));
+        (self.flows.len(), self.flows.dropped())
+    }
+}
 
 /// The mode every loss is measured against.
 pub const PP_BASELINE: &str = "conntrack";
@@ -956,6 +1023,15 @@ pub fn run_per_packet(o: &PerPacketOptions) -> anyhow::Result<PerPacketReport> {
     let tern_script = Incremental::new("n1", pp_policy_set(o.rules)?)
         .full_script()
         .text;
+    let records_script = Incremental::with_flow_log(
+        "n1",
+        pp_policy_set(o.rules)?,
+        Some(tern_policy::FlowLog {
+            group: PP_FLOW_GROUP,
+        }),
+    )
+    .full_script()
+    .text;
     let iptables_script = pp_iptables(o.rules);
     let mut samples = Vec::new();
     // Round -> figure -> every mode: the samples paired for one figure are taken within
@@ -975,9 +1051,17 @@ pub fn run_per_packet(o: &PerPacketOptions) -> anyhow::Result<PerPacketReport> {
             for m in round_order(block, PP_MODES.len()) {
                 let mode = PP_MODES[m];
                 ns_run(node, &["nft", "flush", "ruleset"], None)?;
+                let mut reader = None;
                 match mode {
                     "conntrack" => nft(node, PP_CONNTRACK_ONLY)?,
                     "tern" => nft(node, &tern_script)?,
+                    "tern+records" => {
+                        nft(node, &records_script)?;
+                        // The reader on the other CPU than client and server, as an agent
+                        // would run beside the pods it watches.
+                        let other = o.pin.map(|p| usize::from(p.client == 0));
+                        reader = Some(RecordsReader::start(node, pp_policy_set(o.rules)?, other)?);
+                    }
                     "iptables" => {
                         ns_run(node, &["iptables-restore"], Some(&iptables_script))?;
                     }
@@ -1001,6 +1085,10 @@ pub fn run_per_packet(o: &PerPacketOptions) -> anyhow::Result<PerPacketReport> {
                         s.connections_per_s =
                             pp_connection_rate(cli, srv, d, o.pin).with_context(what)?;
                     }
+                }
+                if let Some(r) = reader {
+                    let (kept, dropped) = r.stop();
+                    log::info!("{}: {kept} flow records kept, {dropped} dropped", what());
                 }
             }
             block += 1;
@@ -1107,9 +1195,39 @@ pub fn render_per_packet(r: &PerPacketReport) -> String {
             "none" => "(no netfilter)".into(),
             "tern" if missed.is_empty() => "ok".into(),
             "tern" => format!("MISS ({})", missed.join(", ")),
+            "tern+records" => "(records on)".into(),
             _ => "(comparison)".into(),
         };
         let _ = writeln!(s, "| {mode} | {} | {verdict} |", cells.join(" | "));
+    }
+    if r.samples.iter().any(|x| x.mode == "tern+records") {
+        let loss = |f| {
+            fmt_loss(&paired_losses(
+                &r.samples,
+                "tern+records",
+                PP_RECORDS_BASE,
+                f,
+            ))
+        };
+        let conn = median(&paired_losses(
+            &r.samples,
+            "tern+records",
+            PP_RECORDS_BASE,
+            Figure::Connections,
+        ));
+        let _ = writeln!(
+            s,
+            "\nflow records on vs off (tern+records against tern, paired): iperf3 {}, \
+             req/resp {}, new conn {}; target new conn <= {PP_TARGET_LOSS_PCT}%: {}",
+            loss(Figure::Throughput),
+            loss(Figure::Requests),
+            loss(Figure::Connections),
+            match conn {
+                Some(l) if l <= PP_TARGET_LOSS_PCT => "ok",
+                Some(_) => "MISS",
+                None => "-",
+            }
+        );
     }
     let _ = writeln!(
         s,

@@ -7,17 +7,23 @@
 //!    pre-assigned address since before the ADD, receives nothing.
 //! 3. Restart under load: while the receiving node's agent is killed and restarted, an allowed
 //!    TCP flow keeps flowing (bounded longest gap) and a denied UDP flow never gets through.
+//! 4. Flow records (issue 21): after each step of proof 1, every probe's last connection has
+//!    its records on the agents (egress at the client's node; ingress at the server's when
+//!    egress let it through) with the verdict the probe saw and the cause the independent
+//!    evaluator (`PolicySet::explain` over the store's state) gives: the deciding rule for an
+//!    allow or a deny by rule, every selecting policy for a default deny, none without policy.
 //!
 //! Needs root (namespaces); nothing happens in the root network namespace. The lab has a unique
 //! name and is torn down by a guard, also when an assertion fails.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_norway::Value;
+use tern_api::flow::{FlowDirection, FlowQuery, FlowRecord, FlowVerdict};
 use tern_lab::netns::in_netns;
 use tern_lab::netpol::{self, K8sPod, L4, Matrix};
 use tern_lab::traffic::Proto;
@@ -160,7 +166,194 @@ fn expected(step: &Value, cols: &[String], l4s: &[L4]) -> (Vec<(L4, u16)>, Vec<M
     (combos, want)
 }
 
-/// Proof 1. Returns the failed cases' reports.
+fn record_cause(r: &FlowRecord) -> (String, Vec<String>) {
+    let mut ps: Vec<String> = r
+        .policies
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{}/{} {}",
+                p.kind,
+                p.namespace.as_deref().unwrap_or(""),
+                p.name,
+                p.rule.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    ps.sort();
+    (r.reason.as_str().to_string(), ps)
+}
+
+fn explained_cause(d: &tern_policy::DirectionExplanation) -> (String, Vec<String>) {
+    let mut ps: Vec<String> = d
+        .policies
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{}/{} {}",
+                p.kind.as_str(),
+                p.namespace.as_deref().unwrap_or(""),
+                p.name,
+                p.rule.map(|r| r.to_string()).unwrap_or_default()
+            )
+        })
+        .collect();
+    ps.sort();
+    (d.reason.as_str().to_string(), ps)
+}
+
+/// Proof 4 for one step whose matrices hold: the last connection of every probed cell has
+/// records with the probe's verdict and explain's cause. A round that matched before every
+/// agent had the step's policies (its verdicts were right by another cause) is probed again,
+/// as the matrices are, until `STEP_DEADLINE`. `since_ms`: before the step's probes.
+fn check_records(
+    lab: &Lab,
+    m: &Model,
+    combos: &[(L4, u16)],
+    want: &[Matrix],
+    since_ms: u64,
+) -> Vec<String> {
+    let t = Instant::now();
+    loop {
+        let (cells, mut problems) = record_problems(lab, m, combos, want, since_ms);
+        if problems.is_empty() || cells.is_empty() || t.elapsed() > STEP_DEADLINE {
+            return problems;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        if let Err(e) = netpol::probe_cells(&m.pods, combos, &cells, PROBE_TIMEOUT) {
+            problems.push(format!("  probing again: {e}"));
+            return problems;
+        }
+    }
+}
+
+/// One check of proof 4: the cells with a problem (to probe again) and every problem.
+fn record_problems(
+    lab: &Lab,
+    m: &Model,
+    combos: &[(L4, u16)],
+    want: &[Matrix],
+    since_ms: u64,
+) -> (Vec<netpol::Cell>, Vec<String>) {
+    let mut cells = Vec::new();
+    let state = tern_lab::cluster::with_store(&lab.st, |s| {
+        tern_ctl::commands::explain::load(&*s)
+            .map_err(|e| tern_lab::LabError::Invalid(e.to_string()))
+    })
+    .unwrap();
+    let q = FlowQuery {
+        after_seq: Some(0),
+        since_ms: Some(since_ms),
+        last: None,
+    };
+    type Key = (FlowDirection, IpAddr, IpAddr, String, Option<u16>);
+    let mut latest: HashMap<Key, FlowRecord> = HashMap::new();
+    let mut problems = Vec::new();
+    for n in &lab.st.nodes {
+        let reply = match tern_ctl::commands::flows::fetch(&n.socket, &q) {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(format!("  records of {}: {e}", n.name));
+                continue;
+            }
+        };
+        for r in reply.records {
+            let (Ok(src), Ok(dst)) = (r.src.ip.parse(), r.dst.ip.parse()) else {
+                continue;
+            };
+            let k = (r.direction, src, dst, r.proto.clone(), r.dst.port);
+            if latest
+                .get(&k)
+                .is_none_or(|o| (o.time, o.seq) < (r.time, r.seq))
+            {
+                latest.insert(k, r);
+            }
+        }
+    }
+    let mut checked = 0u64;
+    for (ci, &(l4, port)) in combos.iter().enumerate() {
+        let (proto, protocol) = match l4 {
+            L4::Tcp => ("tcp", tern_model::Protocol::Tcp),
+            L4::Udp => ("udp", tern_model::Protocol::Udp),
+            L4::Sctp => ("sctp", tern_model::Protocol::Sctp),
+        };
+        for (i, a) in m.pods.iter().enumerate() {
+            for (j, b) in m.pods.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let cell = format!("{}/{port} {} -> {}", l4.as_str(), a.id(), b.id());
+                let x = state.set.explain(&tern_policy::Flow {
+                    src: a.ip,
+                    dst: b.ip,
+                    protocol,
+                    dst_port: port,
+                });
+                let key = |d| (d, a.ip, b.ip, proto.to_string(), Some(port));
+                let before = problems.len();
+                let Some(eg) = latest.get(&key(FlowDirection::Egress)) else {
+                    problems.push(format!("  {cell}: no egress record"));
+                    cells.push(netpol::Cell {
+                        combo: ci,
+                        from: i,
+                        to: j,
+                    });
+                    continue;
+                };
+                let mut allowed = eg.verdict == FlowVerdict::Allowed;
+                let mut check = |r: &FlowRecord, d: &tern_policy::DirectionExplanation| {
+                    checked += 1;
+                    if (r.verdict == FlowVerdict::Allowed) != d.verdict.is_allowed()
+                        || record_cause(r) != explained_cause(d)
+                    {
+                        problems.push(format!(
+                            "  {cell}: {} record {} {:?}, explain {} {:?}",
+                            r.direction.as_str(),
+                            r.verdict.as_str(),
+                            record_cause(r),
+                            d.verdict.as_str(),
+                            explained_cause(d)
+                        ));
+                    }
+                };
+                check(eg, &x.egress);
+                if allowed {
+                    match latest.get(&key(FlowDirection::Ingress)) {
+                        Some(ig) if ig.time + 1000 >= eg.time => {
+                            allowed = ig.verdict == FlowVerdict::Allowed;
+                            check(ig, &x.ingress);
+                        }
+                        _ => problems.push(format!("  {cell}: egress allowed, no ingress record")),
+                    }
+                }
+                if allowed != want[ci][i][j] {
+                    problems.push(format!(
+                        "  {cell}: records say {}, the probe saw {}",
+                        if allowed { "allowed" } else { "denied" },
+                        if want[ci][i][j] { "allowed" } else { "denied" }
+                    ));
+                }
+                if problems.len() > before {
+                    cells.push(netpol::Cell {
+                        combo: ci,
+                        from: i,
+                        to: j,
+                    });
+                }
+            }
+        }
+    }
+    if checked == 0 {
+        problems.push("  no record checked".into());
+    }
+    RECORDS_CHECKED.fetch_add(checked, Ordering::Relaxed);
+    (cells, problems)
+}
+
+/// Records proof 4 compared with explain, over the whole run.
+static RECORDS_CHECKED: AtomicU64 = AtomicU64::new(0);
+
+/// Proof 1 (and 4). Returns the failed cases' reports.
 fn conformance(lab: &Lab, m: &Model, doc: &Value, l4s: &[L4]) -> Vec<String> {
     let cols: Vec<String> = m.pods.iter().map(K8sPod::id).collect();
     let all: Vec<(L4, u16)> = l4s.iter().flat_map(|&l| [(l, 80), (l, 81)]).collect();
@@ -189,11 +382,18 @@ fn conformance(lab: &Lab, m: &Model, doc: &Value, l4s: &[L4]) -> Vec<String> {
                 apply_action(lab, m, &mut cs, a);
             }
             let (combos, want) = expected(step, &cols, l4s);
+            let since = tern_ctl::commands::flows::now_ms();
             let (diffs, _) =
                 netpol::wait_for_matrices(&m.pods, &combos, &want, PROBE_TIMEOUT, STEP_DEADLINE)
                     .unwrap();
+            let matched = diffs.is_empty();
             for d in diffs {
                 problems.push(format!("  step {si}: {d}"));
+            }
+            if matched {
+                for p in check_records(lab, m, &combos, &want, since) {
+                    problems.push(format!("  step {si} records:{p}"));
+                }
             }
         }
         reset(lab, m, &mut cs);
@@ -224,10 +424,11 @@ fn conformance(lab: &Lab, m: &Model, doc: &Value, l4s: &[L4]) -> Vec<String> {
         }
     }
     println!(
-        "netpol conformance: {} cases, {} failed, {:.1}s",
+        "netpol conformance: {} cases, {} failed, {:.1}s; {} flow records agreed with explain",
         doc["cases"].as_sequence().unwrap().len(),
         failed.len(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        RECORDS_CHECKED.load(Ordering::Relaxed)
     );
     failed
 }
@@ -432,6 +633,87 @@ fn restart_under_load(lab: &mut Lab, m: &Model) -> Result<String, String> {
     Ok(line)
 }
 
+/// `ternctl flows` on the lab (after proof 3): the denied records as JSON lines and as a table,
+/// and the filters holding on what comes back.
+fn flows_cli(lab: &Lab) -> Result<String, String> {
+    let run = |args: &[&str]| -> Result<String, String> {
+        let out = std::process::Command::new(common::ternctl())
+            .args(["flows", "--lab", &lab.st.name])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "ternctl flows {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // Proof 3's denied UDP flow: a default deny of only-b (x/a's ingress). Records of its
+    // last packets may be resolved after only-b was deleted from the agent's model and name
+    // no policy (the kernel's verdict stands; the agent counts the disagreement), so the
+    // policy filter picks those that name it.
+    let json = run(&[
+        "--verdict",
+        "denied",
+        "--policy",
+        "x/only-b",
+        "--last",
+        "20",
+        "-o",
+        "json",
+    ])?;
+    let denied: Vec<FlowRecord> = json
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("a JSON line does not parse: {e}\n{json}"))?;
+    if denied.is_empty() || denied.len() > 20 {
+        return Err(format!("--last 20 gave {} denied records", denied.len()));
+    }
+    if let Some(r) = denied.iter().find(|r| {
+        r.verdict != FlowVerdict::Denied
+            || r.reason != tern_api::flow::FlowReason::DefaultDeny
+            || !r.policies.iter().any(|p| p.name == "only-b")
+            || r.dst.pod.as_deref() != Some("a")
+    }) {
+        return Err(format!("not a default deny of only-b at x/a: {r:?}"));
+    }
+    let table = run(&["--verdict", "denied", "--last", "3"])?;
+    if table.lines().count() != 3 || !table.lines().all(|l| l.contains(" DENIED ")) {
+        return Err(format!("the table of the last 3 denied:\n{table}"));
+    }
+    let filtered = run(&[
+        "-n",
+        "x",
+        "--direction",
+        "ingress",
+        "--port",
+        "80",
+        "--last",
+        "50",
+        "-o",
+        "json",
+    ])?;
+    let n = filtered.lines().count();
+    for l in filtered.lines() {
+        let r: FlowRecord = serde_json::from_str(l).map_err(|e| e.to_string())?;
+        let in_x = [&r.src, &r.dst]
+            .iter()
+            .any(|e| e.namespace.as_deref() == Some("x"));
+        if !in_x || r.direction != FlowDirection::Ingress || r.dst.port != Some(80) {
+            return Err(format!("a record past the filters: {l}"));
+        }
+    }
+    Ok(format!(
+        "ternctl flows: {} denied records as JSON, a table of 3, {n} filtered (-n x \
+         --direction ingress --port 80); last denied: {}",
+        denied.len(),
+        table.lines().last().unwrap_or("")
+    ))
+}
+
 #[test]
 fn netpol_proofs_in_three_node_lab() {
     let dir = common::lab_ready();
@@ -441,6 +723,10 @@ fn netpol_proofs_in_three_node_lab() {
     o.nodes = 3;
     o.encap = Encap::Vxlan;
     o.agent_timeout = Duration::from_secs(30);
+    // Every probe's record is checked: no sampling, and room for a step's rounds.
+    o.agent_args = ["--flow-ring", "200000", "--flow-rate", "1000000"]
+        .map(String::from)
+        .to_vec();
     let mut lab = Lab::up(&o);
     let sctp = in_netns(&lab.st.nodes[0].netns, netpol::sctp_available).unwrap();
     let l4s: Vec<L4> = match &sctp {
@@ -464,9 +750,12 @@ fn netpol_proofs_in_three_node_lab() {
     println!("{}", fp.as_ref().unwrap_or_else(|e| e));
     let rl = restart_under_load(&mut lab, &m);
     println!("{}", rl.as_ref().unwrap_or_else(|e| e));
+    let fl = flows_cli(&lab);
+    println!("{}", fl.as_ref().unwrap_or_else(|e| e));
     let mut problems = failed;
     problems.extend(fp.err().map(|e| format!("first packet: {e}")));
     problems.extend(rl.err().map(|e| format!("restart under load: {e}")));
+    problems.extend(fl.err().map(|e| format!("ternctl flows: {e}")));
     assert!(
         problems.is_empty(),
         "{} problems:\n{}{}",
