@@ -282,7 +282,7 @@ impl KubeStore {
                 Err(e) => return Err(io_err(e)),
             };
             match opcode {
-                0 | 1 | 2 => {
+                0..=2 => {
                     if message.len() + payload.len() > MAX_MESSAGE as usize {
                         return Err(err(format!("{what}: a message over {MAX_MESSAGE} bytes")));
                     }
