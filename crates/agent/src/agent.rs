@@ -38,6 +38,8 @@ pub struct Agent {
     pub(crate) bgp: Option<Arc<crate::bgp::Bgp>>,
     /// The Kubernetes source (`--kubernetes`, see [`crate::kube`]).
     pub(crate) kube: Option<Arc<crate::kube::Kube>>,
+    /// Flow records (see [`crate::flows`]); present when configured and the policy engine is.
+    pub(crate) flows: Option<Arc<crate::flows::Flows>>,
     /// The socket server's admission state (connections served, refusals logged).
     pub(crate) gate: crate::admission::Gate,
     /// The cluster ID this node joined at start ([`crate::identity`]).
@@ -170,6 +172,14 @@ impl Agent {
         } else {
             None
         };
+        // Flow records change the compiled table: set before its first apply.
+        let flows = match (&policy, cfg.flows) {
+            (Some(p), Some(fc)) => {
+                p.set_flow_log(Some(tern_policy::FlowLog { group: fc.group }));
+                Some(Arc::new(crate::flows::Flows::new(&cfg.node_name, fc)))
+            }
+            _ => None,
+        };
         // Before the dataplane's first sync (the engine's first apply): seeds the engine with
         // the last Kubernetes snapshot so the previous rules stay in force.
         let external = policy
@@ -240,6 +250,7 @@ impl Agent {
             dataplane_stop: Arc::new(AtomicBool::new(false)),
             bgp,
             kube,
+            flows,
             gate: crate::admission::Gate::default(),
             cluster_id,
             store_problem: Mutex::new(None),
@@ -327,6 +338,14 @@ impl Agent {
         if let Some(p) = &self.policy {
             p.spawn_watch(self.dataplane_stop.clone())
                 .context("spawning the policy watch thread")?;
+            if let Some(f) = &self.flows {
+                let model = Arc::new(FlowPolicyModel {
+                    policy: p.clone(),
+                    store: self.store.clone(),
+                });
+                f.spawn(model, self.dataplane_stop.clone())
+                    .context("spawning the flow records thread")?;
+            }
         }
         Ok(())
     }
@@ -461,6 +480,36 @@ impl EndpointPolicy for PolicyHook {
         self.0
             .endpoint_removed(namespace, name)
             .map_err(|e| e.to_string())
+    }
+}
+
+/// The policy engine and the store's nodes as the flow records ask them.
+struct FlowPolicyModel {
+    policy: Arc<crate::policy::PolicyEngine>,
+    store: Arc<dyn Store>,
+}
+
+impl crate::flows::FlowModel for FlowPolicyModel {
+    fn with_policy_set(&self, f: &mut dyn FnMut(&tern_policy::PolicySet)) {
+        self.policy.with_policy_set(f)
+    }
+
+    fn hosts(&self) -> crate::flows::resolve::Hosts {
+        let mut hosts = crate::flows::resolve::Hosts::default();
+        match crate::snapshot::load_snapshot(&*self.store) {
+            Ok(s) => {
+                for n in s.nodes {
+                    for a in &n.addresses {
+                        hosts.by_ip.insert(a.addr(), n.name.clone());
+                    }
+                    if let Some(t) = n.vxlan_tunnel_addr {
+                        hosts.by_ip.insert(t, n.name.clone());
+                    }
+                }
+            }
+            Err(e) => log::debug!("flows: cannot read the nodes now: {e}"),
+        }
+        hosts
     }
 }
 

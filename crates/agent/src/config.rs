@@ -73,7 +73,43 @@ pub struct AgentConfig {
     /// Set the sysctls tern needs (`ip_forward`, ...) when they are wrong; off with
     /// `--no-set-sysctls`, which only reports them (see [`crate::hostcheck`]).
     pub set_sysctls: bool,
+    /// Flow records (see [`crate::flows`]): None = off, the policy table then carries no log
+    /// statements. ternd turns them on by default (`--flow-log-group`).
+    pub flows: Option<FlowsConfig>,
 }
+
+/// The flow records' bounds (`ternd --flow-*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowsConfig {
+    /// The NFLOG group the policy rules log each connection's first packet to.
+    pub group: u16,
+    /// Records kept (the ring; the oldest go first).
+    pub ring: usize,
+    /// Records made per second at most (a burst of as many); beyond it events are counted
+    /// as dropped (sampled out), never queued.
+    pub rate: u32,
+    /// Minutes of per-minute aggregates kept.
+    pub minutes: usize,
+    /// Distinct aggregate keys per minute; more are counted in the minute's overflow.
+    pub keys_per_minute: usize,
+}
+
+impl FlowsConfig {
+    /// The defaults: group 2100, 10,000 records, 5,000 records/s, 15 minutes of at most
+    /// 1,000 keys.
+    pub fn new(group: u16) -> FlowsConfig {
+        FlowsConfig {
+            group,
+            ring: 10_000,
+            rate: 5_000,
+            minutes: 15,
+            keys_per_minute: 1_000,
+        }
+    }
+}
+
+/// The NFLOG group ternd logs flows to unless told otherwise.
+pub const DEFAULT_FLOW_LOG_GROUP: u16 = 2100;
 
 impl AgentConfig {
     /// A configuration with tern's defaults for everything but the node, store and socket.
@@ -104,6 +140,7 @@ impl AgentConfig {
             max_connections: MAX_CONNECTIONS,
             accept_new_store: false,
             set_sysctls: true,
+            flows: None,
         }
     }
 }

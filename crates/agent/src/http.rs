@@ -68,6 +68,9 @@ impl Agent {
         if let Some(k) = &self.kube {
             k.render_metrics(node, &mut page);
         }
+        if let Some(f) = &self.flows {
+            f.render_metrics(node, &mut page);
+        }
         self.metrics.render_counters(node, &mut page);
         self.host.render_metrics(node, &mut page);
         crate::metrics::render_heap(node, &mut page);

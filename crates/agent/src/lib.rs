@@ -57,6 +57,7 @@ pub mod config;
 pub mod dataplane;
 pub mod endpoints;
 pub mod external;
+pub mod flows;
 pub mod host;
 pub mod hostcheck;
 pub mod http;

@@ -406,6 +406,17 @@ impl PolicyEngine {
         self.full_applies.load(Ordering::Relaxed)
     }
 
+    /// Turns flow records on (the NFLOG group the rules log to) or off; the next apply
+    /// carries the change, and every resync keeps it.
+    pub fn set_flow_log(&self, log: Option<tern_policy::FlowLog>) {
+        self.state.lock().unwrap().set_flow_log(log);
+    }
+
+    /// Runs `f` over the policy model as it is now (flow records resolve against it).
+    pub fn with_policy_set<R>(&self, f: impl FnOnce(&PolicySet) -> R) -> R {
+        f(self.state.lock().unwrap().policy_set())
+    }
+
     /// The desired table as it is now (diagnostics, tests).
     pub fn desired(&self) -> Ruleset {
         self.state.lock().unwrap().desired()
@@ -462,7 +473,7 @@ impl PolicyEngine {
         let node = inc.node().to_string();
         // natOutgoing's part comes from the dataplane, not from this store read: keep it.
         let extra = inc.extra().clone();
-        let mut next = Incremental::new(&node, set);
+        let mut next = Incremental::with_flow_log(&node, set, inc.flow_log());
         next.set_extra(extra);
         // A fresh state does not know the kernel's: its first apply is the full resync.
         *inc = next;

@@ -272,6 +272,18 @@ impl Agent {
                 Request::BgpStatus => Ok(tern_api::Reply::BgpStatus(
                     self.bgp.as_ref().map(|b| b.status()).unwrap_or_default(),
                 )),
+                Request::Flows(q) => match &self.flows {
+                    Some(f) => Ok(tern_api::Reply::Flows(f.query(&q))),
+                    None => Err(ErrorReply {
+                        code: tern_cni::code::NOT_AVAILABLE,
+                        msg: format!(
+                            "flow records are off on node {} (ternd --flow-log-group, and the \
+                             dataplane must run)",
+                            self.cfg.node_name
+                        ),
+                        details: String::new(),
+                    }),
+                },
             },
         };
         let result = if resp.is_ok() { "ok" } else { "error" };
@@ -303,6 +315,7 @@ fn op_name(r: &Request) -> String {
         Request::IpamDel(a) => format!("IPAM DEL {}", a.container_id),
         Request::IpamCheck(a) => format!("IPAM CHECK {}", a.container_id),
         Request::BgpStatus => "BGP STATUS".into(),
+        Request::Flows(_) => "FLOWS".into(),
     }
 }
 
@@ -318,6 +331,7 @@ fn op_kind(r: &Request) -> &'static str {
         Request::IpamDel(_) => "ipam_del",
         Request::IpamCheck(_) => "ipam_check",
         Request::BgpStatus => "bgp_status",
+        Request::Flows(_) => "flows",
     }
 }
 

@@ -58,6 +58,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("kube", Service),
     ("pod", Service),
     ("policy", Service),
+    ("flows", Service),
     ("agent", Root),
     ("http", Root),
     ("crate", Root),

@@ -184,6 +184,10 @@ pub struct FlowReply {
     pub last_seq: u64,
     /// Records the node did not keep: sampled out under load or lost by the kernel.
     pub dropped: u64,
+    /// More records matched than one reply carries (`tern_api::MAX_FRAME`): a follower asks
+    /// again after the last one.
+    #[serde(default)]
+    pub more: bool,
 }
 
 fn ser_time<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {

@@ -259,6 +259,8 @@ pub enum Request {
     IpamCheck(Attachment),
     /// The node's BGP sessions (`ternctl node status`).
     BgpStatus,
+    /// The node's flow records (`ternctl flows`).
+    Flows(flow::FlowQuery),
 }
 
 /// A BGP session's state as BIRD names its protocols' (and calicoctl prints them): `up` when
@@ -339,6 +341,8 @@ pub enum Reply {
     Status(StatusReply),
     /// BgpStatus.
     BgpStatus(BgpStatusReply),
+    /// Flows.
+    Flows(flow::FlowReply),
 }
 
 /// A failed request, carrying the CNI error code to report.

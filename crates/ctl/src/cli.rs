@@ -107,6 +107,9 @@ pub enum Command {
     /// Which policy and which rule decide a connection, from live state (`--from NS/POD --to
     /// NS/POD --port 8080/TCP`).
     Explain(ExplainArgs),
+    /// Recent connections with their verdict and its cause (policy and rule), from every
+    /// node's agent (flow records).
+    Flows(FlowsArgs),
     /// IP address management.
     Ipam {
         #[command(subcommand)]
@@ -148,6 +151,65 @@ pub struct ExplainArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = ExplainOutput::Table)]
     pub output: ExplainOutput,
+}
+
+/// `flows`: which records, from which agents, how shown.
+#[derive(Debug, Args)]
+pub struct FlowsArgs {
+    /// Either end in this namespace.
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Either end this pod (NAMESPACE/POD or POD).
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Either end's labels match (`app=web,tier!=db` or tern's `app == 'web'`).
+    #[arg(short = 'l', long)]
+    pub selector: Option<String>,
+    /// allowed or denied.
+    #[arg(long, value_enum)]
+    pub verdict: Option<FlowVerdictArg>,
+    /// ingress or egress (at the pod that decided).
+    #[arg(long, value_enum)]
+    pub direction: Option<FlowDirectionArg>,
+    /// The destination port.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// A policy named in the record: NAME, NAMESPACE/NAME or KIND/NAMESPACE/NAME.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Only records of the last DURATION (30s, 5m, 2h, 1d).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only the last N records (after the filters).
+    #[arg(long)]
+    pub last: Option<usize>,
+    /// Keep printing new records as they come.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Output format: a table, or JSON lines (one record a line).
+    #[arg(short = 'o', long, value_enum, default_value_t = ExplainOutput::Table)]
+    pub output: ExplainOutput,
+    /// An agent socket to ask (repeatable); default: every node of the lab (`--name`), or
+    /// the local agent when there is no such lab.
+    #[arg(long)]
+    pub socket: Vec<PathBuf>,
+    /// The lab whose nodes are asked.
+    #[arg(long, default_value = "lab")]
+    pub lab: String,
+}
+
+/// `--verdict`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FlowVerdictArg {
+    Allowed,
+    Denied,
+}
+
+/// `--direction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FlowDirectionArg {
+    Ingress,
+    Egress,
 }
 
 /// Output formats of `explain`.

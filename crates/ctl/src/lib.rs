@@ -116,6 +116,99 @@ fn non_empty(p: Option<&std::path::Path>) -> Option<&std::path::Path> {
     p.filter(|p| !p.as_os_str().is_empty())
 }
 
+/// `ternctl flows`: one listing, or a listing and then every new record (`--follow`).
+fn run_flows(args: &cli::FlowsArgs) -> anyhow::Result<i32> {
+    use commands::flows;
+    use tern_api::flow::{FlowDirection, FlowQuery, FlowVerdict};
+    let filter = flows::Filter {
+        namespace: args.namespace.clone(),
+        pod: args.pod.clone(),
+        selector: args
+            .selector
+            .as_deref()
+            .map(flows::parse_selector)
+            .transpose()?,
+        verdict: args.verdict.map(|v| match v {
+            cli::FlowVerdictArg::Allowed => FlowVerdict::Allowed,
+            cli::FlowVerdictArg::Denied => FlowVerdict::Denied,
+        }),
+        direction: args.direction.map(|d| match d {
+            cli::FlowDirectionArg::Ingress => FlowDirection::Ingress,
+            cli::FlowDirectionArg::Egress => FlowDirection::Egress,
+        }),
+        port: args.port,
+        policy: args.policy.clone(),
+    };
+    let since_ms = match &args.since {
+        Some(s) => Some(flows::now_ms().saturating_sub(flows::parse_since(s)?.as_millis() as u64)),
+        None => None,
+    };
+    let sockets = flows::sockets(&args.socket, &args.lab)?;
+    let print = |r: &tern_api::flow::FlowRecord| match args.output {
+        cli::ExplainOutput::Table => println!("{}", flows::render_line(r)),
+        cli::ExplainOutput::Json => {
+            println!("{}", serde_json::to_string(r).unwrap_or_default())
+        }
+    };
+    let q = FlowQuery {
+        since_ms,
+        ..FlowQuery::default()
+    };
+    let (records, errors) = flows::collect(&sockets, &q, &filter);
+    for e in &errors {
+        eprintln!("warning: {e}");
+    }
+    if errors.len() == sockets.len() && !sockets.is_empty() {
+        anyhow::bail!("no agent answered: {}", errors.join("; "));
+    }
+    let mut cursors = flows::Cursors::new();
+    for r in &records {
+        let c = cursors.entry(r.node.clone()).or_insert(0);
+        *c = (*c).max(r.seq);
+    }
+    for r in &flows::last(records, args.last) {
+        print(r);
+    }
+    if !args.follow {
+        return Ok(0);
+    }
+    // Each node from its last record on; a node with none yet from what it has given so far.
+    let mut node_cursor: Vec<(String, std::path::PathBuf, u64)> = Vec::new();
+    for (node, sock) in &sockets {
+        let start = flows::fetch(
+            sock,
+            &FlowQuery {
+                last: Some(0),
+                ..FlowQuery::default()
+            },
+        )
+        .map(|r| r.last_seq)
+        .unwrap_or(0);
+        node_cursor.push((node.clone(), sock.clone(), start));
+    }
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        for (node, sock, cursor) in &mut node_cursor {
+            let q = FlowQuery {
+                after_seq: Some(*cursor),
+                ..FlowQuery::default()
+            };
+            match flows::fetch(sock, &q) {
+                Ok(reply) => {
+                    *cursor = reply
+                        .records
+                        .last()
+                        .map_or(reply.last_seq.max(*cursor), |r| r.seq);
+                    for r in reply.records.iter().filter(|r| filter.matches(r)) {
+                        print(r);
+                    }
+                }
+                Err(e) => eprintln!("warning: node {node}: {e}"),
+            }
+        }
+    }
+}
+
 /// Runs a parsed command line; returns the process exit code (errors are returned, not
 /// printed).
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
@@ -190,6 +283,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 }
             );
         }
+        Command::Flows(args) => return run_flows(&args),
         Command::Ipam { command } => {
             let s = open_store(&store)?;
             return run_ipam(s, command);

@@ -18,6 +18,7 @@ pub mod fake;
 pub mod kernel;
 pub mod netlink;
 pub mod netns;
+pub mod nflog;
 pub mod nft;
 pub mod nft_netlink;
 pub mod signals;

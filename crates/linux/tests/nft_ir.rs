@@ -487,6 +487,17 @@ fn rich() -> Ruleset {
             prefix: "tern 0123456789ab-i7: ".into(),
         }],
     ));
+    pol_in.push(Rule::new(
+        vec![Match::L4Proto(L4Proto::Udp)],
+        vec![
+            Stmt::LogGroup {
+                prefix: "t:0123456789ab:i:3:d".into(),
+                group: 7,
+                snaplen: 96,
+            },
+            Stmt::Verdict(Verdict::Drop),
+        ],
+    ));
     pol_in.push(Rule::verdict(Verdict::Drop));
     rs.chains.insert("pol-a-in".into(), Chain::regular(pol_in));
     rs.chains.insert(

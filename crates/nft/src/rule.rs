@@ -319,6 +319,13 @@ pub enum Stmt {
     MarkOr(u32),
     /// `log prefix "PREFIX"`.
     Log { prefix: String },
+    /// `log prefix "PREFIX" group GROUP snaplen SNAPLEN`: the packet's first `snaplen` bytes
+    /// and the prefix to userspace through NFLOG group `group` (the flow records' tag).
+    LogGroup {
+        prefix: String,
+        group: u16,
+        snaplen: u32,
+    },
     /// `masquerade`.
     Masquerade,
     /// `iifname vmap @map`: the verdict the map holds for the interface, if any.
@@ -333,6 +340,11 @@ impl fmt::Display for Stmt {
             Stmt::MarkAnd(mask) => write!(f, "meta mark set meta mark and {mask:#010x}"),
             Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark or {bits:#x}"),
             Stmt::Log { prefix } => write!(f, "log prefix \"{prefix}\""),
+            Stmt::LogGroup {
+                prefix,
+                group,
+                snaplen,
+            } => write!(f, "log prefix \"{prefix}\" group {group} snaplen {snaplen}"),
             Stmt::Masquerade => f.write_str("masquerade"),
             Stmt::Vmap { iface, map } => write!(f, "{iface} vmap @{map}"),
             Stmt::Verdict(v) => write!(f, "{v}"),

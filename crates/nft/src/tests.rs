@@ -115,6 +115,21 @@ fn rules_render_as_nft_writes_them() {
         ),
         (
             Rule::new(
+                Vec::new(),
+                vec![
+                    Stmt::LogGroup {
+                        prefix: "t:0123456789ab:e:2:a".into(),
+                        group: 7,
+                        snaplen: 96,
+                    },
+                    Stmt::MarkOr(0x0001_0000),
+                    Stmt::Verdict(Verdict::Return),
+                ],
+            ),
+            "log prefix \"t:0123456789ab:e:2:a\" group 7 snaplen 96 meta mark set meta mark or 0x10000 return",
+        ),
+        (
+            Rule::new(
                 vec![
                     Match::AddrInSet {
                         addr: v4s(),

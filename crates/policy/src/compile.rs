@@ -20,6 +20,14 @@
 //! - per endpoint selector: address sets `sel-<hash>-v4|v6` of the matching endpoints'
 //!   addresses (cluster-wide); per (named port, protocol): `np-<hash>-v4|v6` of
 //!   `address . port`. Pods coming and going only change elements of these.
+//! - with flow records on ([`FlowLog`]; off by default, and the table is then exactly what it
+//!   is without them): every rule that ends a direction's walk (a policy's Allow, Deny or
+//!   Pass rule, the fast path, the endpoint chain's final drop) logs a tag
+//!   ([`crate::flowtag`]) to the NFLOG group before its verdict, and local endpoints no policy
+//!   selects in a direction get a map entry to one shared chain per direction
+//!   (`flow-np-in`/`flow-np-out`) that logs `t:np:<i|e>` and then does what having no entry
+//!   does (ingress: accept; egress: return to the base chain). Established packets never
+//!   reach these rules, so each new connection logs once per direction at a local pod.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +38,7 @@ use tern_nft::{
     Match, PortRange, Rule, Ruleset, Set, SetType, Stmt, Verdict,
 };
 
+use crate::flowtag::{FlowTag, TagAction};
 use crate::model::{
     Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match as Side, PolicyKey, PolicySet,
 };
@@ -45,6 +54,75 @@ pub const FORWARD_CHAIN: &str = "filter-forward";
 pub const INGRESS_MAP: &str = "ep-in";
 /// Map from a pod's host interface to its egress chain.
 pub const EGRESS_MAP: &str = "ep-out";
+
+/// The shared chain of local endpoints no policy selects in the ingress direction (flow
+/// records only).
+pub const NO_POLICY_IN_CHAIN: &str = "flow-np-in";
+/// The same for egress.
+pub const NO_POLICY_OUT_CHAIN: &str = "flow-np-out";
+/// How many bytes of a logged packet go to userspace: the network and transport headers (an
+/// IPv4 header with options and the ports, or an IPv6 header and the ports), not the data.
+pub const FLOW_SNAPLEN: u32 = 96;
+
+/// Flow records: the NFLOG group each connection's first packet is logged to with its tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowLog {
+    pub group: u16,
+}
+
+impl FlowLog {
+    /// The statement logging `tag`.
+    pub fn stmt(self, tag: &FlowTag) -> Stmt {
+        Stmt::LogGroup {
+            prefix: tag.to_string(),
+            group: self.group,
+            snaplen: FLOW_SNAPLEN,
+        }
+    }
+}
+
+/// `stmts` preceded by the log statement of `tag` when records are on.
+fn logged(log: Option<FlowLog>, tag: impl FnOnce() -> FlowTag, stmts: Vec<Stmt>) -> Vec<Stmt> {
+    match log {
+        Some(l) => std::iter::once(l.stmt(&tag())).chain(stmts).collect(),
+        None => stmts,
+    }
+}
+
+/// The shared no-policy chain of a direction.
+pub fn no_policy_chain_name(dir: Direction) -> &'static str {
+    match dir {
+        Direction::Ingress => NO_POLICY_IN_CHAIN,
+        Direction::Egress => NO_POLICY_OUT_CHAIN,
+    }
+}
+
+/// The shared no-policy chain of a direction: log, then what having no map entry does.
+pub fn no_policy_chain(log: FlowLog, dir: Direction) -> Chain {
+    let verdict = match dir {
+        Direction::Ingress => Verdict::Accept,
+        Direction::Egress => Verdict::Return,
+    };
+    Chain::regular(vec![Rule::new(
+        Vec::new(),
+        vec![log.stmt(&FlowTag::NoPolicy(dir)), Stmt::Verdict(verdict)],
+    )])
+}
+
+/// Where a local endpoint's map entry for a direction jumps: its own chain when it has one,
+/// the shared no-policy chain when records are on, else nowhere (no entry).
+pub fn endpoint_target(
+    ep: &Endpoint,
+    dir: Direction,
+    has_chain: bool,
+    log: Option<FlowLog>,
+) -> Option<String> {
+    if has_chain {
+        Some(endpoint_chain(ep, dir))
+    } else {
+        log.map(|_| no_policy_chain_name(dir).to_string())
+    }
+}
 
 /// A stable 48-bit FNV-1a hash in hex, for chain and set names derived from content.
 pub fn short_hash(s: &str) -> String {
@@ -197,7 +275,7 @@ pub struct EndpointParts {
 
 /// The chain and fast-path sets of local endpoint `ep` for a direction, given the policies
 /// that apply to it in evaluation order.
-pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
+pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction, log: Option<FlowLog>) -> EndpointParts {
     let mut sets = Vec::new();
     let mut fast = Vec::new();
     for fam in [Family::V4, Family::V6] {
@@ -224,7 +302,7 @@ pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
         sets.push((name, set));
     }
     EndpointParts {
-        chain: endpoint_chain_rules(pols, dir, &fast),
+        chain: endpoint_chain_rules(pols, dir, &fast, log),
         sets,
     }
 }
@@ -232,11 +310,17 @@ pub fn endpoint_parts(pols: &[&IrPolicy], dir: Direction) -> EndpointParts {
 /// The chain of a local endpoint for a direction, given the policies that apply to it in
 /// evaluation order and the fast-path matches to try first; `None` when no policy applies (the
 /// endpoint is not filtered).
-pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[Match]) -> Option<Chain> {
+pub fn endpoint_chain_rules(
+    pols: &[&IrPolicy],
+    dir: Direction,
+    fast: &[Match],
+    log: Option<FlowLog>,
+) -> Option<Chain> {
     if pols.is_empty() {
         return None;
     }
     let verdict = |v| vec![Stmt::Verdict(v)];
+    let fast_verdict = |v| logged(log, || FlowTag::FastPath(dir), vec![Stmt::Verdict(v)]);
     let jump = |p: &IrPolicy| Rule::verdict(Verdict::Jump(policy_chain(p, dir)));
     let mut rules = Vec::new();
     match dir {
@@ -245,7 +329,7 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[Match]) 
         // jump graph the kernel re-validates when a chain is added.
         Direction::Ingress => {
             for m in fast {
-                rules.push(Rule::new(vec![m.clone()], verdict(Verdict::Accept)));
+                rules.push(Rule::new(vec![m.clone()], fast_verdict(Verdict::Accept)));
             }
             rules.extend(pols.iter().map(|p| jump(p)));
         }
@@ -254,7 +338,7 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[Match]) 
         Direction::Egress => {
             rules.push(Rule::new(Vec::new(), vec![Stmt::MarkAnd(!ALLOW_MARK)]));
             for m in fast {
-                rules.push(Rule::new(vec![m.clone()], verdict(Verdict::Return)));
+                rules.push(Rule::new(vec![m.clone()], fast_verdict(Verdict::Return)));
             }
             for p in pols {
                 rules.push(jump(p));
@@ -265,7 +349,14 @@ pub fn endpoint_chain_rules(pols: &[&IrPolicy], dir: Direction, fast: &[Match]) 
             }
         }
     }
-    rules.push(Rule::verdict(Verdict::Drop));
+    rules.push(Rule::new(
+        Vec::new(),
+        logged(
+            log,
+            || FlowTag::DefaultDeny(dir),
+            vec![Stmt::Verdict(Verdict::Drop)],
+        ),
+    ));
     Some(Chain::regular(rules))
 }
 
@@ -329,7 +420,13 @@ pub fn sync_forward_chain(rs: &mut Ruleset) -> bool {
 /// (the policy selects a local endpoint and has rules for that direction), and so are the
 /// address sets its rules use; those sets cover endpoints of every node.
 pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
+    compile_with(set, node, None)
+}
+
+/// [`compile()`] with flow records on (`log`) or off.
+pub fn compile_with(set: &PolicySet, node: &str, log: Option<FlowLog>) -> Ruleset {
     let mut c = Compiler::new(set);
+    c.log = log;
     c.base();
     let local: Vec<&Endpoint> = set
         .endpoints()
@@ -339,9 +436,13 @@ pub fn compile(set: &PolicySet, node: &str) -> Ruleset {
     for ep in local {
         for dir in [Direction::Ingress, Direction::Egress] {
             let pols = set.policies_for(ep, dir);
-            let parts = endpoint_parts(&pols, dir);
+            let parts = endpoint_parts(&pols, dir, log);
             c.rs.sets.extend(parts.sets);
             let Some(chain) = parts.chain else {
+                let target = endpoint_target(ep, dir, false, log);
+                if let (Some(t), Some(m)) = (target, c.rs.sets.get_mut(endpoint_map(dir))) {
+                    m.insert_mapping(Key::Ifname(ep.interface.clone()), Verdict::Jump(t));
+                }
                 continue;
             };
             for p in pols {
@@ -367,6 +468,8 @@ pub(crate) struct Compiler<'a> {
     pub(crate) set: &'a PolicySet,
     pub(crate) rs: Ruleset,
     pub(crate) used: BTreeMap<String, SetSource>,
+    /// Flow records on (the NFLOG group) or off.
+    pub(crate) log: Option<FlowLog>,
 }
 
 impl<'a> Compiler<'a> {
@@ -375,6 +478,7 @@ impl<'a> Compiler<'a> {
             set,
             rs: Ruleset::new(),
             used: BTreeMap::new(),
+            log: None,
         }
     }
 
@@ -390,6 +494,14 @@ impl<'a> Compiler<'a> {
             self.rs
                 .sets
                 .insert(m.into(), Set::new(SetType::ifname_vmap()));
+        }
+        if let Some(log) = self.log {
+            for dir in [Direction::Ingress, Direction::Egress] {
+                self.rs.chains.insert(
+                    no_policy_chain_name(dir).to_string(),
+                    no_policy_chain(log, dir),
+                );
+            }
         }
     }
 
@@ -490,19 +602,28 @@ impl<'a> Compiler<'a> {
     pub(crate) fn policy_rules(&mut self, p: &IrPolicy, dir: Direction) -> Vec<Rule> {
         let mut out = Vec::new();
         let rules: Vec<IrRule> = p.rules(dir).unwrap_or_default().to_vec();
+        let hash = short_hash(&p.key.to_string());
         for (i, r) in rules.iter().enumerate() {
+            let tag = || FlowTag::Rule {
+                policy_hash: hash.clone(),
+                direction: dir,
+                index: r.index,
+                action: TagAction::of(r.action).unwrap_or(TagAction::Allow),
+            };
             let verdict = match r.action {
                 Action::Allow | Action::Pass if dir == Direction::Ingress => {
-                    vec![Stmt::Verdict(Verdict::Accept)]
+                    logged(self.log, tag, vec![Stmt::Verdict(Verdict::Accept)])
                 }
-                Action::Allow | Action::Pass => {
-                    vec![Stmt::MarkOr(ALLOW_MARK), Stmt::Verdict(Verdict::Return)]
-                }
-                Action::Deny => vec![Stmt::Verdict(Verdict::Drop)],
+                Action::Allow | Action::Pass => logged(
+                    self.log,
+                    tag,
+                    vec![Stmt::MarkOr(ALLOW_MARK), Stmt::Verdict(Verdict::Return)],
+                ),
+                Action::Deny => logged(self.log, tag, vec![Stmt::Verdict(Verdict::Drop)]),
                 Action::Log => vec![Stmt::Log {
                     prefix: format!(
                         "tern {}-{}{i}: ",
-                        short_hash(&p.key.to_string()),
+                        hash,
                         if dir == Direction::Ingress { "i" } else { "e" }
                     ),
                 }],

@@ -33,7 +33,8 @@ use tern_nft::{
 
 use crate::PolicyError;
 use crate::compile::{
-    Compiler, SetSource, endpoint_chain, endpoint_map, endpoint_parts, policy_key_chain,
+    Compiler, FlowLog, SetSource, endpoint_chain, endpoint_map, endpoint_parts, endpoint_target,
+    policy_key_chain,
 };
 use crate::model::{Direction, Endpoint, PolicyKey, PolicySet};
 
@@ -80,6 +81,8 @@ pub struct Incremental {
     applied: Option<Ruleset>,
     dirty_chains: BTreeSet<String>,
     dirty_sets: BTreeSet<String>,
+    /// Flow records on (the NFLOG group) or off, as [`crate::compile_with`].
+    log: Option<FlowLog>,
 }
 
 /// Marks dirty (in `dirty`: chains, sets) every chain and set that differs between `old` and
@@ -115,6 +118,11 @@ fn map_key(ep: &Endpoint) -> Key {
 impl Incremental {
     /// The state of `node` for an initial policy set (compiled in one pass).
     pub fn new(node: &str, set: PolicySet) -> Incremental {
+        Incremental::with_flow_log(node, set, None)
+    }
+
+    /// [`Incremental::new`] with flow records on (`log`) or off, compiled once.
+    pub fn with_flow_log(node: &str, set: PolicySet, log: Option<FlowLog>) -> Incremental {
         let mut inc = Incremental {
             node: node.to_string(),
             set,
@@ -129,12 +137,26 @@ impl Incremental {
             applied: None,
             dirty_chains: BTreeSet::new(),
             dirty_sets: BTreeSet::new(),
+            log,
         };
         inc.rebuild();
         inc
     }
 
     /// The node this state is for.
+    /// Turns flow records on (`Some`: the NFLOG group) or off, recompiling what changes.
+    pub fn set_flow_log(&mut self, log: Option<FlowLog>) {
+        if self.log != log {
+            self.log = log;
+            self.rebuild();
+        }
+    }
+
+    /// Whether flow records are on, and their NFLOG group.
+    pub fn flow_log(&self) -> Option<FlowLog> {
+        self.log
+    }
+
     pub fn node(&self) -> &str {
         &self.node
     }
@@ -208,6 +230,7 @@ impl Incremental {
             }
         }
         let mut c = Compiler::new(&self.set);
+        c.log = self.log;
         c.base();
         let mut policy_sets: HashMap<PolicyKey, BTreeSet<String>> = HashMap::new();
         let mut sources = BTreeMap::new();
@@ -236,7 +259,7 @@ impl Incremental {
         for ep in local {
             for dir in DIRS {
                 let pols = self.set.policies_for(ep, dir);
-                let parts = endpoint_parts(&pols, dir);
+                let parts = endpoint_parts(&pols, dir, self.log);
                 let names: Vec<String> = parts.sets.iter().map(|(n, _)| n.clone()).collect();
                 for n in &names {
                     *fp_refs.entry(n.clone()).or_insert(0) += 1;
@@ -245,12 +268,12 @@ impl Incremental {
                     ep_fp.insert(endpoint_chain(ep, dir), names);
                 }
                 c.rs.sets.extend(parts.sets);
+                let target = endpoint_target(ep, dir, parts.chain.is_some(), self.log);
                 if let Some(chain) = parts.chain {
-                    let name = endpoint_chain(ep, dir);
-                    c.rs.chains.insert(name.clone(), chain);
-                    if let Some(m) = c.rs.sets.get_mut(endpoint_map(dir)) {
-                        m.insert_mapping(map_key(ep), Verdict::Jump(name));
-                    }
+                    c.rs.chains.insert(endpoint_chain(ep, dir), chain);
+                }
+                if let (Some(t), Some(m)) = (target, c.rs.sets.get_mut(endpoint_map(dir))) {
+                    m.insert_mapping(map_key(ep), Verdict::Jump(t));
                 }
             }
         }
@@ -429,10 +452,10 @@ impl Incremental {
             return;
         };
         for dir in DIRS {
-            let parts = endpoint_parts(&self.set.policies_for(n, dir), dir);
+            let parts = endpoint_parts(&self.set.policies_for(n, dir), dir, self.log);
             self.set_endpoint_fast_path(endpoint_chain(n, dir), parts.sets);
             let name = endpoint_chain(n, dir);
-            let target = parts.chain.as_ref().map(|_| name.clone());
+            let target = endpoint_target(n, dir, parts.chain.is_some(), self.log);
             // Chain before map entry: the delta declares and fills the chain first.
             self.put_chain(name, parts.chain);
             self.put_map_entry(endpoint_map(dir), map_key(n), target);
@@ -569,6 +592,7 @@ impl Incremental {
             .policy(key)
             .filter(|_| self.selected.contains_key(key));
         let mut c = Compiler::new(&self.set);
+        c.log = self.log;
         c.rs = std::mem::take(&mut self.rs);
         let mut chains = Vec::new();
         let mut used = BTreeMap::new();

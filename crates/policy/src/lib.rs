@@ -20,10 +20,11 @@
 pub mod compile;
 pub mod explain;
 pub mod fastpath;
+pub mod flowtag;
 pub mod incremental;
 pub mod model;
 
-pub use compile::compile;
+pub use compile::{FlowLog, compile, compile_with};
 pub use explain::{DirectionExplanation, Explanation, PolicyRef, Reason, RuleRef, Verdict};
 pub use incremental::{Changes, Incremental, Script, policy_key};
 pub use model::{

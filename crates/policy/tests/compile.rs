@@ -3,7 +3,10 @@
 use std::collections::BTreeMap;
 
 use tern_model::Protocol;
-use tern_policy::{Endpoint, Flow, PolicySet, Ruleset, compile, nft, render_delta};
+use tern_policy::flowtag::FlowTag;
+use tern_policy::{
+    Endpoint, Flow, FlowLog, PolicySet, Ruleset, compile, compile_with, nft, render_delta,
+};
 
 mod common;
 
@@ -241,4 +244,74 @@ fn bad_policies_are_rejected_with_context() {
             && e.contains("at position 13"),
         "{e}"
     );
+}
+
+/// Flow records: off is `compile()` exactly; on, every rule that ends a walk logs its tag to
+/// the group before its verdict, the default deny logs `t:dd`, and endpoints no policy selects
+/// go through the shared no-policy chains (which log and do what no entry does).
+#[test]
+fn flow_records_tag_every_deciding_rule() {
+    let mut s = base_set();
+    load(
+        &mut s,
+        "apiVersion: tern.dev/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: d}\nspec:\n  selector: app == 'b'\n  ingress:\n  - action: Log\n  - action: Deny\n    source: {namespaceSelector: team == 'blue'}\n  - action: Allow\n    protocol: TCP\n    source: {selector: app == 'a'}\n  egress:\n  - action: Allow\n    destination: {nets: [192.0.2.0/24]}\n",
+    );
+    assert_eq!(compile_with(&s, "n1", None), compile(&s, "n1"));
+    let log = FlowLog { group: 9 };
+    let rs = compile_with(&s, "n1", Some(log));
+    let key = s.policies().next().unwrap().key.to_string();
+    let hash = tern_policy::compile::short_hash(&key);
+    let pol_in = texts(&rs.chains[&format!("pol-{hash}-in")].rules);
+    // The Log rule (index 0) keeps its kernel log; the Deny (1) and Allow (2) are tagged with
+    // their index as written, once per family they compile to.
+    assert!(pol_in[0].starts_with("log prefix \"tern "), "{pol_in:?}");
+    let deny = format!("log prefix \"t:{hash}:i:1:d\" group 9 snaplen 96 drop");
+    let allow = format!("log prefix \"t:{hash}:i:2:a\" group 9 snaplen 96 accept");
+    assert!(pol_in.iter().any(|r| r.ends_with(&deny)), "{pol_in:?}");
+    assert!(pol_in.iter().any(|r| r.ends_with(&allow)), "{pol_in:?}");
+    // The egress allow is all nets: the fast path takes it, tagged `t:fp:e`.
+    let ep_out = texts(&rs.chains["ep-out-vb"].rules);
+    assert!(
+        ep_out
+            .iter()
+            .any(|r| r.ends_with("log prefix \"t:fp:e\" group 9 snaplen 96 return")),
+        "{ep_out:?}"
+    );
+    let ep_in = texts(&rs.chains["ep-in-vb"].rules);
+    assert_eq!(
+        ep_in.last().unwrap(),
+        "log prefix \"t:dd:i\" group 9 snaplen 96 drop"
+    );
+    // a and c are selected by nothing: both directions go to the shared chains.
+    for (map, chain, verdict, tag) in [
+        ("ep-in", "flow-np-in", "accept", "t:np:i"),
+        ("ep-out", "flow-np-out", "return", "t:np:e"),
+    ] {
+        let m = &rs.sets[map];
+        for ifname in ["va", "vc"] {
+            assert_eq!(
+                m.elements.get(&nft::Key::Ifname(ifname.into())),
+                Some(&Some(nft::Verdict::Jump(chain.into()))),
+                "{map} {ifname}"
+            );
+        }
+        assert_eq!(
+            texts(&rs.chains[chain].rules),
+            vec![format!("log prefix \"{tag}\" group 9 snaplen 96 {verdict}")]
+        );
+        assert!(FlowTag::parse(tag).is_some());
+    }
+    // Every tag in the table reads back.
+    for c in rs.chains.values() {
+        for r in &c.rules {
+            for st in &r.stmts {
+                if let nft::Stmt::LogGroup { prefix, .. } = st {
+                    assert!(FlowTag::parse(prefix).is_some(), "{prefix}");
+                }
+            }
+        }
+    }
+    // Conntrack goes first, so only a connection's first packet reaches a tag.
+    let fwd = texts(&rs.chains["filter-forward"].rules);
+    assert_eq!(fwd[0], "ct state established,related accept");
 }

@@ -8,7 +8,9 @@ use std::process::Command;
 
 use tern_model::Kind;
 use tern_policy::nft::{Family, Key, SetType, Verdict};
-use tern_policy::{Endpoint, Incremental, PolicySet, Ruleset, Set, TableChange, compile};
+use tern_policy::{
+    Endpoint, FlowLog, Incremental, PolicySet, Ruleset, Set, TableChange, compile_with,
+};
 
 mod common;
 use common::Netns;
@@ -28,13 +30,14 @@ fn resources(yaml: &str) -> Vec<tern_model::Resource> {
 /// The parts of the table that must not depend on the order changes arrived in.
 fn fresh(inc: &Incremental) -> Ruleset {
     let mut f = Incremental::new(inc.node(), inc.policy_set().clone());
+    f.set_flow_log(inc.flow_log());
     f.set_extra(inc.extra().clone());
     f.desired()
 }
 
 /// What the non-incremental compiler makes of the same state, with the other users' chains.
 fn compiled(inc: &Incremental) -> Ruleset {
-    let mut rs = compile(inc.policy_set(), inc.node());
+    let mut rs = compile_with(inc.policy_set(), inc.node(), inc.flow_log());
     rs.merge(inc.extra().clone());
     rs
 }
@@ -1126,8 +1129,9 @@ fn apply_op(inc: &mut Incremental, op: &Op) -> bool {
 /// local endpoint are active and only their sets tracked; the table and element deltas, where
 /// they apply, take the last committed table to the desired one in an order nf_tables accepts;
 /// an endpoint change involving no local endpoint changes set elements only, of tracked sets.
-fn run_ops(ops: &[Op]) {
+fn run_ops(ops: &[Op], log: Option<FlowLog>) {
     let mut inc = Incremental::new("n1", PolicySet::new());
+    inc.set_flow_log(log);
     // What the kernel would hold: the desired table at the last commit (None: unknown).
     let mut kernel: Option<Ruleset> = None;
     for (i, op) in ops.iter().enumerate() {
@@ -1185,6 +1189,15 @@ proptest::proptest! {
     fn random_change_sequences_keep_incremental_equal_to_compile(
         ops in proptest::collection::vec(op(), 1..48)
     ) {
-        run_ops(&ops);
+        run_ops(&ops, None);
+    }
+
+    /// The same with flow records on: the log statements, the no-policy chains and their map
+    /// entries follow every change as `compile_with` would make them.
+    #[test]
+    fn random_change_sequences_keep_incremental_equal_to_compile_with_flow_records(
+        ops in proptest::collection::vec(op(), 1..48)
+    ) {
+        run_ops(&ops, Some(FlowLog { group: 5 }));
     }
 }

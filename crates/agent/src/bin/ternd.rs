@@ -95,6 +95,19 @@ struct Args {
     /// /readiness; do not set them.
     #[arg(long, env = "TERN_NO_SET_SYSCTLS")]
     no_set_sysctls: bool,
+    /// NFLOG group of the flow records: the policy rules log each connection's first packet
+    /// there and ternd keeps a record of it (`ternctl flows`); 0 turns records off (the
+    /// policy table then has no log statements).
+    #[arg(long, env = "TERN_FLOW_LOG_GROUP", default_value_t = tern_agent::config::DEFAULT_FLOW_LOG_GROUP)]
+    flow_log_group: u16,
+    /// Flow records kept (the oldest go first).
+    #[arg(long, env = "TERN_FLOW_RING", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    flow_ring: u32,
+    /// Flow records made per second at most; beyond it they are counted as dropped.
+    #[arg(long, env = "TERN_FLOW_RATE", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    flow_rate: u32,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, env = "TERN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -159,6 +172,11 @@ fn main() {
     cfg.use_pod_cidr = args.use_pod_cidr;
     cfg.accept_new_store = args.accept_new_store;
     cfg.set_sysctls = !args.no_set_sysctls;
+    cfg.flows = (args.flow_log_group != 0).then(|| tern_agent::config::FlowsConfig {
+        ring: args.flow_ring as usize,
+        rate: args.flow_rate,
+        ..tern_agent::config::FlowsConfig::new(args.flow_log_group)
+    });
     cfg.socket_group = match tern_agent::config::resolve_group(&args.socket_group) {
         Ok(g) => g,
         Err(e) => {

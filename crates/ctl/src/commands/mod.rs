@@ -4,6 +4,7 @@ pub mod apply;
 pub mod delete;
 pub mod demo;
 pub mod explain;
+pub mod flows;
 pub mod flows_web;
 pub mod get;
 pub mod install_cni;

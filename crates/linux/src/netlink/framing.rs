@@ -487,6 +487,12 @@ impl<T: Transport> Conn<T> {
         }
     }
 
+    /// The transport back (a socket configured through requests, then read as a stream of
+    /// kernel-initiated messages).
+    pub(crate) fn into_transport(self) -> T {
+        self.transport
+    }
+
     fn send(&mut self, msg: &mut MsgBuilder, context: &dyn Fn() -> String) -> Result<u32> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;

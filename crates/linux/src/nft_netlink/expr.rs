@@ -49,7 +49,9 @@ const NFTA_LOOKUP_SET_ID: u16 = 4;
 const NFTA_LOOKUP_FLAGS: u16 = 5;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
+const NFTA_LOG_GROUP: u16 = 1;
 const NFTA_LOG_PREFIX: u16 = 2;
+const NFTA_LOG_SNAPLEN: u16 = 3;
 
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
@@ -417,6 +419,16 @@ impl Lowering<'_> {
             Stmt::MarkOr(bits) => mark_set(self.b, !bits, *bits),
             Stmt::Log { prefix } => expr(self.b, "log", |b| {
                 b.attr_str(NFTA_LOG_PREFIX, prefix);
+            }),
+            // As nftnl builds it: prefix, group (u16), snaplen (u32), network byte order.
+            Stmt::LogGroup {
+                prefix,
+                group,
+                snaplen,
+            } => expr(self.b, "log", |b| {
+                b.attr_str(NFTA_LOG_PREFIX, prefix);
+                b.attr(NFTA_LOG_GROUP, &group.to_be_bytes());
+                b.attr(NFTA_LOG_SNAPLEN, &snaplen.to_be_bytes());
             }),
             Stmt::Masquerade => expr(self.b, "masq", |_| {}),
             Stmt::Vmap { iface, map } => {

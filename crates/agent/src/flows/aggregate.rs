@@ -1,0 +1,258 @@
+//! Bounded counts: per-minute aggregates of records, the rate budget above which events are
+//! sampled out, and denies per policy for the metrics (top N + `other`).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use tern_api::flow::{FlowDirection, FlowRecord, FlowVerdict};
+
+/// What one aggregate counts: the ends by namespace (or kind), the port, the direction, the
+/// verdict and the deciding (first) policy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AggKey {
+    pub direction: FlowDirection,
+    pub verdict: FlowVerdict,
+    pub src: String,
+    pub dst: String,
+    pub proto: String,
+    pub port: Option<u16>,
+    pub policy: Option<String>,
+}
+
+fn side(e: &tern_api::flow::FlowEnd) -> String {
+    match (&e.namespace, &e.node) {
+        (Some(ns), _) => ns.clone(),
+        (None, Some(n)) => format!("host:{n}"),
+        (None, None) => "outside".into(),
+    }
+}
+
+/// `Kind/namespace/name` of a record's first policy.
+pub fn policy_id(r: &FlowRecord) -> Option<String> {
+    r.policies.first().map(|p| match &p.namespace {
+        Some(ns) => format!("{}/{ns}/{}", p.kind, p.name),
+        None => format!("{}/{}", p.kind, p.name),
+    })
+}
+
+impl AggKey {
+    pub fn of(r: &FlowRecord) -> AggKey {
+        AggKey {
+            direction: r.direction,
+            verdict: r.verdict,
+            src: side(&r.src),
+            dst: side(&r.dst),
+            proto: r.proto.clone(),
+            port: r.dst.port,
+            policy: policy_id(r),
+        }
+    }
+}
+
+/// One minute's counts.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Minute {
+    /// Minutes since the epoch.
+    pub minute: u64,
+    pub counts: HashMap<AggKey, u64>,
+    /// Records whose key did not fit the minute's bound.
+    pub overflow: u64,
+}
+
+/// The last `minutes` minutes, each with at most `keys` keys.
+#[derive(Debug)]
+pub struct Aggregates {
+    minutes: usize,
+    keys: usize,
+    buf: VecDeque<Minute>,
+}
+
+impl Aggregates {
+    pub fn new(minutes: usize, keys: usize) -> Aggregates {
+        Aggregates {
+            minutes: minutes.max(1),
+            keys,
+            buf: VecDeque::new(),
+        }
+    }
+
+    /// Counts `r` in its minute (a record older than the newest minute counts in the newest).
+    pub fn add(&mut self, r: &FlowRecord) {
+        let m = r.time / 60_000;
+        if self.buf.back().is_none_or(|b| b.minute < m) {
+            if self.buf.len() == self.minutes {
+                self.buf.pop_front();
+            }
+            self.buf.push_back(Minute {
+                minute: m,
+                ..Minute::default()
+            });
+        }
+        let Some(cur) = self.buf.back_mut() else {
+            return;
+        };
+        let k = AggKey::of(r);
+        if let Some(c) = cur.counts.get_mut(&k) {
+            *c += 1;
+        } else if cur.counts.len() < self.keys {
+            cur.counts.insert(k, 1);
+        } else {
+            cur.overflow += 1;
+        }
+    }
+
+    /// The kept minutes, oldest first.
+    pub fn minutes(&self) -> impl Iterator<Item = &Minute> {
+        self.buf.iter()
+    }
+}
+
+/// A token bucket: `rate` events a second, bursts of as many.
+#[derive(Debug)]
+pub struct Budget {
+    rate: f64,
+    tokens: f64,
+    last_ms: u64,
+}
+
+impl Budget {
+    pub fn new(rate: u32) -> Budget {
+        Budget {
+            rate: f64::from(rate),
+            tokens: f64::from(rate),
+            last_ms: 0,
+        }
+    }
+
+    /// Whether one more event may be recorded at `now_ms`.
+    pub fn allow(&mut self, now_ms: u64) -> bool {
+        let dt = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
+        self.last_ms = self.last_ms.max(now_ms);
+        self.tokens = (self.tokens + dt * self.rate).min(self.rate);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Distinct policies counted by name before the rest go to `other`.
+pub const MAX_POLICY_KEYS: usize = 1_000;
+/// Policies named in the metrics; the rest are summed as `other`.
+pub const TOP_POLICIES: usize = 20;
+
+/// Flows by direction and verdict, denies per policy.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub flows: BTreeMap<(FlowDirection, FlowVerdict), u64>,
+    denies: HashMap<String, u64>,
+    denies_other: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, r: &FlowRecord) {
+        *self.flows.entry((r.direction, r.verdict)).or_insert(0) += 1;
+        if r.verdict != FlowVerdict::Denied {
+            return;
+        }
+        for p in &r.policies {
+            let id = match &p.namespace {
+                Some(ns) => format!("{}/{ns}/{}", p.kind, p.name),
+                None => format!("{}/{}", p.kind, p.name),
+            };
+            if let Some(c) = self.denies.get_mut(&id) {
+                *c += 1;
+            } else if self.denies.len() < MAX_POLICY_KEYS {
+                self.denies.insert(id, 1);
+            } else {
+                self.denies_other += 1;
+            }
+        }
+    }
+
+    /// The `TOP_POLICIES` policies with most denies, then `other` (the rest), when any.
+    pub fn top_denies(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(&String, &u64)> = self.denies.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let mut out: Vec<(String, u64)> = v
+            .iter()
+            .take(TOP_POLICIES)
+            .map(|(k, c)| ((*k).clone(), **c))
+            .collect();
+        let rest: u64 =
+            v.iter().skip(TOP_POLICIES).map(|(_, c)| **c).sum::<u64>() + self.denies_other;
+        if rest > 0 {
+            out.push(("other".into(), rest));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tern_api::flow::FlowPolicy;
+
+    use super::*;
+    use crate::flows::ring::tests::record;
+
+    #[test]
+    fn aggregates_keep_their_minutes_and_keys_bounded() {
+        let mut a = Aggregates::new(3, 2);
+        for minute in 0..5u64 {
+            for port in 0..4u16 {
+                let mut r = record(minute * 60_000 + 5, 1);
+                r.dst.port = Some(port);
+                a.add(&r);
+            }
+        }
+        let ms: Vec<&Minute> = a.minutes().collect();
+        assert_eq!(
+            ms.iter().map(|m| m.minute).collect::<Vec<_>>(),
+            vec![2, 3, 4]
+        );
+        for m in ms {
+            assert_eq!(m.counts.len(), 2);
+            assert_eq!(m.overflow, 2);
+        }
+    }
+
+    #[test]
+    fn the_budget_allows_its_rate_and_refills() {
+        let mut b = Budget::new(100);
+        let allowed = (0..1000).filter(|_| b.allow(1_000)).count();
+        assert_eq!(allowed, 100, "a burst of the rate");
+        assert!(!b.allow(1_000));
+        // Half a second later, half the rate again.
+        let allowed = (0..1000).filter(|_| b.allow(1_500)).count();
+        assert_eq!(allowed, 50);
+    }
+
+    #[test]
+    fn denies_per_policy_are_bounded_to_the_top_and_other() {
+        let mut c = Counts::default();
+        for i in 0..(TOP_POLICIES + 5) {
+            for _ in 0..=i {
+                let mut r = record(0, 1);
+                r.verdict = FlowVerdict::Denied;
+                r.policies = vec![FlowPolicy {
+                    kind: "GlobalNetworkPolicy".into(),
+                    namespace: None,
+                    name: format!("p{i}"),
+                    rule: None,
+                }];
+                c.add(&r);
+            }
+        }
+        let top = c.top_denies();
+        assert_eq!(top.len(), TOP_POLICIES + 1);
+        assert_eq!(
+            top[0],
+            (format!("GlobalNetworkPolicy/p{}", TOP_POLICIES + 4), 25)
+        );
+        assert_eq!(
+            top.last().unwrap(),
+            &("other".to_string(), 1 + 2 + 3 + 4 + 5)
+        );
+    }
+}

@@ -1,0 +1,414 @@
+//! Flow records: every new connection to or from a pod of this node, per direction, with its
+//! verdict and its cause (issue 21), kept in a bounded ring and served on the agent socket
+//! (`Request::Flows`, `ternctl flows`).
+//!
+//! ```text
+//!  kernel: policy rules ── log group G, tag prefix ──► NFLOG (tern_linux::nflog)
+//!                                                         │ one thread ("flows"): recv (500 ms)
+//!                                                         ▼
+//!   tag parse ─► rate budget (sampled out: counted) ─► resolve (one model lock per batch,
+//!   FlowModel: PolicySet::explain, node addresses) ─► ring + per-minute aggregates + counts
+//!                                                         ▲
+//!   socket request Flows(FlowQuery) ── Flows::query ──────┘         /metrics ◄── render_metrics
+//! ```
+//!
+//! Memory is bounded whatever the flood: the ring ([`FlowsConfig::ring`] records), the
+//! aggregates (minutes x keys, the rest counted as overflow), denies per policy (1,000 names,
+//! the rest `other`), and the rate budget ([`FlowsConfig::rate`] records a second, the rest
+//! counted as sampled out before any resolution work). The kernel side drops, and counts,
+//! what the reader does not take in time ([`tern_linux::nflog`]).
+//!
+//! The policy model belongs to the policy service; this service asks it through
+//! [`FlowModel`], which the root implements (`agent.rs`).
+
+pub mod aggregate;
+pub mod resolve;
+pub mod ring;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tern_api::flow::{FlowQuery, FlowReply};
+use tern_linux::nflog::{NflogBatch, NflogConfig, NflogEvent, NflogSocket, PacketHeaders};
+use tern_policy::PolicySet;
+use tern_policy::flowtag::FlowTag;
+
+use crate::config::FlowsConfig;
+use crate::metrics::exposition::Page;
+use aggregate::{Aggregates, Budget, Counts};
+use resolve::{Hosts, resolve};
+use ring::Ring;
+
+/// What resolving needs from the rest of the agent.
+pub trait FlowModel: Send + Sync {
+    /// Runs `f` over the policy model as it is now (once per batch of events).
+    fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet));
+    /// The cluster's node addresses (underlay and tunnel) and their nodes' names.
+    fn hosts(&self) -> Hosts;
+}
+
+/// How often the node addresses are read again.
+const HOSTS_REFRESH: Duration = Duration::from_secs(30);
+/// How long the reader waits before binding the group again after a failure.
+const REBIND_AFTER: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+struct Stats {
+    /// Events of ours seen (before sampling).
+    events: AtomicU64,
+    sampled: AtomicU64,
+    /// Lost by the kernel (sequence gaps).
+    lost: AtomicU64,
+    overruns: AtomicU64,
+    malformed: AtomicU64,
+    /// Events whose prefix is not a flow tag (another user of the group).
+    foreign: AtomicU64,
+    disagreements: AtomicU64,
+}
+
+struct State {
+    ring: Ring,
+    aggregates: Aggregates,
+    counts: Counts,
+    budget: Budget,
+}
+
+/// The flow-record service of this node.
+pub struct Flows {
+    cfg: FlowsConfig,
+    node: String,
+    state: Mutex<State>,
+    stats: Stats,
+}
+
+fn ms_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Flows {
+    pub fn new(node: &str, cfg: FlowsConfig) -> Flows {
+        Flows {
+            cfg,
+            node: node.to_string(),
+            state: Mutex::new(State {
+                ring: Ring::new(cfg.ring),
+                aggregates: Aggregates::new(cfg.minutes, cfg.keys_per_minute),
+                counts: Counts::default(),
+                budget: Budget::new(cfg.rate),
+            }),
+            stats: Stats::default(),
+        }
+    }
+
+    /// The configuration (the NFLOG group the policy table logs to).
+    pub fn config(&self) -> FlowsConfig {
+        self.cfg
+    }
+
+    /// Records dropped so far: sampled out, or lost by the kernel.
+    pub fn dropped(&self) -> u64 {
+        self.stats.sampled.load(Ordering::Relaxed) + self.stats.lost.load(Ordering::Relaxed)
+    }
+
+    /// Records the model disagreed with the kernel on.
+    pub fn disagreements(&self) -> u64 {
+        self.stats.disagreements.load(Ordering::Relaxed)
+    }
+
+    /// Records in the ring now.
+    pub fn len(&self) -> usize {
+        self.state.lock().unwrap().ring.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The answer to a query.
+    pub fn query(&self, q: &FlowQuery) -> FlowReply {
+        let st = self.state.lock().unwrap();
+        let sel = st.ring.select(q);
+        FlowReply {
+            node: self.node.clone(),
+            records: sel.records,
+            last_seq: st.ring.last_seq(),
+            dropped: self.dropped(),
+            more: sel.more,
+        }
+    }
+
+    /// The per-minute aggregates kept now, oldest first.
+    pub fn aggregates(&self) -> Vec<aggregate::Minute> {
+        self.state
+            .lock()
+            .unwrap()
+            .aggregates
+            .minutes()
+            .cloned()
+            .collect()
+    }
+
+    /// Takes one batch from the reader: counts the kernel's losses, samples, resolves what is
+    /// kept against the model (one lock of it) and keeps the records.
+    pub fn take(&self, batch: NflogBatch, model: &dyn FlowModel, hosts: &Hosts) {
+        let s = &self.stats;
+        s.lost.fetch_add(batch.lost, Ordering::Relaxed);
+        s.overruns.fetch_add(batch.overruns, Ordering::Relaxed);
+        s.malformed.fetch_add(batch.malformed, Ordering::Relaxed);
+        let mut kept: Vec<(FlowTag, PacketHeaders, u64)> = Vec::new();
+        {
+            let mut st = self.state.lock().unwrap();
+            for ev in batch.events {
+                let NflogEvent {
+                    prefix,
+                    packet,
+                    time,
+                    ..
+                } = ev;
+                let Some(tag) = FlowTag::parse(&prefix) else {
+                    s.foreign.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                let Some(pkt) = packet else {
+                    s.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                s.events.fetch_add(1, Ordering::Relaxed);
+                let t = ms_since_epoch(time);
+                if !st.budget.allow(t) {
+                    s.sampled.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                kept.push((tag, pkt, t));
+            }
+        }
+        if kept.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(kept.len());
+        model.with_policy_set(&mut |set| {
+            out = kept
+                .iter()
+                .map(|(tag, pkt, t)| resolve(set, &self.node, hosts, tag, pkt, *t))
+                .collect();
+        });
+        let mut st = self.state.lock().unwrap();
+        for r in out {
+            if r.disagrees {
+                s.disagreements.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "flows: the policy model disagrees with the kernel on {:?}",
+                    r.record
+                );
+            }
+            st.aggregates.add(&r.record);
+            st.counts.add(&r.record);
+            st.ring.push(r.record);
+        }
+    }
+
+    /// Starts the reader thread: binds the group in this network namespace (again after a
+    /// failure), reads until `stop`.
+    pub fn spawn(
+        self: &Arc<Self>,
+        model: Arc<dyn FlowModel>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("flows".into())
+            .spawn(move || me.run(&*model, &stop))
+            .map(|_| ())
+    }
+
+    fn run(&self, model: &dyn FlowModel, stop: &AtomicBool) {
+        let mut sock: Option<NflogSocket> = None;
+        let mut hosts = model.hosts();
+        let mut hosts_at = Instant::now();
+        let mut warned = false;
+        while !stop.load(Ordering::Relaxed) {
+            let Some(s) = sock.as_mut() else {
+                match NflogSocket::open(&NflogConfig::new(self.cfg.group)) {
+                    Ok(s) => {
+                        log::info!("flows: reading NFLOG group {}", self.cfg.group);
+                        sock = Some(s);
+                        warned = false;
+                    }
+                    Err(e) => {
+                        if !warned {
+                            log::warn!("flows: no flow records for now: {e}");
+                            warned = true;
+                        }
+                        std::thread::sleep(REBIND_AFTER);
+                    }
+                }
+                continue;
+            };
+            match s.recv(Duration::from_millis(500)) {
+                Ok(batch) => self.take(batch, model, &hosts),
+                Err(e) => {
+                    log::warn!("flows: {e}; binding again");
+                    sock = None;
+                }
+            }
+            if hosts_at.elapsed() > HOSTS_REFRESH {
+                hosts = model.hosts();
+                hosts_at = Instant::now();
+            }
+        }
+    }
+
+    /// The service's part of `/metrics`.
+    pub fn render_metrics(&self, node: &str, page: &mut Page) {
+        let st = self.state.lock().unwrap();
+        {
+            let mut f = page.counter(
+                "tern_flows_total",
+                "New connections recorded at this node's pods, by direction and verdict.",
+            );
+            for ((d, v), n) in &st.counts.flows {
+                f.sample(
+                    &[
+                        ("node", node),
+                        ("direction", d.as_str()),
+                        ("verdict", v.as_str()),
+                    ],
+                    *n,
+                );
+            }
+        }
+        {
+            let mut f = page.counter(
+                "tern_flow_denies_total",
+                "Denied connections per policy (the 20 with most denies, the rest as other).",
+            );
+            for (p, n) in st.counts.top_denies() {
+                f.sample(&[("node", node), ("policy", &p)], n);
+            }
+        }
+        let s = &self.stats;
+        {
+            let mut f = page.counter(
+                "tern_flow_records_dropped_total",
+                "Flow records not kept: sampled out above the rate budget, or lost by the kernel.",
+            );
+            f.sample(
+                &[("node", node), ("reason", "sampled")],
+                s.sampled.load(Ordering::Relaxed),
+            );
+            f.sample(
+                &[("node", node), ("reason", "kernel")],
+                s.lost.load(Ordering::Relaxed),
+            );
+        }
+        page.counter(
+            "tern_flow_nflog_overruns_total",
+            "Times the NFLOG socket's buffer overflowed.",
+        )
+        .sample(&[("node", node)], s.overruns.load(Ordering::Relaxed));
+        page.counter(
+            "tern_flow_events_malformed_total",
+            "NFLOG events that did not parse.",
+        )
+        .sample(&[("node", node)], s.malformed.load(Ordering::Relaxed));
+        page.counter(
+            "tern_flow_explain_disagreements_total",
+            "Records where the policy model named another cause than the kernel's rule.",
+        )
+        .sample(&[("node", node)], s.disagreements.load(Ordering::Relaxed));
+        page.gauge("tern_flow_ring_records", "Flow records kept in the ring.")
+            .sample(&[("node", node)], st.ring.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+
+    struct Model(PolicySet);
+
+    impl FlowModel for Model {
+        fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet)) {
+            f(&self.0)
+        }
+        fn hosts(&self) -> Hosts {
+            Hosts::default()
+        }
+    }
+
+    fn event(prefix: &str, sport: u16, ms: u64) -> NflogEvent {
+        NflogEvent {
+            family: 2,
+            prefix: prefix.into(),
+            indev: None,
+            outdev: None,
+            mark: None,
+            seq: None,
+            time: UNIX_EPOCH + Duration::from_millis(ms),
+            packet: Some(PacketHeaders {
+                src: "192.0.2.1".parse::<IpAddr>().unwrap(),
+                dst: "10.0.0.1".parse::<IpAddr>().unwrap(),
+                proto: 17,
+                src_port: Some(sport),
+                dst_port: Some(53),
+                icmp: None,
+            }),
+        }
+    }
+
+    /// A flood of new connections: the ring stays at its cap, the budget samples, the
+    /// dropped counter rises, and what is not a tag is not a record.
+    #[test]
+    fn a_flood_leaves_the_ring_at_its_cap_and_counts_what_it_drops() {
+        let cfg = FlowsConfig {
+            ring: 100,
+            rate: 1_000,
+            ..FlowsConfig::new(1)
+        };
+        let f = Flows::new("n1", cfg);
+        let model = Model(PolicySet::new());
+        let mut t = 1_000_000;
+        for round in 0..20u64 {
+            let events: Vec<NflogEvent> = (0..500u16)
+                .map(|p| event("t:np:i", p, t))
+                .chain([event("something else", 1, t)])
+                .collect();
+            f.take(
+                NflogBatch {
+                    events,
+                    lost: 3,
+                    ..NflogBatch::default()
+                },
+                &model,
+                &Hosts::default(),
+            );
+            assert_eq!(f.len(), 100.min(((round + 1) * 500) as usize));
+            t += 100;
+        }
+        // 10,000 events in 2 s at 1,000/s with a burst of 1,000: about 3,000 kept.
+        let kept = f.query(&FlowQuery::default()).last_seq;
+        assert!((2_900..=3_100).contains(&kept), "{kept}");
+        assert_eq!(f.dropped(), 10_000 - kept + 20 * 3);
+        assert_eq!(f.stats.foreign.load(Ordering::Relaxed), 20);
+        let reply = f.query(&FlowQuery {
+            last: Some(5),
+            ..FlowQuery::default()
+        });
+        assert_eq!(reply.records.len(), 5);
+        assert_eq!(reply.records.last().unwrap().seq, kept);
+        let mut page = Page::new();
+        f.render_metrics("n1", &mut page);
+        let text = page.into_string();
+        crate::metrics::exposition::check(&text).unwrap();
+        assert!(
+            text.contains(
+                "tern_flows_total{node=\"n1\",direction=\"ingress\",verdict=\"allowed\"} "
+            )
+        );
+        assert!(text.contains("tern_flow_ring_records{node=\"n1\"} 100"));
+    }
+}

@@ -1,0 +1,396 @@
+//! One NFLOG event into a [`FlowRecord`]: the kernel's tag says the verdict and the deciding
+//! rule; the policy model fills in the rest (the ends as pods, hosts or outside addresses,
+//! the policies of a default deny, the rule behind a fast-path allow), through
+//! `PolicySet::explain`. Where the kernel named a rule and the model disagrees, the kernel's
+//! verdict stands and the record is marked so the service counts it. Pure.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use tern_api::flow::{
+    EndKind, FlowDirection, FlowEnd, FlowPolicy, FlowReason, FlowRecord, FlowVerdict,
+};
+use tern_linux::nflog::PacketHeaders;
+use tern_model::Protocol;
+use tern_policy::compile::short_hash;
+use tern_policy::flowtag::FlowTag;
+use tern_policy::{Direction, Endpoint, Flow, IrPolicy, PolicySet, Reason};
+
+/// Node addresses (underlay and tunnel) by address: the host ends of flows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hosts {
+    pub by_ip: HashMap<IpAddr, String>,
+}
+
+/// A record (its `seq` not yet given) and whether the model disagreed with the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub record: FlowRecord,
+    pub disagrees: bool,
+}
+
+/// `tcp`, `udp`, `sctp`, `icmp`, `icmpv6`, `udplite` or the number.
+pub fn proto_name(p: u8) -> String {
+    match p {
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        132 => "sctp".into(),
+        1 => "icmp".into(),
+        58 => "icmpv6".into(),
+        136 => "udplite".into(),
+        n => n.to_string(),
+    }
+}
+
+fn protocol(p: u8) -> Protocol {
+    match p {
+        6 => Protocol::Tcp,
+        17 => Protocol::Udp,
+        132 => Protocol::Sctp,
+        1 => Protocol::Icmp,
+        58 => Protocol::IcmpV6,
+        136 => Protocol::UdpLite,
+        n => Protocol::Number(n),
+    }
+}
+
+/// The pod name inside an endpoint name `<node>-k8s-<pod>-<ifname>` (each part with `-`
+/// written `--`); the endpoint name itself when it is not of that form.
+pub fn pod_name(ep: &Endpoint) -> String {
+    let esc_node = ep.node.replace('-', "--");
+    let Some(rest) = ep.name.strip_prefix(&format!("{esc_node}-k8s-")) else {
+        return ep.name.clone();
+    };
+    // The last single `-` separates the pod from the interface name.
+    let b = rest.as_bytes();
+    let mut cut = None;
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'-' {
+            if b.get(i + 1) == Some(&b'-') {
+                i += 2;
+                continue;
+            }
+            cut = Some(i);
+        }
+        i += 1;
+    }
+    match cut {
+        Some(c) => rest[..c].replace("--", "-"),
+        None => ep.name.clone(),
+    }
+}
+
+fn end(set: &PolicySet, hosts: &Hosts, ip: IpAddr, port: Option<u16>) -> FlowEnd {
+    let mut e = FlowEnd {
+        ip: ip.to_string(),
+        port,
+        kind: EndKind::Outside,
+        namespace: None,
+        pod: None,
+        labels: BTreeMap::new(),
+        node: None,
+    };
+    if let Some(ep) = set.endpoint_by_ip(ip) {
+        e.kind = EndKind::Pod;
+        e.namespace = Some(ep.namespace.clone());
+        e.pod = Some(pod_name(ep));
+        e.labels = (*ep.labels).clone();
+    } else if let Some(n) = hosts.by_ip.get(&ip) {
+        e.kind = EndKind::Host;
+        e.node = Some(n.clone());
+    }
+    e
+}
+
+fn flow_policy(p: &IrPolicy, rule: Option<String>) -> FlowPolicy {
+    FlowPolicy {
+        kind: p.key.kind.as_str().to_string(),
+        namespace: p.key.namespace.clone(),
+        name: p.key.name.clone(),
+        rule,
+    }
+}
+
+fn flow_policy_ref(p: &tern_policy::PolicyRef) -> FlowPolicy {
+    FlowPolicy {
+        kind: p.kind.as_str().to_string(),
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        rule: p.rule.map(|r| r.to_string()),
+    }
+}
+
+fn dir_str(d: Direction) -> &'static str {
+    tern_policy::explain::direction_str(d)
+}
+
+/// Resolves one event: `tag` from its prefix, `pkt` its headers, `time_ms` when it was seen.
+pub fn resolve(
+    set: &PolicySet,
+    node: &str,
+    hosts: &Hosts,
+    tag: &FlowTag,
+    pkt: &PacketHeaders,
+    time_ms: u64,
+) -> Resolved {
+    let dir = tag.direction();
+    let flow = Flow {
+        src: pkt.src,
+        dst: pkt.dst,
+        protocol: protocol(pkt.proto),
+        dst_port: pkt.dst_port.unwrap_or(0),
+    };
+    let local_ip = match dir {
+        Direction::Ingress => pkt.dst,
+        Direction::Egress => pkt.src,
+    };
+    let ep = set.endpoint_by_ip(local_ip);
+    let expl = ep.map(|e| set.explain_direction(e, dir, &flow));
+    let verdict = if tag.allows() {
+        FlowVerdict::Allowed
+    } else {
+        FlowVerdict::Denied
+    };
+    let mut disagrees = false;
+    let (reason, policies) = match tag {
+        FlowTag::Rule {
+            policy_hash, index, ..
+        } => {
+            let rule = format!("{}[{index}]", dir_str(dir));
+            let named = ep
+                .map(|e| set.policies_for(e, dir))
+                .unwrap_or_default()
+                .into_iter()
+                .find(|p| short_hash(&p.key.to_string()) == *policy_hash);
+            if let Some(x) = &expl {
+                let same = named.is_some_and(|p| {
+                    x.reason == Reason::Rule
+                        && x.policies.first().is_some_and(|d| {
+                            d.kind == p.key.kind
+                                && d.namespace == p.key.namespace
+                                && d.name == p.key.name
+                                && d.rule.is_some_and(|r| r.index == *index)
+                        })
+                });
+                disagrees = !same || x.verdict.is_allowed() != tag.allows();
+            }
+            let policies = named
+                .map(|p| vec![flow_policy(p, Some(rule))])
+                .unwrap_or_default();
+            (FlowReason::Rule, policies)
+        }
+        FlowTag::DefaultDeny(_) => {
+            if let Some(x) = &expl {
+                disagrees = x.reason != Reason::DefaultDeny;
+            }
+            // Every policy selecting the endpoint in this direction, as explain lists them.
+            let policies = expl
+                .as_ref()
+                .map(|x| x.selecting.iter().map(flow_policy_ref).collect())
+                .unwrap_or_default();
+            (FlowReason::DefaultDeny, policies)
+        }
+        FlowTag::FastPath(_) => match &expl {
+            Some(x) if x.reason == Reason::Rule && x.verdict.is_allowed() => (
+                FlowReason::Rule,
+                x.policies.iter().map(flow_policy_ref).collect(),
+            ),
+            Some(_) => {
+                disagrees = true;
+                (FlowReason::Rule, Vec::new())
+            }
+            None => (FlowReason::Rule, Vec::new()),
+        },
+        FlowTag::NoPolicy(_) => {
+            if let Some(x) = &expl {
+                disagrees = x.reason != Reason::NoPolicy;
+            }
+            (FlowReason::NoPolicy, Vec::new())
+        }
+    };
+    let record = FlowRecord {
+        seq: 0,
+        time: time_ms,
+        node: node.to_string(),
+        direction: match dir {
+            Direction::Ingress => FlowDirection::Ingress,
+            Direction::Egress => FlowDirection::Egress,
+        },
+        proto: proto_name(pkt.proto),
+        src: end(set, hosts, pkt.src, pkt.src_port),
+        dst: end(set, hosts, pkt.dst, pkt.dst_port),
+        verdict,
+        reason,
+        policies,
+        // Staged policies: filled in once the policy model evaluates them.
+        pending: None,
+    };
+    Resolved { record, disagrees }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tern_policy::flowtag::TagAction;
+
+    use super::*;
+
+    fn ep(ns: &str, pod: &str, ip: &str, app: &str) -> Endpoint {
+        Endpoint {
+            namespace: ns.into(),
+            name: format!("node--1-k8s-{}-eth0", pod.replace('-', "--")),
+            node: "node-1".into(),
+            interface: format!("t{pod}"),
+            labels: Arc::new([("app".to_string(), app.to_string())].into()),
+            ips: vec![ip.parse().unwrap()],
+            ports: Vec::new(),
+        }
+    }
+
+    const POLICY: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: b}\nspec:\n  podSelector: {matchLabels: {app: server}}\n  ingress:\n  - from:\n    - podSelector: {matchLabels: {app: client}}\n      namespaceSelector: {}\n    ports:\n    - {port: 8080, protocol: TCP}\n";
+
+    fn set() -> PolicySet {
+        let mut s = PolicySet::new();
+        s.upsert_endpoint(ep("a", "client-x", "10.0.0.1", "client"));
+        s.upsert_endpoint(ep("b", "server", "10.0.0.2", "server"));
+        s.upsert_endpoint(ep("a", "other", "10.0.0.3", "other"));
+        for r in tern_model::parse_documents(POLICY, "t.yaml").unwrap() {
+            s.apply(&r).unwrap();
+        }
+        s
+    }
+
+    fn tcp(src: &str, dst: &str, port: u16) -> PacketHeaders {
+        PacketHeaders {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: 6,
+            src_port: Some(40000),
+            dst_port: Some(port),
+            icmp: None,
+        }
+    }
+
+    fn hosts() -> Hosts {
+        Hosts {
+            by_ip: HashMap::from([("198.18.0.9".parse().unwrap(), "node-9".to_string())]),
+        }
+    }
+
+    #[test]
+    fn pod_names_come_out_of_endpoint_names() {
+        let s = set();
+        let e = s.endpoint_by_ip("10.0.0.1".parse().unwrap()).unwrap();
+        assert_eq!(pod_name(e), "client-x");
+        let mut odd = e.clone();
+        odd.name = "something-else".into();
+        assert_eq!(pod_name(&odd), "something-else");
+    }
+
+    #[test]
+    fn a_rule_allow_names_the_policy_and_rule() {
+        let s = set();
+        let key = s.policies().next().unwrap().key.to_string();
+        let tag = FlowTag::Rule {
+            policy_hash: short_hash(&key),
+            direction: Direction::Ingress,
+            index: 0,
+            action: TagAction::Allow,
+        };
+        let r = resolve(
+            &s,
+            "node-1",
+            &hosts(),
+            &tag,
+            &tcp("10.0.0.1", "10.0.0.2", 8080),
+            5,
+        );
+        assert!(!r.disagrees);
+        let rec = r.record;
+        assert_eq!(rec.verdict, FlowVerdict::Allowed);
+        assert_eq!(rec.reason, FlowReason::Rule);
+        assert_eq!(rec.policies.len(), 1);
+        assert_eq!(rec.policies[0].name, "web");
+        assert_eq!(rec.policies[0].kind, "KubernetesNetworkPolicy");
+        assert_eq!(rec.policies[0].rule.as_deref(), Some("ingress[0]"));
+        assert_eq!(rec.src.pod.as_deref(), Some("client-x"));
+        assert_eq!(rec.src.namespace.as_deref(), Some("a"));
+        assert_eq!(rec.dst.labels["app"], "server");
+        assert_eq!((rec.proto.as_str(), rec.dst.port), ("tcp", Some(8080)));
+        // The same tag for a flow the model denies: the kernel's verdict stands, counted.
+        let r = resolve(
+            &s,
+            "node-1",
+            &hosts(),
+            &tag,
+            &tcp("10.0.0.3", "10.0.0.2", 8080),
+            5,
+        );
+        assert!(r.disagrees);
+        assert_eq!(r.record.verdict, FlowVerdict::Allowed);
+    }
+
+    #[test]
+    fn a_default_deny_names_every_selecting_policy() {
+        let s = set();
+        let r = resolve(
+            &s,
+            "node-1",
+            &hosts(),
+            &FlowTag::DefaultDeny(Direction::Ingress),
+            &tcp("198.18.0.9", "10.0.0.2", 22),
+            5,
+        );
+        assert!(!r.disagrees);
+        let rec = r.record;
+        assert_eq!(
+            (rec.verdict, rec.reason),
+            (FlowVerdict::Denied, FlowReason::DefaultDeny)
+        );
+        assert_eq!(rec.policies.len(), 1);
+        assert_eq!(rec.policies[0].rule, None);
+        assert_eq!(rec.src.kind, EndKind::Host);
+        assert_eq!(rec.src.node.as_deref(), Some("node-9"));
+    }
+
+    #[test]
+    fn no_policy_and_fast_path_take_their_cause_from_the_model() {
+        let s = set();
+        let r = resolve(
+            &s,
+            "node-1",
+            &hosts(),
+            &FlowTag::NoPolicy(Direction::Egress),
+            &tcp("10.0.0.3", "192.0.2.1", 443),
+            5,
+        );
+        assert!(!r.disagrees);
+        assert_eq!(r.record.reason, FlowReason::NoPolicy);
+        assert!(r.record.policies.is_empty());
+        assert_eq!(r.record.dst.kind, EndKind::Outside);
+        let r = resolve(
+            &s,
+            "node-1",
+            &hosts(),
+            &FlowTag::FastPath(Direction::Ingress),
+            &tcp("10.0.0.1", "10.0.0.2", 8080),
+            5,
+        );
+        assert!(!r.disagrees);
+        assert_eq!(r.record.reason, FlowReason::Rule);
+        assert_eq!(r.record.policies[0].rule.as_deref(), Some("ingress[0]"));
+        // A no-policy tag at a pod the model has policies for disagrees.
+        let r = resolve(
+            &s,
+            "node-1",
+            &hosts(),
+            &FlowTag::NoPolicy(Direction::Ingress),
+            &tcp("10.0.0.1", "10.0.0.2", 22),
+            5,
+        );
+        assert!(r.disagrees);
+        assert_eq!(r.record.verdict, FlowVerdict::Allowed);
+    }
+}
