@@ -9,6 +9,7 @@ PACKAGES=(
   containernetworking-plugins protobuf-compiler iperf3 golang-1.19-go
   golang-github-appc-cni-dev python3 gcc libc6-dev
   curl netcat-openbsd
+  chromium chromium-driver
 )
 
 if ! command -v cargo >/dev/null 2>&1; then

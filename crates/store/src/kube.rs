@@ -70,10 +70,13 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 
 use crate::http::{self, Body, Conn, TlsPem};
+
+mod exec;
 use crate::{
     Compare, Event, EventKind, KeyValue, Op, Result, Store, StoreError, Txn, TxnResponse, Watch,
     check_txn_size, keys,
 };
+pub use exec::{AgentPod, ExecOutput};
 
 /// The API group and version of tern's custom resources.
 pub const GROUP: &str = "tern.dev";

@@ -50,6 +50,7 @@ pub mod nft;
 pub mod rng;
 pub mod ternd;
 pub mod wait;
+pub mod webdriver;
 
 pub use binaries::{WORKSPACE_BINARIES, find_binary, install_hint, workspace_binaries};
 pub use guard::{

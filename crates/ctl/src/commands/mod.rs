@@ -5,6 +5,8 @@ pub mod delete;
 pub mod demo;
 pub mod explain;
 pub mod flows;
+pub mod flows_kube;
+pub mod flows_web;
 pub mod get;
 pub mod install_cni;
 pub mod install_manifest;
