@@ -233,6 +233,15 @@ pub struct FlowsArgs {
     /// The lab whose nodes are asked.
     #[arg(long, default_value = "lab")]
     pub lab: String,
+    /// Serve the records as a page at this loopback address (`127.0.0.1:8089`): a live table
+    /// with these filters and a graph of workloads, edges coloured by verdict. It prints the
+    /// address with its access token.
+    #[arg(long, value_name = "ADDR")]
+    pub web: Option<String>,
+    /// Inside a tern-node pod: ask the local agent this query (JSON) and print its reply
+    /// (how `ternctl flows` reaches each node through the API server).
+    #[arg(long, value_name = "QUERY", hide = true)]
+    pub agent_reply: Option<String>,
 }
 
 /// `--verdict`.

@@ -134,7 +134,7 @@ fn non_empty(p: Option<&std::path::Path>) -> Option<&std::path::Path> {
 }
 
 /// `ternctl flows`: one listing, or a listing and then every new record (`--follow`).
-fn run_flows(args: &cli::FlowsArgs) -> anyhow::Result<i32> {
+fn run_flows(args: &cli::FlowsArgs, store_url: Option<&str>) -> anyhow::Result<i32> {
     use commands::flows;
     use tern_api::flow::{FlowDirection, FlowQuery, FlowVerdict};
     let filter = flows::Filter {
@@ -160,7 +160,23 @@ fn run_flows(args: &cli::FlowsArgs) -> anyhow::Result<i32> {
         Some(s) => Some(flows::now_ms().saturating_sub(flows::parse_since(s)?.as_millis() as u64)),
         None => None,
     };
-    let sockets = flows::sockets(&args.socket, &args.lab)?;
+    // Inside a tern-node pod, for `ternctl flows` run elsewhere through the API server: the
+    // local agent's reply to the query given, as one JSON document.
+    if let Some(query) = &args.agent_reply {
+        let q: FlowQuery = serde_json::from_str(query).context("--agent-reply: a flow query")?;
+        let socket = args
+            .socket
+            .first()
+            .cloned()
+            .unwrap_or_else(|| std::path::PathBuf::from(tern_api::DEFAULT_SOCKET));
+        let reply = flows::fetch(&socket, &q)?;
+        println!("{}", serde_json::to_string(&reply)?);
+        return Ok(0);
+    }
+    let agents = flows::agents(&args.socket, &args.lab, store_url)?;
+    if let Some(addr) = &args.web {
+        return run_flows_web(addr, agents);
+    }
     let print = |r: &tern_api::flow::FlowRecord| match args.output {
         cli::ExplainOutput::Table => println!("{}", flows::render_line(r)),
         cli::ExplainOutput::Json => {
@@ -171,11 +187,11 @@ fn run_flows(args: &cli::FlowsArgs) -> anyhow::Result<i32> {
         since_ms,
         ..FlowQuery::default()
     };
-    let (records, errors) = flows::collect(&sockets, &q, &filter);
+    let (records, errors) = flows::collect(&agents, &q, &filter);
     for e in &errors {
         eprintln!("warning: {e}");
     }
-    if errors.len() == sockets.len() && !sockets.is_empty() {
+    if errors.len() == agents.len() && !agents.is_empty() {
         anyhow::bail!("no agent answered: {}", errors.join("; "));
     }
     let mut cursors = flows::Cursors::new();
@@ -190,27 +206,25 @@ fn run_flows(args: &cli::FlowsArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     // Each node from its last record on; a node with none yet from what it has given so far.
-    let mut node_cursor: Vec<(String, std::path::PathBuf, u64)> = Vec::new();
-    for (node, sock) in &sockets {
-        let start = flows::fetch(
-            sock,
-            &FlowQuery {
+    let mut cursors: Vec<u64> = Vec::new();
+    for a in &agents {
+        let start = a
+            .fetch(&FlowQuery {
                 last: Some(0),
                 ..FlowQuery::default()
-            },
-        )
-        .map(|r| r.last_seq)
-        .unwrap_or(0);
-        node_cursor.push((node.clone(), sock.clone(), start));
+            })
+            .map(|r| r.last_seq)
+            .unwrap_or(0);
+        cursors.push(start);
     }
     loop {
         std::thread::sleep(std::time::Duration::from_secs(1));
-        for (node, sock, cursor) in &mut node_cursor {
+        for (a, cursor) in agents.iter().zip(cursors.iter_mut()) {
             let q = FlowQuery {
                 after_seq: Some(*cursor),
                 ..FlowQuery::default()
             };
-            match flows::fetch(sock, &q) {
+            match a.fetch(&q) {
                 Ok(reply) => {
                     *cursor = reply
                         .records
@@ -220,10 +234,36 @@ fn run_flows(args: &cli::FlowsArgs) -> anyhow::Result<i32> {
                         print(r);
                     }
                 }
-                Err(e) => eprintln!("warning: node {node}: {e}"),
+                Err(e) => eprintln!("warning: node {}: {e:#}", a.node()),
             }
         }
     }
+}
+
+/// `ternctl flows --web ADDR`: the page until interrupted.
+fn run_flows_web(addr: &str, agents: Vec<commands::flows::Agent>) -> anyhow::Result<i32> {
+    use commands::flows_web;
+    let listener = flows_web::bind(addr)?;
+    let token = flows_web::new_token()?;
+    let local = listener.local_addr()?;
+    println!("flows page: http://{local}/?token={token} (Ctrl-C to stop)");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let source: flows_web::Source = Box::new(move |query_for| {
+        agents
+            .iter()
+            .map(|a| a.fetch(&query_for(a.node())))
+            .collect()
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    flows_web::serve(
+        listener,
+        token,
+        source,
+        std::time::Duration::from_secs(1),
+        stop,
+    )?;
+    Ok(0)
 }
 
 /// Runs a parsed command line; returns the process exit code (errors are returned, not
@@ -345,7 +385,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                 commands::promote::promote(&*s, kube.as_ref(), &staged)?
             );
         }
-        Command::Flows(args) => return run_flows(&args),
+        Command::Flows(args) => return run_flows(&args, store.url),
         Command::Ipam { command } => {
             let s = open_store(&store)?;
             return run_ipam(s, command);

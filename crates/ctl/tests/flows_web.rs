@@ -48,6 +48,7 @@ impl Fake {
             last_seq: all.last().map_or(0, |r| r.seq),
             records,
             dropped: 3,
+            more: false,
         }
     }
 }

@@ -182,6 +182,47 @@ fn tern_installed_by_its_daemonset() {
     let took = lab.wait_reach("client", &locked, false, Duration::from_secs(30));
     eprintln!("default deny seen (3 denied tries in a row) {took:?} after kubectl apply");
 
+    // The denial as a flow record, read the Kubernetes way: `ternctl flows` asks each node's
+    // agent through the API server (pods/exec of the tern-node pods), no agent port open.
+    let mut seen = String::new();
+    let named =
+        tern_testkit::wait::poll(Duration::from_secs(30), Duration::from_millis(500), || {
+            let _ = lab.ask("client", &locked);
+            let (ok, out) = ternctl_store(
+                &st,
+                &[
+                    "flows",
+                    "--verdict",
+                    "denied",
+                    "--policy",
+                    "deny-locked",
+                    "--last",
+                    "5",
+                    "-o",
+                    "json",
+                ],
+            );
+            seen = out.clone();
+            ok && out.lines().any(|l| {
+                serde_json::from_str::<tern_api::flow::FlowRecord>(l).is_ok_and(|r| {
+                    r.src.pod.as_deref() == Some("client")
+                        && r.dst.pod.as_deref() == Some("locked")
+                        && r.node == "node2"
+                        && r.reason == tern_api::flow::FlowReason::DefaultDeny
+                        && r.policies
+                            .iter()
+                            .any(|p| p.name == "deny-locked" && p.kind == "KubernetesNetworkPolicy")
+                })
+            })
+        });
+    assert!(
+        named,
+        "no denied record client -> locked naming deny-locked through the API server; \
+         ternctl flows said:\n{seen}"
+    );
+    let (_, table) = ternctl_store(&st, &["flows", "--verdict", "denied", "--last", "1"]);
+    eprintln!("ternctl flows through the API server: {}", table.trim());
+
     // A long-lived connection node1 -> node2: a numbered line every 100 ms.
     lab.apply(
         "listener",

@@ -169,18 +169,45 @@ pub fn fetch(socket: &Path, q: &FlowQuery) -> anyhow::Result<FlowReply> {
     out.ok_or_else(|| anyhow::anyhow!("no reply from {}", socket.display()))
 }
 
+/// One node's agent, as ternctl reaches it: its socket (on the node, on a lab), or its pod
+/// through the API server (a Kubernetes cluster: [`crate::commands::flows_kube`]).
+pub enum Agent {
+    Socket {
+        node: String,
+        path: PathBuf,
+    },
+    Pod {
+        store: tern_store::kube::KubeStore,
+        pod: tern_store::kube::AgentPod,
+    },
+}
+
+impl Agent {
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        match self {
+            Agent::Socket { node, .. } => node,
+            Agent::Pod { pod, .. } => &pod.node,
+        }
+    }
+
+    /// The node's records for `q`.
+    pub fn fetch(&self, q: &FlowQuery) -> anyhow::Result<FlowReply> {
+        match self {
+            Agent::Socket { path, .. } => fetch(path, q),
+            Agent::Pod { store, pod } => crate::commands::flows_kube::fetch(store, pod, q),
+        }
+    }
+}
+
 /// Records of every node, filtered, oldest first (by time, then node and sequence).
-pub fn collect(
-    sockets: &[(String, PathBuf)],
-    q: &FlowQuery,
-    filter: &Filter,
-) -> (Vec<FlowRecord>, Vec<String>) {
+pub fn collect(agents: &[Agent], q: &FlowQuery, filter: &Filter) -> (Vec<FlowRecord>, Vec<String>) {
     let mut records = Vec::new();
     let mut errors = Vec::new();
-    for (node, sock) in sockets {
-        match fetch(sock, q) {
+    for a in agents {
+        match a.fetch(q) {
             Ok(r) => records.extend(r.records.into_iter().filter(|r| filter.matches(r))),
-            Err(e) => errors.push(format!("node {node}: {e}")),
+            Err(e) => errors.push(format!("node {}: {e:#}", a.node())),
         }
     }
     records.sort_by(|a, b| (a.time, &a.node, a.seq).cmp(&(b.time, &b.node, b.seq)));
@@ -247,26 +274,43 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The agents to ask: `--socket`s given, else lab `lab`'s nodes when it exists, else the
-/// local agent.
-pub fn sockets(given: &[PathBuf], lab: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
+/// The agents to ask: the sockets given; else, with a Kubernetes datastore (`--store
+/// kubernetes[://KUBECONFIG]`), every tern-node pod through the API server; else every node of
+/// the lab `lab` when it exists; else the local agent.
+pub fn agents(given: &[PathBuf], lab: &str, store: Option<&str>) -> anyhow::Result<Vec<Agent>> {
     if !given.is_empty() {
         return Ok(given
             .iter()
-            .map(|p| (p.display().to_string(), p.clone()))
+            .map(|p| Agent::Socket {
+                node: p.display().to_string(),
+                path: p.clone(),
+            })
+            .collect());
+    }
+    if let Some(opened) = store.and_then(tern_store::kube::KubeStore::open_url) {
+        let store = opened.map_err(|e| anyhow::anyhow!("{e}"))?;
+        return Ok(crate::commands::flows_kube::agents(&store)?
+            .into_iter()
+            .map(|pod| Agent::Pod {
+                store: store.clone(),
+                pod,
+            })
             .collect());
     }
     if let Some(state) = tern_lab::state::LabState::load(lab)? {
         return Ok(state
             .nodes
             .iter()
-            .map(|n| (n.name.clone(), n.socket.clone()))
+            .map(|n| Agent::Socket {
+                node: n.name.clone(),
+                path: n.socket.clone(),
+            })
             .collect());
     }
-    Ok(vec![(
-        "local".into(),
-        PathBuf::from(tern_api::DEFAULT_SOCKET),
-    )])
+    Ok(vec![Agent::Socket {
+        node: "local".into(),
+        path: PathBuf::from(tern_api::DEFAULT_SOCKET),
+    }])
 }
 
 /// Keeps the last `n` of `records`.
