@@ -4,40 +4,11 @@
 //! and rule that decide, the policies of a default deny, a node's address (a host), an outside
 //! address, and a pod that does not exist.
 
-use std::collections::BTreeMap;
-
 use serde_json::{Value, json};
-use tern_agent::endpoints::{Endpoint, store_io};
-use tern_api::{Attachment, PodRef};
-use tern_store::Store;
 
 mod store_cmd;
+use store_cmd::explain::{cause, explain, pod};
 use store_cmd::ternctl;
-
-fn pod(store: &dyn Store, ns: &str, name: &str, app: &str, ip: &str) {
-    let ep = Endpoint {
-        node: "n1".into(),
-        attachment: Attachment {
-            network: "k8s-pod-network".into(),
-            container_id: format!("c-{name}"),
-            ifname: "eth0".into(),
-            netns_path: "/run/netns/x".into(),
-            pod: Some(PodRef {
-                namespace: ns.into(),
-                name: name.into(),
-                infra_container_id: String::new(),
-                uid: String::new(),
-            }),
-        },
-        host_ifname: format!("tern{name}"),
-        mac: Some(tern_model::MacAddr([0xee, 0xee, 0xee, 0xee, 0xee, 0x01])),
-        ip_networks: vec![format!("{ip}/32").parse().unwrap()],
-        labels: BTreeMap::from([("app".to_string(), app.to_string())]),
-        ports: Vec::new(),
-        delegated_ipam: false,
-    };
-    store_io::put(store, &ep).unwrap();
-}
 
 const POLICIES: &str = "\
 apiVersion: v1
@@ -71,29 +42,6 @@ spec:
     source: {namespaceSelector: \"kubernetes.io/metadata.name == 'other'\"}
 ";
 
-fn explain(store: &str, from: &str, to: &str, port: &str) -> Value {
-    let (code, out, err) = ternctl(
-        store,
-        &[
-            "explain", "--from", from, "--to", to, "--port", port, "-o", "json",
-        ],
-    );
-    assert_eq!(code, 0, "explain {from} -> {to} {port}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-/// The cause of a direction as `[reason, [[kind, namespace, name, rule]...]]`.
-fn cause(v: &Value, dir: &str) -> Value {
-    let d = &v[dir];
-    let pols: Vec<Value> = d["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| json!([p["kind"], p["namespace"], p["name"], p["rule"]]))
-        .collect();
-    json!([d["verdict"], d["reason"], pols])
-}
-
 #[test]
 fn explain_names_the_deciding_policy_and_rule() {
     let dir = tempfile::tempdir().unwrap();
@@ -120,19 +68,19 @@ fn explain_names_the_deciding_policy_and_rule() {
         )
     );
     assert_eq!(
-        cause(&v, "ingress"),
+        cause(&v["ingress"]),
         json!([
             "allowed",
             "rule",
             [["KubernetesNetworkPolicy", "shop", "web-in", "ingress[0]"]]
         ])
     );
-    assert_eq!(cause(&v, "egress"), json!(["allowed", "no-policy", []]));
+    assert_eq!(cause(&v["egress"]), json!(["allowed", "no-policy", []]));
     assert_eq!(v["ingress"]["logged"][0]["name"], "no-other");
     // The second rule as written, though it expands into two peers and is the third IR rule.
     let v = explain(&url, "shop/api", "shop/web", "9090");
     assert_eq!(
-        cause(&v, "ingress"),
+        cause(&v["ingress"]),
         json!([
             "allowed",
             "rule",
@@ -143,7 +91,7 @@ fn explain_names_the_deciding_policy_and_rule() {
     let v = explain(&url, "other/client", "shop/web", "8080/TCP");
     assert_eq!(v["verdict"], "denied");
     assert_eq!(
-        cause(&v, "ingress"),
+        cause(&v["ingress"]),
         json!([
             "denied",
             "rule",
@@ -153,7 +101,7 @@ fn explain_names_the_deciding_policy_and_rule() {
     // No rule matches: both selecting policies, in evaluation order, no rule.
     let v = explain(&url, "shop/api", "shop/web", "9999/UDP");
     assert_eq!(
-        cause(&v, "ingress"),
+        cause(&v["ingress"]),
         json!([
             "denied",
             "default-deny",
@@ -168,7 +116,7 @@ fn explain_names_the_deciding_policy_and_rule() {
     assert_eq!(v["verdict"], "allowed");
     assert_eq!(v["src"], json!({"ip": "192.0.2.9"}));
     assert_eq!(v["egress"]["endpoint"], Value::Null);
-    assert_eq!(cause(&v, "ingress"), json!(["allowed", "no-policy", []]));
+    assert_eq!(cause(&v["ingress"]), json!(["allowed", "no-policy", []]));
     // A node's address is that host; the web pod's policies leave it to the default deny.
     let node = "apiVersion: tern.dev/v1\nkind: Node\nmetadata: {name: n1}\nspec: {bgp: {ipv4Address: 198.18.0.2/24}}\n";
     for n in tern_model::parse_documents(node, "node.yaml").unwrap() {

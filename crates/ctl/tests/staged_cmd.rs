@@ -4,41 +4,13 @@
 //! enforces it (Set) or deletes the enforced policy (Delete), and finishes a promote that
 //! stopped between its two writes.
 
-use std::collections::BTreeMap;
-
 use serde_json::{Value, json};
-use tern_agent::endpoints::{Endpoint, store_io};
-use tern_api::{Attachment, PodRef};
 use tern_model::Kind;
 use tern_store::Store;
 
 mod store_cmd;
+use store_cmd::explain::{cause, explain, pod};
 use store_cmd::ternctl;
-
-fn pod(store: &dyn Store, ns: &str, name: &str, app: &str, ip: &str) {
-    let ep = Endpoint {
-        node: "n1".into(),
-        attachment: Attachment {
-            network: "k8s-pod-network".into(),
-            container_id: format!("c-{name}"),
-            ifname: "eth0".into(),
-            netns_path: "/run/netns/x".into(),
-            pod: Some(PodRef {
-                namespace: ns.into(),
-                name: name.into(),
-                infra_container_id: String::new(),
-                uid: String::new(),
-            }),
-        },
-        host_ifname: format!("tern{name}"),
-        mac: Some(tern_model::MacAddr([0xee, 0xee, 0xee, 0xee, 0xee, 0x02])),
-        ip_networks: vec![format!("{ip}/32").parse().unwrap()],
-        labels: BTreeMap::from([("app".to_string(), app.to_string())]),
-        ports: Vec::new(),
-        delegated_ipam: false,
-    };
-    store_io::put(store, &ep).unwrap();
-}
 
 const POLICIES: &str = "\
 apiVersion: v1
@@ -66,26 +38,6 @@ fn ok(store: &str, args: &[&str]) -> String {
     let (code, out, err) = ternctl(store, args);
     assert_eq!(code, 0, "ternctl {args:?}: {err}");
     out
-}
-
-fn explain(store: &str, from: &str, to: &str, port: &str) -> Value {
-    let out = ok(
-        store,
-        &[
-            "explain", "--from", from, "--to", to, "--port", port, "-o", "json",
-        ],
-    );
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-fn policies(d: &Value) -> Value {
-    let pols: Vec<Value> = d["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| json!([p["kind"], p["namespace"], p["name"], p["rule"]]))
-        .collect();
-    json!([d["verdict"], d["reason"], pols])
 }
 
 struct Fixture {
@@ -132,7 +84,7 @@ fn a_staged_default_deny_is_pending_then_promoted() {
     assert_eq!(v["ingress"]["reason"], "no-policy");
     assert_eq!(v["pending"]["verdict"], "denied");
     assert_eq!(
-        policies(&v["pending"]["ingress"]),
+        cause(&v["pending"]["ingress"]),
         json!([
             "denied",
             "default-deny",
@@ -192,7 +144,7 @@ fn a_staged_default_deny_is_pending_then_promoted() {
     let v = explain(url, "shop/api", "shop/db", "5432/TCP");
     assert_eq!(v["verdict"], "denied");
     assert_eq!(
-        policies(&v["ingress"]),
+        cause(&v["ingress"]),
         json!([
             "denied",
             "default-deny",
@@ -266,7 +218,7 @@ fn promote_finishes_after_a_crash_between_its_writes() {
     let v = explain(url, "shop/api", "shop/web", "8080");
     assert_eq!(v["verdict"], "allowed");
     assert_eq!(
-        policies(&v["pending"]["ingress"]),
+        cause(&v["pending"]["ingress"]),
         json!([
             "denied",
             "default-deny",

@@ -1,6 +1,8 @@
 //! Runs the `ternctl` binary of this build against a datastore, for the tests of commands that
 //! need only a store (no lab, no kernel).
 
+pub mod explain;
+
 use std::process::Command;
 
 /// `ternctl --store STORE ARGS...`: exit code, stdout and stderr.
