@@ -19,6 +19,16 @@
 //!    neither (nor the pods directly); a client whose egress policy allows only the backend
 //!    pods reaches them through the ClusterIP (egress evaluated on the DNATed destination)
 //!    and nothing else.
+//! 3. **Flow records** (issue 21), read as `ternctl flows --store kubernetes:///<admin
+//!    kubeconfig>` reads them (each `tern-node` pod's agent through the API server's
+//!    `pods/exec`): after each step of part 1 that the probes matched, both nodes' records
+//!    are read once and every pod-to-pod probe's last connection must be on record (egress at
+//!    the client's node; ingress at the server's when egress let it through) with the verdict
+//!    the probe saw and the cause `explain` gives the cell (the deciding rule; the selecting
+//!    policies of a default deny) — `common::flow_check`, shared with `netpol.rs`. After the
+//!    cases, a connection from node1's host to a pod on node2 must be on record with its
+//!    source named as node1's host, and one from a pod to the control plane's address (no node,
+//!    no pod) with its destination named as outside.
 //!
 //! The servers are the upstream e2e image `agnhost` (`netexec`: HTTP and UDP servers that
 //! answer their hostname; the probes ask as netexec's `/dial` does); `scripts/k8s-e2e.sh` builds it
@@ -37,11 +47,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_norway::Value;
+use tern_api::flow::{FlowDirection, FlowQuery, FlowRecord};
+use tern_ctl::commands::flows::Agent;
 use tern_lab::kube;
 use tern_lab::kube::probe::{self, Dial};
 use tern_lab::netpol;
 
 mod common;
+use common::flow_check::{self, Latest, Named, Probed};
 use common::kube_lab::KubeLab;
 
 /// Nodes of the cluster; pods are spread round-robin.
@@ -61,6 +74,10 @@ struct Cluster {
     /// The network namespace of each probing pod (`ns/pod`), found on first use (see
     /// [`probe`]). Dropped before the lab.
     netns: Mutex<BTreeMap<String, Arc<File>>>,
+    /// The agents `ternctl flows` asks (the `tern-node` pods, through the API server), found
+    /// on the first read of records and kept while reads succeed. Used only from the control
+    /// plane's namespace, so every connection of its client is made there.
+    agents: Mutex<Option<Arc<Vec<Agent>>>>,
     lab: KubeLab,
 }
 
@@ -230,6 +247,14 @@ impl L4 {
             L4::Tcp => "TCP",
             L4::Udp => "UDP",
             L4::Sctp => "SCTP",
+        }
+    }
+    /// As flow records name it.
+    fn record(self) -> &'static str {
+        match self {
+            L4::Tcp => "tcp",
+            L4::Udp => "udp",
+            L4::Sctp => "sctp",
         }
     }
 }
@@ -795,21 +820,30 @@ fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
                 }
             }
             let tables = step_tables(step, m);
+            let since = tern_ctl::commands::flows::now_ms();
             let (diffs, ok, total, wrong) = wait_tables(c, m, &tables);
             case_ok += ok;
             case_total += total;
             // A step the probes matched: explain must give every pod-to-pod probe the
             // verdict it saw (a failed step is reported above already).
+            // Then every such probe's last connection on record must carry the verdict the
+            // probe saw and explain's cause.
             if diffs.is_empty() {
+                let mut cells = Vec::new();
                 let e = explain_step(
                     c,
                     m,
                     (&tables, &wrong),
-                    &policies,
-                    &mut cli_done,
+                    (&policies, &mut cli_done),
                     &mut explained,
+                    &mut cells,
                 );
                 problems.extend(e.into_iter().map(|d| format!("  step {si}: explain: {d}")));
+                let r = records_step(c, m, &tables, &cells, since, &mut explained);
+                problems.extend(
+                    r.into_iter()
+                        .map(|d| format!("  step {si}: records: {}", d.trim_start())),
+                );
             }
             problems.extend(diffs.into_iter().map(|d| format!("  step {si}: {d}")));
         }
@@ -855,10 +889,17 @@ fn conformance(c: &Cluster, m: &Model, doc: &Value) -> Vec<String> {
         explained.loads,
         explained.time.as_secs_f64()
     );
+    println!(
+        "netpol flow records through the API server: {} records (egress and ingress of every pod-to-pod probe's last connection) agreed with the probes and with explain; {} reads of every node's records, {} cells probed again, {:.1}s",
+        explained.records,
+        explained.record_reads,
+        explained.record_reprobes,
+        explained.record_time.as_secs_f64()
+    );
     failed
 }
 
-/// What the explain checks did, for the summary line.
+/// What the explain and record checks did, for the summary lines.
 #[derive(Default)]
 struct Explained {
     cells: usize,
@@ -866,6 +907,20 @@ struct Explained {
     cli: usize,
     loads: usize,
     time: Duration,
+    /// Records compared (the last check of each step).
+    records: u64,
+    /// Reads of every node's records through the API server.
+    record_reads: usize,
+    /// Cells probed again because their records were not (yet) the step's.
+    record_reprobes: usize,
+    record_time: Duration,
+}
+
+/// A pod-to-pod cell explain judged: what the probe saw and explain's answer.
+struct Explains {
+    cell: Cell,
+    saw: bool,
+    explanation: tern_policy::Explanation,
 }
 
 /// The policies an explanation's denying directions name, as `namespace/name`, and whether
@@ -892,14 +947,14 @@ fn denying_policies(e: &tern_ctl::commands::explain::Report) -> Vec<Vec<String>>
 /// `wrong` cells). A denial must name, in each denying direction, policies and only
 /// policies of the case (`policies`). The first denied cell is also run through the
 /// `ternctl explain` binary (unless `cli_done`: once per case), whose JSON must say the same.
-/// Problems, one line each.
+/// Every cell explained goes to `out` (for the records). Problems, one line each.
 fn explain_step(
     c: &Cluster,
     m: &Model,
     (tables, wrong): (&[Table], &[Cell]),
-    policies: &std::collections::BTreeSet<String>,
-    cli_done: &mut bool,
+    (policies, cli_done): (&std::collections::BTreeSet<String>, &mut bool),
     explained: &mut Explained,
+    out: &mut Vec<Explains>,
 ) -> Vec<String> {
     let t0 = Instant::now();
     let st = c.state();
@@ -942,6 +997,11 @@ fn explain_step(
                     }
                 };
                 explained.cells += 1;
+                out.push(Explains {
+                    cell,
+                    saw,
+                    explanation: r.explanation.clone(),
+                });
                 let says = r.explanation.verdict.as_str();
                 if says != verdict(saw) {
                     problems.push(format!(
@@ -1020,6 +1080,198 @@ fn explain_cli(
         .collect();
     (v["verdict"] != "denied" || got != named)
         .then(|| format!("{what}: want denied by {named:?}, got {out}"))
+}
+
+/// Every node's records since `since_ms` (the newest, one page a node), read as `ternctl
+/// flows --store kubernetes:///<admin kubeconfig>` reads them: `ternctl flows --agent-reply`
+/// in each `tern-node` pod through the API server's `pods/exec` (from the control plane's
+/// namespace, where the kubeconfig's address is reachable). The agents found are kept for the
+/// next read (found again after a failed one).
+fn read_records(c: &Cluster, since_ms: u64) -> Result<Vec<FlowRecord>, String> {
+    let st = c.state();
+    let k = st.kube.as_ref().ok_or("the lab has no Kubernetes state")?;
+    let url = st.store_url();
+    let known = c.agents.lock().unwrap().clone();
+    let read = tern_lab::netns::in_netns(&k.cp_netns, move || {
+        let agents = match known {
+            Some(a) => a,
+            None => Arc::new(
+                tern_ctl::commands::flows::agents(&[], "", Some(&url))
+                    .map_err(|e| format!("the agents of {url}: {e:#}"))?,
+            ),
+        };
+        if agents.len() != NODES {
+            return Err(format!("{} tern-node pods, {NODES} nodes", agents.len()));
+        }
+        let q = FlowQuery {
+            since_ms: Some(since_ms),
+            ..FlowQuery::default()
+        };
+        let mut out = Vec::new();
+        for a in agents.iter() {
+            let reply = a
+                .fetch(&q)
+                .map_err(|e| format!("records of {}: {e:#}", a.node()))?;
+            out.extend(reply.records);
+        }
+        Ok((agents, out))
+    })
+    .map_err(|e| e.to_string())?;
+    let mut known = c.agents.lock().unwrap();
+    match read {
+        Ok((agents, out)) => {
+            *known = Some(agents);
+            Ok(out)
+        }
+        Err(e) => {
+            *known = None;
+            Err(e)
+        }
+    }
+}
+
+/// The records of a step the probes matched, against the probes and explain: every
+/// pod-to-pod cell explain judged (`cells`) must have its last connection on record with the
+/// verdict the probe saw and explain's cause ([`flow_check::cell_problems`]), read once from
+/// both nodes (since `since_ms`, the step's start). A round that matched before every agent
+/// had the step's policies has records with another cause: such cells are probed again (as
+/// [`wait_tables`] does, and they must again show their table) and the records read again,
+/// until [`STEP_DEADLINE`]; a disagreement that stays is a problem. Problems, one line each.
+fn records_step(
+    c: &Cluster,
+    m: &Model,
+    tables: &[Table],
+    cells: &[Explains],
+    since_ms: u64,
+    explained: &mut Explained,
+) -> Vec<String> {
+    let t0 = Instant::now();
+    let mut saw: Vec<bool> = cells.iter().map(|e| e.saw).collect();
+    let problems = loop {
+        explained.record_reads += 1;
+        let records = match read_records(c, since_ms) {
+            Ok(r) => r,
+            Err(e) if t0.elapsed() > STEP_DEADLINE => break vec![format!(" {e}")],
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+        };
+        let mut latest = Latest::default();
+        latest.add(records);
+        let mut checked = 0;
+        let mut problems = Vec::new();
+        let mut again = Vec::new();
+        for (e, &saw) in cells.iter().zip(&saw) {
+            let t = &tables[e.cell.table];
+            let (from, to) = (&m.cols[e.cell.from], &m.cols[e.cell.to]);
+            let ip = |p: &str| m.pod_ip[p].parse::<IpAddr>().unwrap();
+            let probed = Probed {
+                what: format!("{}/{} {from} -> {to}", t.l4.k8s(), t.port),
+                src: ip(from),
+                dst: ip(to),
+                proto: t.l4.record(),
+                port: t.port,
+                saw,
+                explained: &e.explanation,
+            };
+            let p = flow_check::cell_problems(&latest, &probed, &mut checked);
+            if !p.is_empty() {
+                problems.extend(p);
+                again.push(e.cell);
+            }
+        }
+        if problems.is_empty() || t0.elapsed() > STEP_DEADLINE {
+            explained.records += checked;
+            break problems;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        explained.record_reprobes += again.len();
+        match reprobe(c, m, tables, again.clone()) {
+            // What the probes see now; a cell no longer as its table wants is a problem itself.
+            Ok(still) => {
+                for (e, saw) in cells.iter().zip(saw.iter_mut()) {
+                    if again.contains(&e.cell) {
+                        *saw = want(tables, &e.cell) != still.contains(&e.cell);
+                    }
+                }
+            }
+            Err(e) => break vec![format!(" probing again: {e}")],
+        }
+    };
+    explained.record_time += t0.elapsed();
+    let mut problems = problems;
+    for (e, &saw) in cells.iter().zip(&saw) {
+        if saw != want(tables, &e.cell) {
+            let t = &tables[e.cell.table];
+            problems.push(format!(
+                " {}/{} {} -> {} probed again: want {}, got {}",
+                t.l4.k8s(),
+                t.port,
+                m.cols[e.cell.from],
+                m.cols[e.cell.to],
+                verdict(!saw),
+                verdict(saw)
+            ));
+        }
+    }
+    problems
+}
+
+/// Host and outside traffic named as such (after the cases: no policy in force): node1's host
+/// connecting to a model pod on node2 has an ingress record naming its source as node1's
+/// host, and a model pod connecting to the control plane's address (outside the cluster: no
+/// node, no pod) an egress record naming its destination as outside; read through the API
+/// server as the steps' records are.
+fn host_and_outside(c: &Cluster, m: &Model) -> Result<String, String> {
+    let st = c.state();
+    let k = st.kube.as_ref().ok_or("the lab has no Kubernetes state")?;
+    let host = &st.nodes[0];
+    let pod = m
+        .cols
+        .iter()
+        .find(|p| m.node_of[*p] != host.name)
+        .ok_or("no model pod on another node than node1")?;
+    let pod_ip: IpAddr = m.pod_ip[pod].parse().map_err(|e| format!("{e}"))?;
+    let client = &m.cols[0];
+    let out_ip: IpAddr = k.cp_address.parse().map_err(|e| format!("{e}"))?;
+    let since = tern_ctl::commands::flows::now_ms();
+    let timeout = Duration::from_secs(PROBE_SECS.into());
+    // The answers do not matter (the API server speaks TLS): the first packet is logged.
+    tern_lab::netns::in_netns(&host.netns, || {
+        std::net::TcpStream::connect_timeout(&SocketAddr::new(pod_ip, 80), timeout)
+    })
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("{} host -> {pod} {pod_ip}:80: {e}", host.name))?;
+    c.probe(client, &[("http", out_ip.to_string(), 6443)], PROBE_SECS)?;
+    let host_conn = Named {
+        what: "host to pod",
+        direction: FlowDirection::Ingress,
+        src: None,
+        dst: pod_ip,
+        proto: "tcp",
+        port: 80,
+    };
+    let client_ip: IpAddr = m.pod_ip[client].parse().map_err(|e| format!("{e}"))?;
+    let outside = Named {
+        what: "pod to outside",
+        direction: FlowDirection::Egress,
+        src: Some(client_ip),
+        dst: out_ip,
+        proto: "tcp",
+        port: 6443,
+    };
+    // The agents read the kernel's log on their own threads: wait (bounded) for the records.
+    let t = Instant::now();
+    loop {
+        let r = read_records(c, since).and_then(|records| {
+            flow_check::host_and_outside(&records, (&host_conn, &host.name), &outside)
+        });
+        if r.is_ok() || t.elapsed() > Duration::from_secs(10) {
+            return r.map(|l| format!("{l} ({:.1}s)", t.elapsed().as_secs_f64()));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 // ---------------------------------------------------------------- part 2
@@ -1327,6 +1579,7 @@ fn netpol_conformance_and_service_policy_through_kubectl() {
     let t0 = Instant::now();
     let c = Cluster {
         netns: Mutex::default(),
+        agents: Mutex::default(),
         lab: KubeLab::up("knp", &k8s, &["--nodes", &NODES.to_string()]),
     };
     println!(
@@ -1355,6 +1608,10 @@ fn netpol_conformance_and_service_policy_through_kubectl() {
             .join(", ")
     );
     let mut problems = conformance(&c, &m, &doc);
+    match host_and_outside(&c, &m) {
+        Ok(l) => println!("netpol records: {l}"),
+        Err(e) => problems.push(format!("host and outside records: {e}")),
+    }
     match service_policy(&c) {
         Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
         Err(p) => problems.extend(p),

@@ -11,12 +11,17 @@
 //!    its records on the agents (egress at the client's node; ingress at the server's when
 //!    egress let it through) with the verdict the probe saw and the cause the independent
 //!    evaluator (`PolicySet::explain` over the store's state) gives: the deciding rule for an
-//!    allow or a deny by rule, every selecting policy for a default deny, none without policy.
+//!    allow or a deny by rule, every selecting policy for a default deny, none without policy
+//!    (`common::flow_check`, shared with `lab_kube_netpol.rs`).
+//! 5. Host and outside ends (issue 21; run after proof 1): a connection from node1's host to a
+//!    pod on another node has an ingress record naming its source as node1's host; one from a
+//!    pod to the lab's etcd (no node, no pod) an egress record naming its destination as
+//!    outside.
 //!
 //! Needs root (namespaces); nothing happens in the root network namespace. The lab has a unique
 //! name and is torn down by a guard, also when an assertion fails.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,6 +44,7 @@ const STEP_DEADLINE: Duration = Duration::from_secs(10);
 
 mod common;
 use common::Lab;
+use common::flow_check::{self, Latest, Named, Probed};
 
 use tern_testkit::conformance::labels;
 
@@ -166,42 +172,6 @@ fn expected(step: &Value, cols: &[String], l4s: &[L4]) -> (Vec<(L4, u16)>, Vec<M
     (combos, want)
 }
 
-fn record_cause(r: &FlowRecord) -> (String, Vec<String>) {
-    let mut ps: Vec<String> = r
-        .policies
-        .iter()
-        .map(|p| {
-            format!(
-                "{}/{}/{} {}",
-                p.kind,
-                p.namespace.as_deref().unwrap_or(""),
-                p.name,
-                p.rule.as_deref().unwrap_or("")
-            )
-        })
-        .collect();
-    ps.sort();
-    (r.reason.as_str().to_string(), ps)
-}
-
-fn explained_cause(d: &tern_policy::DirectionExplanation) -> (String, Vec<String>) {
-    let mut ps: Vec<String> = d
-        .policies
-        .iter()
-        .map(|p| {
-            format!(
-                "{}/{}/{} {}",
-                p.kind.as_str(),
-                p.namespace.as_deref().unwrap_or(""),
-                p.name,
-                p.rule.map(|r| r.to_string()).unwrap_or_default()
-            )
-        })
-        .collect();
-    ps.sort();
-    (d.reason.as_str().to_string(), ps)
-}
-
 /// Proof 4 for one step whose matrices hold: the last connection of every probed cell has
 /// records with the probe's verdict and explain's cause. A round that matched before every
 /// agent had the step's policies (its verdicts were right by another cause) is probed again,
@@ -246,28 +216,12 @@ fn record_problems(
         since_ms: Some(since_ms),
         last: None,
     };
-    type Key = (FlowDirection, IpAddr, IpAddr, String, Option<u16>);
-    let mut latest: HashMap<Key, FlowRecord> = HashMap::new();
+    let mut latest = Latest::default();
     let mut problems = Vec::new();
     for n in &lab.st.nodes {
-        let reply = match tern_ctl::commands::flows::fetch(&n.socket, &q) {
-            Ok(r) => r,
-            Err(e) => {
-                problems.push(format!("  records of {}: {e}", n.name));
-                continue;
-            }
-        };
-        for r in reply.records {
-            let (Ok(src), Ok(dst)) = (r.src.ip.parse(), r.dst.ip.parse()) else {
-                continue;
-            };
-            let k = (r.direction, src, dst, r.proto.clone(), r.dst.port);
-            if latest
-                .get(&k)
-                .is_none_or(|o| (o.time, o.seq) < (r.time, r.seq))
-            {
-                latest.insert(k, r);
-            }
+        match tern_ctl::commands::flows::fetch(&n.socket, &q) {
+            Ok(reply) => latest.add(reply.records),
+            Err(e) => problems.push(format!("  records of {}: {e}", n.name)),
         }
     }
     let mut checked = 0u64;
@@ -282,58 +236,24 @@ fn record_problems(
                 if i == j {
                     continue;
                 }
-                let cell = format!("{}/{port} {} -> {}", l4.as_str(), a.id(), b.id());
                 let x = state.set.explain(&tern_policy::Flow {
                     src: a.ip,
                     dst: b.ip,
                     protocol,
                     dst_port: port,
                 });
-                let key = |d| (d, a.ip, b.ip, proto.to_string(), Some(port));
-                let before = problems.len();
-                let Some(eg) = latest.get(&key(FlowDirection::Egress)) else {
-                    problems.push(format!("  {cell}: no egress record"));
-                    cells.push(netpol::Cell {
-                        combo: ci,
-                        from: i,
-                        to: j,
-                    });
-                    continue;
+                let cell = Probed {
+                    what: format!("{}/{port} {} -> {}", l4.as_str(), a.id(), b.id()),
+                    src: a.ip,
+                    dst: b.ip,
+                    proto,
+                    port,
+                    saw: want[ci][i][j],
+                    explained: &x,
                 };
-                let mut allowed = eg.verdict == FlowVerdict::Allowed;
-                let mut check = |r: &FlowRecord, d: &tern_policy::DirectionExplanation| {
-                    checked += 1;
-                    if (r.verdict == FlowVerdict::Allowed) != d.verdict.is_allowed()
-                        || record_cause(r) != explained_cause(d)
-                    {
-                        problems.push(format!(
-                            "  {cell}: {} record {} {:?}, explain {} {:?}",
-                            r.direction.as_str(),
-                            r.verdict.as_str(),
-                            record_cause(r),
-                            d.verdict.as_str(),
-                            explained_cause(d)
-                        ));
-                    }
-                };
-                check(eg, &x.egress);
-                if allowed {
-                    match latest.get(&key(FlowDirection::Ingress)) {
-                        Some(ig) if ig.time + 1000 >= eg.time => {
-                            allowed = ig.verdict == FlowVerdict::Allowed;
-                            check(ig, &x.ingress);
-                        }
-                        _ => problems.push(format!("  {cell}: egress allowed, no ingress record")),
-                    }
-                }
-                if allowed != want[ci][i][j] {
-                    problems.push(format!(
-                        "  {cell}: records say {}, the probe saw {}",
-                        if allowed { "allowed" } else { "denied" },
-                        if want[ci][i][j] { "allowed" } else { "denied" }
-                    ));
-                }
-                if problems.len() > before {
+                let p = flow_check::cell_problems(&latest, &cell, &mut checked);
+                if !p.is_empty() {
+                    problems.extend(p);
                     cells.push(netpol::Cell {
                         combo: ci,
                         from: i,
@@ -730,6 +650,72 @@ fn flows_cli(lab: &Lab) -> Result<String, String> {
     ))
 }
 
+/// Proof 5 (right after the cases: no policy in force, every agent up): node1's host
+/// connecting to a pod on another node has an ingress record naming its source as node1's
+/// host; a pod connecting to an address outside the cluster (the lab's etcd, else the
+/// underlay's gateway) has an egress record naming its destination as outside.
+fn host_and_outside(lab: &Lab, m: &Model) -> Result<String, String> {
+    let since = tern_ctl::commands::flows::now_ms();
+    let host = &lab.st.nodes[0];
+    let pod = m
+        .pods
+        .iter()
+        .find(|p| p.node != host.name)
+        .ok_or("no pod on another node than node1")?;
+    let client = &m.pods[0];
+    let (out_ip, out_port) = match &lab.st.etcd {
+        Some(e) => (e.address.clone(), 2379),
+        None => (tern_lab::topology::UNDERLAY_GATEWAY.to_string(), 80),
+    };
+    let out_ip: IpAddr = out_ip.parse().map_err(|e| format!("{out_ip}: {e}"))?;
+    // The answers do not matter (the gateway may refuse): the first packet is what is logged.
+    let h = in_netns(&host.netns, || {
+        netpol::probe(L4::Tcp, SocketAddr::new(pod.ip, 80), PROBE_TIMEOUT)
+    })
+    .map_err(|e| e.to_string())?;
+    let _ = in_netns(&client.netns, || {
+        netpol::probe(L4::Tcp, SocketAddr::new(out_ip, out_port), PROBE_TIMEOUT)
+    })
+    .map_err(|e| e.to_string())?;
+    h.map_err(|e| format!("{} host -> {} {}:80: {e}", host.name, pod.id(), pod.ip))?;
+    let host_conn = Named {
+        what: "host to pod",
+        direction: FlowDirection::Ingress,
+        src: None,
+        dst: pod.ip,
+        proto: "tcp",
+        port: 80,
+    };
+    let outside = Named {
+        what: "pod to outside",
+        direction: FlowDirection::Egress,
+        src: Some(client.ip),
+        dst: out_ip,
+        proto: "tcp",
+        port: out_port,
+    };
+    let q = FlowQuery {
+        after_seq: Some(0),
+        since_ms: Some(since),
+        last: None,
+    };
+    // The agents read the kernel's log on their own threads: wait (bounded) for the records.
+    let t = Instant::now();
+    loop {
+        let mut records = Vec::new();
+        for n in &lab.st.nodes {
+            let reply = tern_ctl::commands::flows::fetch(&n.socket, &q)
+                .map_err(|e| format!("records of {}: {e}", n.name))?;
+            records.extend(reply.records);
+        }
+        let r = flow_check::host_and_outside(&records, (&host_conn, &host.name), &outside);
+        if r.is_ok() || t.elapsed() > Duration::from_secs(5) {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn netpol_proofs_in_three_node_lab() {
     let dir = common::lab_ready();
@@ -761,6 +747,9 @@ fn netpol_proofs_in_three_node_lab() {
         t0.elapsed().as_secs_f64()
     );
     let failed = conformance(&lab, &m, &doc, &l4s);
+    // Before proof 3, which restarts an agent.
+    let ho = host_and_outside(&lab, &m);
+    println!("{}", ho.as_ref().unwrap_or_else(|e| e));
     let sender = m.pods[0].clone();
     let fp = first_packet(&mut lab, &sender);
     println!("{}", fp.as_ref().unwrap_or_else(|e| e));
@@ -772,6 +761,7 @@ fn netpol_proofs_in_three_node_lab() {
     problems.extend(fp.err().map(|e| format!("first packet: {e}")));
     problems.extend(rl.err().map(|e| format!("restart under load: {e}")));
     problems.extend(fl.err().map(|e| format!("ternctl flows: {e}")));
+    problems.extend(ho.err().map(|e| format!("host and outside: {e}")));
     assert!(
         problems.is_empty(),
         "{} problems:\n{}{}",

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use tern_lab::{LabState, mesh};
 
+pub mod flow_check;
 pub mod kube_lab;
 
 /// The ternctl under test (built by cargo for this test binary).
