@@ -21,7 +21,9 @@
 //! - (c) `ternctl explain --lab ... -o json` (the binary) on a sample of pairs gives the
 //!   evaluator's verdict and causes.
 //!
-//! The seed is printed; `TERN_RANDOM_SEED=0x...` replays a run. What the lab does not carry
+//! The seed is printed; `TERN_RANDOM_SEED=0x...` replays a run (`TERN_RANDOM_FROM_ROUND=N`:
+//! from round N alone), `TERN_RANDOM_SEED=clock` draws a new one; without it the run uses
+//! `DEFAULT_SEED`. What the lab does not carry
 //! (outside addresses, UDP and SCTP probes) is not probed; the policies still name them.
 //!
 //! Needs root (namespaces); nothing happens in the root network namespace. The lab has a unique
@@ -51,6 +53,9 @@ use common::Lab;
 
 /// Rounds of random policies.
 const ROUNDS: usize = 10;
+/// Every this many rounds the namespaces, pods' labels and named ports are drawn again (the
+/// pods keep their addresses), so the policies meet more than one labelling.
+const ROUNDS_PER_WORLD: usize = 5;
 /// The TCP ports every pod serves and every pair is probed on (`http` is 80 on some pods and
 /// 8080 on others).
 const PORTS: [u16; 2] = [80, 8080];
@@ -64,9 +69,24 @@ const STEP_DEADLINE: Duration = Duration::from_secs(10);
 
 type Keys = Vec<(Kind, Option<String>, String)>;
 
-/// The seed: `TERN_RANDOM_SEED` (decimal or `0x` hex) or the clock.
+/// The seed of a run without `TERN_RANDOM_SEED`.
+const DEFAULT_SEED: u64 = 0xd404_0970_3ab0_ef7f;
+
+/// The seed: `TERN_RANDOM_SEED` (decimal or `0x` hex; `clock` for a new one each run) or
+/// [`DEFAULT_SEED`].
 fn seed() -> u64 {
-    match std::env::var("TERN_RANDOM_SEED") {
+    match std::env::var("TERN_RANDOM_SEED").as_deref() {
+        Err(_) => DEFAULT_SEED,
+        Ok("clock") => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            // splitmix64's finaliser: close clocks give unrelated seeds.
+            let mut x = t.as_nanos() as u64;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (x ^ (x >> 31)) | 1
+        }
         Ok(s) => {
             let s = s.trim();
             let v = match s.strip_prefix("0x") {
@@ -76,16 +96,6 @@ fn seed() -> u64 {
             let v = v.unwrap_or_else(|e| panic!("TERN_RANDOM_SEED={s:?}: {e}"));
             assert!(v != 0, "TERN_RANDOM_SEED must not be 0");
             v
-        }
-        Err(_) => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            // splitmix64's finaliser: close clocks give unrelated seeds.
-            let mut x = t.as_nanos() as u64;
-            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (x ^ (x >> 31)) | 1
         }
     }
 }
@@ -338,8 +348,20 @@ impl Round<'_> {
     }
 }
 
-/// The world's pods and the round's policies, for a failure message.
-fn describe(w: &World) -> String {
+/// A pod's named ports as its WorkloadEndpoint carries them.
+fn endpoint_ports(p: &randpol::Pod) -> Vec<EndpointPort> {
+    p.ports
+        .iter()
+        .map(|(n, protocol, port)| EndpointPort {
+            name: n.to_string(),
+            protocol: *protocol,
+            port: *port,
+        })
+        .collect()
+}
+
+/// The world's pods and namespaces.
+fn describe_pods(w: &World) -> String {
     let mut s = String::from("pods:\n");
     for p in &w.pods {
         s += &format!(
@@ -347,7 +369,12 @@ fn describe(w: &World) -> String {
             p.ns, p.name, p.ip, p.labels, p.ports
         );
     }
-    s += &format!("namespaces: {:?}\npolicies:\n", w.ns_labels);
+    s + &format!("namespaces: {:?}\n", w.ns_labels)
+}
+
+/// The world's pods and the round's policies, for a failure message.
+fn describe(w: &World) -> String {
+    let mut s = describe_pods(w) + "policies:\n";
     for p in &w.pols {
         s += &format!("  {}\n", policy_json(p));
     }
@@ -380,21 +407,16 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
         netpol::put_namespace(&lab.st, ns, l).unwrap();
     }
     let nodes = lab.st.nodes.len();
-    let mut pods = Vec::new();
+    let (mut pods, mut agent_labels) = (Vec::new(), Vec::new());
     for (i, p) in w.pods.iter_mut().enumerate() {
         let node = format!("node{}", i % nodes + 1);
         let pod = netpol::add_k8s_pod(&mut lab.st, &node, p.ns, &p.name, &p.labels)
             .unwrap_or_else(|e| panic!("add {}/{}: {e}{}", p.ns, p.name, lab.logs(15)));
-        let ports: Vec<EndpointPort> = p
-            .ports
-            .iter()
-            .map(|(n, protocol, port)| EndpointPort {
-                name: n.to_string(),
-                protocol: *protocol,
-                port: *port,
-            })
-            .collect();
-        netpol::set_pod_ports(&lab.st, p.ns, &p.name, &ports).unwrap();
+        netpol::set_pod_ports(&lab.st, p.ns, &p.name, &endpoint_ports(p)).unwrap();
+        // What the agent added (`tern.dev/*`), kept when the generator's labels change.
+        let mut own = netpol::pod_labels(&lab.st, p.ns, &p.name).unwrap();
+        own.retain(|k, _| !randpol::KEYS.contains(&k.as_str()));
+        agent_labels.push(own);
         netpol::serve_in(&pod.netns, &PORTS, &[L4::Tcp]).unwrap();
         p.ip = v4(pod.ip);
         pods.push(pod);
@@ -434,6 +456,11 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
         diffs.join("\n"),
         lab.logs(15)
     );
+    // `TERN_RANDOM_FROM_ROUND=N` replays a seed from round N alone: the earlier rounds are
+    // drawn (and their labels set) but not applied or probed.
+    let from_round: usize = std::env::var("TERN_RANDOM_FROM_ROUND")
+        .map(|v| v.parse().expect("TERN_RANDOM_FROM_ROUND is a round number"))
+        .unwrap_or(0);
     let mut sample = Rng(seed.rotate_left(29) | 1);
     let (mut keys, mut failed): (Keys, Vec<String>) = (Vec::new(), Vec::new());
     let (mut probes, mut records, mut explained, mut policies) = (0usize, 0u64, 0usize, 0usize);
@@ -442,7 +469,33 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
         let t0 = Instant::now();
         netpol::delete_resources(&lab.st, &keys).unwrap();
         keys.clear();
+        if round > 0 && round % ROUNDS_PER_WORLD == 0 {
+            w.ns_labels = random_namespaces(&mut r);
+            for (ns, l) in &w.ns_labels {
+                netpol::put_namespace(&lab.st, ns, l).unwrap();
+            }
+            for ((p, new), own) in w
+                .pods
+                .iter_mut()
+                .zip(random_pods(&mut r))
+                .zip(&agent_labels)
+            {
+                p.labels = new.labels;
+                p.ports = new.ports;
+                let mut labels = own.clone();
+                labels.extend(p.labels.clone());
+                netpol::set_pod_labels(&lab.st, p.ns, &p.name, &labels).unwrap();
+                netpol::set_pod_ports(&lab.st, p.ns, &p.name, &endpoint_ports(p)).unwrap();
+            }
+            print!(
+                "lab_random_policy: new labels and ports\n{}",
+                describe_pods(&w)
+            );
+        }
         w.pols = random_policies(&mut r, &nets);
+        if round < from_round {
+            continue;
+        }
         policies += w.pols.len();
         for p in &w.pols {
             let text = policy_json(p).to_string();
