@@ -69,8 +69,10 @@ const STEP_DEADLINE: Duration = Duration::from_secs(10);
 
 type Keys = Vec<(Kind, Option<String>, String)>;
 
-/// The seed of a run without `TERN_RANDOM_SEED`.
-const DEFAULT_SEED: u64 = 0xd404_0970_3ab0_ef7f;
+/// The seed of a run without `TERN_RANDOM_SEED`: the one that found IPv4-only `notNets`
+/// rules matching every IPv4 packet through their IPv6 copy (round 8: a record named
+/// `egress[0]`, a Pass whose notNets excluded the pod, where the evaluator said `egress[2]`).
+const DEFAULT_SEED: u64 = 0x2e31_c929_c1b2_4d55;
 
 /// The seed: `TERN_RANDOM_SEED` (decimal or `0x` hex; `clock` for a new one each run) or
 /// [`DEFAULT_SEED`].
