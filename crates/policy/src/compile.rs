@@ -595,6 +595,20 @@ impl<'a> Compiler<'a> {
                 negate: true,
                 nets: not,
             });
+        } else if !m.not_nets.is_empty() && out.is_empty() {
+            // notNets of the other family only: here the side excludes nothing, but the rule
+            // must still match this family's packets alone. Without an address match an
+            // `inet` rule matches the other family's packets too, and there it would act on
+            // the very addresses its notNets exclude.
+            let all = match fam {
+                Family::V4 => ipnet::IpNet::V4(ipnet::Ipv4Net::default()),
+                Family::V6 => ipnet::IpNet::V6(ipnet::Ipv6Net::default()),
+            };
+            out.push(Match::AddrInNets {
+                addr,
+                negate: false,
+                nets: vec![all],
+            });
         }
         Some(out)
     }

@@ -315,3 +315,40 @@ fn flow_records_tag_every_deciding_rule() {
     let fwd = texts(&rs.chains["filter-forward"].rules);
     assert_eq!(fwd[0], "ct state established,related accept");
 }
+
+/// A rule whose only address criterion is an IPv4 `notNets` (found by
+/// `crates/ctl/tests/lab_random_policy.rs`): its IPv6 copy must match IPv6 packets alone.
+/// It used to have no address match at all, so in the `inet` table it matched every IPv4
+/// packet too, the excluded addresses included (a Pass there took the rule's tag, a Deny would
+/// have dropped them).
+#[test]
+fn not_nets_of_one_family_leave_the_other_copy_bound_to_its_family() {
+    let mut set = base_set();
+    load(
+        &mut set,
+        "apiVersion: tern.dev/v1\nkind: GlobalNetworkPolicy\nmetadata: {name: p}\nspec:\n  selector: app == 'b'\n  egress:\n  - action: Deny\n    source: {notNets: [10.0.0.0/17]}\n  - action: Allow\n",
+    );
+    let text = compile(&set, "n1").render_full();
+    let rules: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" pol-") && l.starts_with("add rule") && l.contains(" drop"))
+        .collect();
+    assert_eq!(
+        rules,
+        vec![
+            rules
+                .iter()
+                .copied()
+                .find(|l| l.contains("ip saddr != { 10.0.0.0/17 }"))
+                .unwrap_or("no IPv4 copy"),
+            rules
+                .iter()
+                .copied()
+                .find(|l| l.contains("ip6 saddr { ::/0 }"))
+                .unwrap_or("no IPv6 copy"),
+        ],
+        "{text}"
+    );
+    // The evaluator agrees: b (10.0.0.2) is inside the notNets, so the Deny does not apply.
+    assert!(set.allowed(&flow("10.0.0.2", "10.0.0.1", Protocol::Tcp, 80)));
+}
