@@ -49,7 +49,7 @@ use tern_model::{EndpointPort, Kind, Protocol};
 use tern_policy::{Direction, Flow};
 use tern_testkit::rng::Rng;
 
-use common::Lab;
+use common::{Lab, flow_check};
 
 /// Rounds of random policies.
 const ROUNDS: usize = 10;
@@ -128,20 +128,11 @@ fn leak(s: String) -> &'static str {
 type Cause = (bool, String, Vec<String>);
 
 fn cause_of(allowed: bool, reason: &str, policies: &[FlowPolicy]) -> Cause {
-    let mut ps: Vec<String> = policies
-        .iter()
-        .map(|p| {
-            format!(
-                "{}/{}/{} {}",
-                p.kind,
-                p.namespace.as_deref().unwrap_or(""),
-                p.name,
-                p.rule.as_deref().unwrap_or("")
-            )
-        })
-        .collect();
-    ps.sort();
-    (allowed, reason.to_string(), ps)
+    (
+        allowed,
+        reason.to_string(),
+        flow_check::policy_names(policies),
+    )
 }
 
 /// A record's verdict and cause.
@@ -401,9 +392,7 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
     o.encap = Encap::Vxlan;
     o.agent_timeout = Duration::from_secs(30);
     // Every probe's record is checked: no sampling.
-    o.agent_args = ["--flow-ring", "200000", "--flow-rate", "1000000"]
-        .map(String::from)
-        .to_vec();
+    o.agent_args = flow_check::recording_agent_args();
     let mut lab = Lab::up(&o);
     for (ns, l) in &w.ns_labels {
         netpol::put_namespace(&lab.st, ns, l).unwrap();

@@ -726,9 +726,7 @@ fn netpol_proofs_in_three_node_lab() {
     o.encap = Encap::Vxlan;
     o.agent_timeout = Duration::from_secs(30);
     // Every probe's record is checked: no sampling, and room for a step's rounds.
-    o.agent_args = ["--flow-ring", "200000", "--flow-rate", "1000000"]
-        .map(String::from)
-        .to_vec();
+    o.agent_args = flow_check::recording_agent_args();
     let mut lab = Lab::up(&o);
     let sctp = in_netns(&lab.st.nodes[0].netns, netpol::sctp_available).unwrap();
     let l4s: Vec<L4> = match &sctp {

@@ -14,13 +14,12 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use tern_api::flow::{EndKind, FlowDirection, FlowRecord, FlowVerdict};
+use tern_api::flow::{EndKind, FlowDirection, FlowPolicy, FlowRecord, FlowVerdict};
 use tern_policy::{DirectionExplanation, Explanation};
 
-/// A record's cause: its reason and its policies (`kind/namespace/name rule`, sorted).
-pub fn record_cause(r: &FlowRecord) -> (String, Vec<String>) {
-    let mut ps: Vec<String> = r
-        .policies
+/// Policies as `kind/namespace/name rule`, sorted: how a cause's policies are compared.
+pub fn policy_names(policies: &[FlowPolicy]) -> Vec<String> {
+    let mut ps: Vec<String> = policies
         .iter()
         .map(|p| {
             format!(
@@ -33,7 +32,20 @@ pub fn record_cause(r: &FlowRecord) -> (String, Vec<String>) {
         })
         .collect();
     ps.sort();
-    (r.reason.as_str().to_string(), ps)
+    ps
+}
+
+/// A record's cause: its reason and its policies ([`policy_names`]).
+pub fn record_cause(r: &FlowRecord) -> (String, Vec<String>) {
+    (r.reason.as_str().to_string(), policy_names(&r.policies))
+}
+
+/// Agent arguments for a lab whose every probe's records are checked: no sampling, and a
+/// ring with room for a step's rounds.
+pub fn recording_agent_args() -> Vec<String> {
+    ["--flow-ring", "200000", "--flow-rate", "1000000"]
+        .map(String::from)
+        .to_vec()
 }
 
 /// An explained direction's cause, written as [`record_cause`] writes a record's.
