@@ -400,31 +400,36 @@ impl Flows {
                 s.lost.load(Ordering::Relaxed),
             );
         }
-        page.counter(
-            "tern_flow_nflog_overruns_total",
-            "Times the NFLOG socket's buffer overflowed.",
-        )
-        .sample(&[("node", node)], s.overruns.load(Ordering::Relaxed));
-        page.counter(
-            "tern_flow_events_malformed_total",
-            "NFLOG events that did not parse.",
-        )
-        .sample(&[("node", node)], s.malformed.load(Ordering::Relaxed));
-        page.counter(
-            "tern_flows_resolve_cache_hits_total",
-            "Flow records resolved from the cache (the policy model unchanged since).",
-        )
-        .sample(&[("node", node)], s.cache_hits.load(Ordering::Relaxed));
-        page.counter(
-            "tern_flows_resolve_cache_misses_total",
-            "Flow records resolved against the policy model (under its lock).",
-        )
-        .sample(&[("node", node)], s.cache_misses.load(Ordering::Relaxed));
-        page.counter(
-            "tern_flow_explain_disagreements_total",
-            "Records where the policy model named another cause than the kernel's rule.",
-        )
-        .sample(&[("node", node)], s.disagreements.load(Ordering::Relaxed));
+        for (name, help, n) in [
+            (
+                "tern_flow_nflog_overruns_total",
+                "Times the NFLOG socket's buffer overflowed.",
+                &s.overruns,
+            ),
+            (
+                "tern_flow_events_malformed_total",
+                "NFLOG events that did not parse.",
+                &s.malformed,
+            ),
+            (
+                "tern_flows_resolve_cache_hits_total",
+                "Flow records resolved from the cache (the policy model unchanged since).",
+                &s.cache_hits,
+            ),
+            (
+                "tern_flows_resolve_cache_misses_total",
+                "Flow records resolved against the policy model (under its lock).",
+                &s.cache_misses,
+            ),
+            (
+                "tern_flow_explain_disagreements_total",
+                "Records where the policy model named another cause than the kernel's rule.",
+                &s.disagreements,
+            ),
+        ] {
+            page.counter(name, help)
+                .sample(&[("node", node)], n.load(Ordering::Relaxed));
+        }
         page.gauge("tern_flow_ring_records", "Flow records kept in the ring.")
             .sample(&[("node", node)], st.ring.len());
     }
@@ -622,7 +627,7 @@ mod tests {
             events: events
                 .iter()
                 .map(|(prefix, pkt)| {
-                    let mut pkt = pkt.clone();
+                    let mut pkt = *pkt;
                     pkt.src_port = Some(40_000 + round);
                     ev(prefix, pkt, ms)
                 })
