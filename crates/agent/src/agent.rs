@@ -494,6 +494,10 @@ impl crate::flows::FlowModel for FlowPolicyModel {
         self.policy.with_policy_set(f)
     }
 
+    fn generation(&self) -> u64 {
+        self.policy.generation()
+    }
+
     fn hosts(&self) -> crate::flows::resolve::Hosts {
         let mut hosts = crate::flows::resolve::Hosts::default();
         match crate::snapshot::load_snapshot(&*self.store) {

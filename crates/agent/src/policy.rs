@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tern_linux::kernel::{NftApply, SystemNft};
@@ -229,9 +229,41 @@ pub struct PolicyEngine {
     /// why; each keeps enforcing its last good version, if it had one, across resyncs (see
     /// [`PolicyEngine::unusable_policies`]). Locked after `state`.
     unusable: Mutex<BTreeMap<PolicyKey, String>>,
+    /// Locked through [`PolicyEngine::lock`] only, which keeps `generation` true.
     state: Mutex<Incremental>,
+    /// The model's revision ([`PolicySet::revision`] of `state`'s set), published by every
+    /// release of `state`: see [`PolicyEngine::generation`].
+    generation: AtomicU64,
     applies: AtomicU64,
     full_applies: AtomicU64,
+}
+
+/// The engine's state, locked: on release it publishes the model's revision as the engine's
+/// generation, so no change of the model (policies, staged policies, endpoints, namespaces),
+/// whichever method makes it, leaves the generation behind. Released before the lock itself.
+struct Locked<'a> {
+    inc: MutexGuard<'a, Incremental>,
+    generation: &'a AtomicU64,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Incremental;
+    fn deref(&self) -> &Incremental {
+        &self.inc
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Incremental {
+        &mut self.inc
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.generation
+            .store(self.inc.policy_set().revision(), Ordering::Release);
+    }
 }
 
 /// Identity of a policy-relevant object: kind, namespace, name.
@@ -387,10 +419,27 @@ impl PolicyEngine {
             local,
             external: Mutex::new(BTreeMap::new()),
             unusable: Mutex::new(unusable),
+            generation: AtomicU64::new(set.revision()),
             state: Mutex::new(Incremental::new(node, set)),
             applies: AtomicU64::new(0),
             full_applies: AtomicU64::new(0),
         })
+    }
+
+    /// The state, locked (every use of `state` goes through here).
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            inc: self.state.lock().unwrap(),
+            generation: &self.generation,
+        }
+    }
+
+    /// The policy model's generation now, read without the lock: the [`PolicySet::revision`]
+    /// of the set [`PolicyEngine::with_policy_set`] would show, as of the last release of
+    /// the lock. It moves with every change of the model; what was computed from the model
+    /// at one generation (a flow record's cause) holds while it does not move.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The stored policies this node cannot use and why (each still enforces its last good
@@ -420,23 +469,23 @@ impl PolicyEngine {
         flow: &tern_policy::Flow,
         dir: tern_policy::Direction,
     ) -> Option<tern_api::flow::FlowPending> {
-        self.state.lock().unwrap().policy_set().pending(flow, dir)
+        self.lock().policy_set().pending(flow, dir)
     }
 
     /// Turns flow records on (the NFLOG group the rules log to) or off; the next apply
     /// carries the change, and every resync keeps it.
     pub fn set_flow_log(&self, log: Option<tern_policy::FlowLog>) {
-        self.state.lock().unwrap().set_flow_log(log);
+        self.lock().set_flow_log(log);
     }
 
     /// Runs `f` over the policy model as it is now (flow records resolve against it).
     pub fn with_policy_set<R>(&self, f: impl FnOnce(&PolicySet) -> R) -> R {
-        f(self.state.lock().unwrap().policy_set())
+        f(self.lock().policy_set())
     }
 
     /// The desired table as it is now (diagnostics, tests).
     pub fn desired(&self) -> Ruleset {
-        self.state.lock().unwrap().desired()
+        self.lock().desired()
     }
 
     fn count(&self, how: Applied) {
@@ -469,7 +518,7 @@ impl PolicyEngine {
     /// one), so a resync or an upgrade never switches a policy's protection off; it is
     /// listed in [`PolicyEngine::unusable_policies`].
     pub fn resync(&self) -> Result<(), PolicyAgentError> {
-        let node = self.state.lock().unwrap().node().to_string();
+        let node = self.lock().node().to_string();
         let (mut set, unusable) = load_sources(&*self.store, self.local.as_deref(), &node)?;
         let external = self.external.lock().unwrap();
         for (k, r) in external.iter() {
@@ -477,7 +526,7 @@ impl PolicyEngine {
                 log::warn!("policy: skipping {k:?}: {e}");
             }
         }
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         for (key, why) in &unusable {
             if set.policy(key).is_none()
                 && let Some(ir) = inc.policy_set().policy(key)
@@ -500,14 +549,14 @@ impl PolicyEngine {
     /// Puts a local endpoint's rules into the kernel now (called by ADD before the pod gets
     /// its addresses and routes).
     pub fn endpoint_added(&self, ep: Endpoint) -> Result<(), PolicyAgentError> {
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         inc.upsert_endpoint(ep);
         self.flush(&mut inc)
     }
 
     /// Removes an endpoint's rules and set elements (DEL).
     pub fn endpoint_removed(&self, namespace: &str, name: &str) -> Result<(), PolicyAgentError> {
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         if !inc.remove_endpoint(namespace, name) {
             return Ok(());
         }
@@ -516,7 +565,7 @@ impl PolicyEngine {
 
     /// Replaces natOutgoing's chains and sets in the shared table.
     pub fn set_nat(&self, nat: Ruleset) -> Result<(), PolicyAgentError> {
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         inc.set_extra(nat);
         self.flush(&mut inc)
     }
@@ -531,7 +580,7 @@ impl PolicyEngine {
         flush: bool,
     ) -> Result<(), PolicyAgentError> {
         let mut external = self.external.lock().unwrap();
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         let gone: Vec<ObjectKey> = external
             .keys()
             .filter(|k| kinds.contains(&k.0))
@@ -568,7 +617,7 @@ impl PolicyEngine {
         if external.get(&k) == Some(&r) {
             return Ok(());
         }
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         let locked = t0.elapsed();
         if let Err(e) = inc.apply(&r) {
             log::warn!("policy: ignoring {k:?}: {e}");
@@ -594,7 +643,7 @@ impl PolicyEngine {
         if external.remove(&k).is_none() {
             return Ok(());
         }
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         inc.remove(kind, namespace, name);
         self.flush(&mut inc)
     }
@@ -615,7 +664,7 @@ impl PolicyEngine {
         source: Source,
     ) -> Result<usize, PolicyAgentError> {
         let external = self.external.lock().unwrap();
-        let mut inc = self.state.lock().unwrap();
+        let mut inc = self.lock();
         let node = inc.node().to_string();
         let mut n = 0;
         for ev in events {
@@ -862,6 +911,57 @@ mod tests {
         );
     }
 
+    /// The engine's generation is the model's revision after every change, whichever method
+    /// made it, and only moves when the model does (flow records cache on it).
+    #[test]
+    fn the_generation_follows_every_change_of_the_model() {
+        let store: Arc<dyn Store> = Arc::new(tern_store::mem::MemStore::new());
+        let engine = PolicyEngine::load(store.clone(), "n1").unwrap();
+        let now = || {
+            (
+                engine.generation(),
+                engine.with_policy_set(|s| s.revision()),
+            )
+        };
+        let (g0, r0) = now();
+        assert_eq!(g0, r0);
+        let docs = |yaml: &str| tern_model::parse_documents(yaml, "t.yaml").unwrap();
+        let wep = docs(
+            "apiVersion: tern.dev/v1\nkind: WorkloadEndpoint\nmetadata: {name: n2-k8s-web-eth0, namespace: x, labels: {app: web}}\nspec: {node: n2, pod: web, orchestrator: k8s, interfaceName: ternweb, ipNetworks: [10.0.1.5/32]}\n",
+        );
+        let pol = docs(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: x}\nspec:\n  podSelector: {matchLabels: {app: web}}\n  ingress: [{ports: [{port: 80}]}]\n",
+        );
+        // Changes that reach no kernel (no flush): external objects, then a store event.
+        engine
+            .external_replace(&[Kind::WorkloadEndpoint], wep.clone(), false)
+            .unwrap();
+        let (g1, r1) = now();
+        assert_eq!(g1, r1);
+        assert_ne!(g1, g0, "an endpoint added");
+        assert!(
+            engine.with_policy_set(|s| s.endpoint_by_ip("10.0.1.5".parse().unwrap()).is_some())
+        );
+        engine
+            .external_replace(&[Kind::WorkloadEndpoint], wep, false)
+            .unwrap();
+        assert_eq!(now(), (g1, g1), "the same object again changes nothing");
+        engine
+            .external_replace(&[Kind::K8sNetworkPolicy], pol, false)
+            .unwrap();
+        let (g2, r2) = now();
+        assert_eq!(g2, r2);
+        assert_ne!(g2, g1, "a policy added");
+        engine
+            .external_replace(&[Kind::K8sNetworkPolicy], Vec::new(), false)
+            .unwrap();
+        let (g3, r3) = now();
+        assert_eq!(g3, r3);
+        assert!(g3 != g2 && g3 != g1, "a policy removed: a fresh generation");
+        let _ = (engine.desired(), engine.unusable_policies());
+        assert_eq!(now(), (g3, g3), "reads keep it");
+    }
+
     /// Runs `f` on a thread of its own (named after the test, so tern-testkit's skip or failure
     /// names it) inside a network namespace of that thread's own, never the machine's: nft and
     /// netlink act there only. Without one (not root) the test fails saying so.
@@ -1054,7 +1154,7 @@ mod tests {
             name: "big".into(),
         };
         let rules_of = |k: &PolicyKey| {
-            let inc = engine.state.lock().unwrap();
+            let inc = engine.lock();
             inc.policy_set()
                 .policy(k)
                 .and_then(|p| p.ingress.as_ref().map(Vec::len))
@@ -1114,7 +1214,7 @@ mod tests {
         let r = tern_model::parse_documents(yaml, "t.yaml")
             .unwrap()
             .remove(0);
-        let mut inc = engine.state.lock().unwrap();
+        let mut inc = engine.lock();
         inc.apply(&r).unwrap();
         engine.flush(&mut inc).unwrap();
         let remote = |ip: &str, pod: &str| Endpoint {
@@ -1282,7 +1382,7 @@ mod tests {
         let r = tern_model::parse_documents(yaml, "t.yaml")
             .unwrap()
             .remove(0);
-        let mut inc = engine.state.lock().unwrap();
+        let mut inc = engine.lock();
         let before = table_json();
         inc.apply(&r).unwrap();
         let key = tern_policy::policy_key(&r).unwrap();

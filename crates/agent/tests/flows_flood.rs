@@ -21,6 +21,9 @@ impl FlowModel for Empty {
     fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet)) {
         f(&self.0)
     }
+    fn generation(&self) -> u64 {
+        self.0.revision()
+    }
     fn hosts(&self) -> Hosts {
         Hosts::default()
     }

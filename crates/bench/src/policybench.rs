@@ -349,6 +349,9 @@ impl tern_agent::flows::FlowModel for BenchModel {
     fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet)) {
         f(&self.0)
     }
+    fn generation(&self) -> u64 {
+        self.0.revision()
+    }
     fn hosts(&self) -> tern_agent::flows::resolve::Hosts {
         tern_agent::flows::resolve::Hosts::default()
     }

@@ -20,12 +20,13 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{LinuxError, Result};
 use crate::netlink::framing::{
     Conn, MsgBuilder, NLM_F_ACK, attrs, open_bound, parse_datagram, read_str, recv_retrying,
+    set_int_option, set_recv_timeout,
 };
 
 const NETLINK_NETFILTER: libc::c_int = 12;
@@ -151,6 +152,8 @@ pub struct NflogSocket {
     buf: Vec<u8>,
     /// The sequence number expected next.
     next_seq: Option<u32>,
+    /// The receive timeout set on the socket now (set again only when a call asks another).
+    timeout: Option<Duration>,
 }
 
 fn nfgenmsg(family: u8, res_id: u16) -> [u8; 4] {
@@ -162,44 +165,6 @@ fn config_msg(group: u16) -> MsgBuilder {
     let mut m = MsgBuilder::new((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG, NLM_F_ACK);
     m.raw(&nfgenmsg(libc::AF_UNSPEC as u8, group));
     m
-}
-
-fn setsockopt_int(fd: &OwnedFd, opt: libc::c_int, v: libc::c_int, what: &str) -> Result<()> {
-    // SAFETY: valid fd; pointer and length describe `v`.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(LinuxError::last_os(what.to_string()));
-    }
-    Ok(())
-}
-
-fn set_recv_timeout(fd: &OwnedFd, t: Duration) -> Result<()> {
-    let tv = libc::timeval {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_usec: t.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: valid fd; pointer and length describe `tv`.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(LinuxError::last_os("set NFLOG socket receive timeout"));
-    }
-    Ok(())
 }
 
 impl NflogSocket {
@@ -218,20 +183,9 @@ impl NflogSocket {
         })?;
         // SO_RCVBUFFORCE (root) may exceed net.core.rmem_max, which SO_RCVBUF is capped at
         // (208 KiB by default: a burst of new connections would overflow it).
-        setsockopt_int(
-            &fd,
-            libc::SO_RCVBUFFORCE,
-            rcvbuf,
-            "set NFLOG socket receive buffer",
-        )
-        .or_else(|_| {
-            setsockopt_int(
-                &fd,
-                libc::SO_RCVBUF,
-                rcvbuf,
-                "set NFLOG socket receive buffer",
-            )
-        })?;
+        set_int_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcvbuf)
+            .or_else(|_| set_int_option(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf))
+            .map_err(|e| LinuxError::io("set NFLOG socket receive buffer", e))?;
         let mut conn = Conn::new(fd);
         let mut bind = config_msg(g);
         bind.attr(NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]);
@@ -252,6 +206,7 @@ impl NflogSocket {
             buf: vec![0u8; RECV_BUF],
             // A new instance numbers its events from 0.
             next_seq: Some(0),
+            timeout: None,
         })
     }
 
@@ -263,7 +218,12 @@ impl NflogSocket {
     /// Waits up to `timeout` for one datagram (one batch of events). An empty batch on
     /// timeout; ENOBUFS is a loss in the batch, not an error.
     pub fn recv(&mut self, timeout: Duration) -> Result<NflogBatch> {
-        set_recv_timeout(&self.fd, timeout.max(Duration::from_millis(1)))?;
+        let timeout = timeout.max(Duration::from_millis(1));
+        if self.timeout != Some(timeout) {
+            set_recv_timeout(&self.fd, timeout)
+                .map_err(|e| LinuxError::io("set NFLOG socket receive timeout", e))?;
+            self.timeout = Some(timeout);
+        }
         let mut batch = NflogBatch::default();
         let n = match recv_retrying(&self.fd, &mut self.buf) {
             Ok(n) => n,

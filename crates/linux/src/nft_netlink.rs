@@ -28,13 +28,14 @@
 //! Like the rtnetlink [`crate::netlink::Handle`], an [`NftSocket`] talks to the network
 //! namespace of the thread that created it.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use tern_nft::TableChange;
 
 use crate::error::{LinuxError, Result};
 use crate::netlink::framing::{
-    Answer, MsgBuilder, NLM_F_ACK, NLMSG_ERROR, open_bound, parse_datagram, recv_retrying, send_all,
+    Answer, MsgBuilder, NLM_F_ACK, NLMSG_ERROR, open_bound, parse_datagram, recv_retrying,
+    send_all, set_int_option, set_recv_timeout,
 };
 
 mod batch;
@@ -84,8 +85,8 @@ const NFT_RETURN: i32 = -5;
 
 /// Interface name keys are `IFNAMSIZ` bytes.
 const IFNAMSIZ: usize = 16;
-/// How long to wait for the kernel's answer to a batch, in seconds.
-const REPLY_TIMEOUT_SECS: libc::time_t = 5;
+/// How long to wait for the kernel's answer to a batch.
+const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// nfnetlink messages are built on the framing core's builder; a batch is several messages in
 /// one buffer, sent as one datagram.
@@ -110,23 +111,8 @@ impl NftSocket {
     pub fn new() -> Result<NftSocket> {
         let fd = open_bound(libc::NETLINK_NETFILTER, "nfnetlink")?;
         // A lost answer must not hang the agent: time out and let the caller fall back.
-        let tv = libc::timeval {
-            tv_sec: REPLY_TIMEOUT_SECS,
-            tv_usec: 0,
-        };
-        // SAFETY: valid fd; pointer and length describe `tv`.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(LinuxError::last_os("set nfnetlink receive timeout"));
-        }
+        set_recv_timeout(&fd, REPLY_TIMEOUT)
+            .map_err(|e| LinuxError::io("set nfnetlink receive timeout", e))?;
         Ok(NftSocket {
             fd,
             seq: 0,
@@ -146,17 +132,7 @@ impl NftSocket {
         if bytes.len() > 128 * 1024 {
             let size = libc::c_int::try_from(bytes.len() * 2).unwrap_or(libc::c_int::MAX);
             for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
-                // SAFETY: valid fd; pointer and length describe `size`.
-                let rc = unsafe {
-                    libc::setsockopt(
-                        self.fd.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        opt,
-                        (&size as *const libc::c_int).cast(),
-                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                    )
-                };
-                if rc == 0 {
+                if set_int_option(&self.fd, libc::SOL_SOCKET, opt, size).is_ok() {
                     break;
                 }
             }

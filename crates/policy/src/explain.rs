@@ -281,17 +281,57 @@ impl PolicySet {
             Direction::Ingress => dst,
         }?;
         let enforced = self.decide(Some(ep), dir, f, src, dst, false);
-        let staged = self.decide(Some(ep), dir, f, src, dst, true);
-        let same = staged.verdict == enforced.verdict
-            && staged.reason == enforced.reason
-            && staged.policies == enforced.policies;
-        (!same).then_some(staged)
+        self.staged_if_other(ep, f, src, dst, &enforced)
+    }
+
+    /// [`PolicySet::pending_direction`] of `enforced`'s direction, with the enforced
+    /// evaluation already done: `enforced` is that direction's explanation of the same flow
+    /// ([`PolicySet::explain_direction`] at the flow's endpoint in that direction, or a
+    /// direction of [`PolicySet::explain`]), so only the staged policies are evaluated.
+    /// `None` without staged policies, and when `enforced` has no endpoint.
+    pub fn pending_direction_given(
+        &self,
+        f: &Flow,
+        enforced: &DirectionExplanation,
+    ) -> Option<DirectionExplanation> {
+        if !self.has_staged() {
+            return None;
+        }
+        let at = enforced.endpoint.as_ref()?;
+        let ep = self.endpoint(&at.namespace, &at.name)?;
+        let src = self.endpoint_by_ip(f.src);
+        let dst = self.endpoint_by_ip(f.dst);
+        self.staged_if_other(ep, f, src, dst, enforced)
     }
 
     /// [`PolicySet::pending_direction`] as a flow record's `pending` (`tern_api::flow`): what
     /// the flows service puts in [`tern_api::flow::FlowRecord::pending`].
     pub fn pending(&self, f: &Flow, dir: Direction) -> Option<FlowPending> {
         self.pending_direction(f, dir).map(|e| e.flow_cause())
+    }
+
+    /// [`PolicySet::pending_direction_given`] as a flow record's `pending`: the flows service
+    /// has the enforced explanation already (it names the record's cause).
+    pub fn pending_given(&self, f: &Flow, enforced: &DirectionExplanation) -> Option<FlowPending> {
+        self.pending_direction_given(f, enforced)
+            .map(|e| e.flow_cause())
+    }
+
+    /// The staged evaluation at `ep` in `enforced`'s direction, when it differs from
+    /// `enforced`.
+    fn staged_if_other(
+        &self,
+        ep: &Endpoint,
+        f: &Flow,
+        src: Option<&Endpoint>,
+        dst: Option<&Endpoint>,
+        enforced: &DirectionExplanation,
+    ) -> Option<DirectionExplanation> {
+        let staged = self.decide(Some(ep), enforced.direction, f, src, dst, true);
+        let same = staged.verdict == enforced.verdict
+            && staged.reason == enforced.reason
+            && staged.policies == enforced.policies;
+        (!same).then_some(staged)
     }
 
     /// The evaluation itself, with the flow's ends already resolved to endpoints; with the

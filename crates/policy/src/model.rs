@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ipnet::IpNet;
 use tern_model::{
@@ -282,6 +283,9 @@ pub struct PolicySet {
     /// The endpoints with a named port, by port name (the same allocations as `endpoints`): a
     /// named-port set is built from these few instead of from every endpoint.
     named_ports: BTreeMap<String, BTreeSet<Kept>>,
+    /// The endpoints by address (the same allocations as `endpoints`), for
+    /// [`PolicySet::endpoint_by_ip`]; an address two endpoints claim lists both, in key order.
+    by_ip: HashMap<IpAddr, BTreeSet<Kept>>,
     /// One map per distinct label set of the endpoints (see [`Labels`]), with how many
     /// endpoints hold it.
     label_sets: HashMap<Labels, usize>,
@@ -290,7 +294,14 @@ pub struct PolicySet {
     /// by [`PolicySet::pending`], never compiled (the compiler and [`crate::Incremental`]
     /// read [`PolicySet::policies`] only).
     staged: BTreeMap<PolicyKey, StagedPolicy>,
+    /// See [`PolicySet::revision`].
+    revision: u64,
 }
+
+/// The source of [`PolicySet::revision`]s: one counter for the whole process, so two sets
+/// (a clone changed on its own, or a set rebuilt from scratch) never share a revision unless
+/// they have the same content.
+static NEXT_REVISION: AtomicU64 = AtomicU64::new(1);
 
 /// A staged policy as a [`PolicySet`] keeps it.
 #[derive(Debug, Clone, PartialEq)]
@@ -336,16 +347,33 @@ impl PolicySet {
         PolicySet::default()
     }
 
+    /// The set's revision: it changes with every change of the set (namespaces, endpoints,
+    /// policies, staged policies), and two sets with the same revision have the same content
+    /// (a clone keeps its original's until either changes; every change takes a fresh number
+    /// from a process-wide counter; every empty new set is revision 0). What is computed from
+    /// a set (an explanation, a flow record's cause) holds as long as its revision does.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Marks a change: a fresh revision.
+    fn changed(&mut self) {
+        self.revision = NEXT_REVISION.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Adds or replaces a namespace's labels.
     pub fn upsert_namespace(&mut self, name: &str, mut labels: BTreeMap<String, String>) {
         // Kept with the implicit name label, so a selector reads them without a copy.
         labels.insert(NAMESPACE_NAME_LABEL.to_string(), name.to_string());
         self.namespaces.insert(name.to_string(), labels);
+        self.changed();
     }
 
     /// Removes a namespace (its endpoints keep only the implicit name label).
     pub fn remove_namespace(&mut self, name: &str) {
-        self.namespaces.remove(name);
+        if self.namespaces.remove(name).is_some() {
+            self.changed();
+        }
     }
 
     /// The labels of a namespace, including [`NAMESPACE_NAME_LABEL`].
@@ -423,6 +451,10 @@ impl PolicySet {
                 .or_default()
                 .replace(ep.clone());
         }
+        for ip in &ep.0.ips {
+            self.by_ip.entry(*ip).or_default().replace(ep.clone());
+        }
+        self.changed();
     }
 
     /// The set's own copy of `labels`: an equal map it already keeps, or `labels`, kept.
@@ -452,13 +484,22 @@ impl PolicySet {
         self.label_sets.len()
     }
 
-    /// Drops a removed or replaced endpoint from the named-port index and the label sets.
+    /// Drops a removed or replaced endpoint from the named-port and address indexes and the
+    /// label sets.
     fn forget(&mut self, old: &Kept) {
         for p in &old.0.ports {
             if let Some(kept) = self.named_ports.get_mut(&p.name) {
                 kept.remove(old as &dyn EndpointKey);
                 if kept.is_empty() {
                     self.named_ports.remove(&p.name);
+                }
+            }
+        }
+        for ip in &old.0.ips {
+            if let Some(kept) = self.by_ip.get_mut(ip) {
+                kept.remove(old as &dyn EndpointKey);
+                if kept.is_empty() {
+                    self.by_ip.remove(ip);
                 }
             }
         }
@@ -470,6 +511,7 @@ impl PolicySet {
         match self.endpoints.take(by_key(&(namespace, name))) {
             Some(old) => {
                 self.forget(&old);
+                self.changed();
                 true
             }
             None => false,
@@ -512,16 +554,21 @@ impl PolicySet {
         self.policies.values()
     }
 
-    /// Removes a policy; true when it existed.
     /// Puts back a policy's compiled form as it was: a daemon keeps the last good version of
     /// a policy whose stored update it cannot use, since dropping it would switch its
     /// protection off.
     pub fn keep_policy(&mut self, ir: IrPolicy) {
         self.policies.insert(ir.key.clone(), ir);
+        self.changed();
     }
 
+    /// Removes a policy; true when it existed.
     pub fn remove_policy(&mut self, key: &PolicyKey) -> bool {
-        self.policies.remove(key).is_some()
+        let removed = self.policies.remove(key).is_some();
+        if removed {
+            self.changed();
+        }
+        removed
     }
 
     /// Adds or replaces whatever `r` is: a policy of any flavour, a Namespace or a
@@ -584,6 +631,7 @@ impl PolicySet {
             StagedAction::Delete => StagedPolicy::Delete,
         };
         self.staged.insert(key, staged);
+        self.changed();
         Ok(())
     }
 
@@ -591,11 +639,16 @@ impl PolicySet {
     /// key is the staged one.
     pub fn keep_staged(&mut self, key: PolicyKey, staged: StagedPolicy) {
         self.staged.insert(key, staged);
+        self.changed();
     }
 
     /// Removes a staged policy by its staged key; true when it existed.
     pub fn remove_staged(&mut self, key: &PolicyKey) -> bool {
-        self.staged.remove(key).is_some()
+        let removed = self.staged.remove(key).is_some();
+        if removed {
+            self.changed();
+        }
+        removed
     }
 
     /// One staged policy by its staged key.
@@ -617,6 +670,7 @@ impl PolicySet {
     pub fn upsert_k8s_policy(&mut self, p: &K8sNetworkPolicy) -> Result<(), PolicyError> {
         let ir = k8s_ir(p, Kind::K8sNetworkPolicy)?;
         self.policies.insert(ir.key.clone(), ir);
+        self.changed();
         Ok(())
     }
 
@@ -649,6 +703,7 @@ impl PolicySet {
     ) -> Result<(), PolicyError> {
         let ir = calico_ir(key, ns, spec)?;
         self.policies.insert(ir.key.clone(), ir);
+        self.changed();
         Ok(())
     }
 
@@ -692,9 +747,10 @@ impl PolicySet {
         v
     }
 
-    /// The endpoint owning an address.
+    /// The endpoint owning an address (of two claiming it, the first by namespace and name).
+    /// One hash lookup: the set keeps an index by address.
     pub fn endpoint_by_ip(&self, ip: IpAddr) -> Option<&Endpoint> {
-        self.endpoints().find(|e| e.ips.contains(&ip))
+        self.by_ip.get(&ip)?.first().map(|k| &*k.0)
     }
 
     pub(crate) fn side_matches(&self, m: &Match, ip: IpAddr, ep: Option<&Endpoint>) -> bool {
@@ -1078,5 +1134,113 @@ mod tests {
         assert!(s.remove_endpoint("ns", "b"));
         assert!(s.remove_endpoint("ns", "c"));
         assert_eq!(s.label_set_count(), 0);
+    }
+
+    fn at(name: &str, ips: &[&str]) -> Endpoint {
+        let mut e = ep(name, &[]);
+        e.ips = ips.iter().map(|i| i.parse().unwrap()).collect();
+        e
+    }
+
+    fn owner(s: &PolicySet, ip: &str) -> Option<String> {
+        s.endpoint_by_ip(ip.parse().unwrap())
+            .map(|e| e.name.clone())
+    }
+
+    /// The address index follows every upsert, update and removal, and names what a scan
+    /// of the endpoints in key order names (the first owner when two claim an address).
+    #[test]
+    fn the_address_index_follows_the_endpoints() {
+        let mut s = PolicySet::new();
+        s.upsert_endpoint(at("a", &["10.0.0.1", "fd00::1"]));
+        s.upsert_endpoint(at("b", &["10.0.0.2"]));
+        assert_eq!(owner(&s, "10.0.0.1").as_deref(), Some("a"));
+        assert_eq!(owner(&s, "fd00::1").as_deref(), Some("a"));
+        assert_eq!(owner(&s, "10.0.0.2").as_deref(), Some("b"));
+        assert_eq!(owner(&s, "10.0.0.3"), None);
+        // a moves to another address: the old one is nobody's.
+        s.upsert_endpoint(at("a", &["10.0.0.3"]));
+        assert_eq!(owner(&s, "10.0.0.1"), None);
+        assert_eq!(owner(&s, "fd00::1"), None);
+        assert_eq!(owner(&s, "10.0.0.3").as_deref(), Some("a"));
+        // c claims b's address too (a pod replaced before its predecessor left): b first by
+        // key; b gone, c.
+        s.upsert_endpoint(at("c", &["10.0.0.2"]));
+        assert_eq!(owner(&s, "10.0.0.2").as_deref(), Some("b"));
+        assert!(s.remove_endpoint("ns", "b"));
+        assert_eq!(owner(&s, "10.0.0.2").as_deref(), Some("c"));
+        assert!(s.remove_endpoint("ns", "c"));
+        assert_eq!(owner(&s, "10.0.0.2"), None);
+        assert!(!s.remove_endpoint("ns", "c"));
+        assert!(s.by_ip.keys().eq(&["10.0.0.3".parse::<IpAddr>().unwrap()]));
+        // A long mixed sequence against the scan.
+        let mut x: u32 = 7;
+        let mut next = |n: u32| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            (x >> 16) % n
+        };
+        for _ in 0..2_000 {
+            let name = format!("e{}", next(12));
+            match next(3) {
+                0 => {
+                    s.remove_endpoint("ns", &name);
+                }
+                _ => {
+                    let ips: Vec<String> = (0..next(3))
+                        .map(|_| format!("10.1.0.{}", next(8)))
+                        .collect();
+                    let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+                    s.upsert_endpoint(at(&name, &ips));
+                }
+            }
+            for i in 0..8 {
+                let ip: IpAddr = format!("10.1.0.{i}").parse().unwrap();
+                let scan = s.endpoints().find(|e| e.ips.contains(&ip));
+                assert_eq!(s.endpoint_by_ip(ip).map(|e| &e.name), scan.map(|e| &e.name));
+            }
+        }
+    }
+
+    /// Every change gives a fresh revision; reads do not; a clone keeps its original's until
+    /// either changes, and then they differ.
+    #[test]
+    fn every_change_moves_the_revision() {
+        let mut s = PolicySet::new();
+        assert_eq!(s.revision(), 0);
+        let mut seen = std::collections::BTreeSet::from([0]);
+        let mut fresh = |s: &PolicySet| assert!(seen.insert(s.revision()), "{}", s.revision());
+        s.upsert_endpoint(at("a", &["10.0.0.1"]));
+        fresh(&s);
+        s.upsert_endpoint(at("a", &["10.0.0.2"]));
+        fresh(&s);
+        s.upsert_namespace("ns", BTreeMap::new());
+        fresh(&s);
+        let r = s.revision();
+        let _ = (
+            s.endpoint_by_ip("10.0.0.2".parse().unwrap()),
+            s.policies().count(),
+        );
+        s.remove_namespace("absent");
+        assert!(!s.remove_endpoint("ns", "absent"));
+        assert_eq!(s.revision(), r, "reads and no-op removals keep it");
+        let yaml = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: ns}\nspec:\n  podSelector: {}\n---\napiVersion: tern.dev/v1\nkind: StagedNetworkPolicy\nmetadata: {name: q, namespace: ns}\nspec:\n  stagedAction: Delete\n";
+        let docs = tern_model::parse_documents(yaml, "t.yaml").unwrap();
+        for d in &docs {
+            s.apply(d).unwrap();
+            fresh(&s);
+        }
+        let copy = s.clone();
+        assert_eq!(copy.revision(), s.revision());
+        let key = s.policies().next().unwrap().key.clone();
+        assert!(s.remove_policy(&key));
+        fresh(&s);
+        let staged = s.staged().next().unwrap().0.clone();
+        assert!(s.remove_staged(&staged));
+        fresh(&s);
+        s.remove_namespace("ns");
+        fresh(&s);
+        assert!(s.remove_endpoint("ns", "a"));
+        fresh(&s);
+        assert_ne!(copy.revision(), s.revision());
     }
 }

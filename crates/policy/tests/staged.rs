@@ -243,6 +243,12 @@ fn a_staged_default_deny_on_the_truth_tables() {
             (Direction::Ingress, &want.ingress),
         ] {
             let pending = s.pending_direction(&c.flow, dir);
+            // The form given the enforced explanation (the flow records') says the same.
+            if s.pending_direction_given(&c.flow, e) != pending {
+                bad.push(format!(
+                    "{dir:?}: pending given the enforced explanation differs"
+                ));
+            }
             let in_x = e.endpoint.as_ref().is_some_and(|r| r.namespace == "x");
             match (in_x, e.reason, pending) {
                 (false, _, None) | (true, Reason::Rule, None) => {}

@@ -2,6 +2,7 @@
 //! sampled out, and denies per policy for the metrics (top N + `other`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt::Write;
 
 use tern_api::flow::{FlowDirection, FlowRecord, FlowVerdict};
 
@@ -148,6 +149,8 @@ pub struct Counts {
     pub flows: BTreeMap<(FlowDirection, FlowVerdict), u64>,
     denies: HashMap<String, u64>,
     denies_other: u64,
+    /// The policy id being counted (reused: a policy already counted costs no allocation).
+    id: String,
 }
 
 impl Counts {
@@ -157,14 +160,15 @@ impl Counts {
             return;
         }
         for p in &r.policies {
-            let id = match &p.namespace {
-                Some(ns) => format!("{}/{ns}/{}", p.kind, p.name),
-                None => format!("{}/{}", p.kind, p.name),
+            self.id.clear();
+            let _ = match &p.namespace {
+                Some(ns) => write!(self.id, "{}/{ns}/{}", p.kind, p.name),
+                None => write!(self.id, "{}/{}", p.kind, p.name),
             };
-            if let Some(c) = self.denies.get_mut(&id) {
+            if let Some(c) = self.denies.get_mut(self.id.as_str()) {
                 *c += 1;
             } else if self.denies.len() < MAX_POLICY_KEYS {
-                self.denies.insert(id, 1);
+                self.denies.insert(self.id.clone(), 1);
             } else {
                 self.denies_other += 1;
             }

@@ -6,11 +6,20 @@
 //!  kernel: policy rules ── log group G, tag prefix ──► NFLOG (tern_linux::nflog)
 //!                                                         │ one thread ("flows"): recv (500 ms)
 //!                                                         ▼
-//!   tag parse ─► rate budget (sampled out: counted) ─► resolve (one model lock per batch,
-//!   FlowModel: PolicySet::explain, node addresses) ─► ring + per-minute aggregates + counts
+//!   tag parse ─► rate budget (sampled out: counted) ─► resolution cache (model generation,
+//!   no lock) ─► misses: resolve (one model lock per batch, FlowModel: PolicySet::explain)
+//!   ─► + time, ports, host ends ─► ring + per-minute aggregates + counts
 //!                                                         ▲
 //!   socket request Flows(FlowQuery) ── Flows::query ──────┘         /metrics ◄── render_metrics
 //! ```
+//!
+//! The policy model's lock is the one pod ADD and every policy change take, so the reader
+//! takes it as little as it can: what the model says of an event (its cause, its ends as
+//! pods) is cached ([`cache`]) by tag, addresses, protocol and destination port (not the
+//! source port, which no rule reads), for one model generation ([`FlowModel::generation`], read
+//! without the lock; any change of the model moves it and empties the cache). A batch whose
+//! events all hit takes no model lock at all; one with misses takes it once, as before. Hits
+//! and misses are counted (`tern_flows_resolve_cache_{hits,misses}_total`).
 //!
 //! Memory is bounded whatever the flood: the ring ([`FlowsConfig::ring`] records), the
 //! aggregates (minutes x keys, the rest counted as overflow), denies per policy (1,000 names,
@@ -22,10 +31,12 @@
 //! [`FlowModel`], which the root implements (`agent.rs`).
 
 pub mod aggregate;
+pub mod cache;
 pub mod resolve;
 pub mod ring;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,13 +49,19 @@ use tern_policy::flowtag::FlowTag;
 use crate::config::FlowsConfig;
 use crate::metrics::exposition::Page;
 use aggregate::{Aggregates, Budget, Counts};
-use resolve::{Hosts, resolve};
+use cache::{CACHE_ENTRIES, Cache, Key};
+use resolve::{Hosts, Resolved, complete, resolve_cause};
 use ring::Ring;
 
 /// What resolving needs from the rest of the agent.
 pub trait FlowModel: Send + Sync {
-    /// Runs `f` over the policy model as it is now (once per batch of events).
+    /// Runs `f` over the policy model as it is now (once per batch of events with a cache
+    /// miss).
     fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet));
+    /// The model's generation now, read without its lock: the [`PolicySet::revision`] of the
+    /// set [`FlowModel::with_policy_set`] would show (so it moves with every change of the
+    /// model). Resolutions cached at one generation are used while it does not move.
+    fn generation(&self) -> u64;
     /// The cluster's node addresses (underlay and tunnel) and their nodes' names.
     fn hosts(&self) -> Hosts;
 }
@@ -66,6 +83,9 @@ struct Stats {
     /// Events whose prefix is not a flow tag (another user of the group).
     foreign: AtomicU64,
     disagreements: AtomicU64,
+    /// Events resolved from the cache, and by the model.
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
 }
 
 struct State {
@@ -76,7 +96,7 @@ struct State {
     /// The policies last named for a default deny at each (pod address, direction): an event
     /// resolved just after its policies left the model (the kernel still enforced them when
     /// the packet came) names these rather than none. At most [`MAX_REMEMBERED`] entries.
-    selecting: HashMap<(String, FlowDirection), Vec<FlowPolicy>>,
+    selecting: HashMap<(IpAddr, FlowDirection), Vec<FlowPolicy>>,
 }
 
 /// Bound of [`State::selecting`] (cleared when full).
@@ -87,6 +107,8 @@ pub struct Flows {
     cfg: FlowsConfig,
     node: String,
     state: Mutex<State>,
+    /// Used by the reader only (never held with `state`).
+    cache: Mutex<Cache>,
     stats: Stats,
 }
 
@@ -107,6 +129,7 @@ impl Flows {
                 budget: Budget::new(cfg.rate),
                 selecting: HashMap::new(),
             }),
+            cache: Mutex::new(Cache::new(CACHE_ENTRIES)),
             stats: Stats::default(),
         }
     }
@@ -160,13 +183,14 @@ impl Flows {
     }
 
     /// Takes one batch from the reader: counts the kernel's losses, samples, resolves what is
-    /// kept against the model (one lock of it) and keeps the records.
+    /// kept (from the cache, else against the model: one lock of it for the batch's misses)
+    /// and keeps the records.
     pub fn take(&self, batch: NflogBatch, model: &dyn FlowModel, hosts: &Hosts) {
         let s = &self.stats;
         s.lost.fetch_add(batch.lost, Ordering::Relaxed);
         s.overruns.fetch_add(batch.overruns, Ordering::Relaxed);
         s.malformed.fetch_add(batch.malformed, Ordering::Relaxed);
-        let mut kept: Vec<(FlowTag, PacketHeaders, u64)> = Vec::new();
+        let mut kept: Vec<(Key, PacketHeaders, u64)> = Vec::new();
         {
             let mut st = self.state.lock().unwrap();
             for ev in batch.events {
@@ -190,32 +214,26 @@ impl Flows {
                     s.sampled.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                kept.push((tag, pkt, t));
+                kept.push((Key::of(tag, &pkt), pkt, t));
             }
         }
         if kept.is_empty() {
             return;
         }
-        let mut out = Vec::with_capacity(kept.len());
-        model.with_policy_set(&mut |set| {
-            out = kept
-                .iter()
-                .map(|(tag, pkt, t)| resolve(set, &self.node, hosts, tag, pkt, *t))
-                .collect();
-        });
+        let out = self.resolve_all(&kept, model, hosts);
         let mut st = self.state.lock().unwrap();
-        for mut r in out {
+        for ((_, pkt, _), mut r) in kept.iter().zip(out) {
             if r.record.reason == FlowReason::DefaultDeny {
                 let local = match r.record.direction {
-                    FlowDirection::Ingress => r.record.dst.ip.clone(),
-                    FlowDirection::Egress => r.record.src.ip.clone(),
+                    FlowDirection::Ingress => pkt.dst,
+                    FlowDirection::Egress => pkt.src,
                 };
                 let key = (local, r.record.direction);
                 if r.record.policies.is_empty() {
                     if let Some(p) = st.selecting.get(&key) {
                         r.record.policies = p.clone();
                     }
-                } else {
+                } else if st.selecting.get(&key) != Some(&r.record.policies) {
                     if st.selecting.len() >= MAX_REMEMBERED && !st.selecting.contains_key(&key) {
                         st.selecting.clear();
                     }
@@ -233,6 +251,59 @@ impl Flows {
             st.counts.add(&r.record);
             st.ring.push(r.record);
         }
+    }
+
+    /// The records of `kept`, in order: each from the cache when its key is there at the
+    /// model's generation now (no model lock), the others resolved under one lock of the
+    /// model and cached.
+    fn resolve_all(
+        &self,
+        kept: &[(Key, PacketHeaders, u64)],
+        model: &dyn FlowModel,
+        hosts: &Hosts,
+    ) -> Vec<Resolved> {
+        let s = &self.stats;
+        let mut cache = self.cache.lock().unwrap();
+        cache.at(model.generation());
+        let mut out: Vec<Option<Resolved>> = Vec::with_capacity(kept.len());
+        let mut missed = 0;
+        for (key, pkt, t) in kept {
+            let r = cache.get(key).map(|c| complete(c.clone(), hosts, pkt, *t));
+            missed += usize::from(r.is_none());
+            out.push(r);
+        }
+        s.cache_hits
+            .fetch_add((kept.len() - missed) as u64, Ordering::Relaxed);
+        if missed > 0 {
+            let (mut hits, mut misses) = (0u64, 0u64);
+            model.with_policy_set(&mut |set| {
+                // The model may have moved since the generation was read: its own revision
+                // is the one these resolutions hold for.
+                cache.at(set.revision());
+                for ((key, pkt, t), slot) in kept.iter().zip(out.iter_mut()) {
+                    if slot.is_some() {
+                        continue;
+                    }
+                    let cause = match cache.get(key) {
+                        // Resolved earlier in this batch.
+                        Some(c) => {
+                            hits += 1;
+                            c.clone()
+                        }
+                        None => {
+                            misses += 1;
+                            let c = resolve_cause(set, &self.node, &key.tag, pkt);
+                            cache.insert(key.clone(), c.clone());
+                            c
+                        }
+                    };
+                    *slot = Some(complete(cause, hosts, pkt, *t));
+                }
+            });
+            s.cache_hits.fetch_add(hits, Ordering::Relaxed);
+            s.cache_misses.fetch_add(misses, Ordering::Relaxed);
+        }
+        out.into_iter().flatten().collect()
     }
 
     /// Starts the reader thread: binds the group in this network namespace (again after a
@@ -329,21 +400,36 @@ impl Flows {
                 s.lost.load(Ordering::Relaxed),
             );
         }
-        page.counter(
-            "tern_flow_nflog_overruns_total",
-            "Times the NFLOG socket's buffer overflowed.",
-        )
-        .sample(&[("node", node)], s.overruns.load(Ordering::Relaxed));
-        page.counter(
-            "tern_flow_events_malformed_total",
-            "NFLOG events that did not parse.",
-        )
-        .sample(&[("node", node)], s.malformed.load(Ordering::Relaxed));
-        page.counter(
-            "tern_flow_explain_disagreements_total",
-            "Records where the policy model named another cause than the kernel's rule.",
-        )
-        .sample(&[("node", node)], s.disagreements.load(Ordering::Relaxed));
+        for (name, help, n) in [
+            (
+                "tern_flow_nflog_overruns_total",
+                "Times the NFLOG socket's buffer overflowed.",
+                &s.overruns,
+            ),
+            (
+                "tern_flow_events_malformed_total",
+                "NFLOG events that did not parse.",
+                &s.malformed,
+            ),
+            (
+                "tern_flows_resolve_cache_hits_total",
+                "Flow records resolved from the cache (the policy model unchanged since).",
+                &s.cache_hits,
+            ),
+            (
+                "tern_flows_resolve_cache_misses_total",
+                "Flow records resolved against the policy model (under its lock).",
+                &s.cache_misses,
+            ),
+            (
+                "tern_flow_explain_disagreements_total",
+                "Records where the policy model named another cause than the kernel's rule.",
+                &s.disagreements,
+            ),
+        ] {
+            page.counter(name, help)
+                .sample(&[("node", node)], n.load(Ordering::Relaxed));
+        }
         page.gauge("tern_flow_ring_records", "Flow records kept in the ring.")
             .sample(&[("node", node)], st.ring.len());
     }
@@ -351,15 +437,38 @@ impl Flows {
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
+    use tern_api::flow::FlowRecord;
 
     use super::*;
+    use crate::flows::resolve::resolve;
 
     struct Model(PolicySet);
 
     impl FlowModel for Model {
         fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet)) {
             f(&self.0)
+        }
+        fn generation(&self) -> u64 {
+            self.0.revision()
+        }
+        fn hosts(&self) -> Hosts {
+            Hosts::default()
+        }
+    }
+
+    /// A model that changes, and counts how often it is locked.
+    struct Changing {
+        set: Mutex<PolicySet>,
+        locks: AtomicU64,
+    }
+
+    impl FlowModel for Changing {
+        fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet)) {
+            self.locks.fetch_add(1, Ordering::Relaxed);
+            f(&self.set.lock().unwrap())
+        }
+        fn generation(&self) -> u64 {
+            self.set.lock().unwrap().revision()
         }
         fn hosts(&self) -> Hosts {
             Hosts::default()
@@ -472,5 +581,216 @@ mod tests {
             )
         );
         assert!(text.contains("tern_flow_ring_records{node=\"n1\"} 100"));
+    }
+
+    fn apply(set: &mut PolicySet, yaml: &str) {
+        for r in tern_model::parse_documents(yaml, "t.yaml").unwrap() {
+            set.apply(&r).unwrap();
+        }
+    }
+
+    fn pod(ns: &str, name: &str, ip: &str, app: &str) -> tern_policy::Endpoint {
+        tern_policy::Endpoint {
+            namespace: ns.into(),
+            name: format!("n1-k8s-{name}-eth0"),
+            node: "n1".into(),
+            interface: format!("t{name}"),
+            labels: Arc::new([("app".to_string(), app.to_string())].into()),
+            ips: vec![ip.parse().unwrap()],
+            ports: Vec::new(),
+        }
+    }
+
+    fn packet(src: &str, dst: &str, proto: u8, sport: u16, dport: u16) -> PacketHeaders {
+        PacketHeaders {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto,
+            src_port: Some(sport),
+            dst_port: Some(dport),
+            icmp: None,
+        }
+    }
+
+    fn ev(prefix: &str, pkt: PacketHeaders, ms: u64) -> NflogEvent {
+        NflogEvent {
+            packet: Some(pkt),
+            ..event(prefix, 0, ms)
+        }
+    }
+
+    const WEB: &str = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: web, namespace: b}\nspec:\n  podSelector: {matchLabels: {app: server}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {app: client}}, namespaceSelector: {}}]\n    ports: [{port: 8080, protocol: TCP}]\n---\napiVersion: tern.dev/v1\nkind: StagedKubernetesNetworkPolicy\nmetadata: {name: web, namespace: b}\nspec: {stagedAction: Delete}\n";
+
+    /// The batches of `events`, each event with a fresh source port every round.
+    fn rounds(events: &[(&str, PacketHeaders)], round: u16, ms: u64) -> NflogBatch {
+        NflogBatch {
+            events: events
+                .iter()
+                .map(|(prefix, pkt)| {
+                    let mut pkt = *pkt;
+                    pkt.src_port = Some(40_000 + round);
+                    ev(prefix, pkt, ms)
+                })
+                .collect(),
+            ..NflogBatch::default()
+        }
+    }
+
+    /// Cached resolutions: a batch of events seen before (new source ports) takes no model
+    /// lock and gives the records a fresh resolution gives; a model change is seen at once.
+    #[test]
+    fn cached_resolutions_equal_fresh_ones_and_a_model_change_invalidates_them() {
+        let mut set = PolicySet::new();
+        set.upsert_endpoint(pod("a", "client", "10.0.0.1", "client"));
+        set.upsert_endpoint(pod("b", "server", "10.0.0.2", "server"));
+        set.upsert_endpoint(pod("a", "other", "10.0.0.3", "other"));
+        apply(&mut set, WEB);
+        let web = set.policies().next().unwrap().key.to_string();
+        let rule = FlowTag::Rule {
+            policy_hash: tern_policy::compile::short_hash(&web),
+            direction: tern_policy::Direction::Ingress,
+            index: 0,
+            action: tern_policy::flowtag::TagAction::Allow,
+        }
+        .to_string();
+        assert!(FlowTag::parse(&rule).is_some(), "{rule}");
+        let hosts = Hosts {
+            by_ip: HashMap::from([("198.18.0.9".parse().unwrap(), "node-9".to_string())]),
+        };
+        let events = [
+            (rule.as_str(), packet("10.0.0.1", "10.0.0.2", 6, 0, 8080)),
+            ("t:dd:i", packet("10.0.0.3", "10.0.0.2", 6, 0, 8080)),
+            ("t:dd:i", packet("198.18.0.9", "10.0.0.2", 17, 0, 53)),
+            ("t:np:e", packet("10.0.0.1", "192.0.2.7", 6, 0, 443)),
+            ("t:np:e", packet("10.0.0.1", "198.18.0.9", 6, 0, 22)),
+        ];
+        let model = Changing {
+            set: Mutex::new(set),
+            locks: AtomicU64::new(0),
+        };
+        let f = Flows::new("n1", FlowsConfig::new(1));
+        let mut ms = 1_000_000;
+        // What a fresh resolution says of round `round`'s events, as of the model now.
+        let fresh = |round: u16, ms: u64| -> Vec<FlowRecord> {
+            let set = model.set.lock().unwrap();
+            rounds(&events, round, ms)
+                .events
+                .iter()
+                .map(|e| {
+                    let tag = FlowTag::parse(&e.prefix).unwrap();
+                    resolve(&set, "n1", &hosts, &tag, e.packet.as_ref().unwrap(), ms).record
+                })
+                .collect()
+        };
+        let taken = |f: &Flows, n: usize| -> Vec<FlowRecord> {
+            let mut r = f.query(&FlowQuery::default()).records;
+            let r = r.split_off(r.len() - n);
+            r.into_iter().map(|x| FlowRecord { seq: 0, ..x }).collect()
+        };
+        for round in 0..3u16 {
+            f.take(rounds(&events, round, ms), &model, &hosts);
+            assert_eq!(taken(&f, events.len()), fresh(round, ms), "round {round}");
+            ms += 1_000;
+        }
+        assert_eq!(
+            model.locks.load(Ordering::Relaxed),
+            1,
+            "only the first batch locked"
+        );
+        let st = &f.stats;
+        assert_eq!(st.cache_misses.load(Ordering::Relaxed), 5);
+        assert_eq!(st.cache_hits.load(Ordering::Relaxed), 10);
+        let got = taken(&f, 5);
+        assert_eq!(got[0].policies[0].rule.as_deref(), Some("ingress[0]"));
+        assert_eq!(got[0].src.port, Some(40_002), "ports are the event's own");
+        assert_eq!(got[0].time, ms - 1_000, "so is the time");
+        assert!(
+            got[0].pending.is_some(),
+            "the staged Delete would change it"
+        );
+        assert_eq!(got[2].src.node.as_deref(), Some("node-9"));
+        assert_eq!(got[3].dst.kind, tern_api::flow::EndKind::Outside);
+        // The model changes: the staged policy goes, the client is relabelled. Seen at once.
+        {
+            let mut set = model.set.lock().unwrap();
+            set.remove_staged(&tern_policy::PolicyKey {
+                kind: tern_model::Kind::StagedKubernetesNetworkPolicy,
+                namespace: Some("b".into()),
+                name: "web".into(),
+            });
+            set.upsert_endpoint(pod("a", "client", "10.0.0.1", "renamed"));
+        }
+        f.take(rounds(&events, 3, ms), &model, &hosts);
+        let got = taken(&f, 5);
+        assert_eq!(got, fresh(3, ms));
+        assert_eq!(got[0].pending, None);
+        assert_eq!(got[0].src.labels["app"], "renamed");
+        assert_eq!(model.locks.load(Ordering::Relaxed), 2);
+        assert_eq!(st.cache_misses.load(Ordering::Relaxed), 10);
+        // The metrics say so.
+        let mut page = Page::new();
+        f.render_metrics("n1", &mut page);
+        let text = page.into_string();
+        crate::metrics::exposition::check(&text).unwrap();
+        assert!(text.contains("tern_flows_resolve_cache_hits_total{node=\"n1\"} 10\n"));
+        assert!(text.contains("tern_flows_resolve_cache_misses_total{node=\"n1\"} 10\n"));
+    }
+
+    /// Events of one batch with one key resolve once; distinct keys past the bound keep the
+    /// cache at its bound.
+    #[test]
+    fn one_batch_resolves_a_key_once_and_the_cache_stays_bounded() {
+        let mut set = PolicySet::new();
+        set.upsert_endpoint(pod("b", "server", "10.0.0.2", "server"));
+        let model = Changing {
+            set: Mutex::new(set),
+            locks: AtomicU64::new(0),
+        };
+        let f = Flows::new(
+            "n1",
+            FlowsConfig {
+                rate: 1_000_000,
+                ..FlowsConfig::new(1)
+            },
+        );
+        let same: Vec<NflogEvent> = (0..50u16)
+            .map(|p| ev("t:np:i", packet("192.0.2.1", "10.0.0.2", 6, p, 80), 1_000))
+            .collect();
+        f.take(
+            NflogBatch {
+                events: same,
+                ..NflogBatch::default()
+            },
+            &model,
+            &Hosts::default(),
+        );
+        assert_eq!(f.stats.cache_misses.load(Ordering::Relaxed), 1);
+        assert_eq!(f.stats.cache_hits.load(Ordering::Relaxed), 49);
+        // Distinct destination ports: one key each.
+        let n = CACHE_ENTRIES + 100;
+        let events: Vec<NflogEvent> = (0..n)
+            .map(|i| {
+                let port = 1_000 + u16::try_from(i).unwrap();
+                ev("t:np:i", packet("192.0.2.1", "10.0.0.2", 6, 1, port), 2_000)
+            })
+            .collect();
+        f.take(
+            NflogBatch {
+                events,
+                ..NflogBatch::default()
+            },
+            &model,
+            &Hosts::default(),
+        );
+        let cached = f.cache.lock().unwrap().len();
+        assert!(cached <= CACHE_ENTRIES, "{cached}");
+        // 1 + n distinct keys: emptied when CACHE_ENTRIES were kept, then filled with the rest.
+        assert_eq!(
+            cached,
+            1 + n - CACHE_ENTRIES,
+            "emptied when full, then filled again"
+        );
+        assert_eq!(f.stats.cache_misses.load(Ordering::Relaxed), 1 + n as u64);
+        assert_eq!(model.locks.load(Ordering::Relaxed), 2);
     }
 }

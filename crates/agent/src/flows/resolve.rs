@@ -3,6 +3,11 @@
 //! the policies of a default deny, the rule behind a fast-path allow), through
 //! `PolicySet::explain`. Where the kernel named a rule and the model disagrees, the kernel's
 //! verdict stands and the record is marked so the service counts it. Pure.
+//!
+//! In two steps, so the service can cache the first ([`super::cache`]): [`resolve_cause`]
+//! reads the model, and depends on the tag, the addresses, the protocol and the destination
+//! port only (a rule never matches a source port: [`Flow`] has none); [`complete`] adds the
+//! time, the ports and the host ends' node names (of [`Hosts`], not of the model).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -14,7 +19,7 @@ use tern_linux::nflog::PacketHeaders;
 use tern_model::Protocol;
 use tern_policy::compile::short_hash;
 use tern_policy::flowtag::FlowTag;
-use tern_policy::{Direction, Endpoint, Flow, IrPolicy, PolicySet, Reason};
+use tern_policy::{Direction, Endpoint, Flow, IrPolicy, PolicyKey, PolicySet, Reason};
 
 /// Node addresses (underlay and tunnel) by address: the host ends of flows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,10 +86,12 @@ pub fn pod_name(ep: &Endpoint) -> String {
     }
 }
 
-fn end(set: &PolicySet, hosts: &Hosts, ip: IpAddr, port: Option<u16>) -> FlowEnd {
+/// An end as the model knows it: a pod, or outside (until [`complete`] finds a host); no
+/// port yet.
+fn end(set: &PolicySet, ip: IpAddr) -> FlowEnd {
     let mut e = FlowEnd {
         ip: ip.to_string(),
-        port,
+        port: None,
         kind: EndKind::Outside,
         namespace: None,
         pod: None,
@@ -96,11 +103,19 @@ fn end(set: &PolicySet, hosts: &Hosts, ip: IpAddr, port: Option<u16>) -> FlowEnd
         e.namespace = Some(ep.namespace.clone());
         e.pod = Some(pod_name(ep));
         e.labels = (*ep.labels).clone();
-    } else if let Some(n) = hosts.by_ip.get(&ip) {
+    }
+    e
+}
+
+/// An end of [`end`] with its port, and its node when it is a host.
+fn complete_end(e: &mut FlowEnd, hosts: &Hosts, ip: IpAddr, port: Option<u16>) {
+    e.port = port;
+    if e.kind == EndKind::Outside
+        && let Some(n) = hosts.by_ip.get(&ip)
+    {
         e.kind = EndKind::Host;
         e.node = Some(n.clone());
     }
-    e
 }
 
 fn flow_policy(p: &IrPolicy, rule: Option<String>) -> FlowPolicy {
@@ -126,6 +141,7 @@ fn dir_str(d: Direction) -> &'static str {
 }
 
 /// Resolves one event: `tag` from its prefix, `pkt` its headers, `time_ms` when it was seen.
+/// [`complete`] of [`resolve_cause`].
 pub fn resolve(
     set: &PolicySet,
     node: &str,
@@ -134,6 +150,23 @@ pub fn resolve(
     pkt: &PacketHeaders,
     time_ms: u64,
 ) -> Resolved {
+    complete(resolve_cause(set, node, tag, pkt), hosts, pkt, time_ms)
+}
+
+/// The record of an event at a time and ports of its own, from the cause of an event of the
+/// same tag, addresses, protocol and destination port ([`resolve_cause`], perhaps cached):
+/// the time, both ports and the host ends' nodes filled in.
+pub fn complete(mut r: Resolved, hosts: &Hosts, pkt: &PacketHeaders, time_ms: u64) -> Resolved {
+    r.record.time = time_ms;
+    complete_end(&mut r.record.src, hosts, pkt.src, pkt.src_port);
+    complete_end(&mut r.record.dst, hosts, pkt.dst, pkt.dst_port);
+    r
+}
+
+/// What the model says of an event: the record without its time (0), ports and host ends
+/// (see [`complete`]). A function of the model, `node`, `tag`, the addresses, the protocol
+/// and the destination port of `pkt`, nothing else of it.
+pub fn resolve_cause(set: &PolicySet, node: &str, tag: &FlowTag, pkt: &PacketHeaders) -> Resolved {
     let dir = tag.direction();
     let flow = Flow {
         src: pkt.src,
@@ -158,11 +191,27 @@ pub fn resolve(
             policy_hash, index, ..
         } => {
             let rule = format!("{}[{index}]", dir_str(dir));
-            let named = ep
-                .map(|e| set.policies_for(e, dir))
-                .unwrap_or_default()
-                .into_iter()
-                .find(|p| short_hash(&p.key.to_string()) == *policy_hash);
+            let hashed = |p: &&IrPolicy| short_hash(&p.key.to_string()) == *policy_hash;
+            // The policy the model names, when the kernel's tag names it too (the usual case:
+            // no walk over the endpoint's policies); else the first of them the tag names.
+            let deciding = expl
+                .as_ref()
+                .filter(|x| x.reason == Reason::Rule)
+                .and_then(|x| x.policies.first())
+                .and_then(|d| {
+                    set.policy(&PolicyKey {
+                        kind: d.kind,
+                        namespace: d.namespace.clone(),
+                        name: d.name.clone(),
+                    })
+                })
+                .filter(hashed);
+            let named = deciding.or_else(|| {
+                ep.map(|e| set.policies_for(e, dir))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(hashed)
+            });
             if let Some(x) = &expl {
                 let same = named.is_some_and(|p| {
                     x.reason == Reason::Rule
@@ -209,22 +258,24 @@ pub fn resolve(
             (FlowReason::NoPolicy, Vec::new())
         }
     };
+    // What the staged policies would have done, when it differs (the enforced evaluation is
+    // `expl`'s, not done again).
+    let pending = expl.as_ref().and_then(|x| set.pending_given(&flow, x));
     let record = FlowRecord {
         seq: 0,
-        time: time_ms,
+        time: 0,
         node: node.to_string(),
         direction: match dir {
             Direction::Ingress => FlowDirection::Ingress,
             Direction::Egress => FlowDirection::Egress,
         },
         proto: proto_name(pkt.proto),
-        src: end(set, hosts, pkt.src, pkt.src_port),
-        dst: end(set, hosts, pkt.dst, pkt.dst_port),
+        src: end(set, pkt.src),
+        dst: end(set, pkt.dst),
         verdict,
         reason,
         policies,
-        // What the staged policies would have done, when it differs.
-        pending: set.pending(&flow, dir),
+        pending,
     };
     Resolved { record, disagrees }
 }

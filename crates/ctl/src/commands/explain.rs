@@ -34,7 +34,7 @@ use tern_lab::LabState;
 use tern_lab::verdict::Seen;
 use tern_model::{Kind, Protocol, Resource};
 use tern_policy::explain::{Reason, action_str, direction_str};
-use tern_policy::{Direction, DirectionExplanation, Explanation, Flow, PolicySet, Verdict};
+use tern_policy::{DirectionExplanation, Explanation, Flow, PolicySet, Verdict};
 use tern_store::Store;
 use tern_store::kube::KubeStore;
 
@@ -261,8 +261,8 @@ impl Pending {
     /// The pending explanations of `flow` against the enforced `e`; `None` when the staged
     /// policies change neither direction.
     fn of(set: &PolicySet, flow: &Flow, e: &Explanation) -> Option<Pending> {
-        let egress = set.pending_direction(flow, Direction::Egress);
-        let ingress = set.pending_direction(flow, Direction::Ingress);
+        let egress = set.pending_direction_given(flow, &e.egress);
+        let ingress = set.pending_direction_given(flow, &e.ingress);
         if egress.is_none() && ingress.is_none() {
             return None;
         }

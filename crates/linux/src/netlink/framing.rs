@@ -8,6 +8,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
 
 use crate::error::{LinuxError, Result};
 
@@ -400,6 +401,54 @@ pub(crate) fn send_all(fd: &OwnedFd, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets an `int` socket option (`SOL_SOCKET` level unless `level` says otherwise): the one
+/// `setsockopt(2)` of an integer every socket of this crate goes through.
+pub(crate) fn set_int_option(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: valid fd; pointer and length describe `v`.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets how long a blocking receive on `fd` waits (`SO_RCVTIMEO`) before failing with
+/// `EAGAIN`; a zero `t` would mean forever, so it is raised to 1 µs.
+pub(crate) fn set_recv_timeout(fd: &OwnedFd, t: Duration) -> io::Result<()> {
+    let t = t.max(Duration::from_micros(1));
+    let tv = libc::timeval {
+        tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: valid fd; pointer and length describe `tv`.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Opens a netlink socket of `protocol` in the calling thread's network namespace, with
 /// extended acks asked for, bound to a kernel-chosen port. `name` goes into error messages.
 pub(crate) fn open_bound(protocol: libc::c_int, name: &str) -> Result<OwnedFd> {
@@ -416,19 +465,9 @@ pub(crate) fn open_bound(protocol: libc::c_int, name: &str) -> Result<OwnedFd> {
     }
     // SAFETY: raw is a fresh, valid fd that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let one: libc::c_int = 1;
     // Extended acks turn a bare EINVAL into the kernel's own explanation; failure to enable
     // them (old kernels) is harmless, so the result is ignored.
-    // SAFETY: valid fd, pointer and length describe `one`.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_NETLINK,
-            NETLINK_EXT_ACK,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    let _ = set_int_option(&fd, libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
     // SAFETY: zeroed sockaddr_nl is valid; nl_family set, pid 0 lets the kernel choose.
     let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
