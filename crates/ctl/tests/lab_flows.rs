@@ -28,6 +28,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tern_api::flow::{FlowDirection, FlowReason, FlowRecord, FlowVerdict};
+use tern_ctl::commands::flows_aggregate::Line;
 use tern_lab::netns::in_netns;
 use tern_lab::netpol::{self, K8sPod, L4};
 use tern_testkit::netns::Netns;
@@ -74,6 +75,13 @@ fn ternctl(args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Each line of `text` as JSON.
+fn json_lines<T: serde::de::DeserializeOwned>(text: &str) -> Result<Vec<T>, String> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("a JSON line: {e}: {l}")))
+        .collect()
+}
+
 /// The ingress records at x/b from x/a, newest last.
 fn records_a_to_b(lab: &str, a: &K8sPod, b: &K8sPod) -> Result<Vec<FlowRecord>, String> {
     let json = ternctl(&[
@@ -89,15 +97,10 @@ fn records_a_to_b(lab: &str, a: &K8sPod, b: &K8sPod) -> Result<Vec<FlowRecord>, 
         "-o",
         "json",
     ])?;
-    let mut out = Vec::new();
-    for l in json.lines() {
-        let r: FlowRecord =
-            serde_json::from_str(l).map_err(|e| format!("a JSON line: {e}: {l}"))?;
-        if r.src.ip == a.ip.to_string() && r.dst.ip == b.ip.to_string() {
-            out.push(r);
-        }
-    }
-    Ok(out)
+    Ok(json_lines::<FlowRecord>(&json)?
+        .into_iter()
+        .filter(|r| r.src.ip == a.ip.to_string() && r.dst.ip == b.ip.to_string())
+        .collect())
 }
 
 /// A ternctl child (`--web`, `--follow`), killed (by its PID) and reaped on drop.
@@ -320,7 +323,6 @@ fn staged_pending_promote_and_the_page() {
             Err(e) => panic!("ternctl flows -f did not start following: {e}"),
         }
     }
-    let listed = printed.len();
     let mark = tern_ctl::commands::flows::now_ms();
     assert!(!connect(), "x/a reached x/b:80 past the default deny");
     assert!(connect_to(81), "allow-81 does not let x/a reach x/b:81");
@@ -341,8 +343,11 @@ fn staged_pending_promote_and_the_page() {
             Ok(l) => take(l, &mut printed),
             Err(_) => panic!(
                 "the follower did not print the new denied and allowed records within 15 s; \
-                 after its listing it printed: {:?}{}",
-                &printed[listed..],
+                 since the connections it printed: {:?}{}",
+                printed
+                    .iter()
+                    .filter(|r| r.time >= mark)
+                    .collect::<Vec<_>>(),
                 lab.logs(30)
             ),
         }
@@ -358,8 +363,8 @@ fn staged_pending_promote_and_the_page() {
     assert_eq!(allowed.reason, FlowReason::Rule, "{allowed:?}");
     assert_eq!(allowed.policies[0].name, "allow-81", "{allowed:?}");
     println!(
-        "follower: {} records listed, then the new ones within {:.1}s",
-        listed,
+        "follower: {} records before the connections, their records within {:.1}s",
+        printed.iter().filter(|r| r.time < mark).count(),
         (tern_ctl::commands::flows::now_ms() - mark) as f64 / 1000.0
     );
     drop(_follower);
@@ -398,29 +403,24 @@ fn staged_pending_promote_and_the_page() {
             "json",
         ])?;
         let mut m = Counted::new();
-        for l in json.lines() {
-            let v: serde_json::Value = serde_json::from_str(l).map_err(|e| format!("{e}: {l}"))?;
-            let minute = tern_api::flow::parse_time(v["minute"].as_str().unwrap_or(""))
-                .ok_or_else(|| format!("a minute: {l}"))?;
-            let verdict: FlowVerdict =
-                serde_json::from_value(v["verdict"].clone()).map_err(|e| format!("{e}: {l}"))?;
-            if v["src"] != "x" || v["dst"] != "x" || v["proto"] != "tcp" {
+        for l in json_lines::<Line>(&json)? {
+            let minute =
+                tern_api::flow::parse_time(&l.minute).ok_or_else(|| format!("a minute: {l:?}"))?;
+            let r = l.row;
+            if r.src != "x" || r.dst != "x" || r.proto != "tcp" {
                 continue;
             }
-            let (Some(port), Some(policy)) = (v["port"].as_u64(), v["policy"].as_str()) else {
+            let (Some(port), Some(policy)) = (r.port, r.policy) else {
                 continue;
             };
-            let count = v["count"].as_u64().ok_or_else(|| format!("a count: {l}"))?;
-            *m.entry((minute, port as u16, verdict, policy.to_string()))
-                .or_insert(0) += count;
+            *m.entry((minute, port, r.verdict, policy)).or_insert(0) += r.count;
         }
         Ok(m)
     };
     let records = || -> Result<Counted, String> {
         let json = ternctl(&["flows", "--lab", &name, "-o", "json"])?;
         let mut m = Counted::new();
-        for l in json.lines() {
-            let r: FlowRecord = serde_json::from_str(l).map_err(|e| format!("{e}: {l}"))?;
+        for r in json_lines::<FlowRecord>(&json)? {
             if let Some(k) = keyed(&r) {
                 *m.entry(k).or_insert(0) += 1;
             }

@@ -221,15 +221,18 @@ mod tests {
         vec![node("node1", 1, 0), node("node2", 5, 4)]
     }
 
+    /// (minute, node, count) of each line.
+    fn short(ls: &[Line]) -> Vec<(&str, &str, u64)> {
+        ls.iter()
+            .map(|l| (hh_mm(&l.minute), l.node.as_str(), l.row.count))
+            .collect()
+    }
+
     #[test]
     fn rows_are_sorted_by_minute_then_count_and_summed_on_demand() {
         let (ls, notes) = lines(&replies(), &Filter::default(), false);
-        let got: Vec<(&str, &str, u64)> = ls
-            .iter()
-            .map(|l| (hh_mm(&l.minute), l.node.as_str(), l.row.count))
-            .collect();
         assert_eq!(
-            got,
+            short(&ls),
             vec![
                 ("09:40", "node2", 10),
                 ("09:40", "node2", 5),
@@ -246,12 +249,8 @@ mod tests {
         );
 
         let (summed, _) = lines(&replies(), &Filter::default(), true);
-        let got: Vec<(&str, &str, u64)> = summed
-            .iter()
-            .map(|l| (hh_mm(&l.minute), l.node.as_str(), l.row.count))
-            .collect();
         assert_eq!(
-            got,
+            short(&summed),
             vec![
                 ("09:40", "all", 12),
                 ("09:40", "all", 6),

@@ -96,3 +96,30 @@ pub fn agent_reply(socket: &std::path::Path, text: &str) -> anyhow::Result<Strin
     );
     Ok(serde_json::to_string(&flows::call(socket, &req)?)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Through a pod's exec only flows requests pass: anything else is refused before any
+    /// socket is touched, and what is not JSON says so.
+    #[test]
+    fn agent_reply_answers_flows_requests_only() {
+        let nowhere = std::path::Path::new("/nonexistent/ternd.sock");
+        for other in [r#"{"op":"status"}"#, r#"{"op":"bgp_status"}"#] {
+            let e = agent_reply(nowhere, other).unwrap_err().to_string();
+            assert!(e.contains("flows requests only"), "{other}: {e}");
+        }
+        let e = agent_reply(nowhere, "{").unwrap_err().to_string();
+        assert!(e.contains("not JSON"), "{e}");
+        let e = agent_reply(nowhere, r#"{"op":"flows","last":"x"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a request"), "{e}");
+        // A flows request goes to the socket (here: none).
+        for ok in [r#"{"op":"flow_aggregates","minutes":1}"#, r#"{"last":1}"#] {
+            let e = format!("{:#}", agent_reply(nowhere, ok).unwrap_err());
+            assert!(e.contains("/nonexistent/ternd.sock"), "{ok}: {e}");
+        }
+    }
+}
