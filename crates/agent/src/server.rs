@@ -240,6 +240,19 @@ impl Agent {
         Ok(Some(fd))
     }
 
+    /// The flow-record service, or the error a flows request gets when it is off.
+    fn flow_service(&self) -> Result<&crate::flows::Flows, ErrorReply> {
+        self.flows.as_deref().ok_or_else(|| ErrorReply {
+            code: tern_cni::code::NOT_AVAILABLE,
+            msg: format!(
+                "flow records are off on node {} (ternd --flow-log-group, and the dataplane \
+                 must run)",
+                self.cfg.node_name
+            ),
+            details: String::new(),
+        })
+    }
+
     /// Serves one request. Public so tests can drive the agent without a socket. The socket
     /// server checks the request's descriptor before calling this (`Agent::serve_stream`);
     /// direct callers are trusted to pass a pod's network namespace.
@@ -272,18 +285,12 @@ impl Agent {
                 Request::BgpStatus => Ok(tern_api::Reply::BgpStatus(
                     self.bgp.as_ref().map(|b| b.status()).unwrap_or_default(),
                 )),
-                Request::Flows(q) => match &self.flows {
-                    Some(f) => Ok(tern_api::Reply::Flows(f.query(&q))),
-                    None => Err(ErrorReply {
-                        code: tern_cni::code::NOT_AVAILABLE,
-                        msg: format!(
-                            "flow records are off on node {} (ternd --flow-log-group, and the \
-                             dataplane must run)",
-                            self.cfg.node_name
-                        ),
-                        details: String::new(),
-                    }),
-                },
+                Request::Flows(q) => self
+                    .flow_service()
+                    .map(|f| tern_api::Reply::Flows(f.query(&q))),
+                Request::FlowAggregates(q) => self
+                    .flow_service()
+                    .map(|f| tern_api::Reply::FlowAggregates(f.aggregate_reply(&q))),
             },
         };
         let result = if resp.is_ok() { "ok" } else { "error" };
@@ -316,6 +323,7 @@ fn op_name(r: &Request) -> String {
         Request::IpamCheck(a) => format!("IPAM CHECK {}", a.container_id),
         Request::BgpStatus => "BGP STATUS".into(),
         Request::Flows(_) => "FLOWS".into(),
+        Request::FlowAggregates(_) => "FLOW AGGREGATES".into(),
     }
 }
 
@@ -332,6 +340,7 @@ fn op_kind(r: &Request) -> &'static str {
         Request::IpamCheck(_) => "ipam_check",
         Request::BgpStatus => "bgp_status",
         Request::Flows(_) => "flows",
+        Request::FlowAggregates(_) => "flow_aggregates",
     }
 }
 

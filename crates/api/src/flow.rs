@@ -17,6 +17,10 @@
 //! policy that selects the pod in that direction for `default-deny`, and empty for `no-policy`.
 //! `pending` is present when a staged policy would have decided otherwise.
 //!
+//! Each node also counts its records per minute ([`AggregateQuery`] -> [`AggregateReply`],
+//! `ternctl flows --aggregate`): a row per key (ends by namespace, port, direction, verdict,
+//! deciding policy) with its count, and what the minute did not itemize as `overflow`.
+//!
 //! Time travels as RFC 3339 in UTC with milliseconds; [`format_time`] and [`parse_time`] are the
 //! two directions, without a date library (this crate is linked into the CNI plugin).
 
@@ -190,6 +194,103 @@ pub struct FlowReply {
     pub more: bool,
 }
 
+/// A request for the per-minute aggregates (`Request::FlowAggregates`, `ternctl flows
+/// --aggregate`). Every bound given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateQuery {
+    /// Only minutes that end after this time (milliseconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// At most this many minutes, the most recent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minutes: Option<usize>,
+}
+
+/// The agent's answer to an [`AggregateQuery`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateReply {
+    pub node: String,
+    /// Oldest first.
+    pub minutes: Vec<AggregateMinute>,
+    /// The reply reached its size bound ([`MAX_AGGREGATE_REPLY_BYTES`]): rows that did not fit
+    /// are counted in their minute's `overflow` (older minutes go first).
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// JSON bytes of rows one [`AggregateReply`] carries at most: under `MAX_FRAME` with room for
+/// the envelope.
+pub const MAX_AGGREGATE_REPLY_BYTES: usize = 768 * 1024;
+
+/// One minute's counts at one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateMinute {
+    /// The minute's start, milliseconds since the epoch, written as RFC 3339.
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
+    pub minute: u64,
+    /// Records of the minute not itemized in `rows`: over the node's keys per minute, or cut
+    /// to fit the reply. Rows' counts plus this are every record the minute kept.
+    pub overflow: u64,
+    /// Most counted first.
+    pub rows: Vec<AggregateRow>,
+}
+
+/// Records of one minute with the same ends, port, direction, verdict and deciding policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateRow {
+    pub direction: FlowDirection,
+    pub verdict: FlowVerdict,
+    /// The source's namespace, `host:NODE` for a node, or `outside`.
+    pub src: String,
+    /// The destination's, as `src`.
+    pub dst: String,
+    pub proto: String,
+    /// The destination port; absent for protocols without ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The deciding (first) policy as `Kind/NAMESPACE/NAME` (`Kind/NAME` for a global one);
+    /// absent when no policy decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    pub count: u64,
+}
+
+impl FlowRecord {
+    /// A denied ingress record x/client -> b/server:8080 at node2 (the default deny of
+    /// `KubernetesNetworkPolicy b/deny-all`): the one example the unit tests of this crate
+    /// and of ternctl share.
+    #[doc(hidden)]
+    pub fn sample() -> FlowRecord {
+        let end = |ns: &str, pod: &str, ip: &str, port: u16| FlowEnd {
+            ip: ip.into(),
+            port: Some(port),
+            kind: EndKind::Pod,
+            namespace: Some(ns.into()),
+            pod: Some(pod.into()),
+            labels: BTreeMap::from([("app".into(), pod.into())]),
+            node: None,
+        };
+        FlowRecord {
+            seq: 1,
+            time: 1_796_463_601_123,
+            node: "node2".into(),
+            direction: FlowDirection::Ingress,
+            proto: "tcp".into(),
+            src: end("a", "client", "10.244.0.5", 40312),
+            dst: end("b", "server", "10.244.1.7", 8080),
+            verdict: FlowVerdict::Denied,
+            reason: FlowReason::DefaultDeny,
+            policies: vec![FlowPolicy {
+                kind: "KubernetesNetworkPolicy".into(),
+                namespace: Some("b".into()),
+                name: "deny-all".into(),
+                rule: None,
+            }],
+            pending: None,
+        }
+    }
+}
+
 fn ser_time<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format_time(*ms))
 }
@@ -311,39 +412,15 @@ mod tests {
 
     #[test]
     fn record_json_has_the_documented_fields() {
-        let r = FlowRecord {
-            seq: 7,
-            time: 1_796_463_601_123,
-            node: "node1".into(),
-            direction: FlowDirection::Ingress,
-            proto: "tcp".into(),
-            src: FlowEnd {
-                ip: "10.244.0.5".into(),
-                port: Some(40312),
-                kind: EndKind::Pod,
-                namespace: Some("a".into()),
-                pod: Some("client".into()),
-                labels: BTreeMap::from([("app".into(), "client".into())]),
-                node: None,
-            },
-            dst: FlowEnd {
-                ip: "198.18.0.2".into(),
-                port: Some(8080),
-                kind: EndKind::Host,
-                namespace: None,
-                pod: None,
-                labels: BTreeMap::new(),
-                node: Some("node2".into()),
-            },
-            verdict: FlowVerdict::Denied,
-            reason: FlowReason::DefaultDeny,
-            policies: vec![FlowPolicy {
-                kind: "KubernetesNetworkPolicy".into(),
-                namespace: Some("b".into()),
-                name: "deny-all".into(),
-                rule: None,
-            }],
-            pending: None,
+        let mut r = FlowRecord::sample();
+        r.dst = FlowEnd {
+            ip: "198.18.0.2".into(),
+            port: Some(8080),
+            kind: EndKind::Host,
+            namespace: None,
+            pod: None,
+            labels: BTreeMap::new(),
+            node: Some("node2".into()),
         };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["time"], "2026-12-05T09:40:01.123Z");
@@ -354,5 +431,66 @@ mod tests {
         assert!(v.get("pending").is_none());
         let back: FlowRecord = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn aggregates_round_trip_with_the_documented_fields() {
+        let q = AggregateQuery {
+            since_ms: Some(1_796_463_600_000),
+            minutes: Some(5),
+        };
+        let req = crate::Request::FlowAggregates(q.clone());
+        let text = serde_json::to_string(&req).unwrap();
+        assert_eq!(
+            text,
+            r#"{"op":"flow_aggregates","since_ms":1796463600000,"minutes":5}"#
+        );
+        assert_eq!(serde_json::from_str::<crate::Request>(&text).unwrap(), req);
+        assert_eq!(
+            serde_json::from_str::<AggregateQuery>("{}").unwrap(),
+            AggregateQuery::default()
+        );
+        let reply = AggregateReply {
+            node: "node1".into(),
+            minutes: vec![AggregateMinute {
+                minute: 1_796_463_600_000,
+                overflow: 2,
+                rows: vec![
+                    AggregateRow {
+                        direction: FlowDirection::Ingress,
+                        verdict: FlowVerdict::Denied,
+                        src: "a".into(),
+                        dst: "b".into(),
+                        proto: "tcp".into(),
+                        port: Some(8080),
+                        policy: Some("KubernetesNetworkPolicy/b/deny-all".into()),
+                        count: 3,
+                    },
+                    AggregateRow {
+                        direction: FlowDirection::Egress,
+                        verdict: FlowVerdict::Allowed,
+                        src: "a".into(),
+                        dst: "outside".into(),
+                        proto: "icmp".into(),
+                        port: None,
+                        policy: None,
+                        count: 1,
+                    },
+                ],
+            }],
+            truncated: false,
+        };
+        let v = serde_json::to_value(crate::Reply::FlowAggregates(reply.clone())).unwrap();
+        assert_eq!(v["kind"], "flow_aggregates");
+        assert_eq!(v["minutes"][0]["minute"], "2026-12-05T09:40:00.000Z");
+        assert_eq!(v["minutes"][0]["rows"][0]["verdict"], "denied");
+        assert_eq!(v["minutes"][0]["rows"][0]["port"], 8080);
+        assert!(v["minutes"][0]["rows"][1].get("port").is_none());
+        assert!(v["minutes"][0]["rows"][1].get("policy").is_none());
+        let back: crate::Reply = serde_json::from_value(v).unwrap();
+        assert_eq!(back, crate::Reply::FlowAggregates(reply));
+        let bad = r#"{"node":"n","minutes":[{"minute":"yesterday","overflow":0,"rows":[]}]}"#;
+        let err = serde_json::from_str::<AggregateReply>(bad).unwrap_err();
+        assert!(err.to_string().contains("bad time"), "{err}");
     }
 }

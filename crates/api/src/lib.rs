@@ -261,6 +261,8 @@ pub enum Request {
     BgpStatus,
     /// The node's flow records (`ternctl flows`).
     Flows(flow::FlowQuery),
+    /// The node's per-minute aggregates of flow records (`ternctl flows --aggregate`).
+    FlowAggregates(flow::AggregateQuery),
 }
 
 /// A BGP session's state as BIRD names its protocols' (and calicoctl prints them): `up` when
@@ -343,6 +345,8 @@ pub enum Reply {
     BgpStatus(BgpStatusReply),
     /// Flows.
     Flows(flow::FlowReply),
+    /// FlowAggregates.
+    FlowAggregates(flow::AggregateReply),
 }
 
 /// A failed request, carrying the CNI error code to report.

@@ -223,7 +223,15 @@ pub struct FlowsArgs {
     /// Keep printing new records as they come.
     #[arg(short = 'f', long)]
     pub follow: bool,
-    /// Output format: a table, or JSON lines (one record a line).
+    /// Print the per-minute counts each node keeps instead of records: MINUTE NODE DIR
+    /// VERDICT FROM TO PORT POLICY COUNT, ends by namespace (filters: -n, --verdict,
+    /// --direction, --port, --policy, --since).
+    #[arg(long, conflicts_with_all = ["follow", "web", "last", "pod", "selector"])]
+    pub aggregate: bool,
+    /// With --aggregate: sum the counts over the nodes (NODE is `all`).
+    #[arg(long, requires = "aggregate")]
+    pub sum: bool,
+    /// Output format: a table, or JSON lines (one record, or aggregate row, a line).
     #[arg(short = 'o', long, value_enum, default_value_t = ExplainOutput::Table)]
     pub output: ExplainOutput,
     /// An agent socket to ask (repeatable); default: every node of the lab (`--name`), or
@@ -238,8 +246,8 @@ pub struct FlowsArgs {
     /// address with its access token.
     #[arg(long, value_name = "ADDR")]
     pub web: Option<String>,
-    /// Inside a tern-node pod: ask the local agent this query (JSON) and print its reply
-    /// (how `ternctl flows` reaches each node through the API server).
+    /// Inside a tern-node pod: ask the local agent this flows request (JSON) and print its
+    /// reply (how `ternctl flows` reaches each node through the API server).
     #[arg(long, value_name = "QUERY", hide = true)]
     pub agent_reply: Option<String>,
 }

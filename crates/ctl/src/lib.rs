@@ -161,21 +161,22 @@ fn run_flows(args: &cli::FlowsArgs, store_url: Option<&str>) -> anyhow::Result<i
         None => None,
     };
     // Inside a tern-node pod, for `ternctl flows` run elsewhere through the API server: the
-    // local agent's reply to the query given, as one JSON document.
-    if let Some(query) = &args.agent_reply {
-        let q: FlowQuery = serde_json::from_str(query).context("--agent-reply: a flow query")?;
+    // local agent's reply to the request given, as one JSON document.
+    if let Some(request) = &args.agent_reply {
         let socket = args
             .socket
             .first()
             .cloned()
             .unwrap_or_else(|| std::path::PathBuf::from(tern_api::DEFAULT_SOCKET));
-        let reply = flows::fetch(&socket, &q)?;
-        println!("{}", serde_json::to_string(&reply)?);
+        println!("{}", commands::flows_kube::agent_reply(&socket, request)?);
         return Ok(0);
     }
     let agents = flows::agents(&args.socket, &args.lab, store_url)?;
     if let Some(addr) = &args.web {
         return run_flows_web(addr, agents);
+    }
+    if args.aggregate {
+        return run_flows_aggregate(args, &filter, since_ms, &agents);
     }
     let print = |r: &tern_api::flow::FlowRecord| match args.output {
         cli::ExplainOutput::Table => println!("{}", flows::render_line(r)),
@@ -183,61 +184,87 @@ fn run_flows(args: &cli::FlowsArgs, store_url: Option<&str>) -> anyhow::Result<i
             println!("{}", serde_json::to_string(r).unwrap_or_default())
         }
     };
-    let q = FlowQuery {
+    // The listing is the follower's first round: following goes on from exactly what it
+    // printed, at each node.
+    let mut follower = flows::Follower::new(FlowQuery {
         since_ms,
         ..FlowQuery::default()
-    };
-    let (records, errors) = flows::collect(&agents, &q, &filter);
-    for e in &errors {
+    });
+    let polled = follower.poll(&agents);
+    for e in &polled.errors {
         eprintln!("warning: {e}");
     }
-    if errors.len() == agents.len() && !agents.is_empty() {
-        anyhow::bail!("no agent answered: {}", errors.join("; "));
+    if polled.errors.len() == agents.len() && !agents.is_empty() {
+        anyhow::bail!("no agent answered: {}", polled.errors.join("; "));
     }
-    let mut cursors = flows::Cursors::new();
-    for r in &records {
-        let c = cursors.entry(r.node.clone()).or_insert(0);
-        *c = (*c).max(r.seq);
-    }
+    let records: Vec<_> = polled
+        .records
+        .into_iter()
+        .filter(|r| filter.matches(r))
+        .collect();
     for r in &flows::last(records, args.last) {
         print(r);
     }
     if !args.follow {
         return Ok(0);
     }
-    // Each node from its last record on; a node with none yet from what it has given so far.
-    let mut cursors: Vec<u64> = Vec::new();
-    for a in &agents {
-        let start = a
-            .fetch(&FlowQuery {
-                last: Some(0),
-                ..FlowQuery::default()
-            })
-            .map(|r| r.last_seq)
-            .unwrap_or(0);
-        cursors.push(start);
-    }
+    eprintln!(
+        "following the records of {} node(s), every second (Ctrl-C to stop)",
+        agents.len()
+    );
     loop {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
         std::thread::sleep(std::time::Duration::from_secs(1));
-        for (a, cursor) in agents.iter().zip(cursors.iter_mut()) {
-            let q = FlowQuery {
-                after_seq: Some(*cursor),
-                ..FlowQuery::default()
-            };
-            match a.fetch(&q) {
-                Ok(reply) => {
-                    *cursor = reply
-                        .records
-                        .last()
-                        .map_or(reply.last_seq.max(*cursor), |r| r.seq);
-                    for r in reply.records.iter().filter(|r| filter.matches(r)) {
-                        print(r);
-                    }
-                }
-                Err(e) => eprintln!("warning: node {}: {e:#}", a.node()),
+        let polled = follower.poll(&agents);
+        for e in &polled.errors {
+            eprintln!("warning: {e}");
+        }
+        for r in polled.records.iter().filter(|r| filter.matches(r)) {
+            print(r);
+        }
+    }
+}
+
+/// `ternctl flows --aggregate`: every node's per-minute counts, filtered, per node or summed.
+fn run_flows_aggregate(
+    args: &cli::FlowsArgs,
+    filter: &commands::flows::Filter,
+    since_ms: Option<u64>,
+    agents: &[commands::flows::Agent],
+) -> anyhow::Result<i32> {
+    use commands::flows_aggregate;
+    let q = tern_api::flow::AggregateQuery {
+        since_ms,
+        minutes: None,
+    };
+    let mut replies = Vec::new();
+    let mut errors = Vec::new();
+    for a in agents {
+        match a.aggregates(&q) {
+            Ok(r) => replies.push(r),
+            Err(e) => errors.push(format!("node {}: {e:#}", a.node())),
+        }
+    }
+    for e in &errors {
+        eprintln!("warning: {e}");
+    }
+    if replies.is_empty() && !agents.is_empty() {
+        anyhow::bail!("no agent answered: {}", errors.join("; "));
+    }
+    let (lines, notes) = flows_aggregate::lines(&replies, filter, args.sum);
+    match args.output {
+        cli::ExplainOutput::Table => print!("{}", flows_aggregate::render_table(&lines)),
+        cli::ExplainOutput::Json => {
+            for l in &lines {
+                println!("{}", serde_json::to_string(l)?);
             }
         }
     }
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    Ok(0)
 }
 
 /// `ternctl flows --web ADDR`: the page until interrupted.
@@ -249,12 +276,11 @@ fn run_flows_web(addr: &str, agents: Vec<commands::flows::Agent>) -> anyhow::Res
     println!("flows page: http://{local}/?token={token} (Ctrl-C to stop)");
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let source: flows_web::Source = Box::new(move |query_for| {
-        agents
-            .iter()
-            .map(|a| a.fetch(&query_for(a.node())))
-            .collect()
+    let mut follower = commands::flows::Follower::new(tern_api::flow::FlowQuery {
+        last: Some(flows_web::MAX_KEPT),
+        ..tern_api::flow::FlowQuery::default()
     });
+    let source: flows_web::Source = Box::new(move || follower.poll(&agents));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     flows_web::serve(
         listener,

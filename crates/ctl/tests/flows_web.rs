@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tern_api::flow::{FlowQuery, FlowRecord, FlowReply};
+use tern_ctl::commands::flows::{Follower, Pages};
 use tern_ctl::commands::flows_web;
 use tern_testkit::netns::Netns;
 use tern_testkit::webdriver::Browser;
@@ -36,6 +37,16 @@ fn record(seq: u64, src: &str, dst: &str, verdict: &str, extra: &str) -> FlowRec
 /// A source that serves `records` once to each node's first ask, then the ones pushed later.
 struct Fake {
     records: Mutex<Vec<FlowRecord>>,
+}
+
+impl Pages for &Fake {
+    fn node(&self) -> &str {
+        "node1"
+    }
+
+    fn page(&self, q: &FlowQuery) -> anyhow::Result<FlowReply> {
+        Ok(self.reply(q))
+    }
 }
 
 impl Fake {
@@ -79,8 +90,11 @@ fn page_shows_flows_and_names_the_policy_of_a_denied_edge() {
     let server = {
         let (fake, stop, token) = (Arc::clone(&fake), Arc::clone(&stop), token.clone());
         std::thread::spawn(move || {
-            let source: flows_web::Source =
-                Box::new(move |query_for| vec![Ok(fake.reply(&query_for("node1")))]);
+            let mut follower = Follower::new(FlowQuery {
+                last: Some(flows_web::MAX_KEPT),
+                ..FlowQuery::default()
+            });
+            let source: flows_web::Source = Box::new(move || follower.poll(&[&*fake]));
             flows_web::serve(listener, token, source, Duration::from_millis(200), stop)
         })
     };

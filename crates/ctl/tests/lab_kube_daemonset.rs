@@ -5,7 +5,8 @@
 //! - pods on both nodes get addresses from tern's pool (tern's endpoints show them) and reach
 //!   each other over TCP;
 //! - a pod with `cni.projectcalico.org/ipAddrs` gets exactly that address;
-//! - a default-deny NetworkPolicy applied with kubectl stops a prober; across
+//! - a default-deny NetworkPolicy applied with kubectl stops a prober, and `ternctl flows`
+//!   reads its denial's record and per-minute count through the API server; across
 //!   `kubectl rollout restart daemonset tern-node -n kube-system` a TCP connection between
 //!   pods on the two nodes carrying a line every 100 ms is never dropped (every line arrives,
 //!   in order, and both ends still run) and the prober, trying the denied pod all along from
@@ -222,6 +223,40 @@ fn tern_installed_by_its_daemonset() {
     );
     let (_, table) = ternctl_store(&st, &["flows", "--verdict", "denied", "--last", "1"]);
     eprintln!("ternctl flows through the API server: {}", table.trim());
+    // The same node's per-minute counts, the same way: a row for the denial, by namespace,
+    // naming the policy.
+    let (ok, json) = ternctl_store(
+        &st,
+        &[
+            "flows",
+            "--aggregate",
+            "--verdict",
+            "denied",
+            "--policy",
+            "deny-locked",
+            "-o",
+            "json",
+        ],
+    );
+    let rows: Vec<tern_ctl::commands::flows_aggregate::Line> = json
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        ok && rows.iter().any(|l| l.node == "node2"
+            && l.row.verdict == tern_api::flow::FlowVerdict::Denied
+            && l.row.count >= 1
+            && l.row
+                .policy
+                .as_deref()
+                .is_some_and(|p| p.ends_with("/deny-locked"))),
+        "no aggregate row of the denial through the API server; ternctl flows --aggregate \
+         said:\n{json}"
+    );
+    eprintln!(
+        "ternctl flows --aggregate through the API server:\n{}",
+        json.trim()
+    );
 
     // A long-lived connection node1 -> node2: a numbered line every 100 ms.
     lab.apply(

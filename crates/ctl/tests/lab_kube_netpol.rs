@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use serde_norway::Value;
 use tern_api::flow::{FlowDirection, FlowQuery, FlowRecord};
-use tern_ctl::commands::flows::Agent;
+use tern_ctl::commands::flows::{Agent, Follower, Pages};
 use tern_lab::kube;
 use tern_lab::kube::probe::{self, Dial};
 use tern_lab::netpol;
@@ -1082,7 +1082,7 @@ fn explain_cli(
         .then(|| format!("{what}: want denied by {named:?}, got {out}"))
 }
 
-/// Every node's records since `since_ms` (the newest, one page a node), read as `ternctl
+/// Every node's records since `since_ms` (every page, one exec each), read as `ternctl
 /// flows --store kubernetes:///<admin kubeconfig>` reads them: `ternctl flows --agent-reply`
 /// in each `tern-node` pod through the API server's `pods/exec` (from the control plane's
 /// namespace, where the kubeconfig's address is reachable). The agents found are kept for the
@@ -1109,10 +1109,10 @@ fn read_records(c: &Cluster, since_ms: u64) -> Result<Vec<FlowRecord>, String> {
         };
         let mut out = Vec::new();
         for a in agents.iter() {
-            let reply = a
-                .fetch(&q)
+            let records = Follower::new(q.clone())
+                .poll_node(a.node(), &mut |q| a.page(q))
                 .map_err(|e| format!("records of {}: {e:#}", a.node()))?;
-            out.extend(reply.records);
+            out.extend(records);
         }
         Ok((agents, out))
     })

@@ -108,6 +108,14 @@ struct Args {
     #[arg(long, env = "TERN_FLOW_RATE", default_value_t = 5_000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     flow_rate: u32,
+    /// Minutes of per-minute flow aggregates kept (`ternctl flows --aggregate`).
+    #[arg(long, env = "TERN_FLOW_MINUTES", default_value_t = 15,
+          value_parser = clap::value_parser!(u32).range(1..=60))]
+    flow_minutes: u32,
+    /// Distinct aggregate keys counted each minute; more are counted as not itemized.
+    #[arg(long, env = "TERN_FLOW_KEYS_PER_MINUTE", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    flow_keys_per_minute: u32,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, env = "TERN_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -175,6 +183,8 @@ fn main() {
     cfg.flows = (args.flow_log_group != 0).then(|| tern_agent::config::FlowsConfig {
         ring: args.flow_ring as usize,
         rate: args.flow_rate,
+        minutes: args.flow_minutes as usize,
+        keys_per_minute: args.flow_keys_per_minute as usize,
         ..tern_agent::config::FlowsConfig::new(args.flow_log_group)
     });
     cfg.socket_group = match tern_agent::config::resolve_group(&args.socket_group) {

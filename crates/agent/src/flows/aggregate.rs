@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write;
 
-use tern_api::flow::{FlowDirection, FlowRecord, FlowVerdict};
+use tern_api::flow::{
+    AggregateMinute, AggregateQuery, AggregateReply, AggregateRow, FlowDirection, FlowRecord,
+    FlowVerdict, MAX_AGGREGATE_REPLY_BYTES,
+};
 
 /// What one aggregate counts: the ends by namespace (or kind), the port, the direction, the
 /// verdict and the deciding (first) policy.
@@ -104,6 +107,67 @@ impl Aggregates {
     /// The kept minutes, oldest first.
     pub fn minutes(&self) -> impl Iterator<Item = &Minute> {
         self.buf.iter()
+    }
+
+    /// The answer to `q` at node `node`: the minutes it selects, oldest first, each minute's
+    /// rows most counted first. At most [`MAX_AGGREGATE_REPLY_BYTES`] of JSON, filled from the
+    /// newest minute back: rows past the bound are summed into their minute's `overflow`, and
+    /// the reply says `truncated`.
+    pub fn reply(&self, node: &str, q: &AggregateQuery) -> AggregateReply {
+        let selected: Vec<&Minute> = self
+            .buf
+            .iter()
+            .filter(|m| q.since_ms.is_none_or(|t| (m.minute + 1) * 60_000 > t))
+            .collect();
+        let from = q.minutes.map_or(0, |n| selected.len().saturating_sub(n));
+        let mut budget = MAX_AGGREGATE_REPLY_BYTES;
+        let mut truncated = false;
+        let mut out: Vec<AggregateMinute> = Vec::new();
+        for m in selected[from..].iter().rev() {
+            let mut keys: Vec<(&AggKey, &u64)> = m.counts.iter().collect();
+            keys.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let mut am = AggregateMinute {
+                minute: m.minute * 60_000,
+                overflow: m.overflow,
+                rows: Vec::new(),
+            };
+            // The minute's own fields, whatever its rows.
+            budget = budget.saturating_sub(96);
+            for (k, c) in keys {
+                let row = k.row(*c);
+                let size = serde_json::to_vec(&row).map_or(0, |v| v.len()) + 1;
+                if truncated || size > budget {
+                    truncated = true;
+                    am.overflow += c;
+                    continue;
+                }
+                budget -= size;
+                am.rows.push(row);
+            }
+            out.push(am);
+        }
+        out.reverse();
+        AggregateReply {
+            node: node.to_string(),
+            minutes: out,
+            truncated,
+        }
+    }
+}
+
+impl AggKey {
+    /// The key as a reply's row, with its count.
+    pub fn row(&self, count: u64) -> AggregateRow {
+        AggregateRow {
+            direction: self.direction,
+            verdict: self.verdict,
+            src: self.src.clone(),
+            dst: self.dst.clone(),
+            proto: self.proto.clone(),
+            port: self.port,
+            policy: self.policy.clone(),
+            count,
+        }
     }
 }
 
@@ -219,6 +283,105 @@ mod tests {
             assert_eq!(m.counts.len(), 2);
             assert_eq!(m.overflow, 2);
         }
+    }
+
+    /// Records of two minutes in, rows out: counts per key, most counted first, the
+    /// selection by `since` and `minutes`, and totals that equal the records counted.
+    #[test]
+    fn a_reply_lists_each_minutes_rows_with_their_counts() {
+        let mut a = Aggregates::new(15, 1_000);
+        let denied = FlowRecord::sample();
+        let mut allowed = FlowRecord::sample();
+        allowed.verdict = FlowVerdict::Allowed;
+        allowed.reason = tern_api::flow::FlowReason::NoPolicy;
+        allowed.policies.clear();
+        let m0 = denied.time / 60_000;
+        for (r, n) in [(&denied, 3), (&allowed, 1)] {
+            for _ in 0..n {
+                a.add(r);
+            }
+        }
+        let mut later = allowed.clone();
+        later.time = (m0 + 1) * 60_000 + 10;
+        later.dst.kind = tern_api::flow::EndKind::Host;
+        later.dst.namespace = None;
+        later.dst.node = Some("node1".into());
+        a.add(&later);
+
+        let all = a.reply("node2", &AggregateQuery::default());
+        assert_eq!(all.node, "node2");
+        assert!(!all.truncated);
+        assert_eq!(all.minutes.len(), 2);
+        let first = &all.minutes[0];
+        assert_eq!(first.minute, m0 * 60_000);
+        assert_eq!(first.overflow, 0);
+        assert_eq!(first.rows.len(), 2);
+        assert_eq!(first.rows[0].verdict, FlowVerdict::Denied);
+        assert_eq!(first.rows[0].count, 3);
+        assert_eq!(
+            first.rows[0].policy.as_deref(),
+            Some("KubernetesNetworkPolicy/b/deny-all")
+        );
+        assert_eq!(
+            (first.rows[0].src.as_str(), first.rows[0].dst.as_str()),
+            ("a", "b")
+        );
+        assert_eq!(first.rows[0].port, Some(8080));
+        assert_eq!(first.rows[1].verdict, FlowVerdict::Allowed);
+        assert_eq!(first.rows[1].policy, None);
+        assert_eq!(all.minutes[1].rows[0].dst, "host:node1");
+
+        let newest = a.reply(
+            "node2",
+            &AggregateQuery {
+                minutes: Some(1),
+                ..AggregateQuery::default()
+            },
+        );
+        assert_eq!(newest.minutes.len(), 1);
+        assert_eq!(newest.minutes[0].minute, (m0 + 1) * 60_000);
+        // A minute still counts when it ends after `since`.
+        let since = |ms| {
+            a.reply(
+                "node2",
+                &AggregateQuery {
+                    since_ms: Some(ms),
+                    ..AggregateQuery::default()
+                },
+            )
+            .minutes
+            .len()
+        };
+        assert_eq!(since(m0 * 60_000 + 59_999), 2);
+        assert_eq!(since((m0 + 1) * 60_000), 1);
+        assert_eq!(since((m0 + 2) * 60_000), 0);
+    }
+
+    /// More keys than a reply carries: the newest minute is itemized first, what does not fit
+    /// is summed in its minute's overflow, and the totals stay the records counted.
+    #[test]
+    fn a_reply_stays_under_its_bound_and_keeps_its_totals() {
+        let mut a = Aggregates::new(3, 100_000);
+        let mut r = FlowRecord::sample();
+        let long = "n".repeat(60);
+        for minute in 0..3u64 {
+            for i in 0..2_000u32 {
+                r.time = minute * 60_000 + 5;
+                r.src.namespace = Some(format!("{long}{i}"));
+                a.add(&r);
+            }
+        }
+        let reply = a.reply("n1", &AggregateQuery::default());
+        assert!(reply.truncated);
+        let bytes = serde_json::to_vec(&reply).unwrap().len();
+        assert!(bytes < tern_api::MAX_FRAME, "{bytes}");
+        assert_eq!(reply.minutes.len(), 3);
+        for m in &reply.minutes {
+            let rows: u64 = m.rows.iter().map(|r| r.count).sum();
+            assert_eq!(rows + m.overflow, 2_000);
+        }
+        assert_eq!(reply.minutes[2].overflow, 0, "the newest minute whole");
+        assert!(reply.minutes[0].rows.len() < reply.minutes[2].rows.len());
     }
 
     #[test]

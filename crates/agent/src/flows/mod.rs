@@ -1,6 +1,7 @@
 //! Flow records: every new connection to or from a pod of this node, per direction, with its
 //! verdict and its cause (issue 21), kept in a bounded ring and served on the agent socket
-//! (`Request::Flows`, `ternctl flows`).
+//! (`Request::Flows`, `ternctl flows`), with per-minute aggregates of them
+//! (`Request::FlowAggregates`, `ternctl flows --aggregate`).
 //!
 //! ```text
 //!  kernel: policy rules ── log group G, tag prefix ──► NFLOG (tern_linux::nflog)
@@ -11,6 +12,7 @@
 //!   ─► + time, ports, host ends ─► ring + per-minute aggregates + counts
 //!                                                         ▲
 //!   socket request Flows(FlowQuery) ── Flows::query ──────┘         /metrics ◄── render_metrics
+//!   socket request FlowAggregates(AggregateQuery) ── Flows::aggregate_reply (the minutes)
 //! ```
 //!
 //! The policy model's lock is the one pod ADD and every policy change take, so the reader
@@ -41,7 +43,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tern_api::flow::{FlowDirection, FlowPolicy, FlowQuery, FlowReason, FlowReply};
+use tern_api::flow::{
+    AggregateQuery, AggregateReply, FlowDirection, FlowPolicy, FlowQuery, FlowReason, FlowReply,
+};
 use tern_linux::nflog::{NflogBatch, NflogConfig, NflogEvent, NflogSocket, PacketHeaders};
 use tern_policy::PolicySet;
 use tern_policy::flowtag::FlowTag;
@@ -169,6 +173,11 @@ impl Flows {
             dropped: self.dropped(),
             more: sel.more,
         }
+    }
+
+    /// The answer to an aggregate query (`Request::FlowAggregates`).
+    pub fn aggregate_reply(&self, q: &AggregateQuery) -> AggregateReply {
+        self.state.lock().unwrap().aggregates.reply(&self.node, q)
     }
 
     /// The per-minute aggregates kept now, oldest first.

@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tern_api::flow::{FlowDirection, FlowEnd, FlowQuery, FlowRecord, FlowReply, FlowVerdict};
+use tern_api::flow::{
+    AggregateQuery, AggregateReply, FlowDirection, FlowEnd, FlowQuery, FlowRecord, FlowReply,
+    FlowVerdict,
+};
 use tern_api::{Reply, Request};
 use tern_model::Selector;
 
@@ -90,6 +93,16 @@ fn end_matches_pod(e: &FlowEnd, pod: &str) -> bool {
     }
 }
 
+/// Whether `--policy WANT` names the policy `kind` `namespace`/`name`: as `NAME`, `NS/NAME`,
+/// `KIND/NS/NAME` or (a global one) `KIND/NAME`.
+pub fn policy_matches(want: &str, kind: &str, namespace: Option<&str>, name: &str) -> bool {
+    let ns = namespace.unwrap_or("");
+    want == name
+        || want == format!("{ns}/{name}")
+        || want == format!("{kind}/{ns}/{name}")
+        || want == format!("{kind}/{name}")
+}
+
 impl Filter {
     /// Whether `r` passes every filter given.
     pub fn matches(&self, r: &FlowRecord) -> bool {
@@ -118,13 +131,10 @@ impl Filter {
             return false;
         }
         if let Some(want) = &self.policy
-            && !r.policies.iter().any(|p| {
-                let ns = p.namespace.as_deref().unwrap_or("");
-                *want == p.name
-                    || *want == format!("{ns}/{}", p.name)
-                    || *want == format!("{}/{ns}/{}", p.kind, p.name)
-                    || *want == format!("{}/{}", p.kind, p.name)
-            })
+            && !r
+                .policies
+                .iter()
+                .any(|p| policy_matches(want, &p.kind, p.namespace.as_deref(), &p.name))
         {
             return false;
         }
@@ -132,41 +142,33 @@ impl Filter {
     }
 }
 
-/// Asks one agent for its records, following `more` (bounded by [`MAX_PAGES`]).
-pub fn fetch(socket: &Path, q: &FlowQuery) -> anyhow::Result<FlowReply> {
-    let mut q = q.clone();
-    let mut out: Option<FlowReply> = None;
-    for _ in 0..MAX_PAGES {
-        let reply = match tern_api::call(
-            socket,
-            &Request::Flows(q.clone()),
-            None,
-            Duration::from_secs(10),
-        ) {
-            Ok(Ok(Reply::Flows(r))) => r,
-            Ok(Ok(other)) => anyhow::bail!("unexpected reply from ternd: {other:?}"),
-            Ok(Err(e)) => anyhow::bail!("ternd at {}: {}", socket.display(), e.msg),
-            Err(e) => anyhow::bail!("ternd at {}: {e}", socket.display()),
-        };
-        let more = reply.more && !reply.records.is_empty();
-        let next = reply.records.last().map(|r| r.seq);
-        match &mut out {
-            None => out = Some(reply),
-            Some(o) => {
-                o.records.extend(reply.records);
-                o.last_seq = reply.last_seq;
-                o.dropped = reply.dropped;
-                o.more = reply.more;
-            }
-        }
-        // A follower's pages continue after the last record; a `last`/`since` query is
-        // answered newest first and its one page is the answer.
-        if !more || q.after_seq.is_none() {
-            break;
-        }
-        q.after_seq = next;
+/// One request to the agent at `socket`, and its reply (an error reply as an error).
+pub fn call(socket: &Path, req: &Request) -> anyhow::Result<Reply> {
+    match tern_api::call(socket, req, None, Duration::from_secs(10)) {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => anyhow::bail!("ternd at {}: {}", socket.display(), e.msg),
+        Err(e) => anyhow::bail!("ternd at {}: {e}", socket.display()),
     }
-    out.ok_or_else(|| anyhow::anyhow!("no reply from {}", socket.display()))
+}
+
+/// One page of the records of the agent at `socket` for `q`.
+pub fn page(socket: &Path, q: &FlowQuery) -> anyhow::Result<FlowReply> {
+    match call(socket, &Request::Flows(q.clone()))? {
+        Reply::Flows(r) => Ok(r),
+        other => anyhow::bail!("unexpected reply from ternd: {other:?}"),
+    }
+}
+
+/// Asks the agent at `socket` for its records, following `more` as a [`Follower`] does.
+pub fn fetch(socket: &Path, q: &FlowQuery) -> anyhow::Result<FlowReply> {
+    let mut last = FlowReply::default();
+    let records = Follower::new(q.clone()).poll_node("agent", &mut |q| {
+        let r = page(socket, q)?;
+        last.node.clone_from(&r.node);
+        (last.last_seq, last.dropped, last.more) = (r.last_seq, r.dropped, r.more);
+        Ok(r)
+    })?;
+    Ok(FlowReply { records, ..last })
 }
 
 /// One node's agent, as ternctl reaches it: its socket (on the node, on a lab), or its pod
@@ -182,6 +184,14 @@ pub enum Agent {
     },
 }
 
+/// A node's agent as a [`Follower`] asks it: one page of records per call.
+pub trait Pages {
+    /// The node's name (the follower's key for its cursor).
+    fn node(&self) -> &str;
+    /// One page of the node's records for `q`.
+    fn page(&self, q: &FlowQuery) -> anyhow::Result<FlowReply>;
+}
+
 impl Agent {
     /// The node's name.
     pub fn node(&self) -> &str {
@@ -191,27 +201,156 @@ impl Agent {
         }
     }
 
-    /// The node's records for `q`.
-    pub fn fetch(&self, q: &FlowQuery) -> anyhow::Result<FlowReply> {
+    /// One request to the node's agent (a flows request: through the API server, the pod
+    /// answers no other).
+    pub fn call(&self, req: &Request) -> anyhow::Result<Reply> {
         match self {
-            Agent::Socket { path, .. } => fetch(path, q),
-            Agent::Pod { store, pod } => crate::commands::flows_kube::fetch(store, pod, q),
+            Agent::Socket { path, .. } => call(path, req),
+            Agent::Pod { store, pod } => crate::commands::flows_kube::call(store, pod, req),
+        }
+    }
+
+    /// The node's per-minute aggregates for `q`.
+    pub fn aggregates(&self, q: &AggregateQuery) -> anyhow::Result<AggregateReply> {
+        match self.call(&Request::FlowAggregates(q.clone()))? {
+            Reply::FlowAggregates(r) => Ok(r),
+            other => anyhow::bail!("unexpected reply from node {}: {other:?}", self.node()),
         }
     }
 }
 
-/// Records of every node, filtered, oldest first (by time, then node and sequence).
-pub fn collect(agents: &[Agent], q: &FlowQuery, filter: &Filter) -> (Vec<FlowRecord>, Vec<String>) {
-    let mut records = Vec::new();
-    let mut errors = Vec::new();
-    for a in agents {
-        match a.fetch(q) {
-            Ok(r) => records.extend(r.records.into_iter().filter(|r| filter.matches(r))),
-            Err(e) => errors.push(format!("node {}: {e:#}", a.node())),
+impl Pages for Agent {
+    fn node(&self) -> &str {
+        Agent::node(self)
+    }
+
+    fn page(&self, q: &FlowQuery) -> anyhow::Result<FlowReply> {
+        match self.call(&Request::Flows(q.clone()))? {
+            Reply::Flows(r) => Ok(r),
+            other => anyhow::bail!("unexpected reply from node {}: {other:?}", self.node()),
         }
     }
-    records.sort_by(|a, b| (a.time, &a.node, a.seq).cmp(&(b.time, &b.node, b.seq)));
-    (records, errors)
+}
+
+/// What one round of a [`Follower`] over every node gave.
+#[derive(Debug, Default)]
+pub struct Polled {
+    /// The new records of every node, oldest first (by time, then node and sequence).
+    pub records: Vec<FlowRecord>,
+    /// Records the nodes that answered did not keep (sampling, kernel losses), summed.
+    pub dropped: u64,
+    /// The nodes that did not answer, with the error.
+    pub errors: Vec<String>,
+}
+
+/// Follows the records of every node: a cursor per node (each node numbers its own records),
+/// the pages of a reply that says `more` (at most [`MAX_PAGES`] a round), and no record given
+/// twice. A node's first round asks the `first` query (`since`, `last`); later rounds ask for
+/// what came after the node's cursor. When a node's sequence goes back (its agent restarted
+/// with an empty ring), the follower starts that node over from its first record.
+#[derive(Debug, Default)]
+pub struct Follower {
+    first: FlowQuery,
+    cursors: BTreeMap<String, u64>,
+}
+
+impl Follower {
+    pub fn new(first: FlowQuery) -> Follower {
+        Follower {
+            first,
+            cursors: BTreeMap::new(),
+        }
+    }
+
+    /// The last sequence number taken from `node`, once it answered.
+    pub fn cursor(&self, node: &str) -> Option<u64> {
+        self.cursors.get(node).copied()
+    }
+
+    /// The new records of one node, oldest first: asks `page` (the node's first query, or
+    /// after its cursor), following `more`. An error on the first page is the result; on a
+    /// later one the records so far are (the next round goes on from them).
+    pub fn poll_node(
+        &mut self,
+        node: &str,
+        page: &mut dyn FnMut(&FlowQuery) -> anyhow::Result<FlowReply>,
+    ) -> anyhow::Result<Vec<FlowRecord>> {
+        let since_ms = self.first.since_ms;
+        let after = |seq| FlowQuery {
+            after_seq: Some(seq),
+            since_ms,
+            last: None,
+        };
+        let mut q = match self.cursors.get(node) {
+            Some(c) => after(*c),
+            None => self.first.clone(),
+        };
+        let mut out: Vec<FlowRecord> = Vec::new();
+        let mut restarted = false;
+        for i in 0..MAX_PAGES {
+            let reply = match page(&q) {
+                Ok(r) => r,
+                Err(e) if i == 0 => return Err(e),
+                Err(_) => break,
+            };
+            let cursor = self.cursors.get(node).copied();
+            if let Some(c) = cursor
+                && reply.last_seq < c
+                && !restarted
+            {
+                // The agent numbers from 1 again: all it has is new.
+                restarted = true;
+                self.cursors.remove(node);
+                q = after(0);
+                continue;
+            }
+            let seen = cursor.unwrap_or(0);
+            let newest = reply.records.iter().map(|r| r.seq).max().unwrap_or(0);
+            // Pages continue after the last record of a follower's query; any other query is
+            // answered newest first, and its one page is the answer.
+            let paging = q.after_seq.is_some() && reply.more && !reply.records.is_empty();
+            let next = if paging {
+                seen.max(newest)
+            } else {
+                seen.max(newest).max(reply.last_seq)
+            };
+            self.cursors.insert(node.to_string(), next);
+            out.extend(
+                reply
+                    .records
+                    .into_iter()
+                    .filter(|r| cursor.is_none_or(|c| r.seq > c)),
+            );
+            if !paging {
+                break;
+            }
+            q = after(next);
+        }
+        Ok(out)
+    }
+
+    /// One round over every node: what is new at each, oldest first.
+    pub fn poll<P: Pages>(&mut self, nodes: &[P]) -> Polled {
+        let mut p = Polled::default();
+        for n in nodes {
+            let mut dropped = 0;
+            let got = self.poll_node(n.node(), &mut |q| {
+                let r = n.page(q)?;
+                dropped = r.dropped;
+                Ok(r)
+            });
+            match got {
+                Ok(records) => {
+                    p.records.extend(records);
+                    p.dropped += dropped;
+                }
+                Err(e) => p.errors.push(format!("node {}: {e:#}", n.node())),
+            }
+        }
+        p.records
+            .sort_by(|a, b| (a.time, &a.node, a.seq).cmp(&(b.time, &b.node, b.seq)));
+        p
+    }
 }
 
 fn end_text(e: &FlowEnd) -> String {
@@ -323,46 +462,181 @@ pub fn last(mut records: Vec<FlowRecord>, n: Option<usize>) -> Vec<FlowRecord> {
     records
 }
 
-/// Each node's cursor for `--follow`.
-pub type Cursors = BTreeMap<String, u64>;
-
 #[cfg(test)]
 mod tests {
-    use tern_api::flow::{EndKind, FlowPolicy, FlowReason};
+    use tern_api::flow::FlowReason;
 
     use super::*;
 
-    fn end(ns: &str, pod: &str, ip: &str, port: Option<u16>, app: &str) -> FlowEnd {
-        FlowEnd {
-            ip: ip.into(),
-            port,
-            kind: EndKind::Pod,
-            namespace: Some(ns.into()),
-            pod: Some(pod.into()),
-            labels: BTreeMap::from([("app".to_string(), app.to_string())]),
-            node: None,
+    fn denied() -> FlowRecord {
+        FlowRecord::sample()
+    }
+
+    /// A node's agent as the follower sees it: a ring numbered from 1 (from `base` after a
+    /// restart), answering a follower's query oldest first in pages of `page` records with
+    /// `more`, any other query with the newest.
+    struct FakeNode {
+        name: &'static str,
+        ring: std::cell::RefCell<Vec<FlowRecord>>,
+        page: usize,
+        asked: std::cell::RefCell<Vec<FlowQuery>>,
+        fail: std::cell::Cell<bool>,
+    }
+
+    impl FakeNode {
+        fn new(name: &'static str, page: usize) -> FakeNode {
+            FakeNode {
+                name,
+                ring: Default::default(),
+                page,
+                asked: Default::default(),
+                fail: Default::default(),
+            }
+        }
+
+        fn add(&self, n: usize) {
+            let mut ring = self.ring.borrow_mut();
+            for _ in 0..n {
+                let mut r = FlowRecord::sample();
+                r.node = self.name.into();
+                r.seq = ring.last().map_or(1, |l| l.seq + 1);
+                r.time += r.seq;
+                ring.push(r);
+            }
+        }
+
+        fn seqs(records: &[FlowRecord], node: &str) -> Vec<u64> {
+            records
+                .iter()
+                .filter(|r| r.node == node)
+                .map(|r| r.seq)
+                .collect()
         }
     }
 
-    fn denied() -> FlowRecord {
-        FlowRecord {
-            seq: 1,
-            time: 1_796_463_601_123,
-            node: "node2".into(),
-            direction: FlowDirection::Ingress,
-            proto: "tcp".into(),
-            src: end("a", "client", "10.244.0.5", Some(40312), "client"),
-            dst: end("b", "server", "10.244.1.7", Some(8080), "server"),
-            verdict: FlowVerdict::Denied,
-            reason: FlowReason::DefaultDeny,
-            policies: vec![FlowPolicy {
-                kind: "KubernetesNetworkPolicy".into(),
-                namespace: Some("b".into()),
-                name: "deny-all".into(),
-                rule: None,
-            }],
-            pending: None,
+    impl Pages for FakeNode {
+        fn node(&self) -> &str {
+            self.name
         }
+
+        fn page(&self, q: &FlowQuery) -> anyhow::Result<FlowReply> {
+            self.asked.borrow_mut().push(q.clone());
+            anyhow::ensure!(!self.fail.get(), "{} is down", self.name);
+            let ring = self.ring.borrow();
+            let matching: Vec<&FlowRecord> = ring
+                .iter()
+                .filter(|r| q.after_seq.is_none_or(|s| r.seq > s))
+                .collect();
+            let from = q.last.map_or(0, |n| matching.len().saturating_sub(n));
+            let matching = &matching[from..];
+            let take = matching.len().min(self.page);
+            let records: Vec<FlowRecord> = if q.after_seq.is_some() {
+                matching[..take].iter().map(|r| (*r).clone()).collect()
+            } else {
+                matching[matching.len() - take..]
+                    .iter()
+                    .map(|r| (*r).clone())
+                    .collect()
+            };
+            Ok(FlowReply {
+                node: self.name.into(),
+                more: take < matching.len(),
+                records,
+                last_seq: ring.last().map_or(0, |r| r.seq),
+                dropped: 7,
+            })
+        }
+    }
+
+    /// Per-node cursors: each node's first round is the first query, then only what is new
+    /// at that node; `more` is followed page by page; nothing comes twice.
+    #[test]
+    fn the_follower_keeps_a_cursor_per_node_and_follows_pages() {
+        let (n1, n2) = (FakeNode::new("n1", 3), FakeNode::new("n2", 3));
+        n1.add(2);
+        n2.add(5);
+        let nodes = [n1, n2];
+        let mut f = Follower::new(FlowQuery {
+            last: Some(4),
+            ..FlowQuery::default()
+        });
+        let p = f.poll(&nodes);
+        // The first query is answered newest first, one page: n2's 3 newest.
+        assert_eq!(FakeNode::seqs(&p.records, "n1"), vec![1, 2]);
+        assert_eq!(FakeNode::seqs(&p.records, "n2"), vec![3, 4, 5]);
+        assert_eq!((f.cursor("n1"), f.cursor("n2")), (Some(2), Some(5)));
+        assert_eq!(p.dropped, 14);
+        assert!(p.errors.is_empty());
+        let times: Vec<u64> = p.records.iter().map(|r| r.time).collect();
+        assert!(times.is_sorted(), "oldest first: {times:?}");
+
+        assert!(
+            f.poll(&nodes).records.is_empty(),
+            "nothing new, nothing again"
+        );
+        nodes[0].add(8);
+        let before = nodes[0].asked.borrow().len();
+        let p = f.poll(&nodes);
+        assert_eq!(
+            FakeNode::seqs(&p.records, "n1"),
+            (3..=10).collect::<Vec<_>>()
+        );
+        let asked: Vec<Option<u64>> = nodes[0].asked.borrow()[before..]
+            .iter()
+            .map(|q| q.after_seq)
+            .collect();
+        assert_eq!(asked, vec![Some(2), Some(5), Some(8)], "three pages of 3");
+        assert_eq!(f.cursor("n1"), Some(10));
+        assert_eq!(f.cursor("n2"), Some(5));
+    }
+
+    /// A node that fails is reported and keeps its cursor; a restarted agent (its sequence
+    /// back under the cursor) is read from its first record again.
+    #[test]
+    fn the_follower_survives_a_failing_and_a_restarted_node() {
+        let nodes = [FakeNode::new("n1", 100)];
+        nodes[0].add(3);
+        let mut f = Follower::new(FlowQuery::default());
+        assert_eq!(f.poll(&nodes).records.len(), 3);
+        nodes[0].fail.set(true);
+        let p = f.poll(&nodes);
+        assert_eq!(p.errors, vec!["node n1: n1 is down".to_string()]);
+        assert_eq!(f.cursor("n1"), Some(3));
+        nodes[0].fail.set(false);
+        nodes[0].ring.borrow_mut().clear();
+        nodes[0].add(2);
+        let p = f.poll(&nodes);
+        assert_eq!(FakeNode::seqs(&p.records, "n1"), vec![1, 2]);
+        assert_eq!(f.cursor("n1"), Some(2));
+        nodes[0].add(1);
+        assert_eq!(FakeNode::seqs(&f.poll(&nodes).records, "n1"), vec![3]);
+    }
+
+    /// Duplicates in a reply (a node answering again from before the cursor) are dropped.
+    #[test]
+    fn the_follower_gives_no_record_twice() {
+        let mut f = Follower::new(FlowQuery::default());
+        let mut r = FlowRecord::sample();
+        let mut reply = |seqs: &[u64], last_seq| FlowReply {
+            node: "n".into(),
+            records: seqs
+                .iter()
+                .map(|s| {
+                    r.seq = *s;
+                    r.clone()
+                })
+                .collect(),
+            last_seq,
+            dropped: 0,
+            more: false,
+        };
+        let first = reply(&[1, 2, 3], 3);
+        let again = reply(&[2, 3, 4], 4);
+        let got = f.poll_node("n", &mut |_| Ok(first.clone())).unwrap();
+        assert_eq!(got.len(), 3);
+        let got = f.poll_node("n", &mut |_| Ok(again.clone())).unwrap();
+        assert_eq!(got.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(f.cursor("n"), Some(4));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tern_api::flow::{FlowQuery, FlowReply};
+use tern_api::{Reply, Request};
 use tern_store::kube::{AgentPod, KubeStore};
 
 /// The agents' namespace (the manifest's).
@@ -34,15 +35,16 @@ pub fn agents(store: &KubeStore) -> anyhow::Result<Vec<AgentPod>> {
     Ok(pods)
 }
 
-/// One node's records: `ternctl flows --agent-reply` run in its agent's pod.
-pub fn fetch(store: &KubeStore, pod: &AgentPod, q: &FlowQuery) -> anyhow::Result<FlowReply> {
-    let query = serde_json::to_string(q)?;
+/// One request to a node's agent: `ternctl flows --agent-reply REQUEST` run in its agent's
+/// pod, which answers flows requests only ([`agent_reply`]).
+pub fn call(store: &KubeStore, pod: &AgentPod, req: &Request) -> anyhow::Result<Reply> {
+    let request = serde_json::to_string(req)?;
     let out = store
         .exec(
             AGENT_NAMESPACE,
             &pod.name,
             AGENT_CONTAINER,
-            &["ternctl", "flows", "--agent-reply", &query],
+            &["ternctl", "flows", "--agent-reply", &request],
             tern_api::MAX_FRAME * 2,
             EXEC_TIMEOUT,
         )
@@ -56,12 +58,68 @@ pub fn fetch(store: &KubeStore, pod: &AgentPod, q: &FlowQuery) -> anyhow::Result
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "node {} (pod {}): the agent's reply is not a flow reply: {:?}",
-            pod.node,
-            pod.name,
-            String::from_utf8_lossy(&out.stdout[..out.stdout.len().min(200)])
-        )
-    })
+    let reply = serde_json::from_slice::<Reply>(&out.stdout);
+    match (reply, req) {
+        (Ok(r), _) => Ok(r),
+        // A ternctl from before aggregates reads the request as a flow query and prints its
+        // flow reply bare.
+        (Err(_), Request::Flows(_)) if serde_json::from_slice::<FlowReply>(&out.stdout).is_ok() => {
+            Ok(Reply::Flows(serde_json::from_slice(&out.stdout)?))
+        }
+        (Err(e), _) => Err(e).with_context(|| {
+            format!(
+                "node {} (pod {}): the agent's answer is not a reply: {:?}",
+                pod.node,
+                pod.name,
+                String::from_utf8_lossy(&out.stdout[..out.stdout.len().min(200)])
+            )
+        }),
+    }
+}
+
+/// `ternctl flows --agent-reply TEXT` inside a tern-node pod: asks the agent at `socket` and
+/// returns the JSON to print. TEXT is a flows request (`{"op":"flows",...}` or
+/// `{"op":"flow_aggregates",...}`), answered with the agent's reply; any other request is
+/// refused, so this exec path reads records and nothing else. A bare flow query (what ternctl
+/// sent before aggregates) is answered with the bare flow reply, every page of it.
+pub fn agent_reply(socket: &std::path::Path, text: &str) -> anyhow::Result<String> {
+    use crate::commands::flows;
+    let v: serde_json::Value = serde_json::from_str(text).context("--agent-reply: not JSON")?;
+    if v.get("op").is_none() {
+        let q: FlowQuery = serde_json::from_value(v).context("--agent-reply: a flow query")?;
+        return Ok(serde_json::to_string(&flows::fetch(socket, &q)?)?);
+    }
+    let req: Request = serde_json::from_value(v).context("--agent-reply: a request")?;
+    anyhow::ensure!(
+        matches!(req, Request::Flows(_) | Request::FlowAggregates(_)),
+        "--agent-reply answers flows requests only"
+    );
+    Ok(serde_json::to_string(&flows::call(socket, &req)?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Through a pod's exec only flows requests pass: anything else is refused before any
+    /// socket is touched, and what is not JSON says so.
+    #[test]
+    fn agent_reply_answers_flows_requests_only() {
+        let nowhere = std::path::Path::new("/nonexistent/ternd.sock");
+        for other in [r#"{"op":"status"}"#, r#"{"op":"bgp_status"}"#] {
+            let e = agent_reply(nowhere, other).unwrap_err().to_string();
+            assert!(e.contains("flows requests only"), "{other}: {e}");
+        }
+        let e = agent_reply(nowhere, "{").unwrap_err().to_string();
+        assert!(e.contains("not JSON"), "{e}");
+        let e = agent_reply(nowhere, r#"{"op":"flows","last":"x"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a request"), "{e}");
+        // A flows request goes to the socket (here: none).
+        for ok in [r#"{"op":"flow_aggregates","minutes":1}"#, r#"{"last":1}"#] {
+            let e = format!("{:#}", agent_reply(nowhere, ok).unwrap_err());
+            assert!(e.contains("/nonexistent/ternd.sock"), "{ok}: {e}");
+        }
+    }
 }

@@ -8,7 +8,8 @@
 //! can reach the port but not the agents' sockets reads nothing. The browser is the operator's,
 //! on the node or through `ssh -L`.
 //!
-//! How: a collector thread asks the source (the same fetch as `ternctl flows`, every node) for
+//! How: a collector thread asks the source (the same
+//! [`Follower`](crate::commands::flows::Follower) as `ternctl flows --follow`, every node) for
 //! records after the last ones it saw, once a second, and keeps the newest [`MAX_KEPT`] in a
 //! buffer with its own sequence; the page polls `/api/flows?after=N`. The HTTP side is ours, on
 //! std: two GET routes on loopback, one request per connection, bounded request size and time
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde::Serialize;
-use tern_api::flow::{FlowQuery, FlowRecord, FlowReply};
+use tern_api::flow::FlowRecord;
 
 /// The page.
 const PAGE: &str = include_str!("flows_web.html");
@@ -40,11 +41,9 @@ pub const MAX_CONNECTIONS: usize = 32;
 /// Records per answer to the page.
 const MAX_PER_ANSWER: usize = 1_000;
 
-/// Where records come from: the fetch of `ternctl flows` from every node. It asks each node
-/// with the query the given function makes from the node's name (each node has its own
-/// sequence, so its own cursor), and gives one result per node.
-pub type Source =
-    Box<dyn FnMut(&dyn Fn(&str) -> FlowQuery) -> Vec<anyhow::Result<FlowReply>> + Send>;
+/// Where records come from: one round of a [`Follower`](crate::commands::flows::Follower)
+/// over every node (`ternctl flows`'s agents), giving what is new since the last round.
+pub type Source = Box<dyn FnMut() -> crate::commands::flows::Polled + Send>;
 
 /// One record as the page gets it: the record and the server's sequence number for it.
 #[derive(Serialize)]
@@ -167,40 +166,15 @@ pub fn serve(
 
 /// The collector: asks every node for what is new since its cursor.
 fn collect(source: &mut Source, buf: &Mutex<Buffer>, interval: Duration, stop: &AtomicBool) {
-    let mut cursors: std::collections::BTreeMap<String, u64> = Default::default();
     while !stop.load(Ordering::Relaxed) {
-        let replies = {
-            let cursors = &cursors;
-            source(&|node: &str| match cursors.get(node) {
-                Some(after) => FlowQuery {
-                    after_seq: Some(*after),
-                    ..FlowQuery::default()
-                },
-                None => FlowQuery {
-                    last: Some(MAX_KEPT),
-                    ..FlowQuery::default()
-                },
-            })
-        };
-        let (mut recs, mut errors, mut dropped) = (Vec::new(), Vec::new(), 0);
-        for r in replies {
-            match r {
-                Ok(r) => {
-                    cursors.insert(r.node.clone(), r.last_seq);
-                    dropped += r.dropped;
-                    recs.extend(r.records);
-                }
-                Err(e) => errors.push(format!("{e:#}")),
-            }
-        }
-        recs.sort_by_key(|r: &FlowRecord| r.time);
+        let polled = source();
         {
             let mut b = buf.lock().unwrap_or_else(|p| p.into_inner());
-            for r in recs {
+            for r in polled.records {
                 b.push(r);
             }
-            b.dropped = dropped;
-            b.errors = errors;
+            b.dropped = polled.dropped;
+            b.errors = polled.errors;
         }
         let mut slept = Duration::ZERO;
         while slept < interval && !stop.load(Ordering::Relaxed) {
@@ -315,12 +289,7 @@ mod tests {
     #[test]
     fn buffer_keeps_the_newest() {
         let mut b = Buffer::default();
-        let r: FlowRecord = serde_json::from_str(
-            r#"{"seq":1,"time":"2026-12-05T09:40:01.123Z","node":"n","direction":"ingress",
-            "proto":"tcp","src":{"ip":"10.0.0.1","kind":"outside"},
-            "dst":{"ip":"10.0.0.2","kind":"outside"},"verdict":"allowed","reason":"no-policy"}"#,
-        )
-        .unwrap();
+        let r = FlowRecord::sample();
         for _ in 0..MAX_KEPT + 10 {
             b.push(r.clone());
         }

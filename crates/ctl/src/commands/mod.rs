@@ -5,6 +5,7 @@ pub mod delete;
 pub mod demo;
 pub mod explain;
 pub mod flows;
+pub mod flows_aggregate;
 pub mod flows_kube;
 pub mod flows_web;
 pub mod get;
