@@ -344,6 +344,33 @@ fn op_kind(r: &Request) -> &'static str {
     }
 }
 
+/// How long [`serving`] holds its probe connection open.
+const LIVE_PROBE: Duration = Duration::from_secs(2);
+
+/// Whether an agent serves the socket at `path`. Connecting is not enough: the listening
+/// socket of an agent that was just killed outlives its main thread while its last threads
+/// close their files, and the kernel queues connections on it until then. So the probe stays
+/// connected for `wait`, sending nothing: a live agent holds the connection open (it waits
+/// [`REQUEST_READ_DEADLINE`] for a request), a dying one resets or closes it when its
+/// descriptors go. No connection at all is no agent.
+fn serving(path: &std::path::Path, wait: Duration) -> bool {
+    use std::io::Read;
+    let Ok(mut s) = UnixStream::connect(path) else {
+        return false;
+    };
+    if s.set_read_timeout(Some(wait)).is_err() {
+        return true;
+    }
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        // Closed or reset: the listener went away with its process.
+        Ok(0) => false,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => false,
+        // Held open (or, unasked, it wrote): someone serves.
+        _ => true,
+    }
+}
+
 /// Binds the socket, replacing a stale socket file left by a previous run, but refusing to
 /// steal the socket of a live agent. The socket is bound inside a fresh `0700` directory next
 /// to `path`, given mode `0660` and group `group`, and only then renamed into place: it is never
@@ -374,7 +401,7 @@ pub fn bind(path: &std::path::Path, group: u32) -> anyhow::Result<UnixListener> 
                 path.display()
             );
         }
-        if UnixStream::connect(path).is_ok() {
+        if serving(path, LIVE_PROBE) {
             anyhow::bail!("another ternd is already serving {}", path.display());
         }
         std::fs::remove_file(path)
@@ -656,6 +683,36 @@ mod bind_tests {
         drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
         let l = super::bind(&sock, gid).unwrap();
         assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok());
+        // A live agent's socket (listening, accepting or not) is never taken.
+        let e = super::bind(&sock, gid).unwrap_err().to_string();
+        assert!(e.contains("already serving"), "{e}");
         drop(l);
+    }
+
+    /// A listener whose connections are closed as they come (an agent dying: its last
+    /// threads still hold the socket) is not an agent serving; one that holds them is; a
+    /// socket file nobody listens on is none.
+    #[test]
+    fn only_a_listener_that_holds_the_probe_serves() {
+        use std::os::unix::net::UnixListener;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("ternd.sock");
+        let l = UnixListener::bind(&sock).unwrap();
+        let wait = Duration::from_millis(300);
+        assert!(
+            super::serving(&sock, wait),
+            "a listener that holds the probe"
+        );
+        drop(l);
+        assert!(!super::serving(&sock, wait), "no listener");
+        let dying = dir.path().join("dying.sock");
+        let l = UnixListener::bind(&dying).unwrap();
+        let closer = std::thread::spawn(move || drop(l.accept().unwrap()));
+        assert!(
+            !super::serving(&dying, wait),
+            "a listener closing the probe"
+        );
+        closer.join().unwrap();
     }
 }
