@@ -4,10 +4,12 @@
 //! Modules: [`bench`] (CNI ADD/DEL latency of tern beside the reference plugins, a module per
 //! job), [`netbench`] (cross-node throughput and route convergence in a lab), [`policybench`]
 //! (programming 1,000 policies and the latency of one change, per-packet cost), [`policyprop`]
-//! (cross-node policy propagation). Labs are built with [`tern_lab`]; figures are in
+//! (cross-node policy propagation), [`flowbench`] (flow records kept per second, memory with a
+//! full ring). Labs are built with [`tern_lab`]; figures are in
 //! `docs/benchmarks.md`.
 
 pub mod bench;
+pub mod flowbench;
 pub mod netbench;
 pub mod policybench;
 pub mod policyprop;

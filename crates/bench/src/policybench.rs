@@ -51,7 +51,8 @@ pub struct PolicyBenchReport {
     pub policy_path: String,
 }
 
-struct Netns(String);
+/// A named network namespace (`ip netns add` done by the caller), deleted when dropped.
+pub(crate) struct Netns(pub(crate) String);
 
 impl Drop for Netns {
     fn drop(&mut self) {
@@ -59,7 +60,7 @@ impl Drop for Netns {
     }
 }
 
-fn nft(ns: &str, script: &str) -> anyhow::Result<()> {
+pub(crate) fn nft(ns: &str, script: &str) -> anyhow::Result<()> {
     let mut c = Command::new("ip")
         .args(["netns", "exec", ns, "nft", "-f", "-"])
         .stdin(Stdio::piped())
@@ -101,7 +102,7 @@ fn endpoint(i: u32, node: &str) -> Endpoint {
     }
 }
 
-fn policy(i: u32, ipblocks: bool) -> Resource {
+pub(crate) fn policy(i: u32, ipblocks: bool) -> Resource {
     let mut ingress = vec![Rule {
         action: Action::Allow,
         protocol: Some(Protocol::Tcp),
@@ -343,7 +344,7 @@ struct RecordsReader {
 }
 
 /// The policy model the records resolve against: the benchmark's own.
-struct BenchModel(PolicySet);
+pub(crate) struct BenchModel(pub(crate) PolicySet);
 
 impl tern_agent::flows::FlowModel for BenchModel {
     fn with_policy_set(&self, f: &mut dyn FnMut(&PolicySet)) {

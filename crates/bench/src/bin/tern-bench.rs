@@ -36,6 +36,25 @@ enum Cmd {
     /// Policy propagation: a NetworkPolicy's write to every node enforcing it, and its delete
     /// to traffic flowing again (3-node lab).
     PolicyPropagation(PolicyPropagationArgs),
+    /// Flow records: records/s the flow service keeps (kernel NFLOG in a private namespace,
+    /// and userspace only), and memory with a full ring.
+    Flows(FlowsArgs),
+}
+
+#[derive(Args)]
+struct FlowsArgs {
+    /// Seconds per measurement (each kernel and each userspace workload).
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// Records of the large ring measured for memory (the default 10,000 is measured too).
+    #[arg(long, default_value_t = 100_000)]
+    ring: usize,
+    /// Endpoints of the policy model (at most 1,000).
+    #[arg(long, default_value_t = 1000)]
+    endpoints: u32,
+    /// Policies of the policy model.
+    #[arg(long, default_value_t = 300)]
+    policies: u32,
 }
 
 #[derive(Args)]
@@ -215,6 +234,17 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             let table = tern_bench::policybench::render(&o, &r);
             print!("{table}");
             return Ok(!table.contains("MISS"));
+        }
+        Cmd::Flows(a) => {
+            let o = tern_bench::flowbench::FlowBenchOptions {
+                seconds: a.seconds,
+                ring: a.ring,
+                endpoints: a.endpoints,
+                policies: a.policies,
+            };
+            let r = tern_bench::flowbench::run_flows(&o)?;
+            print!("{}", tern_bench::flowbench::render(&o, &r));
+            return Ok(true);
         }
         Cmd::PolicyPropagation(a) => {
             let mut o =
