@@ -30,6 +30,16 @@
 //!    source named as node1's host, and one from a pod to the control plane's address (no node,
 //!    no pod) with its destination named as outside.
 //!
+//! 4. **Random policies** (issue 21): [`RANDOM_ROUNDS`] seeded rounds (the seed is printed;
+//!    `TERN_RANDOM_SEED=0x...` replays it) of one to four random Kubernetes NetworkPolicies
+//!    over the same pods, drawn from the lab's own namespaces, labels, named ports and
+//!    addresses and judged by the independent evaluator of `crates/policy/tests/randpol`
+//!    (its `World` built from the lab). Each round's policies replace the previous round's
+//!    (`kubectl apply`); the probes (TCP 80 and 81, pod and Service addresses) must show the
+//!    evaluator's matrix, `explain` on the Kubernetes datastore must give every pod-to-pod
+//!    cell the evaluator's verdict and cause in each direction, and every probe's last
+//!    connection on record (through the API server) the verdict the probe saw and that cause.
+//!
 //! The servers are the upstream e2e image `agnhost` (`netexec`: HTTP and UDP servers that
 //! answer their hostname; the probes ask as netexec's `/dial` does); `scripts/k8s-e2e.sh` builds it
 //! and the lab imports it on every node. Needs root, the components of
@@ -54,6 +64,8 @@ use tern_lab::kube::probe::{self, Dial};
 use tern_lab::netpol;
 
 mod common;
+#[path = "../../policy/tests/randpol/mod.rs"]
+mod randpol;
 use common::flow_check::{self, Latest, Named, Probed};
 use common::kube_lab::KubeLab;
 
@@ -1274,6 +1286,313 @@ fn host_and_outside(c: &Cluster, m: &Model) -> Result<String, String> {
     }
 }
 
+// ---------------------------------------------------------------- part 4
+
+/// Rounds of random policies.
+const RANDOM_ROUNDS: usize = 4;
+/// The seed of a run without `TERN_RANDOM_SEED`.
+const RANDOM_SEED: u64 = 0x6b72_616e_6421_0021;
+/// The ports the random rounds probe (TCP; the servers' ports).
+const RANDOM_PORTS: [u16; 2] = [80, 81];
+
+/// `TERN_RANDOM_SEED` (decimal or `0x` hex) or [`RANDOM_SEED`].
+fn random_seed() -> u64 {
+    let Ok(s) = std::env::var("TERN_RANDOM_SEED") else {
+        return RANDOM_SEED;
+    };
+    let s = s.trim();
+    let v = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    match v {
+        Ok(v) if v != 0 => v,
+        _ => panic!("TERN_RANDOM_SEED={s:?}: want a non-zero decimal or 0x hex number"),
+    }
+}
+
+/// A string of `'static` life (the evaluator's names and nets; a few per run).
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+fn l4_protocol(l4: L4) -> tern_model::Protocol {
+    match l4 {
+        L4::Tcp => tern_model::Protocol::Tcp,
+        L4::Udp => tern_model::Protocol::Udp,
+        L4::Sctp => tern_model::Protocol::Sctp,
+    }
+}
+
+/// The lab's model as the evaluator's world, without policies: its namespaces' labels, its
+/// pods (in matrix order) with their labels, addresses and named ports.
+fn random_world(m: &Model) -> randpol::World {
+    let ns_labels = m
+        .ns_labels
+        .iter()
+        .map(|(ns, l)| {
+            let mut l = l.clone();
+            l.insert("kubernetes.io/metadata.name".into(), ns.clone());
+            (leak(ns), l)
+        })
+        .collect();
+    let ports: Vec<_> = m
+        .l4s
+        .iter()
+        .flat_map(|&l4| {
+            [80u16, 81].map(|p| {
+                (
+                    leak(&format!("serve-{p}-{}", l4.record())),
+                    l4_protocol(l4),
+                    p,
+                )
+            })
+        })
+        .collect();
+    let pods = m
+        .cols
+        .iter()
+        .map(|id| {
+            let (ns, name) = id.split_once('/').unwrap();
+            randpol::Pod {
+                ns: leak(ns),
+                name: name.to_string(),
+                labels: m.pod_labels[id].clone(),
+                ip: m.pod_ip[id].parse().unwrap(),
+                ports: ports.clone(),
+            }
+        })
+        .collect();
+    randpol::World {
+        ns_labels,
+        pods,
+        pols: Vec::new(),
+    }
+}
+
+/// One label of a random pod of `w` (none: every pod), as a selector.
+fn random_pod_selector(r: &mut tern_testkit::rng::Rng, w: &randpol::World) -> randpol::Labels {
+    if r.chance(25) {
+        return randpol::Labels::new();
+    }
+    let pod = &w.pods[r.below(w.pods.len())];
+    let l: Vec<_> = pod.labels.iter().collect();
+    let (k, v) = l[r.below(l.len())];
+    randpol::Labels::from([(k.clone(), v.clone())])
+}
+
+/// One label of a random namespace of `w` (none: every namespace), as a selector.
+fn random_ns_selector(r: &mut tern_testkit::rng::Rng, w: &randpol::World) -> randpol::Labels {
+    if r.chance(25) {
+        return randpol::Labels::new();
+    }
+    let l: Vec<_> = w.ns_labels.values().flat_map(|l| l.iter()).collect();
+    let (k, v) = l[r.below(l.len())];
+    randpol::Labels::from([(k.clone(), v.clone())])
+}
+
+/// A random Kubernetes rule over the lab: pod and namespace selectors of its labels, ipBlocks
+/// of its addresses (the pods' /16 less one pod's /24; one pod's /32; an outside net), TCP
+/// ports probed or not, by number, range or name, and UDP ones (never matching a probe).
+fn random_lab_rule(r: &mut tern_testkit::rng::Rng, w: &randpol::World) -> randpol::K8sRule {
+    use randpol::{Peer, PortSpec};
+    use tern_model::Protocol;
+    let net = |ip: std::net::Ipv4Addr, len: u8| {
+        leak(&ipnet::Ipv4Net::new(ip, len).unwrap().trunc().to_string())
+    };
+    let peers = (0..r.below(3))
+        .map(|_| match r.below(5) {
+            0 => {
+                let ip = w.pods[r.below(w.pods.len())].ip;
+                let except = if r.chance(50) {
+                    vec![net(ip, 24)]
+                } else {
+                    vec![]
+                };
+                Peer::Block(net(ip, 16), except)
+            }
+            1 => {
+                let one = net(w.pods[r.below(w.pods.len())].ip, 32);
+                Peer::Block(r.pick(&[one, "192.0.2.0/24"]), vec![])
+            }
+            _ => {
+                let ns = r.chance(50).then(|| random_ns_selector(r, w));
+                let pods = (ns.is_none() || r.chance(50)).then(|| random_pod_selector(r, w));
+                Peer::Pods { ns, pods }
+            }
+        })
+        .collect();
+    let ports = (0..r.below(3))
+        .map(|_| {
+            let proto = r.pick(&[Protocol::Tcp, Protocol::Tcp, Protocol::Udp]);
+            let spec = r.chance(80).then(|| match r.below(5) {
+                0 => PortSpec::Range(80, 80),
+                1 => PortSpec::Range(81, 81),
+                2 => PortSpec::Range(81, 8080),
+                3 => PortSpec::Named("serve-80-tcp"),
+                _ => PortSpec::Named(r.pick(&["serve-81-tcp", "serve-80-udp"])),
+            });
+            (proto, spec)
+        })
+        .collect();
+    randpol::K8sRule { peers, ports }
+}
+
+/// One to four random Kubernetes NetworkPolicies over the lab, named `rand<round>-<i>`.
+fn random_lab_policies(
+    r: &mut tern_testkit::rng::Rng,
+    w: &randpol::World,
+    round: usize,
+) -> Vec<randpol::Pol> {
+    let namespaces: Vec<&'static str> = w.ns_labels.keys().copied().collect();
+    (0..1 + r.below(4))
+        .map(|i| {
+            let ns = r.pick(&namespaces);
+            let pods = random_pod_selector(r, w);
+            let (ingress, egress) = r.pick(&[(true, false), (false, true), (true, true)]);
+            let mut rules =
+                |on: bool| on.then(|| (0..r.below(3)).map(|_| random_lab_rule(r, w)).collect());
+            let ingress = rules(ingress);
+            let egress = rules(egress);
+            randpol::Pol {
+                kind: tern_model::Kind::K8sNetworkPolicy,
+                ns: Some(ns),
+                name: format!("rand{round}-{i}"),
+                body: randpol::Body::K8s {
+                    pods,
+                    ingress,
+                    egress,
+                },
+            }
+        })
+        .collect()
+}
+
+/// The TCP flow of the probe from pod `i` to pod `j` on `port`.
+fn random_flow(w: &randpol::World, i: usize, j: usize, port: u16) -> tern_policy::Flow {
+    tern_policy::Flow {
+        src: w.pods[i].ip.into(),
+        dst: w.pods[j].ip.into(),
+        protocol: tern_model::Protocol::Tcp,
+        dst_port: port,
+    }
+}
+
+/// explain's answer for `cell` against the evaluator's, direction by direction (verdict,
+/// reason, policies with the deciding rule). Problems, one line each.
+fn explain_vs_evaluator(w: &randpol::World, t: &Table, e: &Explains) -> Vec<String> {
+    let f = random_flow(w, e.cell.from, e.cell.to, t.port);
+    [
+        (tern_policy::Direction::Egress, &e.explanation.egress),
+        (tern_policy::Direction::Ingress, &e.explanation.ingress),
+    ]
+    .into_iter()
+    .filter_map(|(dir, d)| {
+        let (allowed, reason, policies) = w.cause(&f, dir);
+        let want = (allowed, reason.to_string(), policies);
+        let (reason, policies) = flow_check::explained_cause(d);
+        let got = (d.verdict.is_allowed(), reason, policies);
+        (got != want).then(|| {
+            format!(
+                "TCP/{} {} -> {} {dir:?}: explain {got:?}, evaluator {want:?}",
+                t.port, w.pods[e.cell.from].name, w.pods[e.cell.to].name
+            )
+        })
+    })
+    .collect()
+}
+
+/// Part 4. Problems, one line each (a round's lines name the seed and its policies).
+fn random_policies(c: &Cluster, m: &Model) -> Vec<String> {
+    let seed = random_seed();
+    println!("netpol random: seed {seed:#x} (replay with TERN_RANDOM_SEED={seed:#x})");
+    let t0 = Instant::now();
+    let mut r = tern_testkit::rng::Rng(seed);
+    let mut w = random_world(m);
+    let mut explained = Explained::default();
+    let (mut probes_ok, mut probes, mut agreed) = (0, 0, 0);
+    let mut problems = Vec::new();
+    for round in 0..RANDOM_ROUNDS {
+        w.pols = random_lab_policies(&mut r, &w, round);
+        let docs: Vec<_> = w.pols.iter().map(randpol::policy_json).collect();
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+        let mut round_problems = Vec::new();
+        let applied = c
+            .kubectl(&["delete", "networkpolicy", "--all", "--all-namespaces"])
+            .and_then(|_| c.try_apply(&format!("random-{round}"), &list.to_string()));
+        if let Err(e) = applied {
+            round_problems.push(e);
+        }
+        let n = w.pods.len();
+        let tables: Vec<Table> = RANDOM_PORTS
+            .iter()
+            .map(|&port| Table {
+                l4: L4::Tcp,
+                port,
+                want: (0..n)
+                    .map(|i| {
+                        (0..n)
+                            .map(|j| w.allowed(&random_flow(&w, i, j, port)))
+                            .collect()
+                    })
+                    .collect(),
+            })
+            .collect();
+        let since = tern_ctl::commands::flows::now_ms();
+        let (diffs, ok, total, wrong) = wait_tables(c, m, &tables);
+        probes_ok += ok;
+        probes += total;
+        round_problems.extend(diffs.iter().cloned());
+        if diffs.is_empty() && round_problems.is_empty() {
+            let policies: std::collections::BTreeSet<String> = w
+                .pols
+                .iter()
+                .map(|p| format!("{}/{}", p.ns.unwrap_or(""), p.name))
+                .collect();
+            // The ternctl binary once per run (its JSON is the library's answer).
+            let mut cli_done = round > 0;
+            let mut cells = Vec::new();
+            round_problems.extend(explain_step(
+                c,
+                m,
+                (&tables, &wrong),
+                (&policies, &mut cli_done),
+                &mut explained,
+                &mut cells,
+            ));
+            for e in &cells {
+                let p = explain_vs_evaluator(&w, &tables[e.cell.table], e);
+                if p.is_empty() {
+                    agreed += 1;
+                }
+                round_problems.extend(p);
+            }
+            round_problems.extend(records_step(c, m, &tables, &cells, since, &mut explained));
+        }
+        if !round_problems.is_empty() {
+            let shown = round_problems.len().min(12);
+            problems.push(format!(
+                "random round {round} (seed {seed:#x}): {} problems:\n  {}\n  policies: {}",
+                round_problems.len(),
+                round_problems[..shown].join("\n  "),
+                list
+            ));
+        }
+    }
+    if let Err(e) = c.kubectl(&["delete", "networkpolicy", "--all", "--all-namespaces"]) {
+        problems.push(format!("random: deleting the policies: {e}"));
+    }
+    println!(
+        "netpol random policies: {RANDOM_ROUNDS} rounds (seed {seed:#x}), {probes_ok}/{probes} probes as the evaluator wants; {agreed}/{} pod-to-pod cells ({} denied) explained as the evaluator does; {} records agreed with the probes and the evaluator; {} rounds failed; {:.1}s",
+        explained.cells,
+        explained.denied,
+        explained.records,
+        problems.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    problems
+}
+
 // ---------------------------------------------------------------- part 2
 
 const SVC_NS: &str = "svc";
@@ -1612,6 +1931,7 @@ fn netpol_conformance_and_service_policy_through_kubectl() {
         Ok(l) => println!("netpol records: {l}"),
         Err(e) => problems.push(format!("host and outside records: {e}")),
     }
+    problems.extend(random_policies(&c, &m));
     match service_policy(&c) {
         Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
         Err(p) => problems.extend(p),
