@@ -1,7 +1,9 @@
 //! The NFLOG reader on the real kernel, in a private network namespace: a rule with
 //! `log prefix ... group N snaplen 96` logs packets sent inside the namespace, and the reader
 //! gets each one with its prefix, interface and headers, numbered without gaps; a reader that
-//! falls behind a small buffer sees the kernel's losses counted, not lost silently.
+//! falls behind a small buffer sees the kernel's losses counted, not lost silently; after an
+//! overflow of the default buffer the socket drops everything until read empty, then
+//! receives again, the gap counting what it dropped.
 //! Root and `nft` only.
 
 use std::net::{IpAddr, UdpSocket};
@@ -117,4 +119,102 @@ fn a_reader_that_falls_behind_counts_what_the_kernel_dropped() {
         flood as u64 + 1,
         "every event is delivered or counted as lost"
     );
+}
+
+/// Far more events than the agent's 4 MiB buffer holds (about 60,000).
+const FLOOD: usize = 100_000;
+
+/// A namespace logging to `group` and a socket on it with the agent's configuration.
+fn with_agent_config(tag: &str, group: u16) -> (Netns, NflogSocket) {
+    let ns = setup(tag, group);
+    let sock = ns
+        .run(|| NflogSocket::open(&NflogConfig::new(group)))
+        .unwrap();
+    (ns, sock)
+}
+
+#[test]
+fn the_reader_keeps_receiving_after_its_buffer_overflowed() {
+    // The agent's configuration (4 MiB buffer, batches of 32), one sender socket with fixed
+    // ports: one conntrack entry, so only the socket buffer can be the limit.
+    let (ns, mut sock) = with_agent_config("nflogovf", 9);
+    let flood = FLOOD;
+    let t = Instant::now();
+    send(&ns, "127.0.0.1:0", "127.0.0.1:9", flood);
+    let sent_in = t.elapsed();
+    let (events, sum) = read(&mut sock, flood);
+    eprintln!(
+        "flood of {flood} in {sent_in:?}: {} delivered, {} lost, {} overruns",
+        events.len(),
+        sum.lost,
+        sum.overruns
+    );
+    assert!(
+        sum.overruns > 0 || sum.lost > 0,
+        "a 4 MiB buffer kept all {flood} events?"
+    );
+    assert!(sum.overruns > 0, "the overflow was reported (ENOBUFS)");
+    // After the drain the socket receives again: 10 more all arrive, numbered on.
+    send(&ns, "127.0.0.1:0", "127.0.0.1:9", 10);
+    let (more, s2) = read(&mut sock, 10);
+    eprintln!(
+        "after the drain: {} of 10 delivered, {} lost, {} overruns, seqs {:?}",
+        more.len(),
+        s2.lost,
+        s2.overruns,
+        more.iter().map(|e| e.seq).collect::<Vec<_>>()
+    );
+    assert_eq!(more.len(), 10, "events after an overflow arrive");
+    let first = more[0].seq.expect("numbered");
+    for (i, e) in more.iter().enumerate() {
+        assert_eq!(e.seq, Some(first + i as u32), "numbered on without gaps");
+    }
+    assert_eq!(
+        events.len() as u64 + sum.lost + s2.lost + 10,
+        flood as u64 + 10,
+        "every event before them is delivered or counted as lost"
+    );
+    assert_eq!(
+        first as usize, flood,
+        "the sequence continues after the flood"
+    );
+}
+
+#[test]
+fn after_an_overflow_the_socket_drops_until_its_queue_is_read_empty() {
+    // The kernel's netlink congestion: an overflow marks the socket congested, and until the
+    // reader has emptied its queue every new message is dropped, room or not. Under a steady
+    // flood a reader slower than the sender so hears nothing new until it caught up, and the
+    // drops show only as the gap before the next event delivered.
+    let (ns, mut sock) = with_agent_config("nflogcong", 10);
+    let flood = FLOOD;
+    send(&ns, "127.0.0.1:0", "127.0.0.1:9", flood);
+    // One batch read: room for more, but the queue is not empty.
+    let mut got = Vec::new();
+    let mut sum = NflogBatch::default();
+    while got.is_empty() {
+        let b = sock.recv(Duration::from_millis(300)).unwrap();
+        sum.overruns += b.overruns;
+        got.extend(b.events);
+    }
+    send(&ns, "127.0.0.1:0", "127.0.0.1:9", 10);
+    // Past the kernel's 50 ms flush: the 10 were handed to the socket (or dropped) by now.
+    std::thread::sleep(Duration::from_millis(200));
+    let (rest, s) = read(&mut sock, flood + 10);
+    got.extend(rest);
+    sum.overruns += s.overruns;
+    let late = got.iter().filter(|e| e.seq >= Some(flood as u32)).count();
+    eprintln!(
+        "{} delivered, {} overruns, {late} of the 10 sent while congested",
+        got.len(),
+        sum.overruns
+    );
+    assert!(sum.overruns > 0, "the flood overflowed the buffer");
+    assert_eq!(late, 0, "sent while the queue was not empty: dropped");
+    // Once read empty, the socket takes messages again; the gap counts the drops.
+    send(&ns, "127.0.0.1:0", "127.0.0.1:9", 10);
+    let (more, s2) = read(&mut sock, 10);
+    assert_eq!(more.len(), 10);
+    assert_eq!(more[0].seq, Some(flood as u32 + 10));
+    assert_eq!(got.len() as u64 + s2.lost, flood as u64 + 10);
 }
