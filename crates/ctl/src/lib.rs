@@ -168,7 +168,7 @@ fn run_flows(args: &cli::FlowsArgs, store_url: Option<&str>) -> anyhow::Result<i
             .first()
             .cloned()
             .unwrap_or_else(|| std::path::PathBuf::from(tern_api::DEFAULT_SOCKET));
-        println!("{}", commands::flows_kube::agent_reply(&socket, request)?);
+        println!("{}", commands::flows::agent_reply(&socket, request)?);
         return Ok(0);
     }
     let agents = flows::agents(&args.socket, &args.lab, store_url)?;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context;
 use tern_api::flow::{
     AggregateQuery, AggregateReply, FlowDirection, FlowEnd, FlowQuery, FlowRecord, FlowReply,
     FlowVerdict,
@@ -460,6 +461,52 @@ pub fn last(mut records: Vec<FlowRecord>, n: Option<usize>) -> Vec<FlowRecord> {
         records.drain(..records.len() - n);
     }
     records
+}
+
+/// `ternctl flows --agent-reply TEXT` inside a tern-node pod: asks the agent at `socket` and
+/// returns the JSON to print. TEXT is a flows request (`{"op":"flows",...}` or
+/// `{"op":"flow_aggregates",...}`), answered with the agent's reply; any other request is
+/// refused, so this exec path reads records and nothing else. A bare flow query (what ternctl
+/// sent before aggregates) is answered with the bare flow reply, every page of it.
+pub fn agent_reply(socket: &std::path::Path, text: &str) -> anyhow::Result<String> {
+    let v: serde_json::Value = serde_json::from_str(text).context("--agent-reply: not JSON")?;
+    if v.get("op").is_none() {
+        let q: FlowQuery = serde_json::from_value(v).context("--agent-reply: a flow query")?;
+        return Ok(serde_json::to_string(&fetch(socket, &q)?)?);
+    }
+    let req: Request = serde_json::from_value(v).context("--agent-reply: a request")?;
+    anyhow::ensure!(
+        matches!(req, Request::Flows(_) | Request::FlowAggregates(_)),
+        "--agent-reply answers flows requests only"
+    );
+    Ok(serde_json::to_string(&call(socket, &req)?)?)
+}
+
+#[cfg(test)]
+mod agent_reply_tests {
+    use super::*;
+
+    /// Through a pod's exec only flows requests pass: anything else is refused before any
+    /// socket is touched, and what is not JSON says so.
+    #[test]
+    fn agent_reply_answers_flows_requests_only() {
+        let nowhere = std::path::Path::new("/nonexistent/ternd.sock");
+        for other in [r#"{"op":"status"}"#, r#"{"op":"bgp_status"}"#] {
+            let e = agent_reply(nowhere, other).unwrap_err().to_string();
+            assert!(e.contains("flows requests only"), "{other}: {e}");
+        }
+        let e = agent_reply(nowhere, "{").unwrap_err().to_string();
+        assert!(e.contains("not JSON"), "{e}");
+        let e = agent_reply(nowhere, r#"{"op":"flows","last":"x"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a request"), "{e}");
+        // A flows request goes to the socket (here: none).
+        for ok in [r#"{"op":"flow_aggregates","minutes":1}"#, r#"{"last":1}"#] {
+            let e = format!("{:#}", agent_reply(nowhere, ok).unwrap_err());
+            assert!(e.contains("/nonexistent/ternd.sock"), "{ok}: {e}");
+        }
+    }
 }
 
 #[cfg(test)]
