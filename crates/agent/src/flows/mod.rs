@@ -177,7 +177,10 @@ impl Flows {
 
     /// The answer to an aggregate query (`Request::FlowAggregates`).
     pub fn aggregate_reply(&self, q: &AggregateQuery) -> AggregateReply {
-        self.state.lock().unwrap().aggregates.reply(&self.node, q)
+        // Under the lock only the copy of the selected minutes: `take` waits on this lock,
+        // and the NFLOG socket drops what it cannot buffer meanwhile.
+        let minutes = self.state.lock().unwrap().aggregates.select(q);
+        aggregate::reply_of(&self.node, minutes)
     }
 
     /// The per-minute aggregates kept now, oldest first.
