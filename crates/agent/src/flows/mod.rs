@@ -21,7 +21,7 @@
 //! source port, which no rule reads), for one model generation ([`FlowModel::generation`], read
 //! without the lock; any change of the model moves it and empties the cache). A batch whose
 //! events all hit takes no model lock at all; one with misses takes it once, as before. Hits
-//! and misses are counted (`tern_flows_resolve_cache_{hits,misses}_total`).
+//! and misses are counted (`tern_flow_resolve_cache_{hits,misses}_total`).
 //!
 //! Memory is bounded whatever the flood: the ring ([`FlowsConfig::ring`] records), the
 //! aggregates (minutes x keys, the rest counted as overflow), denies per policy (1,000 names,
@@ -424,12 +424,12 @@ impl Flows {
                 &s.malformed,
             ),
             (
-                "tern_flows_resolve_cache_hits_total",
+                "tern_flow_resolve_cache_hits_total",
                 "Flow records resolved from the cache (the policy model unchanged since).",
                 &s.cache_hits,
             ),
             (
-                "tern_flows_resolve_cache_misses_total",
+                "tern_flow_resolve_cache_misses_total",
                 "Flow records resolved against the policy model (under its lock).",
                 &s.cache_misses,
             ),
@@ -744,8 +744,8 @@ mod tests {
         f.render_metrics("n1", &mut page);
         let text = page.into_string();
         crate::metrics::exposition::check(&text).unwrap();
-        assert!(text.contains("tern_flows_resolve_cache_hits_total{node=\"n1\"} 10\n"));
-        assert!(text.contains("tern_flows_resolve_cache_misses_total{node=\"n1\"} 10\n"));
+        assert!(text.contains("tern_flow_resolve_cache_hits_total{node=\"n1\"} 10\n"));
+        assert!(text.contains("tern_flow_resolve_cache_misses_total{node=\"n1\"} 10\n"));
     }
 
     /// Events of one batch with one key resolve once; distinct keys past the bound keep the
