@@ -315,7 +315,11 @@ impl Flows {
             s.cache_hits.fetch_add(hits, Ordering::Relaxed);
             s.cache_misses.fetch_add(misses, Ordering::Relaxed);
         }
-        out.into_iter().flatten().collect()
+        // Every slot is filled: the hits above, the misses under the model lock. A hole would
+        // shift every later record onto another event's packet in `take`.
+        out.into_iter()
+            .map(|r| r.expect("resolved under the model lock"))
+            .collect()
     }
 
     /// Starts the reader thread: binds the group in this network namespace (again after a
