@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write;
 
 use tern_api::flow::{
-    AggregateMinute, AggregateQuery, AggregateReply, AggregateRow, FlowDirection, FlowRecord,
-    FlowVerdict, MAX_AGGREGATE_REPLY_BYTES,
+    AggregateMinute, AggregateQuery, AggregateReply, AggregateRow, FlowDirection, FlowPolicy,
+    FlowRecord, FlowVerdict, MAX_AGGREGATE_REPLY_BYTES,
 };
 
 /// What one aggregate counts: the ends by namespace (or kind), the port, the direction, the
@@ -30,11 +30,20 @@ fn side(e: &tern_api::flow::FlowEnd) -> String {
     }
 }
 
+/// Writes `Kind/namespace/name` of `p` (no namespace for a global policy) to `out`.
+fn write_policy_id(out: &mut String, p: &FlowPolicy) {
+    let _ = match &p.namespace {
+        Some(ns) => write!(out, "{}/{ns}/{}", p.kind, p.name),
+        None => write!(out, "{}/{}", p.kind, p.name),
+    };
+}
+
 /// `Kind/namespace/name` of a record's first policy.
-pub fn policy_id(r: &FlowRecord) -> Option<String> {
-    r.policies.first().map(|p| match &p.namespace {
-        Some(ns) => format!("{}/{ns}/{}", p.kind, p.name),
-        None => format!("{}/{}", p.kind, p.name),
+fn policy_id(r: &FlowRecord) -> Option<String> {
+    r.policies.first().map(|p| {
+        let mut id = String::new();
+        write_policy_id(&mut id, p);
+        id
     })
 }
 
@@ -249,10 +258,7 @@ impl Counts {
         }
         for p in &r.policies {
             self.id.clear();
-            let _ = match &p.namespace {
-                Some(ns) => write!(self.id, "{}/{ns}/{}", p.kind, p.name),
-                None => write!(self.id, "{}/{}", p.kind, p.name),
-            };
+            write_policy_id(&mut self.id, p);
             if let Some(c) = self.denies.get_mut(self.id.as_str()) {
                 *c += 1;
             } else if self.denies.len() < MAX_POLICY_KEYS {

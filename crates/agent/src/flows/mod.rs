@@ -183,17 +183,6 @@ impl Flows {
         aggregate::reply_of(&self.node, minutes)
     }
 
-    /// The per-minute aggregates kept now, oldest first.
-    pub fn aggregates(&self) -> Vec<aggregate::Minute> {
-        self.state
-            .lock()
-            .unwrap()
-            .aggregates
-            .minutes()
-            .cloned()
-            .collect()
-    }
-
     /// Takes one batch from the reader: counts the kernel's losses, samples, resolves what is
     /// kept (from the cache, else against the model: one lock of it for the batch's misses)
     /// and keeps the records.
