@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use tern_api::flow::{
     AggregateMinute, AggregateQuery, AggregateReply, AggregateRow, FlowDirection, FlowPolicy,
-    FlowRecord, FlowVerdict, MAX_AGGREGATE_REPLY_BYTES,
+    FlowRecord, FlowVerdict, MAX_FLOW_REPLY_BYTES,
 };
 
 /// What one aggregate counts: the ends by namespace (or kind), the port, the direction, the
@@ -138,11 +138,11 @@ impl Aggregates {
 }
 
 /// The reply of node `node` with `minutes` (oldest first, as [`Aggregates::select`] gives
-/// them), each minute's rows most counted first. At most [`MAX_AGGREGATE_REPLY_BYTES`] of
+/// them), each minute's rows most counted first. At most [`MAX_FLOW_REPLY_BYTES`] of
 /// JSON, filled from the newest minute back: rows past the bound are summed into their
 /// minute's `overflow`, and the reply says `truncated`.
 pub fn reply_of(node: &str, minutes: Vec<Minute>) -> AggregateReply {
-    let mut budget = MAX_AGGREGATE_REPLY_BYTES;
+    let mut budget = MAX_FLOW_REPLY_BYTES;
     let mut truncated = false;
     let mut out: Vec<AggregateMinute> = Vec::with_capacity(minutes.len());
     // One buffer to size every row in.
