@@ -48,23 +48,11 @@ pub fn recording_agent_args() -> Vec<String> {
         .to_vec()
 }
 
-/// An explained direction's cause, written as [`record_cause`] writes a record's.
+/// An explained direction's cause ([`DirectionExplanation::flow_cause`]), written as
+/// [`record_cause`] writes a record's.
 pub fn explained_cause(d: &DirectionExplanation) -> (String, Vec<String>) {
-    let mut ps: Vec<String> = d
-        .policies
-        .iter()
-        .map(|p| {
-            format!(
-                "{}/{}/{} {}",
-                p.kind.as_str(),
-                p.namespace.as_deref().unwrap_or(""),
-                p.name,
-                p.rule.map(|r| r.to_string()).unwrap_or_default()
-            )
-        })
-        .collect();
-    ps.sort();
-    (d.reason.as_str().to_string(), ps)
+    let c = d.flow_cause();
+    (c.reason.as_str().to_string(), policy_names(&c.policies))
 }
 
 type Key = (FlowDirection, IpAddr, IpAddr, String, Option<u16>);
