@@ -31,9 +31,10 @@
 //!    no pod) with its destination named as outside.
 //!
 //! 4. **Random policies** (issue 21): [`RANDOM_ROUNDS`] seeded rounds (the seed is printed;
-//!    `TERN_RANDOM_SEED=0x...` replays it) of one to four random Kubernetes NetworkPolicies
-//!    over the same pods, drawn from the lab's own namespaces, labels, named ports and
-//!    addresses and judged by the independent evaluator of `crates/policy/tests/randpol`
+//!    `TERN_RANDOM_SEED=0x...` replays it, `TERN_RANDOM_SEED=clock` draws a new one) of one
+//!    to four random Kubernetes NetworkPolicies over the same pods, drawn from the lab's own
+//!    namespaces, labels, named ports and addresses and judged by the independent evaluator
+//!    of `crates/policy/tests/randpol`
 //!    (its `World` built from the lab). Each round's policies replace the previous round's
 //!    (`kubectl apply`); the probes (TCP 80 and 81, pod and Service addresses) must show the
 //!    evaluator's matrix, `explain` on the Kubernetes datastore must give every pod-to-pod
@@ -1295,22 +1296,6 @@ const RANDOM_SEED: u64 = 0x6b72_616e_6421_0021;
 /// The ports the random rounds probe (TCP; the servers' ports).
 const RANDOM_PORTS: [u16; 2] = [80, 81];
 
-/// `TERN_RANDOM_SEED` (decimal or `0x` hex) or [`RANDOM_SEED`].
-fn random_seed() -> u64 {
-    let Ok(s) = std::env::var("TERN_RANDOM_SEED") else {
-        return RANDOM_SEED;
-    };
-    let s = s.trim();
-    let v = match s.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => s.parse(),
-    };
-    match v {
-        Ok(v) if v != 0 => v,
-        _ => panic!("TERN_RANDOM_SEED={s:?}: want a non-zero decimal or 0x hex number"),
-    }
-}
-
 /// A string of `'static` life (the evaluator's names and nets; a few per run).
 fn leak(s: &str) -> &'static str {
     Box::leak(s.to_string().into_boxed_str())
@@ -1504,7 +1489,7 @@ fn explain_vs_evaluator(w: &randpol::World, t: &Table, e: &Explains) -> Vec<Stri
 
 /// Part 4. Problems, one line each (a round's lines name the seed and its policies).
 fn random_policies(c: &Cluster, m: &Model) -> Vec<String> {
-    let seed = random_seed();
+    let seed = common::random_seed(RANDOM_SEED);
     println!("netpol random: seed {seed:#x} (replay with TERN_RANDOM_SEED={seed:#x})");
     let t0 = Instant::now();
     let mut r = tern_testkit::rng::Rng(seed);

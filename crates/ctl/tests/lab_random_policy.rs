@@ -74,34 +74,6 @@ type Keys = Vec<(Kind, Option<String>, String)>;
 /// `egress[0]`, a Pass whose notNets excluded the pod, where the evaluator said `egress[2]`).
 const DEFAULT_SEED: u64 = 0x2e31_c929_c1b2_4d55;
 
-/// The seed: `TERN_RANDOM_SEED` (decimal or `0x` hex; `clock` for a new one each run) or
-/// [`DEFAULT_SEED`].
-fn seed() -> u64 {
-    match std::env::var("TERN_RANDOM_SEED").as_deref() {
-        Err(_) => DEFAULT_SEED,
-        Ok("clock") => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            // splitmix64's finaliser: close clocks give unrelated seeds.
-            let mut x = t.as_nanos() as u64;
-            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (x ^ (x >> 31)) | 1
-        }
-        Ok(s) => {
-            let s = s.trim();
-            let v = match s.strip_prefix("0x") {
-                Some(h) => u64::from_str_radix(h, 16),
-                None => s.parse(),
-            };
-            let v = v.unwrap_or_else(|e| panic!("TERN_RANDOM_SEED={s:?}: {e}"));
-            assert!(v != 0, "TERN_RANDOM_SEED must not be 0");
-            v
-        }
-    }
-}
-
 fn v4(ip: IpAddr) -> Ipv4Addr {
     match ip {
         IpAddr::V4(a) => a,
@@ -377,7 +349,7 @@ fn describe(w: &World) -> String {
 #[test]
 fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
     let bin = common::lab_ready();
-    let seed = seed();
+    let seed = common::random_seed(DEFAULT_SEED);
     println!("lab_random_policy: seed {seed:#x} (replay with TERN_RANDOM_SEED={seed:#x})");
     let mut r = Rng(seed);
     let mut w = World {
