@@ -1296,11 +1296,6 @@ const RANDOM_SEED: u64 = 0x6b72_616e_6421_0021;
 /// The ports the random rounds probe (TCP; the servers' ports).
 const RANDOM_PORTS: [u16; 2] = [80, 81];
 
-/// A string of `'static` life (the evaluator's names and nets; a few per run).
-fn leak(s: &str) -> &'static str {
-    Box::leak(s.to_string().into_boxed_str())
-}
-
 fn l4_protocol(l4: L4) -> tern_model::Protocol {
     match l4 {
         L4::Tcp => tern_model::Protocol::Tcp,
@@ -1318,7 +1313,7 @@ fn random_world(m: &Model) -> randpol::World {
         .map(|(ns, l)| {
             let mut l = l.clone();
             l.insert("kubernetes.io/metadata.name".into(), ns.clone());
-            (leak(ns), l)
+            (randpol::leak(ns), l)
         })
         .collect();
     let ports: Vec<_> = m
@@ -1327,7 +1322,7 @@ fn random_world(m: &Model) -> randpol::World {
         .flat_map(|&l4| {
             [80u16, 81].map(|p| {
                 (
-                    leak(&format!("serve-{p}-{}", l4.record())),
+                    randpol::leak(&format!("serve-{p}-{}", l4.record())),
                     l4_protocol(l4),
                     p,
                 )
@@ -1340,7 +1335,7 @@ fn random_world(m: &Model) -> randpol::World {
         .map(|id| {
             let (ns, name) = id.split_once('/').unwrap();
             randpol::Pod {
-                ns: leak(ns),
+                ns: randpol::leak(ns),
                 name: name.to_string(),
                 labels: m.pod_labels[id].clone(),
                 ip: m.pod_ip[id].parse().unwrap(),
@@ -1383,7 +1378,7 @@ fn random_lab_rule(r: &mut tern_testkit::rng::Rng, w: &randpol::World) -> randpo
     use randpol::{Peer, PortSpec};
     use tern_model::Protocol;
     let net = |ip: std::net::Ipv4Addr, len: u8| {
-        leak(&ipnet::Ipv4Net::new(ip, len).unwrap().trunc().to_string())
+        randpol::leak(&ipnet::Ipv4Net::new(ip, len).unwrap().trunc().to_string())
     };
     let peers = (0..r.below(3))
         .map(|_| match r.below(5) {
@@ -1453,20 +1448,10 @@ fn random_lab_policies(
         .collect()
 }
 
-/// The TCP flow of the probe from pod `i` to pod `j` on `port`.
-fn random_flow(w: &randpol::World, i: usize, j: usize, port: u16) -> tern_policy::Flow {
-    tern_policy::Flow {
-        src: w.pods[i].ip.into(),
-        dst: w.pods[j].ip.into(),
-        protocol: tern_model::Protocol::Tcp,
-        dst_port: port,
-    }
-}
-
 /// explain's answer for `cell` against the evaluator's, direction by direction (verdict,
 /// reason, policies with the deciding rule). Problems, one line each.
 fn explain_vs_evaluator(w: &randpol::World, t: &Table, e: &Explains) -> Vec<String> {
-    let f = random_flow(w, e.cell.from, e.cell.to, t.port);
+    let f = w.tcp_flow(e.cell.from, e.cell.to, t.port);
     [
         (tern_policy::Direction::Egress, &e.explanation.egress),
         (tern_policy::Direction::Ingress, &e.explanation.ingress),
@@ -1515,11 +1500,7 @@ fn random_policies(c: &Cluster, m: &Model) -> Vec<String> {
                 l4: L4::Tcp,
                 port,
                 want: (0..n)
-                    .map(|i| {
-                        (0..n)
-                            .map(|j| w.allowed(&random_flow(&w, i, j, port)))
-                            .collect()
-                    })
+                    .map(|i| (0..n).map(|j| w.allowed(&w.tcp_flow(i, j, port))).collect())
                     .collect(),
             })
             .collect();

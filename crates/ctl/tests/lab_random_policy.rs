@@ -41,11 +41,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use randpol::{Nets, World, policy_json, random_namespaces, random_pods, random_policies};
+use randpol::{Nets, World, leak, policy_json, random_namespaces, random_pods, random_policies};
 use tern_api::flow::{FlowDirection, FlowPolicy, FlowQuery, FlowRecord, FlowVerdict};
 use tern_lab::Encap;
 use tern_lab::netpol::{self, Cell, K8sPod, L4, Matrix};
-use tern_model::{EndpointPort, Kind, Protocol};
+use tern_model::{EndpointPort, Kind};
 use tern_policy::{Direction, Flow};
 use tern_testkit::rng::Rng;
 
@@ -79,20 +79,6 @@ fn v4(ip: IpAddr) -> Ipv4Addr {
         IpAddr::V4(a) => a,
         IpAddr::V6(a) => panic!("pod address {a} is not IPv4"),
     }
-}
-
-fn flow(w: &World, i: usize, j: usize, port: u16) -> Flow {
-    Flow {
-        src: w.pods[i].ip.into(),
-        dst: w.pods[j].ip.into(),
-        protocol: Protocol::Tcp,
-        dst_port: port,
-    }
-}
-
-/// A string of `'static` life for the nets (three per run).
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
 }
 
 /// A verdict and cause as [`World::cause`] gives them: allowed, the reason, and the policies
@@ -192,7 +178,7 @@ impl Round<'_> {
                         continue;
                     }
                     let cell = format!("tcp/{port} {} -> {}", a.id(), b.id());
-                    let f = flow(w, i, j, port);
+                    let f = w.tcp_flow(i, j, port);
                     let key = |d| (d, a.ip, b.ip, Some(port));
                     let before = problems.len();
                     let mut check = |r: &FlowRecord, d: Direction| {
@@ -293,7 +279,7 @@ impl Round<'_> {
                 ));
             }
         };
-        let f = flow(w, i, j, port);
+        let f = w.tcp_flow(i, j, port);
         let mut bad = Vec::new();
         for (d, key) in [
             (Direction::Egress, "egress"),
@@ -390,7 +376,7 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
     let part_len = (zero ^ one).leading_zeros() + 1;
     let net = |bits: u32, len: u32| {
         let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-        leak(format!("{}/{len}", Ipv4Addr::from_bits(bits & mask)))
+        leak(&format!("{}/{len}", Ipv4Addr::from_bits(bits & mask)))
     };
     let nets = Nets {
         all: net(one, 16),
