@@ -36,7 +36,6 @@ mod randpol;
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -49,7 +48,8 @@ use tern_model::{EndpointPort, Kind};
 use tern_policy::{Direction, Flow};
 use tern_testkit::rng::Rng;
 
-use common::{Lab, flow_check};
+use common::Lab;
+use common::flow_check::{self, Latest};
 
 /// Rounds of random policies.
 const ROUNDS: usize = 10;
@@ -146,28 +146,12 @@ impl Round<'_> {
             since_ms: Some(since_ms),
             last: None,
         };
-        type Key = (FlowDirection, IpAddr, IpAddr, Option<u16>);
-        let mut latest: HashMap<Key, FlowRecord> = HashMap::new();
+        let mut latest = Latest::default();
         let mut problems = Vec::new();
         for n in &lab.st.nodes {
-            let reply = match tern_ctl::commands::flows::fetch(&n.socket, &q) {
-                Ok(r) => r,
-                Err(e) => {
-                    problems.push(format!("  records of {}: {e}", n.name));
-                    continue;
-                }
-            };
-            for r in reply.records.into_iter().filter(|r| r.proto == "tcp") {
-                let (Ok(src), Ok(dst)) = (r.src.ip.parse(), r.dst.ip.parse()) else {
-                    continue;
-                };
-                let k = (r.direction, src, dst, r.dst.port);
-                if latest
-                    .get(&k)
-                    .is_none_or(|o| (o.time, o.seq) < (r.time, r.seq))
-                {
-                    latest.insert(k, r);
-                }
+            match tern_ctl::commands::flows::fetch(&n.socket, &q) {
+                Ok(reply) => latest.add(reply.records),
+                Err(e) => problems.push(format!("  records of {}: {e}", n.name)),
             }
         }
         let mut cells = Vec::new();
@@ -179,7 +163,7 @@ impl Round<'_> {
                     }
                     let cell = format!("tcp/{port} {} -> {}", a.id(), b.id());
                     let f = w.tcp_flow(i, j, port);
-                    let key = |d| (d, a.ip, b.ip, Some(port));
+                    let newest = |d| latest.newest(d, a.ip, b.ip, "tcp", port);
                     let before = problems.len();
                     let mut check = |r: &FlowRecord, d: Direction| {
                         *checked += 1;
@@ -192,13 +176,13 @@ impl Round<'_> {
                             ));
                         }
                     };
-                    match latest.get(&key(FlowDirection::Egress)) {
+                    match newest(FlowDirection::Egress) {
                         None => problems.push(format!("  {cell}: no egress record")),
                         Some(eg) => {
                             check(eg, Direction::Egress);
                             let mut allowed = eg.verdict == FlowVerdict::Allowed;
                             if allowed {
-                                match latest.get(&key(FlowDirection::Ingress)) {
+                                match newest(FlowDirection::Ingress) {
                                     Some(ig) if ig.time + 1000 >= eg.time => {
                                         allowed = ig.verdict == FlowVerdict::Allowed;
                                         check(ig, Direction::Ingress);
@@ -210,7 +194,7 @@ impl Round<'_> {
                             }
                             if allowed != w.allowed(&f) {
                                 problems.push(format!(
-                                    "  {cell}: records say {}, the evaluator (and the probe) {}",
+                                    "  {cell}: records say {}, the evaluator {}",
                                     if allowed { "allowed" } else { "denied" },
                                     if w.allowed(&f) { "allowed" } else { "denied" }
                                 ));

@@ -80,9 +80,21 @@ impl Latest {
         }
     }
 
+    /// The newest record of direction `d` from `src` to `dst`:`port` over `proto` (`tcp`,
+    /// `udp` or `sctp`).
+    pub fn newest(
+        &self,
+        d: FlowDirection,
+        src: IpAddr,
+        dst: IpAddr,
+        proto: &str,
+        port: u16,
+    ) -> Option<&FlowRecord> {
+        self.0.get(&(d, src, dst, proto.to_string(), Some(port)))
+    }
+
     fn get(&self, d: FlowDirection, c: &Probed) -> Option<&FlowRecord> {
-        self.0
-            .get(&(d, c.src, c.dst, c.proto.to_string(), Some(c.port)))
+        self.newest(d, c.src, c.dst, c.proto, c.port)
     }
 }
 
