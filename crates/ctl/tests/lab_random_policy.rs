@@ -442,7 +442,7 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
                 (0..n)
                     .map(|i| {
                         (0..n)
-                            .map(|j| i == j || w.allowed(&flow(&w, i, j, port)))
+                            .map(|j| i == j || w.allowed(&w.tcp_flow(i, j, port)))
                             .collect()
                     })
                     .collect()

@@ -38,8 +38,8 @@ fn write_policy_id(out: &mut String, p: &FlowPolicy) {
     };
 }
 
-/// `Kind/namespace/name` of a record's first policy.
-fn policy_id(r: &FlowRecord) -> Option<String> {
+/// `Kind/namespace/name` of a record's first policy (the aggregates' key; tests compare with it).
+pub fn policy_id(r: &FlowRecord) -> Option<String> {
     r.policies.first().map(|p| {
         let mut id = String::new();
         write_policy_id(&mut id, p);
