@@ -111,17 +111,7 @@ fn case(tag: &str) -> &'static Case {
         .unwrap_or_else(|| panic!("no case {tag}"))
 }
 
-/// The families of a lab, IPv4 first (`true`: IPv6).
-fn families(f: IpFamily) -> Vec<bool> {
-    [false, true]
-        .into_iter()
-        .filter(|v6| if *v6 { f.has_v6() } else { f.has_v4() })
-        .collect()
-}
-
-fn fam(v6: bool) -> &'static str {
-    if v6 { "IPv6" } else { "IPv4" }
-}
+use tern_lab::state::family_name as fam;
 
 /// Builds the lab of `c`: `NODES` nodes, `PODS_PER_NODE` pods on each (`p<node>x<k>`), an
 /// echo server (TCP and UDP) in every pod.
@@ -144,16 +134,7 @@ fn build(c: &Case) -> Lab {
     let mut lab = Lab::guard(&name);
     lab.st = tern_lab::up(&o)
         .unwrap_or_else(|e| panic!("lab up {name} ({} {}): {e}", c.family, c.encap));
-    for n in 1..=NODES {
-        for k in 1..=PODS_PER_NODE {
-            lab.add_echo_pod(
-                &format!("node{n}"),
-                &format!("p{n}x{k}"),
-                Some(PORT),
-                Some(PORT),
-            );
-        }
-    }
+    lab.add_echo_pods(NODES, PODS_PER_NODE, PORT);
     lab
 }
 
@@ -170,11 +151,7 @@ fn check_pod_addresses(lab: &Lab) {
         let ips: Vec<IpAddr> = p.addresses.iter().map(|a| a.parse().unwrap()).collect();
         for v6 in [false, true] {
             let of: Vec<&IpAddr> = ips.iter().filter(|a| a.is_ipv6() == v6).collect();
-            let want = usize::from(if v6 {
-                lab.st.ip_family.has_v6()
-            } else {
-                lab.st.ip_family.has_v4()
-            });
+            let want = usize::from(lab.st.ip_family.has(v6));
             assert_eq!(
                 of.len(),
                 want,
@@ -346,7 +323,7 @@ fn run(c: &Case) -> Lab {
     );
     check_pod_addresses(&lab);
     check_node_addresses(&lab);
-    for v6 in families(c.family) {
+    for v6 in c.family.families() {
         check_mesh(&lab, v6);
         check_node_to_pod(&lab, v6);
         check_outside(&lab, v6);

@@ -207,6 +207,17 @@ impl Lab {
         tern_lab::start_server(&mut self.st, pod, &ternctl(), tcp, udp)
             .unwrap_or_else(|e| panic!("echo server in {pod}: {e}"));
     }
+
+    /// `per_node` pods on each of nodes 1 to `nodes` (`p<node>x<k>`), each with an echo server
+    /// on TCP and UDP `port`.
+    pub fn add_echo_pods(&mut self, nodes: usize, per_node: usize, port: u16) {
+        for n in 1..=nodes {
+            for k in 1..=per_node {
+                let (node, pod) = (format!("node{n}"), format!("p{n}x{k}"));
+                self.add_echo_pod(&node, &pod, Some(port), Some(port));
+            }
+        }
+    }
 }
 
 /// Polls `f` every 300 ms until it returns `None` (done); after `secs` seconds panics with
