@@ -241,6 +241,13 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             opts.ip_family
         )));
     }
+    if opts.encap == Encap::Ipip && opts.ip_family == IpFamily::Ipv6 {
+        return Err(LabError::Invalid(
+            "--encap ipip carries IPv4 only (IPv6 pools cannot use IPIP, as Calico's); an \
+             IPv6-only lab takes --encap none or vxlan"
+                .to_string(),
+        ));
+    }
     if opts.default_ipv6_pool.is_some() && !opts.ip_family.has_v6() {
         return Err(LabError::Invalid(
             "--default-ipv6-pool needs a lab with IPv6: add --ip-family ipv6 or dual".to_string(),
@@ -1092,6 +1099,10 @@ mod tests {
         let e = up(&o).unwrap_err().to_string();
         assert!(e.contains("needs a lab with IPv4"), "{e}");
         o.default_ipv4_pool = None;
+        o.encap = Encap::Ipip;
+        let e = up(&o).unwrap_err().to_string();
+        assert!(e.contains("IPv4 only"), "{e}");
+        o.encap = Encap::None;
         o.store = StoreKind::Kubernetes;
         let e = up(&o).unwrap_err().to_string();
         assert!(e.contains("Kubernetes datastore"), "{e}");
