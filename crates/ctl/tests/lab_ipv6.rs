@@ -11,8 +11,9 @@
 //!   pods) over TCP and UDP, and the outside sees the pod's node's underlay address, not the
 //!   pod's: natOutgoing masquerades the family.
 //!
-//! The table is meant to grow: VXLAN rows are written and marked `// enabled when vxlan-v6
-//! lands` (they need the `vxlan-v6.tern` device of the agent), BGP rows come with BGP's IPv6.
+//! The table is meant to grow: VXLAN and cross-subnet rows are written and marked `// enabled
+//! when vxlan-v6 lands` (they need the `vxlan-v6.tern` device of the agent), BGP rows `//
+//! enabled when BGP's IPv6 lands`; their tests are `#[ignore]`d until then.
 //! The IPv4 row runs the same checks on an IPv4 lab, so the families are compared like for
 //! like.
 //!
@@ -101,6 +102,22 @@ const CASES: &[Case] = &[
         encap: Encap::Vxlan,
         store: StoreKind::Sqlite,
         bgp: false,
+    },
+    // enabled when BGP's IPv6 lands (MP-BGP IPv6 unicast between the agents)
+    Case {
+        tag: "v6bgp",
+        family: IpFamily::Ipv6,
+        encap: Encap::None,
+        store: StoreKind::Sqlite,
+        bgp: true,
+    },
+    // enabled when BGP's IPv6 lands
+    Case {
+        tag: "dsbgp",
+        family: IpFamily::Dual,
+        encap: Encap::None,
+        store: StoreKind::Sqlite,
+        bgp: true,
     },
 ];
 
@@ -395,6 +412,28 @@ fn dual_stack_vxlan() {
 #[ignore = "enabled when vxlan-v6 lands: needs the agent's vxlan-v6.tern device"]
 fn ipv6_crosssubnet() {
     run(case("v6cs"));
+}
+
+#[test]
+#[ignore = "enabled when BGP's IPv6 lands: the agents' BGP carries IPv4 only so far"]
+fn ipv6_bgp() {
+    let lab = run(case("v6bgp"));
+    let routes = mesh::routes_of(&lab.st, "node1", true).unwrap();
+    // Learned over BGP (proto 85), next hop the peer's IPv6 address.
+    for peer in ["2001:db8::12", "2001:db8::13"] {
+        assert!(
+            routes
+                .lines()
+                .any(|l| l.contains(&format!("via {peer} dev eth0")) && l.contains("proto 85")),
+            "{routes}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "enabled when BGP's IPv6 lands: the agents' BGP carries IPv4 only so far"]
+fn dual_stack_bgp() {
+    run(case("dsbgp"));
 }
 
 /// The cross-subnet IPv6 underlay itself: node1 (2001:db8:1::11) reaches node2
