@@ -345,13 +345,19 @@ spec:
     let r = parse_documents(doc, "n.yaml").unwrap().remove(0);
     r.validate().unwrap();
     let Resource::Node(n) = &r else { panic!() };
-    assert_eq!(n.spec.ipv6_vxlan_tunnel_addr.as_deref(), Some("fd00:10:244::1"));
+    assert_eq!(
+        n.spec.ipv6_vxlan_tunnel_addr.as_deref(),
+        Some("fd00:10:244::1")
+    );
     assert_eq!(
         n.spec.vxlan_tunnel_mac_addr_v6.as_deref(),
         Some("66:1f:2a:00:00:02")
     );
     let json = r.to_json();
-    assert!(json.contains("\"ipv6VXLANTunnelAddr\":\"fd00:10:244::1\""), "{json}");
+    assert!(
+        json.contains("\"ipv6VXLANTunnelAddr\":\"fd00:10:244::1\""),
+        "{json}"
+    );
     assert!(json.contains("\"vxlanTunnelMACAddrV6\""), "{json}");
     assert_eq!(parse_documents(&r.to_yaml(), "again.yaml").unwrap()[0], r);
     let with = |addr: Option<&str>, mac: Option<&str>| {

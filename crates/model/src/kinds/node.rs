@@ -152,7 +152,10 @@ pub(crate) fn validate_node(n: &Node) -> Result<(), FieldError> {
     }
     for (field, m) in [
         ("spec.vxlanTunnelMACAddr", &n.spec.vxlan_tunnel_mac_addr),
-        ("spec.vxlanTunnelMACAddrV6", &n.spec.vxlan_tunnel_mac_addr_v6),
+        (
+            "spec.vxlanTunnelMACAddrV6",
+            &n.spec.vxlan_tunnel_mac_addr_v6,
+        ),
     ] {
         if let Some(m) = m
             && !valid_mac(m)
