@@ -282,26 +282,31 @@ mod tests {
 
     /// A Node record written past validation: each bad value is reported naming the node, the
     /// field and the value, and the node's good fields still count.
-    #[test]
-    fn a_bad_node_field_is_reported_by_name_not_dropped_silently() {
+    /// The snapshot of a store holding only the Node record `spec` of node `n1`, as written.
+    fn with_node(spec: serde_json::Value) -> Snapshot {
         let store = tern_store::mem::MemStore::new();
         let node = serde_json::json!({
             "apiVersion": "tern.dev/v1",
             "kind": "Node",
             "metadata": {"name": "n1"},
-            "spec": {
-                "addresses": [{"address": "198.18.0.1/24"}, {"address": "not-an-ip"}],
-                "ipv4VXLANTunnelAddr": "10.244.0.0.1",
-                "vxlanTunnelMACAddr": "ee:ee:zz:ee:ee:ee",
-                "ipv6VXLANTunnelAddr": "10.244.0.9",
-                "vxlanTunnelMACAddrV6": "ee:ee"
-            }
+            "spec": spec
         });
         let key = keys::resource(Kind::Node.as_str(), "n1");
         store
             .put(&key, node.to_string().as_bytes())
             .expect("put the record");
-        let s = load_snapshot(&store).expect("snapshot");
+        load_snapshot(&store).expect("snapshot")
+    }
+
+    #[test]
+    fn a_bad_node_field_is_reported_by_name_not_dropped_silently() {
+        let s = with_node(serde_json::json!({
+            "addresses": [{"address": "198.18.0.1/24"}, {"address": "not-an-ip"}],
+            "ipv4VXLANTunnelAddr": "10.244.0.0.1",
+            "vxlanTunnelMACAddr": "ee:ee:zz:ee:ee:ee",
+            "ipv6VXLANTunnelAddr": "10.244.0.9",
+            "vxlanTunnelMACAddrV6": "ee:ee"
+        }));
         let n = s.nodes.iter().find(|n| n.name == "n1").expect("node kept");
         assert_eq!(n.addresses, vec!["198.18.0.1/24".parse::<IpNet>().unwrap()]);
         assert_eq!(n.vxlan_tunnel_addr, None);
@@ -322,22 +327,13 @@ mod tests {
     /// A node's IPv6 VXLAN address and MAC reach the snapshot beside the IPv4 ones.
     #[test]
     fn both_vteps_of_a_dual_stack_node_are_loaded() {
-        let store = tern_store::mem::MemStore::new();
-        let node = serde_json::json!({
-            "apiVersion": "tern.dev/v1",
-            "kind": "Node",
-            "metadata": {"name": "n1"},
-            "spec": {
-                "addresses": [{"address": "198.18.0.1/24"}, {"address": "2001:db8::11/64"}],
-                "ipv4VXLANTunnelAddr": "10.244.0.1",
-                "vxlanTunnelMACAddr": "66:00:00:00:00:04",
-                "ipv6VXLANTunnelAddr": "fd00:10:244::1",
-                "vxlanTunnelMACAddrV6": "66:00:00:00:00:06"
-            }
-        });
-        let key = keys::resource(Kind::Node.as_str(), "n1");
-        store.put(&key, node.to_string().as_bytes()).unwrap();
-        let s = load_snapshot(&store).expect("snapshot");
+        let s = with_node(serde_json::json!({
+            "addresses": [{"address": "198.18.0.1/24"}, {"address": "2001:db8::11/64"}],
+            "ipv4VXLANTunnelAddr": "10.244.0.1",
+            "vxlanTunnelMACAddr": "66:00:00:00:00:04",
+            "ipv6VXLANTunnelAddr": "fd00:10:244::1",
+            "vxlanTunnelMACAddrV6": "66:00:00:00:00:06"
+        }));
         assert!(s.errors.is_empty(), "{:?}", s.errors);
         let n = &s.nodes[0];
         assert_eq!(n.vxlan_tunnel_addr, Some("10.244.0.1".parse().unwrap()));

@@ -37,11 +37,15 @@ impl NodeNs {
         let ns = Ns::new(name);
         u.attach(&ns, cidr, gw);
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
+        NodeNs::in_ns(name, ns, cidr)
+    }
+
+    /// The node `name` in `ns`, its underlay address the address of `cidr`.
+    fn in_ns(name: &str, ns: Ns, cidr: &str) -> NodeNs {
         NodeNs {
             name: name.to_string(),
             ns,
-            ip,
+            ip: cidr.split('/').next().unwrap().parse().unwrap(),
             dp: None,
             stop: Arc::new(AtomicBool::new(false)),
         }
@@ -78,14 +82,7 @@ impl NodeNs {
         ns.ip(&["-6", "addr", "add", cidr, "dev", "eth0", "nodad"]);
         ns.ip(&["link", "set", "eth0", "up"]);
         ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-        let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
-        NodeNs {
-            name: name.to_string(),
-            ns,
-            ip,
-            dp: None,
-            stop: Arc::new(AtomicBool::new(false)),
-        }
+        NodeNs::in_ns(name, ns, cidr)
     }
 
     fn sync(&self) -> tern_agent::dataplane::SyncReport {
@@ -357,13 +354,7 @@ fn cross_subnet_encapsulates_only_across_the_router() {
     c_ns.ip(&["link", "set", "eth0", "up"]);
     c_ns.ip(&["route", "add", "default", "via", "198.18.1.254"]);
     c_ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-    let mut c = NodeNs {
-        name: "c".into(),
-        ns: c_ns,
-        ip: "198.18.1.3".parse().unwrap(),
-        dp: None,
-        stop: Arc::new(AtomicBool::new(false)),
-    };
+    let mut c = NodeNs::in_ns("c", c_ns, "198.18.1.3");
     for n in [&mut a, &mut b, &mut c] {
         n.start(&s, false);
     }
