@@ -11,9 +11,9 @@
 //!   pods) over TCP and UDP, and the outside sees the pod's node's underlay address, not the
 //!   pod's: natOutgoing masquerades the family.
 //!
-//! The table is meant to grow: VXLAN and cross-subnet rows are written and marked `// enabled
-//! when vxlan-v6 lands` (they need the `vxlan-v6.tern` device of the agent), BGP rows `//
-//! enabled when BGP's IPv6 lands`; their tests are `#[ignore]`d until then.
+//! The table is meant to grow: the VXLAN and cross-subnet rows run over the agent's
+//! `vxlan-v6.tern` (IPv6 pools) beside `vxlan.tern` (IPv4 pools); BGP rows are marked `//
+//! enabled when BGP's IPv6 lands`, their tests `#[ignore]`d until then.
 //! The IPv4 row runs the same checks on an IPv4 lab, so the families are compared like for
 //! like.
 //!
@@ -79,7 +79,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: false,
     },
-    // enabled when vxlan-v6 lands (the agent's `vxlan-v6.tern`)
+    // Over the agent's `vxlan-v6.tern`.
     Case {
         tag: "v6vx",
         family: IpFamily::Ipv6,
@@ -87,7 +87,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: false,
     },
-    // enabled when vxlan-v6 lands (pods across the router go over VXLAN)
+    // Pods across the router go over `vxlan-v6.tern`, pods on one subnet directly.
     Case {
         tag: "v6cs",
         family: IpFamily::Ipv6,
@@ -95,7 +95,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: false,
     },
-    // enabled when vxlan-v6 lands
+    // Both VXLAN devices: `vxlan.tern` for the IPv4 pool, `vxlan-v6.tern` for the IPv6 one.
     Case {
         tag: "dsvx",
         family: IpFamily::Dual,
@@ -394,24 +394,99 @@ fn ipv4_direct_same_checks() {
     run(case("v4dir"));
 }
 
+/// node1's tern routes (protocol 84) of family `v6` through `dev` onlink: one per remote
+/// block the tunnel carries.
+fn tunnel_routes(lab: &Lab, v6: bool, dev: &str) -> Vec<String> {
+    mesh::routes_of(&lab.st, "node1", v6)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&format!("dev {dev} proto 84")) && l.contains("onlink"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every Node of the lab: its VXLAN tunnel address of each family and its pod MTU.
+fn vxlan_registrations(lab: &Lab) -> Vec<(String, Option<String>, Option<String>, String)> {
+    tern_lab::cluster::with_store(&lab.st, |s| {
+        tern_model::list_resources(&*s, tern_model::Kind::Node)
+            .map_err(|e| tern_lab::LabError::Invalid(e.to_string()))
+    })
+    .unwrap()
+    .into_iter()
+    .filter_map(|r| match r {
+        tern_model::Resource::Node(n) => Some((
+            n.metadata.name.clone(),
+            n.spec.ipv4_vxlan_tunnel_addr.clone(),
+            n.spec.ipv6_vxlan_tunnel_addr.clone(),
+            n.metadata
+                .annotations
+                .get("tern.dev/pod-mtu")
+                .cloned()
+                .unwrap_or_default(),
+        )),
+        _ => None,
+    })
+    .collect()
+}
+
+/// IPv6 pool over VXLAN on an IPv6-only underlay: node1 routes the other two nodes' /122
+/// blocks through `vxlan-v6.tern`; every node holds an IPv6 tunnel address from the pool and
+/// no IPv4 one, and its pod MTU leaves 70 bytes for VXLAN over IPv6.
 #[test]
-#[ignore = "enabled when vxlan-v6 lands: needs the agent's vxlan-v6.tern device"]
 fn ipv6_vxlan() {
     let lab = run(case("v6vx"));
-    let routes = mesh::routes_of(&lab.st, "node1", true).unwrap();
-    assert_eq!(routes.matches("dev vxlan-v6.tern").count(), 2, "{routes}");
+    let via = tunnel_routes(&lab, true, "vxlan-v6.tern");
+    assert_eq!(via.len(), NODES - 1, "{}", context(&lab));
+    assert!(
+        via.iter().all(|l| l.contains("/122 via fd00:10:244:")),
+        "{via:?}"
+    );
+    let regs = vxlan_registrations(&lab);
+    assert_eq!(regs.len(), NODES, "{regs:?}");
+    for (node, v4, v6, mtu) in &regs {
+        assert_eq!(v4, &None, "{node}");
+        assert!(
+            v6.as_deref().is_some_and(|a| a.starts_with("fd00:10:244:")),
+            "{node}: {v6:?}"
+        );
+        assert_eq!(mtu, "1430", "{node}");
+    }
 }
 
+/// Dual stack over VXLAN: each family's blocks through its own device, both tunnel
+/// addresses registered, the pod MTU that of the larger (IPv6) overhead.
 #[test]
-#[ignore = "enabled when vxlan-v6 lands: needs the agent's vxlan-v6.tern device"]
 fn dual_stack_vxlan() {
-    run(case("dsvx"));
+    let lab = run(case("dsvx"));
+    let v4 = tunnel_routes(&lab, false, "vxlan.tern");
+    let v6 = tunnel_routes(&lab, true, "vxlan-v6.tern");
+    assert_eq!(
+        (v4.len(), v6.len()),
+        (NODES - 1, NODES - 1),
+        "{}",
+        context(&lab)
+    );
+    for (node, v4, v6, mtu) in vxlan_registrations(&lab) {
+        assert!(v4.is_some() && v6.is_some(), "{node}: {v4:?} {v6:?}");
+        assert_eq!(mtu, "1430", "{node}");
+    }
 }
 
+/// CrossSubnet on the routed IPv6 underlay (odd nodes on 2001:db8:1::/64, even ones on
+/// 2001:db8:2::/64): node1 reaches node3's block directly and node2's through
+/// `vxlan-v6.tern`.
 #[test]
-#[ignore = "enabled when vxlan-v6 lands: needs the agent's vxlan-v6.tern device"]
 fn ipv6_crosssubnet() {
-    run(case("v6cs"));
+    let lab = run(case("v6cs"));
+    let via = tunnel_routes(&lab, true, "vxlan-v6.tern");
+    assert_eq!(via.len(), 1, "{}", context(&lab));
+    let routes = mesh::routes_of(&lab.st, "node1", true).unwrap();
+    assert!(
+        routes
+            .lines()
+            .any(|l| l.contains("/122 via 2001:db8:1::13 dev eth0") && l.contains("proto 84")),
+        "{routes}"
+    );
 }
 
 #[test]
