@@ -1,0 +1,262 @@
+//! The agent's BGP with IPv6 on real kernels (issue 22): nodes are network namespaces on an
+//! underlay bridge, each running the agent's BGP thread (`tern_agent::bgp::Bgp`, started on a
+//! thread inside its namespace) on one shared SQLite store with an IPv4 and an IPv6 pool.
+//!
+//! - dual stack: the agent records both BGP addresses, the mesh session runs over IPv4 and
+//!   carries the IPv6 blocks with IPv6 next hops; each node installs the other's blocks of both
+//!   families in its kernel (protocol 85).
+//! - IPv6 only: the session runs over IPv6, the router ID is the hash of the node name, the
+//!   IPv6 blocks are installed.
+//!
+//! Needs root; nothing happens in the root namespace. Underlay 198.18.9.0/24 and
+//! 2001:db8:9::/64, pools 10.244.0.0/16 and fd00:10:244::/48 inside the test's namespaces.
+
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tern_agent::bgp::{Bgp, BgpSettings, router_id_hash};
+use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
+use tern_model::{IpPool, IpPoolSpec, Node, NodeAddress, NodeSpec, Resource};
+use tern_store::Store;
+use tern_testkit::netns::{Netns, Underlay};
+use tern_testkit::wait::wait_until;
+
+/// How long sessions and routes may take.
+const CONVERGE: Duration = Duration::from_secs(30);
+
+struct Host {
+    name: String,
+    ns: Netns,
+    bgp: Option<Arc<Bgp>>,
+}
+
+impl Host {
+    /// Node `name` on the underlay with `v4` (/24, default route via .254) and/or `v6` (/64,
+    /// `nodad`, default route via ::254), and its Node resource with those addresses.
+    fn new(
+        name: &str,
+        u: &Underlay,
+        v4: Option<&str>,
+        v6: Option<&str>,
+        store: &dyn Store,
+    ) -> Host {
+        let ns = Netns::new(name);
+        match v4 {
+            Some(a) => u.attach(&ns, &format!("{a}/24"), "198.18.9.254"),
+            None => {
+                // attach() wants an IPv4 address: give it one and take it away again.
+                u.attach(&ns, "198.18.9.250/24", "198.18.9.254");
+                ns.ip(&["route", "del", "default"]);
+                ns.ip(&["addr", "del", "198.18.9.250/24", "dev", "eth0"]);
+            }
+        }
+        let mut addresses = Vec::new();
+        if let Some(a) = v4 {
+            addresses.push(format!("{a}/24"));
+        }
+        if let Some(a) = v6 {
+            let cidr = format!("{a}/64");
+            ns.ip(&["-6", "addr", "add", &cidr, "dev", "eth0", "nodad"]);
+            ns.ip(&["-6", "route", "add", "default", "via", "2001:db8:9::254"]);
+            addresses.push(cidr);
+        }
+        let node = Node::new(
+            name.to_string(),
+            NodeSpec {
+                addresses: addresses
+                    .into_iter()
+                    .map(|address| NodeAddress {
+                        address,
+                        kind: Some("InternalIP".into()),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        );
+        tern_model::put_resource(store, &Resource::Node(node)).unwrap();
+        Host {
+            name: name.to_string(),
+            ns,
+            bgp: None,
+        }
+    }
+
+    /// Starts the BGP thread inside the node's namespace (its threads inherit it).
+    fn start(&mut self, store: &Arc<dyn Store>, node_ip: &str) {
+        let settings = BgpSettings {
+            node_name: self.name.clone(),
+            node_ip: Some(node_ip.parse().unwrap()),
+            use_pod_cidr: false,
+        };
+        let store = store.clone();
+        self.bgp = Some(self.ns.run(move || Bgp::start(settings, store).unwrap()));
+    }
+
+    /// The node's BGP routes (protocol 85) of both families.
+    fn bgp_routes(&self) -> String {
+        let v4 = self.ns.ip(&["route", "show", "proto", "85"]);
+        let v6 = self.ns.ip(&["-6", "route", "show", "proto", "85"]);
+        format!("{v4}{v6}")
+    }
+
+    /// Waits until the node's BGP routes contain every needle.
+    fn wait_routes(&self, needles: &[&str]) {
+        let ok = wait_until(CONVERGE, || {
+            let r = self.bgp_routes();
+            needles.iter().all(|n| r.contains(n))
+        });
+        assert!(
+            ok,
+            "{}: BGP routes never had {needles:?}:\n{}\nstatus: {:?}",
+            self.name,
+            self.bgp_routes(),
+            self.bgp.as_ref().map(|b| b.status())
+        );
+    }
+
+    /// Waits until every session is up; returns their addresses.
+    fn wait_established(&self) -> Vec<IpAddr> {
+        let bgp = self.bgp.as_ref().unwrap();
+        let ok = wait_until(CONVERGE, || {
+            let s = bgp.status();
+            !s.peers.is_empty() && s.peers.iter().all(|p| p.state == tern_api::PeerState::Up)
+        });
+        assert!(ok, "{}: sessions not up: {:?}", self.name, bgp.status());
+        bgp.status().peers.iter().map(|p| p.address).collect()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(b) = self.bgp.take() {
+            b.stop_for_restart();
+        }
+    }
+}
+
+fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = tern_store::open(&format!("sqlite://{}/store.db", dir.path().display())).unwrap();
+    for (name, cidr) in [("v4", "10.244.0.0/16"), ("v6", "fd00:10:244::/48")] {
+        let pool = IpPool::new(name.to_string(), IpPoolSpec::new(cidr));
+        tern_model::put_resource(&*s, &Resource::IpPool(pool)).unwrap();
+    }
+    (dir, s)
+}
+
+/// One pod address of each family `v4`/`v6` for `node`: claims the node's blocks.
+fn allocate(store: &Arc<dyn Store>, node: &str, v4: bool) -> Vec<IpAddr> {
+    Ipam::new(store.clone())
+        .auto_assign(&AssignArgs {
+            handle: format!("test.{node}"),
+            node: node.to_string(),
+            attrs: AllocationAttrs {
+                node: node.to_string(),
+                pod: format!("pod-{node}"),
+                ..Default::default()
+            },
+            num_v4: usize::from(v4),
+            num_v6: 1,
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+/// The block (as `ip route` prints it) of `ip`.
+fn block(store: &Arc<dyn Store>, ip: IpAddr) -> String {
+    Ipam::new(store.clone())
+        .blocks()
+        .unwrap()
+        .into_iter()
+        .find(|b| b.cidr.contains(&ip))
+        .unwrap()
+        .cidr
+        .to_string()
+}
+
+fn recorded(store: &dyn Store, node: &str) -> (Option<String>, Option<String>) {
+    let Some(Resource::Node(n)) =
+        tern_model::get_resource(store, tern_model::Kind::Node, None, node).unwrap()
+    else {
+        panic!("no Node {node}");
+    };
+    let b = n.spec.bgp.unwrap_or_default();
+    (b.ipv4_address, b.ipv6_address)
+}
+
+#[test]
+fn dual_stack_nodes_carry_ipv6_blocks_over_their_ipv4_session() {
+    tern_testkit::need_root();
+    let (_d, s) = store();
+    let u = Underlay::new();
+    let mut a = Host::new("a", &u, Some("198.18.9.1"), Some("2001:db8:9::1"), &*s);
+    let mut b = Host::new("b", &u, Some("198.18.9.2"), Some("2001:db8:9::2"), &*s);
+    let pa = allocate(&s, "a", true);
+    let pb = allocate(&s, "b", true);
+    a.start(&s, "198.18.9.1");
+    b.start(&s, "198.18.9.2");
+    // The mesh session runs over IPv4 only.
+    assert_eq!(a.wait_established(), vec!["198.18.9.2".parse::<IpAddr>().unwrap()]);
+    assert_eq!(b.wait_established(), vec!["198.18.9.1".parse::<IpAddr>().unwrap()]);
+    assert_eq!(a.bgp.as_ref().unwrap().status().router_id, "198.18.9.1");
+    assert_eq!(
+        recorded(&*s, "a"),
+        (
+            Some("198.18.9.1/24".to_string()),
+            Some("2001:db8:9::1/64".to_string())
+        )
+    );
+    // Both families of the other's blocks in the kernel, each via the node's own address of
+    // that family.
+    let (a4, a6) = (block(&s, pa[0]), block(&s, pa[1]));
+    let (b4, b6) = (block(&s, pb[0]), block(&s, pb[1]));
+    assert!(b6.ends_with("/122"), "{b6}");
+    a.wait_routes(&[
+        &format!("{b4} via 198.18.9.2 dev eth0"),
+        &format!("{b6} via 2001:db8:9::2 dev eth0"),
+    ]);
+    b.wait_routes(&[
+        &format!("{a4} via 198.18.9.1 dev eth0"),
+        &format!("{a6} via 2001:db8:9::1 dev eth0"),
+    ]);
+    // Never its own blocks.
+    let own = a.bgp_routes();
+    assert!(!own.contains(&a4) && !own.contains(&a6), "{own}");
+    // The route carries traffic: a TCP connection from node a reaches b's IPv6 pod address
+    // (on b's loopback here), from a's IPv6 node address.
+    b.ns.ip(&["-6", "addr", "add", &format!("{}/128", pb[1]), "dev", "lo", "nodad"]);
+    let to = pb[1];
+    let server = b.ns.run(move || TcpListener::bind(SocketAddr::new(to, 0)).unwrap());
+    let dst = server.local_addr().unwrap();
+    let client = a.ns.run(move || TcpStream::connect_timeout(&dst, Duration::from_secs(5)));
+    assert!(client.is_ok(), "TCP to {dst} from a: {client:?}");
+    let (_, from) = server.accept().unwrap();
+    assert_eq!(from.ip(), "2001:db8:9::1".parse::<IpAddr>().unwrap());
+}
+
+#[test]
+fn ipv6_only_nodes_peer_over_ipv6_with_hashed_router_ids() {
+    tern_testkit::need_root();
+    let (_d, s) = store();
+    let u = Underlay::new();
+    let mut a = Host::new("a", &u, None, Some("2001:db8:9::1"), &*s);
+    let mut b = Host::new("b", &u, None, Some("2001:db8:9::2"), &*s);
+    let pa = allocate(&s, "a", false);
+    let pb = allocate(&s, "b", false);
+    a.start(&s, "2001:db8:9::1");
+    b.start(&s, "2001:db8:9::2");
+    assert_eq!(a.wait_established(), vec!["2001:db8:9::2".parse::<IpAddr>().unwrap()]);
+    b.wait_established();
+    assert_eq!(
+        a.bgp.as_ref().unwrap().status().router_id,
+        router_id_hash("a").to_string()
+    );
+    assert_eq!(
+        recorded(&*s, "b"),
+        (None, Some("2001:db8:9::2/64".to_string()))
+    );
+    let (a6, b6) = (block(&s, pa[0]), block(&s, pb[0]));
+    a.wait_routes(&[&format!("{b6} via 2001:db8:9::2 dev eth0")]);
+    b.wait_routes(&[&format!("{a6} via 2001:db8:9::1 dev eth0")]);
+}
