@@ -197,8 +197,14 @@ fn dual_stack_nodes_carry_ipv6_blocks_over_their_ipv4_session() {
     a.start(&s, "198.18.9.1");
     b.start(&s, "198.18.9.2");
     // The mesh session runs over IPv4 only.
-    assert_eq!(a.wait_established(), vec!["198.18.9.2".parse::<IpAddr>().unwrap()]);
-    assert_eq!(b.wait_established(), vec!["198.18.9.1".parse::<IpAddr>().unwrap()]);
+    assert_eq!(
+        a.wait_established(),
+        vec!["198.18.9.2".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        b.wait_established(),
+        vec!["198.18.9.1".parse::<IpAddr>().unwrap()]
+    );
     assert_eq!(a.bgp.as_ref().unwrap().status().router_id, "198.18.9.1");
     assert_eq!(
         recorded(&*s, "a"),
@@ -225,11 +231,21 @@ fn dual_stack_nodes_carry_ipv6_blocks_over_their_ipv4_session() {
     assert!(!own.contains(&a4) && !own.contains(&a6), "{own}");
     // The route carries traffic: a TCP connection from node a reaches b's IPv6 pod address
     // (on b's loopback here), from a's IPv6 node address.
-    b.ns.ip(&["-6", "addr", "add", &format!("{}/128", pb[1]), "dev", "lo", "nodad"]);
+    b.ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{}/128", pb[1]),
+        "dev",
+        "lo",
+        "nodad",
+    ]);
     let to = pb[1];
-    let server = b.ns.run(move || TcpListener::bind(SocketAddr::new(to, 0)).unwrap());
+    let server =
+        b.ns.run(move || TcpListener::bind(SocketAddr::new(to, 0)).unwrap());
     let dst = server.local_addr().unwrap();
-    let client = a.ns.run(move || TcpStream::connect_timeout(&dst, Duration::from_secs(5)));
+    let client =
+        a.ns.run(move || TcpStream::connect_timeout(&dst, Duration::from_secs(5)));
     assert!(client.is_ok(), "TCP to {dst} from a: {client:?}");
     let (_, from) = server.accept().unwrap();
     assert_eq!(from.ip(), "2001:db8:9::1".parse::<IpAddr>().unwrap());
@@ -246,7 +262,10 @@ fn ipv6_only_nodes_peer_over_ipv6_with_hashed_router_ids() {
     let pb = allocate(&s, "b", false);
     a.start(&s, "2001:db8:9::1");
     b.start(&s, "2001:db8:9::2");
-    assert_eq!(a.wait_established(), vec!["2001:db8:9::2".parse::<IpAddr>().unwrap()]);
+    assert_eq!(
+        a.wait_established(),
+        vec!["2001:db8:9::2".parse::<IpAddr>().unwrap()]
+    );
     b.wait_established();
     assert_eq!(
         a.bgp.as_ref().unwrap().status().router_id,

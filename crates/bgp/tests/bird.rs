@@ -323,6 +323,36 @@ async fn wait_rib(h: &SpeakerHandle, prefix: IpNet, next_hop: IpAddr) {
     }
 }
 
+/// Starts speaker `c`, originates `prefixes`, peers with BIRD at `bird` and waits for the
+/// session; then waits until BIRD's static IPv6 route (`fd00:10:244:99::/122`) is learned via
+/// BIRD's global IPv6 address.
+async fn with_bird6(
+    c: SpeakerConfig,
+    prefixes: &[&str],
+    bird: &str,
+) -> (
+    SpeakerHandle,
+    tokio::sync::mpsc::UnboundedReceiver<RouteEvent>,
+) {
+    let mut a = Speaker::start(c).await.unwrap();
+    let mut ev = a.take_events().unwrap();
+    for p in prefixes {
+        a.originate(net(p), None).await.unwrap();
+    }
+    a.add_peer(PeerConfig::new(ip(bird), 64512)).await.unwrap();
+    established(&a).await;
+    wait_event(
+        &mut ev,
+        &RouteEvent::Install {
+            prefix: net("fd00:10:244:99::/122"),
+            next_hop: ip("2001:db8::1"),
+        },
+        20,
+    )
+    .await;
+    (a, ev)
+}
+
 /// MP-BGP IPv6 unicast over an IPv6 session (a v6-only node): tern's block reaches BIRD's
 /// table with tern's address as next hop, BIRD's static route reaches tern's RIB; a withdrawal
 /// travels too.
@@ -346,21 +376,11 @@ protocol bgp t2 {
 }
 "#;
         let bird = Bird::start_with("v6", conf, &["2001:db8::2/64"], &["2001:db8::1/64"]);
-        let mut a = Speaker::start(tern6(ip("2001:db8::2"))).await.unwrap();
-        let mut ev = a.take_events().unwrap();
-        a.originate(net("fd00:10:244::40/122"), None).await.unwrap();
-        a.add_peer(PeerConfig::new(ip("2001:db8::1"), 64512))
-            .await
-            .unwrap();
-        established(&a).await;
         // BIRD -> tern: the static route, next hop BIRD's global address.
-        wait_event(
-            &mut ev,
-            &RouteEvent::Install {
-                prefix: net("fd00:10:244:99::/122"),
-                next_hop: ip("2001:db8::1"),
-            },
-            20,
+        let (a, _ev) = with_bird6(
+            tern6(ip("2001:db8::2")),
+            &["fd00:10:244::40/122"],
+            "2001:db8::1",
         )
         .await;
         wait_rib(&a, net("fd00:10:244:99::/122"), ip("2001:db8::1")).await;
@@ -418,23 +438,7 @@ protocol bgp t2 {
         );
         let mut c = tern6(ip("198.18.0.2"));
         c.listen_also = Some(SocketAddr::new(ip("2001:db8::2"), 179));
-        let mut a = Speaker::start(c).await.unwrap();
-        let mut ev = a.take_events().unwrap();
-        a.originate(net("10.244.2.0/26"), None).await.unwrap();
-        a.originate(net("fd00:10:244::40/122"), None).await.unwrap();
-        a.add_peer(PeerConfig::new(ip("198.18.0.1"), 64512))
-            .await
-            .unwrap();
-        established(&a).await;
-        wait_event(
-            &mut ev,
-            &RouteEvent::Install {
-                prefix: net("fd00:10:244:99::/122"),
-                next_hop: ip("2001:db8::1"),
-            },
-            20,
-        )
-        .await;
+        let (a, _ev) = with_bird6(c, &["10.244.2.0/26", "fd00:10:244::40/122"], "198.18.0.1").await;
         let out = bird
             .wait_routes(&[
                 "10.244.2.0/26",

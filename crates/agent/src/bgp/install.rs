@@ -384,7 +384,12 @@ mod tests {
     #[test]
     fn ipv6_routes_are_installed_as_ipv4_ones() {
         let (mut k, mut inst, _) = node();
-        let eth0 = k.all_links().iter().find(|l| l.name == "eth0").unwrap().index;
+        let eth0 = k
+            .all_links()
+            .iter()
+            .find(|l| l.name == "eth0")
+            .unwrap()
+            .index;
         k.add_address(eth0, n("2001:db8::11/64")).unwrap();
         k.put_route(Route {
             dst: n("::/0"),

@@ -263,15 +263,21 @@ impl Runner {
         self.shared.lock().unwrap().last_error = None;
         let restart = match &self.speaker {
             Some((_, cur)) => {
-                (cur.asn, cur.router_id, cur.v4, cur.v6, cur.port, cur.cluster_id)
-                    != (
-                        plan.asn,
-                        plan.router_id,
-                        plan.v4,
-                        plan.v6,
-                        plan.port,
-                        plan.cluster_id,
-                    )
+                (
+                    cur.asn,
+                    cur.router_id,
+                    cur.v4,
+                    cur.v6,
+                    cur.port,
+                    cur.cluster_id,
+                ) != (
+                    plan.asn,
+                    plan.router_id,
+                    plan.v4,
+                    plan.v6,
+                    plan.port,
+                    plan.cluster_id,
+                )
             }
             None => true,
         };
@@ -470,14 +476,12 @@ impl Runner {
             .and_then(|ip| crate::host::local_address(ip).ok());
         let found = crate::host::node_addresses();
         let pick = |v6: bool| {
-            given
-                .filter(|a| a.addr().is_ipv6() == v6)
-                .or_else(|| {
-                    found
-                        .iter()
-                        .find(|a| a.addr().is_ipv6() == v6 && !is_link_local(a.addr()))
-                        .copied()
-                })
+            given.filter(|a| a.addr().is_ipv6() == v6).or_else(|| {
+                found
+                    .iter()
+                    .find(|a| a.addr().is_ipv6() == v6 && !is_link_local(a.addr()))
+                    .copied()
+            })
         };
         (pick(false), pick(true))
     }

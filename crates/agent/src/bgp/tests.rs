@@ -680,7 +680,11 @@ fn import_policy_for_ipv6_as_for_ipv4() {
         ("fd00:10:244::1000/122", &[b6], Ok(())),
         ("fd00:10:244::1000/128", &[b6], Ok(())),
         // Not b's block from c.
-        ("fd00:10:244::80/122", &[c6], Err(Rejection::NotBlockOwner(blk))),
+        (
+            "fd00:10:244::80/122",
+            &[c6],
+            Err(Rejection::NotBlockOwner(blk)),
+        ),
         // A more specific inside b's block: refused from anyone.
         (
             "fd00:10:244::80/123",
