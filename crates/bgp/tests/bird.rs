@@ -323,6 +323,14 @@ async fn wait_rib(h: &SpeakerHandle, prefix: IpNet, next_hop: IpAddr) {
     }
 }
 
+/// BIRD's head for the IPv6 tests: its static IPv6 route `fd00:10:244:99::/122`.
+const BIRD6_HEAD: &str = r#"
+log stderr all;
+router id 198.18.0.1;
+protocol device { scan time 1; }
+protocol static pods6 { ipv6; route fd00:10:244:99::/122 blackhole; }
+"#;
+
 /// Starts speaker `c`, originates `prefixes`, peers with BIRD at `bird` and waits for the
 /// session; then waits until BIRD's static IPv6 route (`fd00:10:244:99::/122`) is learned via
 /// BIRD's global IPv6 address.
@@ -360,22 +368,20 @@ async fn with_bird6(
 fn bird_ipv6_unicast_over_an_ipv6_session() {
     need_bird();
     in_netns(|| async {
-        let conf = r#"
-log stderr all;
-router id 198.18.0.1;
-protocol device { scan time 1; }
-protocol static pods6 { ipv6; route fd00:10:244:99::/122 blackhole; }
-protocol bgp t2 {
+        let conf = format!(
+            r#"{BIRD6_HEAD}
+protocol bgp t2 {{
   local 2001:db8::1 as 64512;
   neighbor 2001:db8::2 as 64512;
   direct;
   graceful restart;
   connect delay time 1;
   connect retry time 1;
-  ipv6 { import all; export where source = RTS_STATIC; gateway direct; };
-}
-"#;
-        let bird = Bird::start_with("v6", conf, &["2001:db8::2/64"], &["2001:db8::1/64"]);
+  ipv6 {{ import all; export where source = RTS_STATIC; gateway direct; }};
+}}
+"#
+        );
+        let bird = Bird::start_with("v6", &conf, &["2001:db8::2/64"], &["2001:db8::1/64"]);
         // BIRD -> tern: the static route, next hop BIRD's global address.
         let (a, _ev) = with_bird6(
             tern6(ip("2001:db8::2")),
@@ -409,30 +415,28 @@ protocol bgp t2 {
 fn bird_ipv6_unicast_over_an_ipv4_session_with_ipv6_next_hops() {
     need_bird();
     in_netns(|| async {
-        let conf = r#"
-log stderr all;
-router id 198.18.0.1;
-protocol device { scan time 1; }
-protocol static pods6 { ipv6; route fd00:10:244:99::/122 blackhole; }
-protocol bgp t2 {
+        let conf = format!(
+            r#"{BIRD6_HEAD}
+protocol bgp t2 {{
   local 198.18.0.1 as 64512;
   neighbor 198.18.0.2 as 64512;
   direct;
   graceful restart;
   connect delay time 1;
   connect retry time 1;
-  ipv4 { import all; export none; };
-  ipv6 {
+  ipv4 {{ import all; export none; }};
+  ipv6 {{
     import all;
     export where source = RTS_STATIC;
     next hop address 2001:db8::1;
     gateway direct;
-  };
-}
-"#;
+  }};
+}}
+"#
+        );
         let bird = Bird::start_with(
             "v6over4",
-            conf,
+            &conf,
             &["198.18.0.2/24", "2001:db8::2/64"],
             &["198.18.0.1/24", "2001:db8::1/64"],
         );
