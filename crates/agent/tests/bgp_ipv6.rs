@@ -7,8 +7,12 @@
 //!   families in its kernel (protocol 85).
 //! - IPv6 only: the session runs over IPv6, the router ID is the hash of the node name, the
 //!   IPv6 blocks are installed.
+//! - a BIRD 2 peer over IPv6 (a global BGPPeer with an IPv6 `peerIP`): the nodes' IPv6 blocks
+//!   in BIRD's table via their IPv6 addresses (`birdc`), BIRD's IPv6 routes in the nodes'
+//!   kernels as the import policy admits them (a pool prefix, an `acceptPrefixes` one; not
+//!   `::/0`), and the session in the node's status.
 //!
-//! Needs root; nothing happens in the root namespace. Underlay 198.18.9.0/24 and
+//! Needs root (and BIRD 2 for the BIRD test); nothing happens in the root namespace. Underlay 198.18.9.0/24 and
 //! 2001:db8:9::/64, pools 10.244.0.0/16 and fd00:10:244::/48 inside the test's namespaces.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -17,7 +21,9 @@ use std::time::Duration;
 
 use tern_agent::bgp::{Bgp, BgpSettings, router_id_hash};
 use tern_ipam::{AllocationAttrs, AssignArgs, Ipam};
-use tern_model::{IpPool, IpPoolSpec, Node, NodeAddress, NodeSpec, Resource};
+use tern_model::{
+    AcceptPrefix, BgpPeer, BgpPeerSpec, IpPool, IpPoolSpec, Node, NodeAddress, NodeSpec, Resource,
+};
 use tern_store::Store;
 use tern_testkit::netns::{Netns, Underlay};
 use tern_testkit::wait::wait_until;
@@ -278,4 +284,158 @@ fn ipv6_only_nodes_peer_over_ipv6_with_hashed_router_ids() {
     let (a6, b6) = (block(&s, pa[0]), block(&s, pb[0]));
     a.wait_routes(&[&format!("{b6} via 2001:db8:9::2 dev eth0")]);
     b.wait_routes(&[&format!("{a6} via 2001:db8:9::1 dev eth0")]);
+}
+
+/// BIRD 2 in its own namespace on the underlay, stopped by PID on drop (the namespace goes
+/// with its `Netns`).
+struct Bird {
+    /// Held for its drop: the namespace goes after BIRD.
+    _ns: Netns,
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Bird {
+    /// BIRD at 198.18.9.100 and 2001:db8:9::100 on the underlay, with `config`.
+    fn start(u: &Underlay, config: &str) -> Bird {
+        let bin = tern_testkit::need_binary("/usr/sbin/bird");
+        tern_testkit::need_binary("/usr/sbin/birdc");
+        let ns = Netns::new("bird");
+        u.attach(&ns, "198.18.9.100/24", "198.18.9.254");
+        ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "2001:db8:9::100/64",
+            "dev",
+            "eth0",
+            "nodad",
+        ]);
+        let dir = tempfile::Builder::new().prefix("tbird-").tempdir().unwrap();
+        let conf = dir.path().join("bird.conf");
+        std::fs::write(&conf, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("bird.log")).unwrap();
+        // `ip netns exec` execs into bird: the child's PID is BIRD's.
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(bin)
+            .arg("-f")
+            .arg("-c")
+            .arg(&conf)
+            .arg("-s")
+            .arg(dir.path().join("bird.ctl"))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Bird {
+            _ns: ns,
+            child,
+            dir,
+        }
+    }
+
+    fn birdc(&self, cmd: &str) -> String {
+        let out = std::process::Command::new("/usr/sbin/birdc")
+            .arg("-s")
+            .arg(self.dir.path().join("bird.ctl"))
+            .args(cmd.split_whitespace())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until BIRD's route for `prefix` goes via `via`.
+    fn wait_route(&self, prefix: &str, via: &str) {
+        let cmd = format!("show route for {prefix}");
+        let ok = wait_until(CONVERGE, || {
+            let out = self.birdc(&cmd);
+            out.contains(prefix) && out.contains(&format!("via {via}"))
+        });
+        assert!(
+            ok,
+            "BIRD: {prefix} never via {via}:\n{}\n{}\nlog:\n{}",
+            self.birdc("show route"),
+            self.birdc("show protocols all"),
+            std::fs::read_to_string(self.dir.path().join("bird.log")).unwrap_or_default()
+        );
+    }
+}
+
+impl Drop for Bird {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn dual_stack_nodes_peer_with_bird_over_ipv6() {
+    tern_testkit::need_root();
+    let (_d, s) = store();
+    let u = Underlay::new();
+    let bird = Bird::start(
+        &u,
+        r#"
+log stderr all;
+router id 198.18.9.100;
+protocol device { scan time 1; }
+protocol static ext6 {
+  ipv6;
+  route fd00:10:244:ff::/122 blackhole;
+  route 2001:db8:ff::/64 blackhole;
+  route ::/0 blackhole;
+}
+template bgp node {
+  local 2001:db8:9::100 as 65001;
+  direct;
+  connect delay time 1;
+  connect retry time 1;
+  ipv6 { import all; export where source = RTS_STATIC; };
+}
+protocol bgp a from node { neighbor 2001:db8:9::1 as 64512; }
+protocol bgp b from node { neighbor 2001:db8:9::2 as 64512; }
+"#,
+    );
+    // Every node peers with BIRD over IPv6; its acceptPrefixes admit 2001:db8:ff::/48.
+    let mut spec = BgpPeerSpec {
+        peer_ip: Some("2001:db8:9::100".into()),
+        as_number: Some(65001),
+        ..Default::default()
+    };
+    spec.accept_prefixes = vec![AcceptPrefix {
+        cidr: "2001:db8:ff::/48".into(),
+        max_length: Some(64),
+    }];
+    let peer: BgpPeer = BgpPeer::new("tor6".to_string(), spec);
+    tern_model::put_resource(&*s, &Resource::BgpPeer(peer)).unwrap();
+    let mut a = Host::new("a", &u, Some("198.18.9.1"), Some("2001:db8:9::1"), &*s);
+    let mut b = Host::new("b", &u, Some("198.18.9.2"), Some("2001:db8:9::2"), &*s);
+    let pa = allocate(&s, "a", true);
+    let pb = allocate(&s, "b", true);
+    a.start(&s, "198.18.9.1");
+    b.start(&s, "198.18.9.2");
+    // The mesh over IPv4, BIRD over IPv6: the node's status has one session of each family.
+    let bird_ip: IpAddr = "2001:db8:9::100".parse().unwrap();
+    assert_eq!(
+        a.wait_established(),
+        vec!["198.18.9.2".parse::<IpAddr>().unwrap(), bird_ip]
+    );
+    let st = a.bgp.as_ref().unwrap().status();
+    let tor = st.peers.iter().find(|p| p.address == bird_ip).unwrap();
+    assert_eq!(tor.peer_type, "global");
+    // tern -> BIRD: each node's IPv6 block via the node's IPv6 address.
+    bird.wait_route(&block(&s, pa[1]), "2001:db8:9::1");
+    bird.wait_route(&block(&s, pb[1]), "2001:db8:9::2");
+    // BIRD -> tern: a pool prefix and an admitted one in the kernel; never the default route.
+    for h in [&a, &b] {
+        h.wait_routes(&[
+            "fd00:10:244:ff::/122 via 2001:db8:9::100 dev eth0",
+            "2001:db8:ff::/64 via 2001:db8:9::100 dev eth0",
+        ]);
+        let routes = h.bgp_routes();
+        assert!(!routes.contains("default"), "{}: {routes}", h.name);
+    }
+    let default = a.ns.ip(&["-6", "route", "show", "default"]);
+    assert!(default.contains("via 2001:db8:9::254"), "{default}");
 }
