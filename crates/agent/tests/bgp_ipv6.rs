@@ -191,17 +191,24 @@ fn recorded(store: &dyn Store, node: &str) -> (Option<String>, Option<String>) {
     (b.ipv4_address, b.ipv6_address)
 }
 
+/// Dual-stack nodes a (198.18.9.1, 2001:db8:9::1) and b (.2, ::2), a pod address of each
+/// family allocated for each (their blocks), BGP started: the nodes and their addresses.
+fn dual_pair(u: &Underlay, s: &Arc<dyn Store>) -> (Host, Host, Vec<IpAddr>, Vec<IpAddr>) {
+    let mut a = Host::new("a", u, Some("198.18.9.1"), Some("2001:db8:9::1"), &**s);
+    let mut b = Host::new("b", u, Some("198.18.9.2"), Some("2001:db8:9::2"), &**s);
+    let pa = allocate(s, "a", true);
+    let pb = allocate(s, "b", true);
+    a.start(s, "198.18.9.1");
+    b.start(s, "198.18.9.2");
+    (a, b, pa, pb)
+}
+
 #[test]
 fn dual_stack_nodes_carry_ipv6_blocks_over_their_ipv4_session() {
     tern_testkit::need_root();
     let (_d, s) = store();
     let u = Underlay::new();
-    let mut a = Host::new("a", &u, Some("198.18.9.1"), Some("2001:db8:9::1"), &*s);
-    let mut b = Host::new("b", &u, Some("198.18.9.2"), Some("2001:db8:9::2"), &*s);
-    let pa = allocate(&s, "a", true);
-    let pb = allocate(&s, "b", true);
-    a.start(&s, "198.18.9.1");
-    b.start(&s, "198.18.9.2");
+    let (a, b, pa, pb) = dual_pair(&u, &s);
     // The mesh session runs over IPv4 only.
     assert_eq!(
         a.wait_established(),
@@ -409,12 +416,7 @@ protocol bgp b from node { neighbor 2001:db8:9::2 as 64512; }
     }];
     let peer: BgpPeer = BgpPeer::new("tor6".to_string(), spec);
     tern_model::put_resource(&*s, &Resource::BgpPeer(peer)).unwrap();
-    let mut a = Host::new("a", &u, Some("198.18.9.1"), Some("2001:db8:9::1"), &*s);
-    let mut b = Host::new("b", &u, Some("198.18.9.2"), Some("2001:db8:9::2"), &*s);
-    let pa = allocate(&s, "a", true);
-    let pb = allocate(&s, "b", true);
-    a.start(&s, "198.18.9.1");
-    b.start(&s, "198.18.9.2");
+    let (a, b, pa, pb) = dual_pair(&u, &s);
     // The mesh over IPv4, BIRD over IPv6: the node's status has one session of each family.
     let bird_ip: IpAddr = "2001:db8:9::100".parse().unwrap();
     assert_eq!(
