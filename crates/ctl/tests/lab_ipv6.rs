@@ -590,7 +590,7 @@ fn dual_stack_bgp_with_a_bird_peer_over_ipv6() {
     common::wait_until(
         "node status shows the BIRD session up",
         30,
-        || String::new(),
+        || context(&lab),
         || {
             let s = node_status(&lab, "node1");
             let v6 = status_table(&s, true);
