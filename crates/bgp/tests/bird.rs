@@ -313,7 +313,7 @@ async fn wait_rib(h: &SpeakerHandle, prefix: IpNet, next_hop: IpAddr) {
             .iter()
             .any(|r| r.prefix == prefix && r.next_hop == Some(next_hop))
         {
-            return;
+            break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
