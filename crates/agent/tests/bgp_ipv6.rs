@@ -121,15 +121,23 @@ impl Host {
         );
     }
 
-    /// Waits until every session is up; returns their addresses.
-    fn wait_established(&self) -> Vec<IpAddr> {
+    /// Waits until the node's sessions are exactly those with `peers` (in address order), all
+    /// up: the plan may not have every peer yet while the other nodes record their addresses.
+    fn wait_established(&self, peers: &[&str]) {
         let bgp = self.bgp.as_ref().unwrap();
+        let want: Vec<IpAddr> = peers.iter().map(|p| p.parse().unwrap()).collect();
         let ok = wait_until(CONVERGE, || {
             let s = bgp.status();
-            !s.peers.is_empty() && s.peers.iter().all(|p| p.state == tern_api::PeerState::Up)
+            let mut have: Vec<IpAddr> = s.peers.iter().map(|p| p.address).collect();
+            have.sort();
+            have == want && s.peers.iter().all(|p| p.state == tern_api::PeerState::Up)
         });
-        assert!(ok, "{}: sessions not up: {:?}", self.name, bgp.status());
-        bgp.status().peers.iter().map(|p| p.address).collect()
+        assert!(
+            ok,
+            "{}: sessions not {want:?}, all up: {:?}",
+            self.name,
+            bgp.status()
+        );
     }
 }
 
@@ -210,14 +218,8 @@ fn dual_stack_nodes_carry_ipv6_blocks_over_their_ipv4_session() {
     let u = Underlay::new();
     let (a, b, pa, pb) = dual_pair(&u, &s);
     // The mesh session runs over IPv4 only.
-    assert_eq!(
-        a.wait_established(),
-        vec!["198.18.9.2".parse::<IpAddr>().unwrap()]
-    );
-    assert_eq!(
-        b.wait_established(),
-        vec!["198.18.9.1".parse::<IpAddr>().unwrap()]
-    );
+    a.wait_established(&["198.18.9.2"]);
+    b.wait_established(&["198.18.9.1"]);
     assert_eq!(a.bgp.as_ref().unwrap().status().router_id, "198.18.9.1");
     assert_eq!(
         recorded(&*s, "a"),
@@ -275,11 +277,8 @@ fn ipv6_only_nodes_peer_over_ipv6_with_hashed_router_ids() {
     let pb = allocate(&s, "b", false);
     a.start(&s, "2001:db8:9::1");
     b.start(&s, "2001:db8:9::2");
-    assert_eq!(
-        a.wait_established(),
-        vec!["2001:db8:9::2".parse::<IpAddr>().unwrap()]
-    );
-    b.wait_established();
+    a.wait_established(&["2001:db8:9::2"]);
+    b.wait_established(&["2001:db8:9::1"]);
     assert_eq!(
         a.bgp.as_ref().unwrap().status().router_id,
         router_id_hash("a").to_string()
@@ -419,10 +418,7 @@ protocol bgp b from node { neighbor 2001:db8:9::2 as 64512; }
     let (a, b, pa, pb) = dual_pair(&u, &s);
     // The mesh over IPv4, BIRD over IPv6: the node's status has one session of each family.
     let bird_ip: IpAddr = "2001:db8:9::100".parse().unwrap();
-    assert_eq!(
-        a.wait_established(),
-        vec!["198.18.9.2".parse::<IpAddr>().unwrap(), bird_ip]
-    );
+    a.wait_established(&["198.18.9.2", "2001:db8:9::100"]);
     let st = a.bgp.as_ref().unwrap().status();
     let tor = st.peers.iter().find(|p| p.address == bird_ip).unwrap();
     assert_eq!(tor.peer_type, "global");
