@@ -268,8 +268,9 @@ fn check_routes(
     for (other, bs) in &blocks {
         for b in bs {
             if *other == node.name {
+                let host = if b.contains(':') { 128 } else { 32 };
                 println!(
-                    "{b}: {}'s own block (blackhole; its pods have /32 routes)",
+                    "{b}: {}'s own block (blackhole; its pods have /{host} routes)",
                     node.name
                 );
             } else if let Some(r) = block_route(&table, b, encap, bgp) {
@@ -380,11 +381,14 @@ pub fn run(name: &str, bin_dir: &Path, o: &DemoOptions) -> anyhow::Result<i32> {
 
     'demo: {
         section(&format!(
-            "lab up: {} node{}, encap {}, ip-family {}, store {}{}, underlay in its own namespace{}",
+            "lab up: {} node{}, encap {}{}, store {}{}, underlay in its own namespace{}",
             o.nodes,
             if multi { "s" } else { "" },
             o.encap,
-            o.ip_family,
+            match o.ip_family {
+                IpFamily::Ipv4 => String::new(),
+                f => format!(", ip-family {f}"),
+            },
             o.store,
             if o.bgp { ", BGP full mesh" } else { "" },
             if o.encap == Encap::Crosssubnet {
