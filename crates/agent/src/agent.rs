@@ -139,13 +139,14 @@ impl Agent {
             accept_new_store: cfg.accept_new_store,
         };
         let cluster_id = crate::identity::establish(&joining, &*store)?;
-        match Ipam::new(store.clone()).ensure_default_pool(&cfg.default_ipv4_pool) {
-            Ok(true) => log::info!(
-                "created IPPool default-ipv4-ippool ({})",
-                cfg.default_ipv4_pool
-            ),
-            Ok(false) => {}
-            Err(e) => log::warn!("cannot check IP pools now (will serve anyway): {e}"),
+        // One default pool per family asked for (an empty IPv4 CIDR: none, IPv6-only).
+        let defaults = [Some(&cfg.default_ipv4_pool), cfg.default_ipv6_pool.as_ref()];
+        for cidr in defaults.into_iter().flatten().filter(|c| !c.is_empty()) {
+            match Ipam::new(store.clone()).ensure_default_pool(cidr) {
+                Ok(true) => log::info!("created a default IPPool ({cidr})"),
+                Ok(false) => {}
+                Err(e) => log::warn!("cannot check IP pools now (will serve anyway): {e}"),
+            }
         }
         let endpoint_store =
             crate::endpoints::open_store(&store, &cfg.state_dir, &cfg.node_name)

@@ -16,8 +16,12 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     /// Node-local state: the release journal lives here.
     pub state_dir: PathBuf,
-    /// CIDR of the pool created when none exists.
+    /// CIDR of the IPv4 pool created when no IPv4 pool exists; empty: none is created (an
+    /// IPv6-only cluster, `--no-default-ipv4-pool`).
     pub default_ipv4_pool: String,
+    /// CIDR of the IPv6 pool created when no IPv6 pool exists (`--default-ipv6-pool`); `None`:
+    /// none is created.
+    pub default_ipv6_pool: Option<String>,
     /// Prefix of host-side veth names; interfaces with it and no endpoint are removed.
     pub interface_prefix: String,
     /// Pod MTU when the plugin does not set one; 0 = detect from the default route's interface.
@@ -123,6 +127,7 @@ impl AgentConfig {
             socket: socket.into(),
             state_dir: PathBuf::from(tern_api::DEFAULT_STATE_DIR),
             default_ipv4_pool: tern_model::defaults::IPV4_POOL.to_string(),
+            default_ipv6_pool: None,
             interface_prefix: "tern".to_string(),
             mtu: 0,
             resync_seconds: 30,

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-pub use tern_lab::{Encap, StoreKind};
+pub use tern_lab::{Encap, IpFamily, StoreKind};
 
 /// ternctl: manage tern resources, IPAM, CNI installation and throwaway labs.
 #[derive(Debug, Parser)]
@@ -506,6 +506,14 @@ pub enum LabCommand {
         /// Default IPv4 pool (CIDR) of the lab.
         #[arg(long)]
         default_ipv4_pool: Option<String>,
+        /// Default IPv6 pool (CIDR) of the lab (with --ip-family ipv6 or dual; default
+        /// fd00:10:244::/48, /122 blocks).
+        #[arg(long)]
+        default_ipv6_pool: Option<String>,
+        /// Address families: of the underlay (198.18.0.0/15, 2001:db8::/32), the pools and
+        /// the pods (dual: an address of each).
+        #[arg(long, value_enum, default_value_t = IpFamily::Ipv4)]
+        ip_family: IpFamily,
         /// Encapsulation between nodes (crosssubnet: two subnets joined by a router, VXLAN
         /// only across them).
         #[arg(long, value_enum, default_value_t = Encap::None)]
@@ -560,7 +568,12 @@ pub enum LabCommand {
         /// Encapsulation between nodes.
         #[arg(long, value_enum, default_value_t = Encap::None)]
         encap: Encap,
-        /// Run the agents with `--bgp` (the default with --encap none and several nodes).
+        /// Address families of the lab (see `lab up --ip-family`); the traffic is proven in
+        /// each.
+        #[arg(long, value_enum, default_value_t = IpFamily::Ipv4)]
+        ip_family: IpFamily,
+        /// Run the agents with `--bgp` (the default with --encap none, several nodes and
+        /// --ip-family ipv4).
         #[arg(long, conflicts_with = "no_bgp")]
         bgp: bool,
         /// Do not run BGP: with --encap none, ternd programs the routes from the store.
@@ -585,7 +598,7 @@ pub enum LabCommand {
         #[command(subcommand)]
         command: NodeCommand,
     },
-    /// Show the IPv4 routes of every node (or one).
+    /// Show the routes of every node (or one), of each of the lab's families.
     Routes {
         /// Only this node.
         #[arg(long)]

@@ -32,9 +32,25 @@ pub struct BirdPeer {
 }
 
 impl BirdPeer {
-    /// Creates the namespace, plugs it into the flat underlay (`br0`) with `address`/24 and
-    /// starts BIRD with `config` (which should say `router id`).
+    /// Creates the namespace, plugs it into the flat underlay (`br0`) with `address`/24 (an
+    /// IPv6 `address`: /64, `nodad`) and starts BIRD with `config` (which should say
+    /// `router id`).
     pub fn start(st: &mut LabState, tag: &str, address: &str, config: &str) -> Result<BirdPeer> {
+        BirdPeer::start_with(st, tag, &[address], config)
+    }
+
+    /// As [`BirdPeer::start`], with several addresses on its `eth0` (a dual-stack peer: its
+    /// IPv4 and IPv6 addresses, with the same last number as the v4 one by the lab's
+    /// convention); [`BirdPeer::address`] is the first.
+    pub fn start_with(
+        st: &mut LabState,
+        tag: &str,
+        addresses: &[&str],
+        config: &str,
+    ) -> Result<BirdPeer> {
+        let Some(address) = addresses.first().copied() else {
+            return Err(LabError::Invalid(format!("BIRD peer {tag}: no address")));
+        };
         if !available() {
             return Err(LabError::Invalid(format!(
                 "{BIRD_BIN} not found (apt-get install bird2)"
@@ -54,10 +70,14 @@ impl BirdPeer {
         )?;
         ip_in(&ul, &["link", "set", &ul_end, "master", "br0", "up"])?;
         ip_in(&ns, &["link", "set", "lo", "up"])?;
-        ip_in(
-            &ns,
-            &["addr", "add", &format!("{address}/24"), "dev", "eth0"],
-        )?;
+        for a in addresses {
+            let prefix = if a.contains(':') {
+                crate::topology::UNDERLAY_PREFIX6
+            } else {
+                crate::topology::UNDERLAY_PREFIX
+            };
+            crate::topology::add_address(&ns, &format!("{a}/{prefix}"), "eth0")?;
+        }
         ip_in(&ns, &["link", "set", "eth0", "up"])?;
         let dir = st.dir().join(format!("bird-{tag}"));
         std::fs::create_dir_all(&dir)

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use tern_ipam::Ipam;
-use tern_model::defaults::IPV4_POOL_NAME;
+use tern_model::defaults::{IPV4_POOL_NAME, IPV6_BLOCK_SIZE, IPV6_POOL_NAME};
 use tern_model::{Document, IpPoolSpec, Kind, Resource};
 use tern_store::Store;
 
@@ -59,14 +59,21 @@ where
     }
 }
 
-/// The lab's default IPPool: `cidr`, encapsulation from the lab's mode, natOutgoing on.
+/// The lab's default IPPool of `cidr`'s family: `cidr`, encapsulation from the lab's mode,
+/// natOutgoing on; an IPv6 one is `default-ipv6-ippool` with Calico's /122 blocks.
 pub fn default_pool(st: &LabState, cidr: &str) -> Resource {
     let mut spec = IpPoolSpec::new(cidr);
     let (vxlan, ipip) = st.encap.pool_modes();
     spec.vxlan_mode = vxlan;
     spec.ipip_mode = ipip;
     spec.nat_outgoing = true;
-    Document::new(IPV4_POOL_NAME, spec).into()
+    let name = if cidr.contains(':') {
+        spec.block_size = IPV6_BLOCK_SIZE;
+        IPV6_POOL_NAME
+    } else {
+        IPV4_POOL_NAME
+    };
+    Document::new(name, spec).into()
 }
 
 /// Writes the lab's default IPPool (as `ternctl apply` would). Done before any agent starts, so
@@ -77,7 +84,7 @@ pub fn apply_default_pool(st: &LabState, cidr: &str) -> Result<()> {
     with_store(st, move |s| {
         tern_model::put_resource(&*s, &pool)
             .map(drop)
-            .map_err(|e| LabError::Invalid(format!("cannot apply IPPool {IPV4_POOL_NAME}: {e}")))
+            .map_err(|e| LabError::Invalid(format!("cannot apply IPPool {}: {e}", pool.name())))
     })
 }
 
@@ -147,6 +154,13 @@ mod tests {
         assert_eq!(p.spec.vxlan_mode, tern_model::EncapMode::CrossSubnet);
         assert_eq!(p.spec.ipip_mode, tern_model::EncapMode::Never);
         assert!(p.spec.nat_outgoing);
+        let Resource::IpPool(p6) = default_pool(&st, "fd00:10:244::/48") else {
+            panic!("not a pool")
+        };
+        assert_eq!(p6.metadata.name, IPV6_POOL_NAME);
+        assert_eq!(p6.spec.block_size, 122);
+        assert_eq!(p6.spec.vxlan_mode, tern_model::EncapMode::CrossSubnet);
+        assert!(p6.spec.nat_outgoing);
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!                      namespace tl-<lab>-rtr for cross-subnet; see [`topology`])
 //!     |  veth n1 <-> eth0
 //!   tl-<lab>-node1     eth0 198.18.0.11/24, default via 198.18.0.1, ip_forward=0 until ternd sets it
+//!                      (--ip-family ipv6|dual: 2001:db8::11/64 too or instead, default via
+//!                      2001:db8::1, IPv6 forwarding off until ternd sets it)
 //!     |  veth made by ternd
 //!   tl-<lab>-pod-<p>   eth0 configured by the real `tern` CNI plugin
 //! ```
@@ -51,7 +53,7 @@ pub mod verdict;
 
 pub use ops::{down, node_add, node_del, status};
 pub use pod::{add_pod, del_pod, start_server};
-pub use state::{Encap, LabState, NodeState, PodState, ServerState, StoreKind};
+pub use state::{Encap, IpFamily, LabState, NodeState, PodState, ServerState, StoreKind};
 pub use topology::{UpOptions, kill_agent, restart_agent, start_agent, up};
 
 /// Directory holding every lab's state directory.

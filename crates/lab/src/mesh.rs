@@ -2,12 +2,12 @@
 //! probes run on threads inside the source pods' namespaces, so a full mesh costs no process
 //! starts; the echo servers are the ones `start_server` launched.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use crate::netns::in_netns;
 use crate::process::ip_in;
-use crate::state::LabState;
+use crate::state::{self, LabState, PodState};
 use crate::traffic::{self, Proto};
 use crate::{LabError, Result};
 
@@ -90,16 +90,67 @@ pub fn check_mesh(
     protos: &[Proto],
     timeout: Duration,
 ) -> Result<MeshReport> {
+    mesh_to(st, port, protos, timeout, |p| {
+        p.addresses.first()?.parse().ok()
+    })
+}
+
+/// As [`check_mesh`], to every pod's address of one family (`v6`): in a dual-stack lab, run
+/// once per family. A pod without an address of the family is a failed probe, not skipped.
+pub fn check_mesh_family(
+    st: &LabState,
+    port: u16,
+    protos: &[Proto],
+    timeout: Duration,
+    v6: bool,
+) -> Result<MeshReport> {
+    let mut report = mesh_to(st, port, protos, timeout, |p| pod_ip_of(p, v6))?;
+    for d in st.pods.iter().filter(|d| pod_ip_of(d, v6).is_none()) {
+        for proto in protos {
+            report.results.push(PairResult {
+                src: "-".into(),
+                dst: d.name.clone(),
+                proto: *proto,
+                target: SocketAddr::new(unspecified(v6), port),
+                outcome: Err(format!("pod has no IPv{} address", if v6 { 6 } else { 4 })),
+            });
+        }
+    }
+    Ok(report)
+}
+
+fn unspecified(v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+    }
+}
+
+/// A pod's address of one family (`v6`), if it has one.
+pub fn pod_ip_of(p: &PodState, v6: bool) -> Option<IpAddr> {
+    p.addresses
+        .iter()
+        .filter_map(|a| a.parse::<IpAddr>().ok())
+        .find(|a| a.is_ipv6() == v6)
+}
+
+/// Probes every pod from every other pod at the address `addr` picks (pods it gives none are
+/// left out).
+fn mesh_to(
+    st: &LabState,
+    port: u16,
+    protos: &[Proto],
+    timeout: Duration,
+    addr: impl Fn(&PodState) -> Option<IpAddr>,
+) -> Result<MeshReport> {
     let mut report = MeshReport::default();
     for src in &st.pods {
         let targets: Vec<(String, SocketAddr)> = st
             .pods
             .iter()
             .filter(|d| d.name != src.name)
-            .filter_map(|d| {
-                let ip = d.addresses.first()?.parse().ok()?;
-                Some((d.name.clone(), SocketAddr::new(ip, port)))
-            })
+            .filter_map(|d| Some((d.name.clone(), SocketAddr::new(addr(d)?, port))))
             .collect();
         let src_name = src.name.clone();
         let results = in_netns(&src.netns, || {
@@ -143,6 +194,113 @@ pub fn probe_continuous_from(
 pub fn routes(st: &LabState, node: &str) -> Result<String> {
     let n = st.node(node)?;
     ip_in(&n.netns, &["-4", "route", "show"])
+}
+
+/// A node's routing table of one family (`v6`: `ip -6 route`).
+pub fn routes_of(st: &LabState, node: &str, v6: bool) -> Result<String> {
+    let n = st.node(node)?;
+    ip_in(&n.netns, &[if v6 { "-6" } else { "-4" }, "route", "show"])
+}
+
+/// The routing tables of every family of the lab, every node (for failure messages).
+pub fn all_routes(st: &LabState) -> String {
+    let mut out = String::new();
+    for n in &st.nodes {
+        for v6 in [false, true] {
+            if (v6 && !st.ip_family.has_v6()) || (!v6 && !st.ip_family.has_v4()) {
+                continue;
+            }
+            out.push_str(&format!(
+                "\n--- {} IPv{} routes ---\n{}",
+                n.name,
+                if v6 { 6 } else { 4 },
+                routes_of(st, &n.name, v6).unwrap_or_else(|e| e.to_string())
+            ));
+        }
+    }
+    out
+}
+
+/// Probes pod `pod`'s echo server on `port` (its address of family `v6`) from node `node`'s
+/// own namespace (the host, not a pod).
+pub fn probe_from_node(
+    st: &LabState,
+    node: &str,
+    pod: &str,
+    proto: Proto,
+    port: u16,
+    v6: bool,
+    timeout: Duration,
+) -> Result<traffic::ProbeOk> {
+    let n = st.node(node)?;
+    let p = st.pod(pod)?;
+    let ip = pod_ip_of(p, v6).ok_or_else(|| {
+        LabError::Invalid(format!(
+            "pod {pod} has no IPv{} address",
+            if v6 { 6 } else { 4 }
+        ))
+    })?;
+    in_netns(&n.netns, || {
+        traffic::probe(proto, SocketAddr::new(ip, port), timeout)
+    })?
+}
+
+/// The lab's "outside": a namespace and address of family `v6` off the pod network that every
+/// node reaches over its default route, but that has no route to the pods (so only
+/// natOutgoing gets an answer back): the underlay bridge's address, or in a cross-subnet lab
+/// the router's address on the first subnet.
+pub fn outside(st: &LabState, v6: bool) -> Result<(String, IpAddr)> {
+    let (ns, addr) = match (st.encap, v6) {
+        (crate::Encap::Crosssubnet, false) => (state::router_ns(&st.name), "198.18.1.1"),
+        (crate::Encap::Crosssubnet, true) => (state::router_ns(&st.name), "2001:db8:1::1"),
+        (_, false) => (
+            state::underlay_ns(&st.name),
+            crate::topology::UNDERLAY_GATEWAY,
+        ),
+        (_, true) => (
+            state::underlay_ns(&st.name),
+            crate::topology::UNDERLAY_GATEWAY6,
+        ),
+    };
+    if (v6 && !st.ip_family.has_v6()) || (!v6 && !st.ip_family.has_v4()) {
+        return Err(LabError::Invalid(format!(
+            "lab {} ({}) has no IPv{} outside",
+            st.name,
+            st.ip_family,
+            if v6 { 6 } else { 4 }
+        )));
+    }
+    let ip = addr
+        .parse()
+        .map_err(|e| LabError::Invalid(format!("{addr}: {e}")))?;
+    Ok((ns, ip))
+}
+
+/// Probes the lab's outside ([`outside`], family `v6`) on `port` from pod `pod`, with a
+/// one-probe echo server there ([`traffic::Witness`]); returns the answer and the source
+/// address the outside saw (the node's underlay address when the pool masquerades).
+pub fn probe_outside(
+    st: &LabState,
+    pod: &str,
+    proto: Proto,
+    port: u16,
+    v6: bool,
+    timeout: Duration,
+) -> Result<traffic::SeenProbe> {
+    let p = st.pod(pod)?;
+    let (ns, ip) = outside(st, v6)?;
+    let target = SocketAddr::new(ip, port);
+    let witness = in_netns(&ns, || traffic::Witness::bind(proto, target, timeout))??;
+    let seen = witness.answer_one();
+    let ok = in_netns(&p.netns, || traffic::probe(proto, target, timeout))?;
+    let source = seen
+        .join()
+        .map_err(|_| LabError::Invalid("outside server thread panicked".into()))?;
+    let ok = ok?;
+    Ok(traffic::SeenProbe {
+        ok,
+        source: source?,
+    })
 }
 
 /// The routes of `node` toward the pod networks of other nodes: every line of its routing

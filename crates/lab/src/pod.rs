@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::process::{self, ip_in, netns_add, netns_del, netns_exec};
-use crate::state::{self, LabState, NodeState, PodState, ServerState};
+use crate::state::{self, IpFamily, LabState, NodeState, PodState, ServerState};
 use crate::{LabError, Result};
 
 /// CNI network name used by lab pods.
@@ -15,15 +15,26 @@ pub const NETWORK_NAME: &str = "k8s-pod-network";
 /// Kubernetes namespace of lab pods.
 pub const POD_NAMESPACE: &str = "default";
 
-/// The network configuration given to `tern` for pods of `node`.
+/// The network configuration given to `tern` for pods of `node` in an IPv4 lab.
 pub fn netconf(node: &NodeState) -> serde_json::Value {
+    netconf_for(node, IpFamily::Ipv4)
+}
+
+/// The network configuration given to `tern` for pods of `node` in a lab of `family`: an
+/// address of each of the lab's families (`assign_ipv4` / `assign_ipv6`, as Calico's).
+pub fn netconf_for(node: &NodeState, family: IpFamily) -> serde_json::Value {
+    let flag = |on: bool| if on { "true" } else { "false" };
     serde_json::json!({
         "cniVersion": "1.0.0",
         "name": NETWORK_NAME,
         "type": "tern",
         "agent_socket": node.socket,
         "state_dir": node.state_dir,
-        "ipam": {"type": "tern-ipam", "assign_ipv4": "true"},
+        "ipam": {
+            "type": "tern-ipam",
+            "assign_ipv4": flag(family.has_v4()),
+            "assign_ipv6": flag(family.has_v6()),
+        },
     })
 }
 
@@ -45,7 +56,7 @@ fn run_plugin(
     pod: &PodState,
     command: &'static str,
 ) -> Result<String> {
-    let conf = netconf(node).to_string();
+    let conf = netconf_for(node, st.ip_family).to_string();
     exec_plugin(st, node, pod, command, (POD_NAMESPACE, &pod.name), &conf)
 }
 
@@ -268,6 +279,13 @@ mod tests {
         assert_eq!(c["state_dir"], "/run/tern-lab/lab/node1");
         assert_eq!(c["ipam"]["type"], "tern-ipam");
         assert_eq!(c["ipam"]["assign_ipv4"], "true");
+        assert_eq!(c["ipam"]["assign_ipv6"], "false");
+        let v6 = netconf_for(&n, IpFamily::Ipv6);
+        assert_eq!(v6["ipam"]["assign_ipv4"], "false");
+        assert_eq!(v6["ipam"]["assign_ipv6"], "true");
+        let dual = netconf_for(&n, IpFamily::Dual);
+        assert_eq!(dual["ipam"]["assign_ipv4"], "true");
+        assert_eq!(dual["ipam"]["assign_ipv6"], "true");
     }
 
     #[test]

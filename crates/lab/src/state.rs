@@ -54,6 +54,64 @@ pub struct LabState {
     /// in state files from before it was recorded.
     #[serde(default)]
     pub pool_cidr: Option<String>,
+    /// The address families of the underlay and the pools (state files from before it was
+    /// recorded are IPv4 labs).
+    #[serde(default)]
+    pub ip_family: IpFamily,
+    /// CIDR of the lab's default IPv6 IPPool, when the lab has IPv6 (`ip_family` ipv6 or dual).
+    #[serde(default)]
+    pub pool6_cidr: Option<String>,
+}
+
+/// The address families of a lab (`lab up --ip-family`): its underlay, its pools, its pods.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum IpFamily {
+    /// IPv4 underlay (198.18.0.0/15) and an IPv4 pool.
+    #[default]
+    Ipv4,
+    /// IPv6 underlay (2001:db8::/32) and an IPv6 pool only.
+    Ipv6,
+    /// Both underlays and both pools: every pod gets an address of each family.
+    Dual,
+}
+
+impl IpFamily {
+    /// The name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::Ipv4 => "ipv4",
+            IpFamily::Ipv6 => "ipv6",
+            IpFamily::Dual => "dual",
+        }
+    }
+
+    /// Whether the lab has IPv4 (underlay, pool, pod addresses).
+    pub fn has_v4(self) -> bool {
+        self != IpFamily::Ipv6
+    }
+
+    /// Whether the lab has IPv6 (underlay, pool, pod addresses).
+    pub fn has_v6(self) -> bool {
+        self != IpFamily::Ipv4
+    }
+}
+
+impl std::fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `host:port`, with the host in brackets when it is an IPv6 address (`[2001:db8::2]:2379`).
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// How pod traffic between nodes is carried; set by the lab's default IPPool.
@@ -186,6 +244,24 @@ pub struct NodeState {
     /// Prefix length of the node's underlay subnet.
     #[serde(default)]
     pub prefix_len: u8,
+    /// The node's IPv6 underlay address in a dual-stack lab (in an IPv6-only lab, `address`
+    /// is IPv6 and this is `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6: Option<String>,
+}
+
+impl NodeState {
+    /// The node's underlay addresses: `address`, then `address6` when there is one.
+    pub fn addresses(&self) -> Vec<&str> {
+        std::iter::once(self.address.as_str())
+            .chain(self.address6.as_deref())
+            .collect()
+    }
+
+    /// The node's underlay address of `v6`'s family, if it has one.
+    pub fn address_of(&self, v6: bool) -> Option<&str> {
+        self.addresses().into_iter().find(|a| a.contains(':') == v6)
+    }
 }
 
 /// One pod: a namespace whose `eth0` was set up by the `tern` plugin.
@@ -313,7 +389,7 @@ impl LabState {
     pub fn store_url(&self) -> String {
         match (&self.store, &self.etcd, &self.kube) {
             (StoreKind::Etcd, Some(e), _) => {
-                format!("etcd://{}:{}", e.address, ETCD_CLIENT_PORT)
+                format!("etcd://{}", host_port(&e.address, ETCD_CLIENT_PORT))
             }
             // The admin kubeconfig names the API server's underlay address: reachable from the
             // lab's namespaces. Its path is known before the cluster is built.
@@ -563,6 +639,7 @@ mod tests {
             state_dir: "/run/tern-lab/lab/node1".into(),
             gateway: "198.18.0.1".into(),
             prefix_len: 24,
+            address6: Some("2001:db8::11".into()),
         });
         s.pods.push(PodState {
             name: "pod1".into(),
@@ -612,6 +689,22 @@ mod tests {
         assert_eq!(s.store, StoreKind::Sqlite);
         assert!(s.etcd.is_none() && s.agent_args.is_empty());
         assert_eq!(s.nodes[0].gateway, "");
+        assert_eq!(s.ip_family, IpFamily::Ipv4);
+        assert_eq!(s.nodes[0].addresses(), ["198.18.0.11"]);
+        assert_eq!(s.nodes[0].address_of(true), None);
+    }
+
+    #[test]
+    fn families_and_addresses() {
+        let n = &sample().nodes[0];
+        assert_eq!(n.addresses(), ["198.18.0.11", "2001:db8::11"]);
+        assert_eq!(n.address_of(true), Some("2001:db8::11"));
+        assert_eq!(n.address_of(false), Some("198.18.0.11"));
+        assert!(IpFamily::Dual.has_v4() && IpFamily::Dual.has_v6());
+        assert!(!IpFamily::Ipv6.has_v4() && !IpFamily::Ipv4.has_v6());
+        assert_eq!(serde_json::to_string(&IpFamily::Dual).unwrap(), r#""dual""#);
+        assert_eq!(host_port("2001:db8::2", 2379), "[2001:db8::2]:2379");
+        assert_eq!(host_port("198.18.0.2", 2379), "198.18.0.2:2379");
     }
 
     #[test]
@@ -665,6 +758,15 @@ mod tests {
             tls: None,
         });
         assert_eq!(s.store_url(), "etcd://198.18.0.2:2379");
+        // An IPv6-only lab's etcd: the address in brackets.
+        if let Some(e) = s.etcd.as_mut() {
+            e.address = "2001:db8::2".into();
+        }
+        assert_eq!(s.store_url(), "etcd://[2001:db8::2]:2379");
+        assert_eq!(
+            tern_store::etcd::parse_url(&s.store_url()).unwrap(),
+            ["[2001:db8::2]:2379"]
+        );
         // The Kubernetes datastore has no etcd; its URL is known before the cluster exists.
         let mut s = sample();
         s.store = StoreKind::Kubernetes;

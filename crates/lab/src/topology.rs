@@ -10,19 +10,28 @@
 //!                                          odd nodes on br1 198.18.1.(10+N), even on br2
 //!                                          etcd on br1 198.18.1.2
 //! ```
+//!
+//! `--ip-family ipv6` puts the same layout in IPv6 (documentation range, addresses added
+//! `nodad`): br0 2001:db8::1/64, nodeN 2001:db8::<10+N>, etcd 2001:db8::2; cross-subnet
+//! 2001:db8:1::/64 and 2001:db8:2::/64, the router at ::1 of each. `dual` gives every node,
+//! the router and the etcd both (the etcd's clients use its IPv4 address).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::addon::Addon;
 use crate::process::{self, ip_in, netns_add, netns_del, netns_exec, sysctl_in};
-use crate::state::{self, Encap, EtcdState, LabState, NodeState, StoreKind};
+use crate::state::{self, Encap, EtcdState, IpFamily, LabState, NodeState, StoreKind};
 use crate::{LabError, Result, cluster, pki};
 
 /// Address of the underlay bridge: the nodes' default gateway.
 pub const UNDERLAY_GATEWAY: &str = "198.18.0.1";
 /// Prefix length of the underlay subnet.
 pub const UNDERLAY_PREFIX: u8 = 24;
+/// Address of the IPv6 underlay bridge: the nodes' IPv6 default gateway (flat labs).
+pub const UNDERLAY_GATEWAY6: &str = "2001:db8::1";
+/// Prefix length of the IPv6 underlay subnets.
+pub const UNDERLAY_PREFIX6: u8 = 64;
 /// Most nodes a lab may have (addresses 198.18.0.11 ..).
 pub const MAX_NODES: usize = 200;
 /// The etcd binary the lab runs for `--store etcd`.
@@ -56,6 +65,11 @@ pub struct UpOptions {
     /// a CA, the server's and a client certificate under `<lab dir>/etcd-pki`, which every
     /// client of the store (agents, the lab, the DaemonSet's Secret) uses. Needs `store` etcd.
     pub etcd_tls: bool,
+    /// Address families of the underlay, the pools and the pods (default IPv4).
+    pub ip_family: IpFamily,
+    /// `--default-ipv6-pool` passed to every agent, when set; also the CIDR of the IPv6 pool
+    /// the lab applies when it has IPv6 (default [`tern_model::defaults::IPV6_POOL`]).
+    pub default_ipv6_pool: Option<String>,
 }
 
 impl UpOptions {
@@ -72,6 +86,8 @@ impl UpOptions {
             resync_seconds: None,
             agent_args: Vec::new(),
             etcd_tls: false,
+            ip_family: IpFamily::Ipv4,
+            default_ipv6_pool: None,
         }
     }
 }
@@ -90,6 +106,8 @@ pub struct Placement {
     pub gateway: String,
     /// The bridge in the underlay namespace its veth joins.
     pub bridge: String,
+    /// Prefix length of its subnet.
+    pub prefix_len: u8,
 }
 
 /// Placement of node `i`: one subnet, or (cross-subnet) odd nodes in 198.18.1.0/24 and even
@@ -102,14 +120,51 @@ pub fn placement(encap: Encap, i: usize) -> Placement {
                 address: format!("198.18.{subnet}.{}", 10 + i),
                 gateway: format!("198.18.{subnet}.1"),
                 bridge: format!("br{subnet}"),
+                prefix_len: UNDERLAY_PREFIX,
             }
         }
         _ => Placement {
             address: node_address(i),
             gateway: UNDERLAY_GATEWAY.to_string(),
             bridge: "br0".to_string(),
+            prefix_len: UNDERLAY_PREFIX,
         },
     }
+}
+
+/// IPv6 placement of node `i`, as [`placement`]: flat 2001:db8::<10+i>/64, or (cross-subnet)
+/// odd nodes in 2001:db8:1::/64 and even nodes in 2001:db8:2::/64. The node number is written
+/// as the last group's digits (node 1 is 2001:db8::11), as the IPv4 address's last number.
+pub fn placement6(encap: Encap, i: usize) -> Placement {
+    match encap {
+        Encap::Crosssubnet => {
+            let subnet = 1 + (i + 1) % 2;
+            Placement {
+                address: format!("2001:db8:{subnet}::{}", 10 + i),
+                gateway: format!("2001:db8:{subnet}::1"),
+                bridge: format!("br{subnet}"),
+                prefix_len: UNDERLAY_PREFIX6,
+            }
+        }
+        _ => Placement {
+            address: format!("2001:db8::{}", 10 + i),
+            gateway: UNDERLAY_GATEWAY6.to_string(),
+            bridge: "br0".to_string(),
+            prefix_len: UNDERLAY_PREFIX6,
+        },
+    }
+}
+
+/// Every placement of node `i` in a lab of `family`: IPv4 first, then IPv6.
+pub fn placements(family: IpFamily, encap: Encap, i: usize) -> Vec<Placement> {
+    let mut v = Vec::new();
+    if family.has_v4() {
+        v.push(placement(encap, i));
+    }
+    if family.has_v6() {
+        v.push(placement6(encap, i));
+    }
+    v
 }
 
 /// Placement of the etcd server.
@@ -120,6 +175,24 @@ pub fn etcd_placement(encap: Encap) -> Placement {
         _ => "198.18.0.2".to_string(),
     };
     p
+}
+
+/// Every placement of the etcd server in a lab of `family` (IPv4 first): its clients use
+/// the first one.
+pub fn etcd_placements(family: IpFamily, encap: Encap) -> Vec<Placement> {
+    let mut v = Vec::new();
+    if family.has_v4() {
+        v.push(etcd_placement(encap));
+    }
+    if family.has_v6() {
+        let mut p = placement6(encap, 1);
+        p.address = match encap {
+            Encap::Crosssubnet => "2001:db8:1::2".to_string(),
+            _ => "2001:db8::2".to_string(),
+        };
+        v.push(p);
+    }
+    v
 }
 
 /// Whether the kernel can create links of `kind` (`vxlan`, `ipip`, ...). Tries in a private
@@ -172,6 +245,39 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             "--etcd-tls is for the lab's etcd: add --store etcd".to_string(),
         ));
     }
+    if opts.store == StoreKind::Kubernetes && opts.ip_family != IpFamily::Ipv4 {
+        return Err(LabError::Invalid(format!(
+            "--ip-family {} is not available with the Kubernetes datastore yet (the cluster \
+             is IPv4); use --store sqlite or etcd",
+            opts.ip_family
+        )));
+    }
+    if opts.default_ipv6_pool.is_some() && !opts.ip_family.has_v6() {
+        return Err(LabError::Invalid(
+            "--default-ipv6-pool needs a lab with IPv6: add --ip-family ipv6 or dual".to_string(),
+        ));
+    }
+    if opts.default_ipv4_pool.is_some() && !opts.ip_family.has_v4() {
+        return Err(LabError::Invalid(
+            "--default-ipv4-pool needs a lab with IPv4 (--ip-family ipv4 or dual)".to_string(),
+        ));
+    }
+    for (flag, cidr, v6) in [
+        ("--default-ipv4-pool", &opts.default_ipv4_pool, false),
+        ("--default-ipv6-pool", &opts.default_ipv6_pool, true),
+    ] {
+        if let Some(c) = cidr {
+            match c.parse::<ipnet::IpNet>() {
+                Ok(n) if n.addr().is_ipv6() == v6 => {}
+                _ => {
+                    return Err(LabError::Invalid(format!(
+                        "{flag} {c:?} is not an IPv{} CIDR",
+                        if v6 { 6 } else { 4 }
+                    )));
+                }
+            }
+        }
+    }
     if opts.store == StoreKind::Etcd && !Path::new(ETCD_BIN).is_file() {
         return Err(LabError::Invalid(format!(
             "--store etcd needs {ETCD_BIN} (apt-get install etcd-server)"
@@ -206,17 +312,34 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             opts.encap
         )));
     }
-    let cidr = opts
-        .default_ipv4_pool
-        .as_deref()
-        .unwrap_or(tern_model::defaults::IPV4_POOL);
+    let family = opts.ip_family;
+    let cidr = family.has_v4().then(|| {
+        opts.default_ipv4_pool
+            .as_deref()
+            .unwrap_or(tern_model::defaults::IPV4_POOL)
+    });
+    let cidr6 = family.has_v6().then(|| {
+        opts.default_ipv6_pool
+            .as_deref()
+            .unwrap_or(tern_model::defaults::IPV6_POOL)
+    });
     let mut st = LabState::new(&opts.name, &opts.bin_dir);
     st.encap = opts.encap;
     st.store = opts.store;
-    st.pool_cidr = Some(cidr.to_string());
+    st.ip_family = family;
+    st.pool_cidr = cidr.map(str::to_string);
+    st.pool6_cidr = cidr6.map(str::to_string);
     if let Some(pool) = &opts.default_ipv4_pool {
         st.agent_args
             .extend(["--default-ipv4-pool".to_string(), pool.clone()]);
+    }
+    if let Some(pool) = &opts.default_ipv6_pool {
+        st.agent_args
+            .extend(["--default-ipv6-pool".to_string(), pool.clone()]);
+    }
+    if !family.has_v4() {
+        // An IPv6-only lab: no agent creates an IPv4 pool of its own.
+        st.agent_args.push("--no-default-ipv4-pool".to_string());
     }
     if let Some(r) = opts.resync_seconds {
         st.agent_args
@@ -232,7 +355,9 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
     // The pool decides the encapsulation; it exists before any agent could create its own.
     // The Kubernetes datastore is not up yet: `kube::up` applies it there.
     if host_agents(&st) {
-        cluster::apply_default_pool(&st, cidr)?;
+        for c in cidr.into_iter().chain(cidr6) {
+            cluster::apply_default_pool(&st, c)?;
+        }
     }
 
     for i in 1..=opts.nodes {
@@ -252,10 +377,17 @@ fn build_underlay(st: &mut LabState) -> Result<()> {
     st.namespaces.push(ul.clone());
     st.save()?;
     ip_in(&ul, &["link", "set", "lo", "up"])?;
+    let family = st.ip_family;
     if st.encap != Encap::Crosssubnet {
         ip_in(&ul, &["link", "add", "br0", "type", "bridge"])?;
-        let gw = format!("{UNDERLAY_GATEWAY}/{UNDERLAY_PREFIX}");
-        ip_in(&ul, &["addr", "add", &gw, "dev", "br0"])?;
+        if family.has_v4() {
+            let gw = format!("{UNDERLAY_GATEWAY}/{UNDERLAY_PREFIX}");
+            ip_in(&ul, &["addr", "add", &gw, "dev", "br0"])?;
+        }
+        if family.has_v6() {
+            let gw = format!("{UNDERLAY_GATEWAY6}/{UNDERLAY_PREFIX6}");
+            add_address(&ul, &gw, "br0")?;
+        }
         ip_in(&ul, &["link", "set", "br0", "up"])?;
         return Ok(());
     }
@@ -278,17 +410,45 @@ fn build_underlay(st: &mut LabState) -> Result<()> {
             ],
         )?;
         ip_in(&ul, &["link", "set", &ul_end, "master", &br, "up"])?;
-        let addr = format!("198.18.{subnet}.1/{UNDERLAY_PREFIX}");
-        ip_in(&rtr, &["addr", "add", &addr, "dev", &rtr_end])?;
+        if family.has_v4() {
+            let addr = format!("198.18.{subnet}.1/{UNDERLAY_PREFIX}");
+            ip_in(&rtr, &["addr", "add", &addr, "dev", &rtr_end])?;
+        }
+        if family.has_v6() {
+            let addr = format!("2001:db8:{subnet}::1/{UNDERLAY_PREFIX6}");
+            add_address(&rtr, &addr, &rtr_end)?;
+        }
         ip_in(&rtr, &["link", "set", &rtr_end, "up"])?;
     }
     sysctl_in(&rtr, "net.ipv4.ip_forward", "1")?;
+    if family.has_v6() {
+        sysctl_in(&rtr, "net.ipv6.conf.all.forwarding", "1")?;
+    }
     Ok(())
+}
+
+/// Adds `addr` (with prefix) to `dev` in `ns`; an IPv6 address `nodad`, usable at once (the
+/// lab's addresses are unique by construction).
+pub(crate) fn add_address(ns: &str, addr: &str, dev: &str) -> Result<()> {
+    if addr.contains(':') {
+        ip_in(ns, &["-6", "addr", "add", addr, "dev", dev, "nodad"]).map(drop)
+    } else {
+        ip_in(ns, &["addr", "add", addr, "dev", dev]).map(drop)
+    }
 }
 
 /// Plugs namespace `ns` into the underlay: a veth `ul_end` on `bridge` in the underlay
 /// namespace, `eth0` with `address` in `ns`, default route via `gateway`.
 pub(crate) fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Result<()> {
+    plug_all(st, ns, ul_end, std::slice::from_ref(p))
+}
+
+/// As [`plug`], with every placement of `places` (one per family, on the same bridge): each
+/// address on `eth0` and a default route of its family via its gateway.
+pub(crate) fn plug_all(st: &LabState, ns: &str, ul_end: &str, places: &[Placement]) -> Result<()> {
+    let Some(first) = places.first() else {
+        return Err(LabError::Invalid(format!("{ns}: no underlay address")));
+    };
     let ul = state::underlay_ns(&st.name);
     // The veth's inner end is created directly inside `ns`, named eth0 there.
     ip_in(
@@ -297,12 +457,16 @@ pub(crate) fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Resu
             "link", "add", ul_end, "type", "veth", "peer", "name", "eth0", "netns", ns,
         ],
     )?;
-    ip_in(&ul, &["link", "set", ul_end, "master", &p.bridge, "up"])?;
+    ip_in(&ul, &["link", "set", ul_end, "master", &first.bridge, "up"])?;
     ip_in(ns, &["link", "set", "lo", "up"])?;
-    let addr = format!("{}/{UNDERLAY_PREFIX}", p.address);
-    ip_in(ns, &["addr", "add", &addr, "dev", "eth0"])?;
+    for p in places {
+        add_address(ns, &format!("{}/{}", p.address, p.prefix_len), "eth0")?;
+    }
     ip_in(ns, &["link", "set", "eth0", "up"])?;
-    ip_in(ns, &["route", "add", "default", "via", &p.gateway])?;
+    for p in places {
+        let fam = if p.gateway.contains(':') { "-6" } else { "-4" };
+        ip_in(ns, &[fam, "route", "add", "default", "via", &p.gateway])?;
+    }
     Ok(())
 }
 
@@ -329,7 +493,10 @@ fn start_etcd(st: &mut LabState, tls: bool) -> Result<()> {
     let ns = state::etcd_ns(&st.name);
     netns_add(&ns)?;
     st.namespaces.push(ns.clone());
-    let p = etcd_placement(st.encap);
+    let places = etcd_placements(st.ip_family, st.encap);
+    let Some(p) = places.first().cloned() else {
+        return Err(LabError::Invalid("the etcd has no underlay address".into()));
+    };
     let data_dir = st.dir().join("etcd");
     let pki = if tls {
         Some(etcd_pki(&st.dir().join("etcd-pki"), &p.address)?)
@@ -344,10 +511,11 @@ fn start_etcd(st: &mut LabState, tls: bool) -> Result<()> {
         tls: pki.as_ref().map(|(_, files)| files.clone()),
     });
     st.save()?;
-    plug(st, &ns, "etcd", &p)?;
+    plug_all(st, &ns, "etcd", &places)?;
     let log_path = st.dir().join("etcd.log");
     let scheme = if tls { "https" } else { "http" };
-    let client = format!("{scheme}://{}:{}", p.address, state::ETCD_CLIENT_PORT);
+    let addr = state::host_port(&p.address, state::ETCD_CLIENT_PORT);
+    let client = format!("{scheme}://{addr}");
     let mut cmd = netns_exec(&ns, Path::new(ETCD_BIN));
     cmd.arg("--name")
         .arg("lab")
@@ -376,7 +544,6 @@ fn start_etcd(st: &mut LabState, tls: bool) -> Result<()> {
         e.pid = Some(pid);
     }
     st.save()?;
-    let addr = format!("{}:{}", p.address, state::ETCD_CLIENT_PORT);
     let start = Instant::now();
     let files = pki.map(|(_, files)| files);
     loop {
@@ -450,7 +617,10 @@ fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
     netns_add(&ns)?;
     st.namespaces.push(ns.clone());
     let dir = st.dir().join(&name);
-    let p = placement(st.encap, i);
+    let places = placements(st.ip_family, st.encap, i);
+    let Some(p) = places.first() else {
+        return Err(LabError::Invalid(format!("{name}: no underlay address")));
+    };
     let node = NodeState {
         name: name.clone(),
         netns: ns.clone(),
@@ -459,15 +629,19 @@ fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
         socket: dir.join("ternd.sock"),
         state_dir: dir.clone(),
         gateway: p.gateway.clone(),
-        prefix_len: UNDERLAY_PREFIX,
+        prefix_len: p.prefix_len,
+        address6: places.get(1).map(|p6| p6.address.clone()),
     };
     st.nodes.push(node.clone());
     st.save()?;
     // Proxy-ARP for 169.254.1.1 needs a route covering it: plug() adds the default route.
-    plug(st, &ns, &format!("n{i}"), &p)?;
+    plug_all(st, &ns, &format!("n{i}"), &places)?;
     // A stock host: forwarding off, as distributions ship it (and whatever the machine's own
     // setting, which a new namespace may inherit). ternd must turn it on itself.
     sysctl_in(&ns, "net.ipv4.ip_forward", "0")?;
+    if st.ip_family.has_v6() {
+        sysctl_in(&ns, "net.ipv6.conf.all.forwarding", "0")?;
+    }
     std::fs::create_dir_all(&dir)
         .map_err(|e| LabError::io(format!("cannot create {}", dir.display()), e))?;
     if host_agents(st) {
@@ -741,7 +915,21 @@ pub fn status(name: &str, addon: &dyn Addon) -> Result<String> {
         return Err(LabError::Invalid(format!("lab {name:?} does not exist")));
     };
     let mut out = format!("lab {}  (state {})\n", st.name, st.dir().display());
-    out.push_str(&format!("encap {}  store {}\n", st.encap, st.store_url()));
+    out.push_str(&format!(
+        "encap {}  ip-family {}  store {}\n",
+        st.encap,
+        st.ip_family,
+        st.store_url()
+    ));
+    let pools: Vec<&str> = st
+        .pool_cidr
+        .iter()
+        .chain(st.pool6_cidr.iter())
+        .map(String::as_str)
+        .collect();
+    if !pools.is_empty() {
+        out.push_str(&format!("pools {}\n", pools.join(", ")));
+    }
     if let Some(e) = &st.etcd {
         let running = e
             .pid
@@ -769,7 +957,9 @@ pub fn status(name: &str, addon: &dyn Addon) -> Result<String> {
         };
         out.push_str(&format!(
             "node {}  netns {}  eth0 {}  {agent}\n",
-            n.name, n.netns, n.address
+            n.name,
+            n.netns,
+            n.addresses().join(",")
         ));
     }
     for p in &st.pods {
@@ -816,7 +1006,8 @@ mod tests {
             Placement {
                 address: "198.18.0.13".into(),
                 gateway: "198.18.0.1".into(),
-                bridge: "br0".into()
+                bridge: "br0".into(),
+                prefix_len: 24,
             }
         );
         let odd = placement(Encap::Crosssubnet, 1);
@@ -842,6 +1033,39 @@ mod tests {
         assert_eq!(etcd_placement(Encap::Crosssubnet).address, "198.18.1.2");
         assert_eq!(etcd_placement(Encap::Crosssubnet).gateway, "198.18.1.1");
         assert_eq!(node_index("node12"), Some(12));
+        // IPv6: the same layout in 2001:db8::/32, the node number as the last group.
+        let p6 = placement6(Encap::None, 1);
+        assert_eq!(
+            (p6.address.as_str(), p6.gateway.as_str(), p6.prefix_len),
+            ("2001:db8::11", "2001:db8::1", 64)
+        );
+        let even6 = placement6(Encap::Crosssubnet, 2);
+        assert_eq!(
+            (
+                even6.address.as_str(),
+                even6.gateway.as_str(),
+                even6.bridge.as_str()
+            ),
+            ("2001:db8:2::12", "2001:db8:2::1", "br2")
+        );
+        assert!(
+            placement6(Encap::None, MAX_NODES)
+                .address
+                .parse::<std::net::Ipv6Addr>()
+                .is_ok()
+        );
+        let dual: Vec<String> = super::placements(IpFamily::Dual, Encap::None, 2)
+            .into_iter()
+            .map(|p| p.address)
+            .collect();
+        assert_eq!(dual, ["198.18.0.12", "2001:db8::12"]);
+        assert_eq!(super::placements(IpFamily::Ipv6, Encap::None, 2).len(), 1);
+        let etcd6 = etcd_placements(IpFamily::Ipv6, Encap::None);
+        assert_eq!(etcd6[0].address, "2001:db8::2");
+        assert_eq!(
+            etcd_placements(IpFamily::Dual, Encap::Crosssubnet)[1].address,
+            "2001:db8:1::2"
+        );
         assert_eq!(node_index("etcd"), None);
     }
 
@@ -864,6 +1088,24 @@ mod tests {
         o.nodes = 1;
         let e = up(&o).unwrap_err().to_string();
         assert!(e.contains("ternd not found"), "{e}");
+        for b in ["ternd", "tern", "tern-ipam"] {
+            std::fs::write(dir.path().join(b), "").unwrap();
+        }
+        o.default_ipv6_pool = Some("fd00:99::/48".into());
+        let e = up(&o).unwrap_err().to_string();
+        assert!(e.contains("--ip-family ipv6 or dual"), "{e}");
+        o.ip_family = IpFamily::Ipv6;
+        o.default_ipv6_pool = Some("10.9.0.0/16".into());
+        let e = up(&o).unwrap_err().to_string();
+        assert!(e.contains("not an IPv6 CIDR"), "{e}");
+        o.default_ipv6_pool = None;
+        o.default_ipv4_pool = Some("10.9.0.0/16".into());
+        let e = up(&o).unwrap_err().to_string();
+        assert!(e.contains("needs a lab with IPv4"), "{e}");
+        o.default_ipv4_pool = None;
+        o.store = StoreKind::Kubernetes;
+        let e = up(&o).unwrap_err().to_string();
+        assert!(e.contains("Kubernetes datastore"), "{e}");
         assert!(!state::lab_dir("t0").exists());
     }
 }

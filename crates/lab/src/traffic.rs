@@ -56,15 +56,19 @@ pub fn serve(tcp: Option<u16>, udp: Option<u16>, ready_file: Option<&Path>) -> R
             "serve needs --tcp PORT and/or --udp PORT".into(),
         ));
     }
+    // `[::]` takes IPv4 too (as mapped addresses, `bindv6only` 0, a namespace's default);
+    // 0.0.0.0 where the kernel has no IPv6.
     let tcp_listener = tcp
         .map(|p| {
-            TcpListener::bind(("0.0.0.0", p))
+            TcpListener::bind(("::", p))
+                .or_else(|_| TcpListener::bind(("0.0.0.0", p)))
                 .map_err(|e| LabError::io(format!("cannot listen on tcp port {p}"), e))
         })
         .transpose()?;
     let udp_socket = udp
         .map(|p| {
-            UdpSocket::bind(("0.0.0.0", p))
+            UdpSocket::bind(("::", p))
+                .or_else(|_| UdpSocket::bind(("0.0.0.0", p)))
                 .map_err(|e| LabError::io(format!("cannot bind udp port {p}"), e))
         })
         .transpose()?;
@@ -207,6 +211,102 @@ pub fn probe(proto: Proto, target: SocketAddr, timeout: Duration) -> Result<Prob
     match proto {
         Proto::Tcp => probe_tcp(target, timeout),
         Proto::Udp => probe_udp(target, timeout),
+    }
+}
+
+/// What an echo server outside the cluster saw of one probe: the answer and the source
+/// address the probe arrived from (with natOutgoing: the node's, not the pod's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenProbe {
+    pub ok: ProbeOk,
+    /// The probe's source address as the server saw it.
+    pub source: std::net::IpAddr,
+}
+
+/// An echo server for one probe that records where it came from: bound to `listen` (from the
+/// thread creating it, so in that thread's namespace), it answers the first connection (TCP)
+/// or datagram (UDP) within `timeout` and returns its source address.
+pub struct Witness {
+    proto: Proto,
+    tcp: Option<TcpListener>,
+    udp: Option<UdpSocket>,
+    timeout: Duration,
+}
+
+impl Witness {
+    /// Binds the server. Call it inside the namespace the server is to live in.
+    pub fn bind(proto: Proto, listen: SocketAddr, timeout: Duration) -> Result<Witness> {
+        let what = format!("cannot bind {} {listen}", proto.as_str());
+        let (tcp, udp) = match proto {
+            Proto::Tcp => (
+                Some(TcpListener::bind(listen).map_err(|e| LabError::io(&what, e))?),
+                None,
+            ),
+            Proto::Udp => (
+                None,
+                Some(UdpSocket::bind(listen).map_err(|e| LabError::io(&what, e))?),
+            ),
+        };
+        Ok(Witness {
+            proto,
+            tcp,
+            udp,
+            timeout,
+        })
+    }
+
+    /// Answers one probe (echoing what it sent) on a thread of its own; the thread's result is
+    /// the probe's source address.
+    pub fn answer_one(self) -> std::thread::JoinHandle<Result<std::net::IpAddr>> {
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + self.timeout;
+            let err = |m: String| LabError::Invalid(format!("outside server: {m}"));
+            if let Some(l) = self.tcp {
+                l.set_nonblocking(true).map_err(|e| err(e.to_string()))?;
+                loop {
+                    match l.accept() {
+                        Ok((mut c, from)) => {
+                            c.set_nonblocking(false).map_err(|e| err(e.to_string()))?;
+                            c.set_read_timeout(Some(self.timeout))
+                                .map_err(|e| err(e.to_string()))?;
+                            let mut buf = [0u8; 256];
+                            let n = c.read(&mut buf).map_err(|e| err(e.to_string()))?;
+                            c.write_all(&buf[..n]).map_err(|e| err(e.to_string()))?;
+                            return Ok(from.ip());
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if Instant::now() > deadline {
+                                return Err(err("no connection came".into()));
+                            }
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        Err(e) => return Err(err(e.to_string())),
+                    }
+                }
+            }
+            let Some(u) = self.udp else {
+                return Err(err(format!("no {} socket", self.proto.as_str())));
+            };
+            u.set_read_timeout(Some(self.timeout))
+                .map_err(|e| err(e.to_string()))?;
+            let mut buf = [0u8; 1500];
+            let (n, first) = u
+                .recv_from(&mut buf)
+                .map_err(|e| err(format!("no datagram came: {e}")))?;
+            u.send_to(&buf[..n], first)
+                .map_err(|e| err(e.to_string()))?;
+            // The probe resends until it hears back (an answer may be lost): answer those
+            // too, until it goes quiet.
+            u.set_read_timeout(Some(Duration::from_millis(300)))
+                .map_err(|e| err(e.to_string()))?;
+            while Instant::now() < deadline {
+                let Ok((n, from)) = u.recv_from(&mut buf) else {
+                    break;
+                };
+                let _ = u.send_to(&buf[..n], from);
+            }
+            Ok(first.ip())
+        })
     }
 }
 

@@ -24,6 +24,12 @@ struct Args {
     /// CIDR of the IPv4 pool created when no pool exists.
     #[arg(long, env = "TERN_DEFAULT_IPV4_POOL", default_value = tern_model::defaults::IPV4_POOL)]
     default_ipv4_pool: String,
+    /// Create no IPv4 pool when none exists (an IPv6-only cluster).
+    #[arg(long, env = "TERN_NO_DEFAULT_IPV4_POOL")]
+    no_default_ipv4_pool: bool,
+    /// CIDR of the IPv6 pool created when no IPv6 pool exists (default: none is created).
+    #[arg(long, env = "TERN_DEFAULT_IPV6_POOL")]
+    default_ipv6_pool: Option<String>,
     /// Prefix of host-side veth names.
     #[arg(long, env = "TERN_INTERFACE_PREFIX", default_value = "tern")]
     interface_prefix: String,
@@ -189,7 +195,12 @@ fn main() {
     tern_agent::logger::init(&args.log_level);
     let mut cfg = AgentConfig::new(&args.node_name, &args.store, args.socket);
     cfg.state_dir = args.state_dir;
-    cfg.default_ipv4_pool = args.default_ipv4_pool;
+    cfg.default_ipv4_pool = if args.no_default_ipv4_pool {
+        String::new()
+    } else {
+        args.default_ipv4_pool
+    };
+    cfg.default_ipv6_pool = args.default_ipv6_pool.filter(|c| !c.is_empty());
     if let Err(e) = tern_linux::validate_interface_prefix(&args.interface_prefix) {
         eprintln!("ternd: --interface-prefix (TERN_INTERFACE_PREFIX): {e}");
         std::process::exit(2);

@@ -22,7 +22,7 @@ use anyhow::bail;
 use tern_lab::kube::pods::{self, KubePod};
 use tern_lab::process::{netns_exec, netns_with_prefix, output};
 use tern_lab::traffic::Proto;
-use tern_lab::{Encap, LabState, StoreKind, state};
+use tern_lab::{Encap, IpFamily, LabState, StoreKind, state};
 
 /// Port of the echo servers (the classic echo port).
 pub const ECHO_PORT: u16 = 7;
@@ -40,6 +40,8 @@ pub struct DemoOptions {
     pub nodes: usize,
     /// Encapsulation between nodes.
     pub encap: Encap,
+    /// Address families of the lab; traffic is proven in each.
+    pub ip_family: IpFamily,
     /// Datastore ([`StoreKind::Kubernetes`], with `kubernetes` only: the cluster's API server,
     /// no etcd of tern's and no host ternd).
     pub store: StoreKind,
@@ -147,14 +149,37 @@ fn show_command(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// The blocks each node keeps for itself (its `blackhole` routes), in node order.
+/// `-4` and/or `-6`: the `ip` family flags of the lab's families.
+fn ip_families(st: &LabState) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if st.ip_family.has_v4() {
+        v.push("-4");
+    }
+    if st.ip_family.has_v6() {
+        v.push("-6");
+    }
+    v
+}
+
+/// The node's routes of every family of the lab (`ip -4 route` then `ip -6 route`).
+fn lab_routes(st: &LabState, netns: &str, extra: &[&str]) -> String {
+    ip_families(st)
+        .into_iter()
+        .map(|fam| {
+            let mut args = vec![fam, "route", "show"];
+            args.extend_from_slice(extra);
+            tern_lab::process::ip_in(netns, &args).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The blocks each node keeps for itself (its `blackhole` routes, every family of the lab),
+/// in node order.
 fn node_blocks(st: &LabState) -> Vec<(String, Vec<String>)> {
     st.nodes
         .iter()
         .map(|n| {
-            let table =
-                tern_lab::process::ip_in(&n.netns, &["-4", "route", "show", "type", "blackhole"])
-                    .unwrap_or_default();
+            let table = lab_routes(st, &n.netns, &["type", "blackhole"]);
             let blocks = table
                 .lines()
                 .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
@@ -185,11 +210,17 @@ fn block_route<'a>(table: &'a str, block: &str, encap: Encap, bgp: bool) -> Opti
             && match (encap, bgp) {
                 (Encap::None, true) => l.contains(" via ") && l.contains("proto 85"),
                 (Encap::None, false) => l.contains(" via "),
-                (Encap::Vxlan, _) => l.contains("dev vxlan.tern"),
-                (Encap::Crosssubnet, _) => l.contains(" via ") || l.contains("dev vxlan.tern"),
+                (Encap::Vxlan, _) => vxlan_dev(l),
+                (Encap::Crosssubnet, _) => l.contains(" via ") || vxlan_dev(l),
                 (Encap::Ipip, _) => l.contains("dev tunl0"),
             }
     })
+}
+
+/// Whether an `ip route` line goes through one of tern's VXLAN devices (`vxlan.tern`, or
+/// `vxlan-v6.tern` for IPv6 blocks).
+fn vxlan_dev(line: &str) -> bool {
+    line.contains("dev vxlan.tern") || line.contains("dev vxlan-v6.tern")
 }
 
 /// Waits (up to `timeout`) until node `idx` routes every block of every other node, and every
@@ -206,8 +237,7 @@ fn check_routes(
     let node = &st.nodes[idx];
     let t = Instant::now();
     let (table, blocks, missing) = loop {
-        let table =
-            tern_lab::process::ip_in(&node.netns, &["-4", "route", "show"]).unwrap_or_default();
+        let table = lab_routes(st, &node.netns, &[]);
         let blocks = node_blocks(st);
         let mut missing = Vec::new();
         for (other, bs) in &blocks {
@@ -229,15 +259,18 @@ fn check_routes(
         std::thread::sleep(Duration::from_millis(300));
     };
     if print_table {
-        println!("$ ip -n {} route", node.netns);
+        for fam in ip_families(st) {
+            println!("$ ip -n {} {fam} route", node.netns);
+        }
         print!("{table}");
         println!();
     }
     for (other, bs) in &blocks {
         for b in bs {
             if *other == node.name {
+                let host = if b.contains(':') { 128 } else { 32 };
                 println!(
-                    "{b}: {}'s own block (blackhole; its pods have /32 routes)",
+                    "{b}: {}'s own block (blackhole; its pods have /{host} routes)",
                     node.name
                 );
             } else if let Some(r) = block_route(&table, b, encap, bgp) {
@@ -348,10 +381,14 @@ pub fn run(name: &str, bin_dir: &Path, o: &DemoOptions) -> anyhow::Result<i32> {
 
     'demo: {
         section(&format!(
-            "lab up: {} node{}, encap {}, store {}{}, underlay in its own namespace{}",
+            "lab up: {} node{}, encap {}{}, store {}{}, underlay in its own namespace{}",
             o.nodes,
             if multi { "s" } else { "" },
             o.encap,
+            match o.ip_family {
+                IpFamily::Ipv4 => String::new(),
+                f => format!(", ip-family {f}"),
+            },
             o.store,
             if o.bgp { ", BGP full mesh" } else { "" },
             if o.encap == Encap::Crosssubnet {
@@ -363,6 +400,7 @@ pub fn run(name: &str, bin_dir: &Path, o: &DemoOptions) -> anyhow::Result<i32> {
         let mut opts = tern_lab::UpOptions::new(name, bin_dir);
         opts.nodes = o.nodes;
         opts.encap = o.encap;
+        opts.ip_family = o.ip_family;
         opts.store = o.store;
         if o.bgp {
             opts.agent_args.push("--bgp".into());
@@ -377,7 +415,9 @@ pub fn run(name: &str, bin_dir: &Path, o: &DemoOptions) -> anyhow::Result<i32> {
                     };
                     println!(
                         "node {}: netns {}, eth0 {}, {agent}",
-                        n.name, n.netns, n.address
+                        n.name,
+                        n.netns,
+                        n.addresses().join(", ")
                     );
                 }
                 st = Some(s);
@@ -490,10 +530,11 @@ fn lab_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, v: &mut Verdict)
 
     for node in &nodes {
         section(&format!("interfaces and routes of {}", node.name));
-        for args in [
-            vec!["-n", node.netns.as_str(), "-br", "link"],
-            vec!["-n", node.netns.as_str(), "route"],
-        ] {
+        let mut shows = vec![vec!["-n", node.netns.as_str(), "-br", "link"]];
+        for fam in ip_families(s) {
+            shows.push(vec!["-n", node.netns.as_str(), fam, "route"]);
+        }
+        for args in shows {
             match show_command(&args) {
                 Ok(()) => v.ok(),
                 Err(e) => v.fail(&format!("ip {}", args.join(" ")), e),
@@ -526,13 +567,27 @@ fn lab_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, v: &mut Verdict)
         }
     }
 
-    if multi {
-        section("traffic: every pod -> every other pod (tcp, udp), across nodes");
-        match tern_lab::mesh::check_mesh(
+    let families: Vec<bool> = [false, true]
+        .into_iter()
+        .filter(|v6| {
+            if *v6 {
+                s.ip_family.has_v6()
+            } else {
+                s.ip_family.has_v4()
+            }
+        })
+        .collect();
+    for &v6 in families.iter().filter(|_| multi) {
+        section(&format!(
+            "traffic: every pod -> every other pod (tcp, udp) over IPv{}, across nodes",
+            if v6 { 6 } else { 4 }
+        ));
+        match tern_lab::mesh::check_mesh_family(
             s,
             ECHO_PORT,
             &[Proto::Tcp, Proto::Udp],
             Duration::from_secs(3),
+            v6,
         ) {
             Ok(report) => {
                 let node_of = |pod: &str| s.pod(pod).map(|p| p.node.clone()).ok();
@@ -554,14 +609,17 @@ fn lab_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, v: &mut Verdict)
             }
             Err(e) => v.fail("pod mesh", e),
         }
-    } else {
+    }
+    if !multi {
         section("traffic: pod -> pod (tcp, udp) and node -> pod (tcp)");
     }
-    for (i, dst) in pod_list.iter().enumerate() {
-        let Some(ip) = dst.addresses.first() else {
-            continue;
-        };
-        let target = format!("{ip}:{ECHO_PORT}");
+    let targets = pod_list.iter().enumerate().flat_map(|(i, dst)| {
+        families.iter().filter_map(move |v6| {
+            let ip = tern_lab::mesh::pod_ip_of(dst, *v6)?;
+            Some((i, dst, std::net::SocketAddr::new(ip, ECHO_PORT).to_string()))
+        })
+    });
+    for (i, dst, target) in targets {
         if !multi {
             // Each pod is probed by the previous one (the last probes the first).
             let src = &pod_list[(i + pod_list.len() - 1) % pod_list.len()];

@@ -50,6 +50,8 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
         LabCommand::Up {
             nodes,
             default_ipv4_pool,
+            default_ipv6_pool,
+            ip_family,
             encap,
             resync_seconds,
             bgp,
@@ -59,9 +61,17 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             host_ternd,
             etcd_tls,
         } => {
+            if *kubernetes && *ip_family != tern_lab::IpFamily::Ipv4 {
+                bail!(
+                    "--kubernetes builds an IPv4 cluster; --ip-family {ip_family} is for labs \
+                     without it so far"
+                );
+            }
             let mut o = tern_lab::UpOptions::new(&args.name, &bin_dir);
             o.nodes = *nodes;
             o.default_ipv4_pool = default_ipv4_pool.clone();
+            o.default_ipv6_pool = default_ipv6_pool.clone();
+            o.ip_family = *ip_family;
             o.encap = *encap;
             let daemonset = *kubernetes && !*host_ternd && !*reference_cni;
             // The DaemonSet's ternd on every node needs one store they all reach: by default
@@ -118,6 +128,7 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             pods,
             nodes,
             encap,
+            ip_family,
             bgp,
             no_bgp,
             kubernetes,
@@ -126,6 +137,12 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             if lab_store(store)? == StoreKind::Kubernetes && !*kubernetes {
                 bail!("--store kubernetes needs --kubernetes");
             }
+            if *kubernetes && *ip_family != tern_lab::IpFamily::Ipv4 {
+                bail!(
+                    "--kubernetes builds an IPv4 cluster; --ip-family {ip_family} is for labs \
+                     without it so far"
+                );
+            }
             super::demo::run(
                 &args.name,
                 &bin_dir,
@@ -133,14 +150,20 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                     pods: *pods,
                     nodes: *nodes,
                     encap: *encap,
+                    ip_family: *ip_family,
                     // As `lab up --kubernetes`: tern's DaemonSet needs a store every node reaches,
                     // by default the Kubernetes datastore (no etcd of tern's).
                     store: match lab_store(store)? {
                         _ if *kubernetes && store.is_none() => StoreKind::Kubernetes,
                         s => s,
                     },
-                    // BGP carries the routes when nothing else does (no encapsulation).
-                    bgp: *bgp || (!*no_bgp && *encap == tern_lab::Encap::None && *nodes > 1),
+                    // BGP carries the routes when nothing else does (no encapsulation); with
+                    // IPv6, ternd programs them from the store unless --bgp is given.
+                    bgp: *bgp
+                        || (!*no_bgp
+                            && *encap == tern_lab::Encap::None
+                            && *nodes > 1
+                            && *ip_family == tern_lab::IpFamily::Ipv4),
                     kubernetes: kubernetes.then(|| {
                         k8s_bin_dir
                             .clone()
@@ -162,7 +185,9 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                     };
                     println!(
                         "node {} joined: netns {}, eth0 {}, {agent}",
-                        n.name, n.netns, n.address
+                        n.name,
+                        n.netns,
+                        n.addresses().join(",")
                     );
                     if let Some(k) = &st.kube {
                         println!("node {} joined the Kubernetes cluster: Ready", n.name);
@@ -199,8 +224,12 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                 if node.as_ref().is_some_and(|x| *x != n.name) {
                     continue;
                 }
-                println!("--- {} ({}) ---", n.name, n.address);
-                print!("{}", tern_lab::mesh::routes(&st, &n.name)?);
+                println!("--- {} ({}) ---", n.name, n.addresses().join(", "));
+                for v6 in [false, true] {
+                    if (v6 && st.ip_family.has_v6()) || (!v6 && st.ip_family.has_v4()) {
+                        print!("{}", tern_lab::mesh::routes_of(&st, &n.name, v6)?);
+                    }
+                }
             }
             Ok(0)
         }
