@@ -1091,10 +1091,6 @@ mod tests {
         o.default_ipv4_pool = Some("10.9.0.0/16".into());
         let e = up(&o).unwrap_err().to_string();
         assert!(e.contains("needs a lab with IPv4"), "{e}");
-        o.default_ipv4_pool = None;
-        o.store = StoreKind::Kubernetes;
-        let e = up(&o).unwrap_err().to_string();
-        assert!(e.contains("Kubernetes datastore"), "{e}");
         assert!(!state::lab_dir("t0").exists());
     }
 }
