@@ -167,8 +167,8 @@ export TERN_TEST_SKIP_LOG=$test_skip_log
 # their 300 s. So two groups run beside the plain tests instead, each in a lane of its own:
 # $beside_netpol (lab_kube_netpol, 190-290 s, which mostly waits on the probes a policy must
 # drop) and $beside_more (lab_kube_etcd_tls, lab_kube_backend, lab_kube_demo: about 180 s
-# alone; lab_kube_dual, the dual-stack cluster, about 60 s more, still within the plain
-# tests' 300 s). Measured in docs/benchmarks.md ("CI run time").
+# alone; lab_kube_dual, a dual-stack and an IPv6-only cluster, about 110 s more, still
+# within the plain tests' 300 s). Measured in docs/benchmarks.md ("CI run time").
 beside_netpol=" lab_kube_netpol "
 # The plain target that takes longest (netpol, the 3-node lab's truth tables: about 200 s of
 # the plain tests' 300, mostly waiting on the probes a policy drops) runs in a lane of its own
