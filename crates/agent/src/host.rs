@@ -104,13 +104,18 @@ pub fn underlay_candidate(ip: &IpAddr) -> bool {
 mod tests {
     use super::*;
 
-    fn ip(args: &[&str]) {
-        // `ip` forks from this thread, so it runs in the test's private namespace.
+    /// Runs `ip ARGS` (split at spaces); it forks from this thread, so it runs in the test's
+    /// private namespace.
+    fn ip(args: &str) {
         let out = std::process::Command::new("ip")
-            .args(args)
+            .args(args.split_whitespace())
             .output()
             .unwrap();
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
+        assert!(out.status.success(), "ip {args}: {out:?}");
+    }
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
     }
 
     /// An IPv6-only node finds its IPv6 address (over the IPv6 default route), a dual-stack
@@ -119,58 +124,23 @@ mod tests {
     fn node_addresses_of_ipv6_only_and_dual_stack_nodes() {
         crate::testutil::in_new_netns(|h, here| {
             h.create_veth("ul0", "ul1", here.as_fd(), 0).unwrap();
-            ip(&["link", "set", "ul0", "up"]);
-            ip(&["link", "set", "ul1", "up"]);
+            ip("link set ul0 up");
+            ip("link set ul1 up");
             assert_eq!(node_addresses(), Vec::<IpNet>::new());
-            ip(&[
-                "-6",
-                "addr",
-                "add",
-                "2001:db8::11/64",
-                "dev",
-                "ul0",
-                "nodad",
-            ]);
-            ip(&[
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8::1",
-                "dev",
-                "ul0",
-            ]);
-            let want6: IpNet = "2001:db8::11/64".parse().unwrap();
-            assert_eq!(node_addresses(), [want6]);
-            ip(&["addr", "add", "198.18.0.11/24", "dev", "ul0"]);
-            ip(&["route", "add", "default", "via", "198.18.0.1"]);
-            let want4: IpNet = "198.18.0.11/24".parse().unwrap();
-            assert_eq!(node_addresses(), [want4, want6]);
+            ip("-6 addr add 2001:db8::11/64 dev ul0 nodad");
+            ip("-6 route add default via 2001:db8::1 dev ul0");
+            assert_eq!(node_addresses(), [net("2001:db8::11/64")]);
+            ip("addr add 198.18.0.11/24 dev ul0");
+            ip("route add default via 198.18.0.1");
+            let dual = [net("198.18.0.11/24"), net("2001:db8::11/64")];
+            assert_eq!(node_addresses(), dual);
             // The IPv6 default route through another interface: its IPv6 address counts.
-            ip(&["-6", "route", "del", "default"]);
-            ip(&["-6", "addr", "del", "2001:db8::11/64", "dev", "ul0"]);
-            ip(&[
-                "-6",
-                "addr",
-                "add",
-                "2001:db8:5::11/64",
-                "dev",
-                "ul1",
-                "nodad",
-            ]);
-            ip(&[
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8:5::1",
-                "dev",
-                "ul1",
-            ]);
-            let other6: IpNet = "2001:db8:5::11/64".parse().unwrap();
-            assert_eq!(node_addresses(), [want4, other6]);
+            ip("-6 route del default");
+            ip("-6 addr del 2001:db8::11/64 dev ul0");
+            ip("-6 addr add 2001:db8:5::11/64 dev ul1 nodad");
+            ip("-6 route add default via 2001:db8:5::1 dev ul1");
+            let other = [net("198.18.0.11/24"), net("2001:db8:5::11/64")];
+            assert_eq!(node_addresses(), other);
             assert!(!underlay_candidate(&"fe80::1".parse().unwrap()));
             assert!(underlay_candidate(&"2001:db8::1".parse().unwrap()));
         });

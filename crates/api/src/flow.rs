@@ -212,15 +212,15 @@ pub struct AggregateReply {
     pub node: String,
     /// Oldest first.
     pub minutes: Vec<AggregateMinute>,
-    /// The reply reached its size bound ([`MAX_AGGREGATE_REPLY_BYTES`]): rows that did not fit
+    /// The reply reached its size bound ([`MAX_FLOW_REPLY_BYTES`]): rows that did not fit
     /// are counted in their minute's `overflow` (older minutes go first).
     #[serde(default)]
     pub truncated: bool,
 }
 
-/// JSON bytes of rows one [`AggregateReply`] carries at most: under `MAX_FRAME` with room for
-/// the envelope.
-pub const MAX_AGGREGATE_REPLY_BYTES: usize = 768 * 1024;
+/// JSON bytes of records one [`FlowReply`], or of rows one [`AggregateReply`], carries at
+/// most: under `MAX_FRAME` with room for the envelope.
+pub const MAX_FLOW_REPLY_BYTES: usize = 768 * 1024;
 
 /// One minute's counts at one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

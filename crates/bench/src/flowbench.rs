@@ -432,8 +432,8 @@ fn run_kernel(
         kept: kept(&flows),
         lost,
         overruns,
-        cache_hits: metric(&flows, "tern_flows_resolve_cache_hits_total"),
-        cache_misses: metric(&flows, "tern_flows_resolve_cache_misses_total"),
+        cache_hits: metric(&flows, "tern_flow_resolve_cache_hits_total"),
+        cache_misses: metric(&flows, "tern_flow_resolve_cache_misses_total"),
         elapsed,
     })
 }

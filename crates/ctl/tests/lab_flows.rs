@@ -373,14 +373,7 @@ fn staged_pending_promote_and_the_page() {
     let deny_id = "KubernetesNetworkPolicy/x/try-deny";
     let allow_id = "KubernetesNetworkPolicy/x/allow-81";
     let keyed = |r: &FlowRecord| -> Option<(u64, u16, FlowVerdict, String)> {
-        let policy = r.policies.first().map(|p| {
-            format!(
-                "{}/{}/{}",
-                p.kind,
-                p.namespace.as_deref().unwrap_or(""),
-                p.name
-            )
-        })?;
+        let policy = tern_agent::flows::aggregate::policy_id(r)?;
         let port = r.dst.port?;
         (r.direction == FlowDirection::Ingress
             && r.src.namespace.as_deref() == Some("x")

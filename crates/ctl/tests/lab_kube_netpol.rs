@@ -31,9 +31,10 @@
 //!    no pod) with its destination named as outside.
 //!
 //! 4. **Random policies** (issue 21): [`RANDOM_ROUNDS`] seeded rounds (the seed is printed;
-//!    `TERN_RANDOM_SEED=0x...` replays it) of one to four random Kubernetes NetworkPolicies
-//!    over the same pods, drawn from the lab's own namespaces, labels, named ports and
-//!    addresses and judged by the independent evaluator of `crates/policy/tests/randpol`
+//!    `TERN_RANDOM_SEED=0x...` replays it, `TERN_RANDOM_SEED=clock` draws a new one) of one
+//!    to four random Kubernetes NetworkPolicies over the same pods, drawn from the lab's own
+//!    namespaces, labels, named ports and addresses and judged by the independent evaluator
+//!    of `crates/policy/tests/randpol`
 //!    (its `World` built from the lab). Each round's policies replace the previous round's
 //!    (`kubectl apply`); the probes (TCP 80 and 81, pod and Service addresses) must show the
 //!    evaluator's matrix, `explain` on the Kubernetes datastore must give every pod-to-pod
@@ -1295,27 +1296,6 @@ const RANDOM_SEED: u64 = 0x6b72_616e_6421_0021;
 /// The ports the random rounds probe (TCP; the servers' ports).
 const RANDOM_PORTS: [u16; 2] = [80, 81];
 
-/// `TERN_RANDOM_SEED` (decimal or `0x` hex) or [`RANDOM_SEED`].
-fn random_seed() -> u64 {
-    let Ok(s) = std::env::var("TERN_RANDOM_SEED") else {
-        return RANDOM_SEED;
-    };
-    let s = s.trim();
-    let v = match s.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => s.parse(),
-    };
-    match v {
-        Ok(v) if v != 0 => v,
-        _ => panic!("TERN_RANDOM_SEED={s:?}: want a non-zero decimal or 0x hex number"),
-    }
-}
-
-/// A string of `'static` life (the evaluator's names and nets; a few per run).
-fn leak(s: &str) -> &'static str {
-    Box::leak(s.to_string().into_boxed_str())
-}
-
 fn l4_protocol(l4: L4) -> tern_model::Protocol {
     match l4 {
         L4::Tcp => tern_model::Protocol::Tcp,
@@ -1333,7 +1313,7 @@ fn random_world(m: &Model) -> randpol::World {
         .map(|(ns, l)| {
             let mut l = l.clone();
             l.insert("kubernetes.io/metadata.name".into(), ns.clone());
-            (leak(ns), l)
+            (randpol::leak(ns), l)
         })
         .collect();
     let ports: Vec<_> = m
@@ -1342,7 +1322,7 @@ fn random_world(m: &Model) -> randpol::World {
         .flat_map(|&l4| {
             [80u16, 81].map(|p| {
                 (
-                    leak(&format!("serve-{p}-{}", l4.record())),
+                    randpol::leak(&format!("serve-{p}-{}", l4.record())),
                     l4_protocol(l4),
                     p,
                 )
@@ -1355,7 +1335,7 @@ fn random_world(m: &Model) -> randpol::World {
         .map(|id| {
             let (ns, name) = id.split_once('/').unwrap();
             randpol::Pod {
-                ns: leak(ns),
+                ns: randpol::leak(ns),
                 name: name.to_string(),
                 labels: m.pod_labels[id].clone(),
                 ip: m.pod_ip[id].parse().unwrap(),
@@ -1398,7 +1378,7 @@ fn random_lab_rule(r: &mut tern_testkit::rng::Rng, w: &randpol::World) -> randpo
     use randpol::{Peer, PortSpec};
     use tern_model::Protocol;
     let net = |ip: std::net::Ipv4Addr, len: u8| {
-        leak(&ipnet::Ipv4Net::new(ip, len).unwrap().trunc().to_string())
+        randpol::leak(&ipnet::Ipv4Net::new(ip, len).unwrap().trunc().to_string())
     };
     let peers = (0..r.below(3))
         .map(|_| match r.below(5) {
@@ -1468,20 +1448,10 @@ fn random_lab_policies(
         .collect()
 }
 
-/// The TCP flow of the probe from pod `i` to pod `j` on `port`.
-fn random_flow(w: &randpol::World, i: usize, j: usize, port: u16) -> tern_policy::Flow {
-    tern_policy::Flow {
-        src: w.pods[i].ip.into(),
-        dst: w.pods[j].ip.into(),
-        protocol: tern_model::Protocol::Tcp,
-        dst_port: port,
-    }
-}
-
 /// explain's answer for `cell` against the evaluator's, direction by direction (verdict,
 /// reason, policies with the deciding rule). Problems, one line each.
 fn explain_vs_evaluator(w: &randpol::World, t: &Table, e: &Explains) -> Vec<String> {
-    let f = random_flow(w, e.cell.from, e.cell.to, t.port);
+    let f = w.tcp_flow(e.cell.from, e.cell.to, t.port);
     [
         (tern_policy::Direction::Egress, &e.explanation.egress),
         (tern_policy::Direction::Ingress, &e.explanation.ingress),
@@ -1504,7 +1474,7 @@ fn explain_vs_evaluator(w: &randpol::World, t: &Table, e: &Explains) -> Vec<Stri
 
 /// Part 4. Problems, one line each (a round's lines name the seed and its policies).
 fn random_policies(c: &Cluster, m: &Model) -> Vec<String> {
-    let seed = random_seed();
+    let seed = common::random_seed(RANDOM_SEED);
     println!("netpol random: seed {seed:#x} (replay with TERN_RANDOM_SEED={seed:#x})");
     let t0 = Instant::now();
     let mut r = tern_testkit::rng::Rng(seed);
@@ -1530,11 +1500,7 @@ fn random_policies(c: &Cluster, m: &Model) -> Vec<String> {
                 l4: L4::Tcp,
                 port,
                 want: (0..n)
-                    .map(|i| {
-                        (0..n)
-                            .map(|j| w.allowed(&random_flow(&w, i, j, port)))
-                            .collect()
-                    })
+                    .map(|i| (0..n).map(|j| w.allowed(&w.tcp_flow(i, j, port))).collect())
                     .collect(),
             })
             .collect();

@@ -35,16 +35,7 @@ fn build(tag: &str, encap: Encap, store: StoreKind, nodes: usize, pods_per_node:
     o.agent_timeout = Duration::from_secs(30);
     let mut lab = Lab::guard(&name);
     lab.st = tern_lab::up(&o).unwrap_or_else(|e| panic!("lab up {name} ({encap}, {store}): {e}"));
-    for n in 1..=nodes {
-        for k in 1..=pods_per_node {
-            lab.add_echo_pod(
-                &format!("node{n}"),
-                &format!("p{n}x{k}"),
-                Some(PORT),
-                Some(PORT),
-            );
-        }
-    }
+    lab.add_echo_pods(nodes, pods_per_node, PORT);
     lab
 }
 

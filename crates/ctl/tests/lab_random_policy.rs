@@ -36,20 +36,20 @@ mod randpol;
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use randpol::{Nets, World, policy_json, random_namespaces, random_pods, random_policies};
+use randpol::{Nets, World, leak, policy_json, random_namespaces, random_pods, random_policies};
 use tern_api::flow::{FlowDirection, FlowPolicy, FlowQuery, FlowRecord, FlowVerdict};
 use tern_lab::Encap;
 use tern_lab::netpol::{self, Cell, K8sPod, L4, Matrix};
-use tern_model::{EndpointPort, Kind, Protocol};
+use tern_model::{EndpointPort, Kind};
 use tern_policy::{Direction, Flow};
 use tern_testkit::rng::Rng;
 
-use common::{Lab, flow_check};
+use common::Lab;
+use common::flow_check::{self, Latest};
 
 /// Rounds of random policies.
 const ROUNDS: usize = 10;
@@ -74,53 +74,11 @@ type Keys = Vec<(Kind, Option<String>, String)>;
 /// `egress[0]`, a Pass whose notNets excluded the pod, where the evaluator said `egress[2]`).
 const DEFAULT_SEED: u64 = 0x2e31_c929_c1b2_4d55;
 
-/// The seed: `TERN_RANDOM_SEED` (decimal or `0x` hex; `clock` for a new one each run) or
-/// [`DEFAULT_SEED`].
-fn seed() -> u64 {
-    match std::env::var("TERN_RANDOM_SEED").as_deref() {
-        Err(_) => DEFAULT_SEED,
-        Ok("clock") => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            // splitmix64's finaliser: close clocks give unrelated seeds.
-            let mut x = t.as_nanos() as u64;
-            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (x ^ (x >> 31)) | 1
-        }
-        Ok(s) => {
-            let s = s.trim();
-            let v = match s.strip_prefix("0x") {
-                Some(h) => u64::from_str_radix(h, 16),
-                None => s.parse(),
-            };
-            let v = v.unwrap_or_else(|e| panic!("TERN_RANDOM_SEED={s:?}: {e}"));
-            assert!(v != 0, "TERN_RANDOM_SEED must not be 0");
-            v
-        }
-    }
-}
-
 fn v4(ip: IpAddr) -> Ipv4Addr {
     match ip {
         IpAddr::V4(a) => a,
         IpAddr::V6(a) => panic!("pod address {a} is not IPv4"),
     }
-}
-
-fn flow(w: &World, i: usize, j: usize, port: u16) -> Flow {
-    Flow {
-        src: w.pods[i].ip.into(),
-        dst: w.pods[j].ip.into(),
-        protocol: Protocol::Tcp,
-        dst_port: port,
-    }
-}
-
-/// A string of `'static` life for the nets (three per run).
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
 }
 
 /// A verdict and cause as [`World::cause`] gives them: allowed, the reason, and the policies
@@ -188,28 +146,12 @@ impl Round<'_> {
             since_ms: Some(since_ms),
             last: None,
         };
-        type Key = (FlowDirection, IpAddr, IpAddr, Option<u16>);
-        let mut latest: HashMap<Key, FlowRecord> = HashMap::new();
+        let mut latest = Latest::default();
         let mut problems = Vec::new();
         for n in &lab.st.nodes {
-            let reply = match tern_ctl::commands::flows::fetch(&n.socket, &q) {
-                Ok(r) => r,
-                Err(e) => {
-                    problems.push(format!("  records of {}: {e}", n.name));
-                    continue;
-                }
-            };
-            for r in reply.records.into_iter().filter(|r| r.proto == "tcp") {
-                let (Ok(src), Ok(dst)) = (r.src.ip.parse(), r.dst.ip.parse()) else {
-                    continue;
-                };
-                let k = (r.direction, src, dst, r.dst.port);
-                if latest
-                    .get(&k)
-                    .is_none_or(|o| (o.time, o.seq) < (r.time, r.seq))
-                {
-                    latest.insert(k, r);
-                }
+            match tern_ctl::commands::flows::fetch(&n.socket, &q) {
+                Ok(reply) => latest.add(reply.records),
+                Err(e) => problems.push(format!("  records of {}: {e}", n.name)),
             }
         }
         let mut cells = Vec::new();
@@ -220,8 +162,8 @@ impl Round<'_> {
                         continue;
                     }
                     let cell = format!("tcp/{port} {} -> {}", a.id(), b.id());
-                    let f = flow(w, i, j, port);
-                    let key = |d| (d, a.ip, b.ip, Some(port));
+                    let f = w.tcp_flow(i, j, port);
+                    let newest = |d| latest.newest(d, a.ip, b.ip, "tcp", port);
                     let before = problems.len();
                     let mut check = |r: &FlowRecord, d: Direction| {
                         *checked += 1;
@@ -234,13 +176,13 @@ impl Round<'_> {
                             ));
                         }
                     };
-                    match latest.get(&key(FlowDirection::Egress)) {
+                    match newest(FlowDirection::Egress) {
                         None => problems.push(format!("  {cell}: no egress record")),
                         Some(eg) => {
                             check(eg, Direction::Egress);
                             let mut allowed = eg.verdict == FlowVerdict::Allowed;
                             if allowed {
-                                match latest.get(&key(FlowDirection::Ingress)) {
+                                match newest(FlowDirection::Ingress) {
                                     Some(ig) if ig.time + 1000 >= eg.time => {
                                         allowed = ig.verdict == FlowVerdict::Allowed;
                                         check(ig, Direction::Ingress);
@@ -252,7 +194,7 @@ impl Round<'_> {
                             }
                             if allowed != w.allowed(&f) {
                                 problems.push(format!(
-                                    "  {cell}: records say {}, the evaluator (and the probe) {}",
+                                    "  {cell}: records say {}, the evaluator {}",
                                     if allowed { "allowed" } else { "denied" },
                                     if w.allowed(&f) { "allowed" } else { "denied" }
                                 ));
@@ -321,7 +263,7 @@ impl Round<'_> {
                 ));
             }
         };
-        let f = flow(w, i, j, port);
+        let f = w.tcp_flow(i, j, port);
         let mut bad = Vec::new();
         for (d, key) in [
             (Direction::Egress, "egress"),
@@ -377,7 +319,7 @@ fn describe(w: &World) -> String {
 #[test]
 fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
     let bin = common::lab_ready();
-    let seed = seed();
+    let seed = common::random_seed(DEFAULT_SEED);
     println!("lab_random_policy: seed {seed:#x} (replay with TERN_RANDOM_SEED={seed:#x})");
     let mut r = Rng(seed);
     let mut w = World {
@@ -418,7 +360,7 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
     let part_len = (zero ^ one).leading_zeros() + 1;
     let net = |bits: u32, len: u32| {
         let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-        leak(format!("{}/{len}", Ipv4Addr::from_bits(bits & mask)))
+        leak(&format!("{}/{len}", Ipv4Addr::from_bits(bits & mask)))
     };
     let nets = Nets {
         all: net(one, 16),
@@ -500,7 +442,7 @@ fn random_policies_in_a_lab_agree_with_the_independent_evaluator() {
                 (0..n)
                     .map(|i| {
                         (0..n)
-                            .map(|j| i == j || w.allowed(&flow(&w, i, j, port)))
+                            .map(|j| i == j || w.allowed(&w.tcp_flow(i, j, port)))
                             .collect()
                     })
                     .collect()

@@ -60,7 +60,8 @@ where
 }
 
 /// The lab's default IPPool of `cidr`'s family: `cidr`, encapsulation from the lab's mode,
-/// natOutgoing on; an IPv6 one is `default-ipv6-ippool` with Calico's /122 blocks.
+/// natOutgoing on; an IPv6 one is `default-ipv6-ippool` with Calico's /122 blocks, and no
+/// IPIP (IPv4 only, as Calico's: a dual-stack IPIP lab routes IPv6 directly).
 pub fn default_pool(st: &LabState, cidr: &str) -> Resource {
     let mut spec = IpPoolSpec::new(cidr);
     let (vxlan, ipip) = st.encap.pool_modes();
@@ -69,6 +70,7 @@ pub fn default_pool(st: &LabState, cidr: &str) -> Resource {
     spec.nat_outgoing = true;
     let name = if cidr.contains(':') {
         spec.block_size = IPV6_BLOCK_SIZE;
+        spec.ipip_mode = tern_model::EncapMode::Never;
         IPV6_POOL_NAME
     } else {
         IPV4_POOL_NAME
@@ -161,6 +163,11 @@ mod tests {
         assert_eq!(p6.spec.block_size, 122);
         assert_eq!(p6.spec.vxlan_mode, tern_model::EncapMode::CrossSubnet);
         assert!(p6.spec.nat_outgoing);
+        st.encap = Encap::Ipip;
+        let Resource::IpPool(p6) = default_pool(&st, "fd00:10:244::/48") else {
+            panic!("not a pool")
+        };
+        assert_eq!(p6.spec.ipip_mode, tern_model::EncapMode::Never);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::netns::in_netns;
 use crate::process::ip_in;
-use crate::state::{self, LabState, PodState};
+use crate::state::{self, LabState, PodState, family_name};
 use crate::traffic::{self, Proto};
 use crate::{LabError, Result};
 
@@ -112,7 +112,7 @@ pub fn check_mesh_family(
                 dst: d.name.clone(),
                 proto: *proto,
                 target: SocketAddr::new(unspecified(v6), port),
-                outcome: Err(format!("pod has no IPv{} address", if v6 { 6 } else { 4 })),
+                outcome: Err(format!("pod has no {} address", family_name(v6))),
             });
         }
     }
@@ -192,8 +192,7 @@ pub fn probe_continuous_from(
 
 /// A node's IPv4 routing table (`ip route` inside its namespace).
 pub fn routes(st: &LabState, node: &str) -> Result<String> {
-    let n = st.node(node)?;
-    ip_in(&n.netns, &["-4", "route", "show"])
+    routes_of(st, node, false)
 }
 
 /// A node's routing table of one family (`v6`: `ip -6 route`).
@@ -206,14 +205,11 @@ pub fn routes_of(st: &LabState, node: &str, v6: bool) -> Result<String> {
 pub fn all_routes(st: &LabState) -> String {
     let mut out = String::new();
     for n in &st.nodes {
-        for v6 in [false, true] {
-            if (v6 && !st.ip_family.has_v6()) || (!v6 && !st.ip_family.has_v4()) {
-                continue;
-            }
+        for v6 in st.ip_family.families() {
             out.push_str(&format!(
-                "\n--- {} IPv{} routes ---\n{}",
+                "\n--- {} {} routes ---\n{}",
                 n.name,
-                if v6 { 6 } else { 4 },
+                family_name(v6),
                 routes_of(st, &n.name, v6).unwrap_or_else(|e| e.to_string())
             ));
         }
@@ -235,10 +231,7 @@ pub fn probe_from_node(
     let n = st.node(node)?;
     let p = st.pod(pod)?;
     let ip = pod_ip_of(p, v6).ok_or_else(|| {
-        LabError::Invalid(format!(
-            "pod {pod} has no IPv{} address",
-            if v6 { 6 } else { 4 }
-        ))
+        LabError::Invalid(format!("pod {pod} has no {} address", family_name(v6)))
     })?;
     in_netns(&n.netns, || {
         traffic::probe(proto, SocketAddr::new(ip, port), timeout)
@@ -262,12 +255,12 @@ pub fn outside(st: &LabState, v6: bool) -> Result<(String, IpAddr)> {
             crate::topology::UNDERLAY_GATEWAY6,
         ),
     };
-    if (v6 && !st.ip_family.has_v6()) || (!v6 && !st.ip_family.has_v4()) {
+    if !st.ip_family.has(v6) {
         return Err(LabError::Invalid(format!(
-            "lab {} ({}) has no IPv{} outside",
+            "lab {} ({}) has no {} outside",
             st.name,
             st.ip_family,
-            if v6 { 6 } else { 4 }
+            family_name(v6)
         )));
     }
     let ip = addr

@@ -97,6 +97,24 @@ impl IpFamily {
     pub fn has_v6(self) -> bool {
         self != IpFamily::Ipv4
     }
+
+    /// Whether the lab has the family `v6` (`true`: IPv6, `false`: IPv4).
+    pub fn has(self, v6: bool) -> bool {
+        if v6 { self.has_v6() } else { self.has_v4() }
+    }
+
+    /// The lab's families as `v6` flags, IPv4 first.
+    pub fn families(self) -> Vec<bool> {
+        [false, true]
+            .into_iter()
+            .filter(|v6| self.has(*v6))
+            .collect()
+    }
+}
+
+/// `IPv4` or `IPv6` (`v6`), for messages.
+pub fn family_name(v6: bool) -> &'static str {
+    if v6 { "IPv6" } else { "IPv4" }
 }
 
 impl std::fmt::Display for IpFamily {
@@ -723,6 +741,9 @@ mod tests {
         assert_eq!(n.address_of(false), Some("198.18.0.11"));
         assert!(IpFamily::Dual.has_v4() && IpFamily::Dual.has_v6());
         assert!(!IpFamily::Ipv6.has_v4() && !IpFamily::Ipv4.has_v6());
+        assert_eq!(IpFamily::Dual.families(), [false, true]);
+        assert_eq!(IpFamily::Ipv6.families(), [true]);
+        assert!(IpFamily::Ipv4.has(false) && !IpFamily::Ipv4.has(true));
         assert_eq!(serde_json::to_string(&IpFamily::Dual).unwrap(), r#""dual""#);
         assert_eq!(host_port("2001:db8::2", 2379), "[2001:db8::2]:2379");
         assert_eq!(host_port("198.18.0.2", 2379), "198.18.0.2:2379");

@@ -94,7 +94,7 @@ impl UpOptions {
 
 /// Underlay address of node `i` (1-based) in a flat lab.
 pub fn node_address(i: usize) -> String {
-    format!("198.18.0.{}", 10 + i)
+    underlay_host(0, false, 10 + i)
 }
 
 /// Where node `i` (1-based) sits on the underlay.
@@ -113,86 +113,75 @@ pub struct Placement {
 /// Placement of node `i`: one subnet, or (cross-subnet) odd nodes in 198.18.1.0/24 and even
 /// nodes in 198.18.2.0/24.
 pub fn placement(encap: Encap, i: usize) -> Placement {
-    match encap {
-        Encap::Crosssubnet => {
-            let subnet = 1 + (i + 1) % 2;
-            Placement {
-                address: format!("198.18.{subnet}.{}", 10 + i),
-                gateway: format!("198.18.{subnet}.1"),
-                bridge: format!("br{subnet}"),
-                prefix_len: UNDERLAY_PREFIX,
-            }
-        }
-        _ => Placement {
-            address: node_address(i),
-            gateway: UNDERLAY_GATEWAY.to_string(),
-            bridge: "br0".to_string(),
-            prefix_len: UNDERLAY_PREFIX,
-        },
-    }
+    placement_in(encap, i, false)
 }
 
 /// IPv6 placement of node `i`, as [`placement`]: flat 2001:db8::<10+i>/64, or (cross-subnet)
 /// odd nodes in 2001:db8:1::/64 and even nodes in 2001:db8:2::/64. The node number is written
 /// as the last group's digits (node 1 is 2001:db8::11), as the IPv4 address's last number.
 pub fn placement6(encap: Encap, i: usize) -> Placement {
-    match encap {
-        Encap::Crosssubnet => {
-            let subnet = 1 + (i + 1) % 2;
-            Placement {
-                address: format!("2001:db8:{subnet}::{}", 10 + i),
-                gateway: format!("2001:db8:{subnet}::1"),
-                bridge: format!("br{subnet}"),
-                prefix_len: UNDERLAY_PREFIX6,
-            }
-        }
-        _ => Placement {
-            address: format!("2001:db8::{}", 10 + i),
-            gateway: UNDERLAY_GATEWAY6.to_string(),
-            bridge: "br0".to_string(),
-            prefix_len: UNDERLAY_PREFIX6,
+    placement_in(encap, i, true)
+}
+
+/// Placement of node `i` in family `v6`: subnet 0 (flat, `br0`) or, cross-subnet, 1 for odd
+/// and 2 for even nodes (`br1`, `br2`); the gateway is host 1 of the subnet.
+fn placement_in(encap: Encap, i: usize, v6: bool) -> Placement {
+    let subnet = match encap {
+        Encap::Crosssubnet => 1 + (i + 1) % 2,
+        _ => 0,
+    };
+    Placement {
+        address: underlay_host(subnet, v6, 10 + i),
+        gateway: underlay_host(subnet, v6, 1),
+        bridge: format!("br{subnet}"),
+        prefix_len: if v6 {
+            UNDERLAY_PREFIX6
+        } else {
+            UNDERLAY_PREFIX
         },
+    }
+}
+
+/// Address `host` of underlay subnet `subnet` (0: flat) in family `v6`: 198.18.<subnet>.<host>
+/// or 2001:db8:<subnet>::<host> (2001:db8::<host> on subnet 0).
+fn underlay_host(subnet: usize, v6: bool, host: usize) -> String {
+    match (v6, subnet) {
+        (false, _) => format!("198.18.{subnet}.{host}"),
+        (true, 0) => format!("2001:db8::{host}"),
+        (true, _) => format!("2001:db8:{subnet}::{host}"),
     }
 }
 
 /// Every placement of node `i` in a lab of `family`: IPv4 first, then IPv6.
 pub fn placements(family: IpFamily, encap: Encap, i: usize) -> Vec<Placement> {
-    let mut v = Vec::new();
-    if family.has_v4() {
-        v.push(placement(encap, i));
-    }
-    if family.has_v6() {
-        v.push(placement6(encap, i));
-    }
-    v
+    family
+        .families()
+        .into_iter()
+        .map(|v6| placement_in(encap, i, v6))
+        .collect()
 }
 
 /// Placement of the etcd server.
 pub fn etcd_placement(encap: Encap) -> Placement {
-    let mut p = placement(encap, 1);
-    p.address = match encap {
-        Encap::Crosssubnet => "198.18.1.2".to_string(),
-        _ => "198.18.0.2".to_string(),
-    };
+    etcd_placement_in(encap, false)
+}
+
+/// Placement of the etcd server in family `v6`: host 2 of node 1's subnet.
+fn etcd_placement_in(encap: Encap, v6: bool) -> Placement {
+    let mut p = placement_in(encap, 1, v6);
+    let subnet = if encap == Encap::Crosssubnet { 1 } else { 0 };
+    p.address = underlay_host(subnet, v6, 2);
     p
 }
 
 /// Every placement of the etcd server in a lab of `family` (IPv4 first): its clients use
 /// the first one.
 pub fn etcd_placements(family: IpFamily, encap: Encap) -> Vec<Placement> {
-    let mut v = Vec::new();
-    if family.has_v4() {
-        v.push(etcd_placement(encap));
-    }
-    if family.has_v6() {
-        let mut p = placement6(encap, 1);
-        p.address = match encap {
-            Encap::Crosssubnet => "2001:db8:1::2".to_string(),
-            _ => "2001:db8::2".to_string(),
-        };
-        v.push(p);
-    }
-    v
+    family
+        .families()
+        .into_iter()
+        .map(|v6| etcd_placement_in(encap, v6))
+        .collect()
 }
 
 /// Whether the kernel can create links of `kind` (`vxlan`, `ipip`, ...). Tries in a private
@@ -245,6 +234,13 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             "--etcd-tls is for the lab's etcd: add --store etcd".to_string(),
         ));
     }
+    if opts.encap == Encap::Ipip && opts.ip_family == IpFamily::Ipv6 {
+        return Err(LabError::Invalid(
+            "--encap ipip carries IPv4 only (IPv6 pools cannot use IPIP, as Calico's); an \
+             IPv6-only lab takes --encap none or vxlan"
+                .to_string(),
+        ));
+    }
     if opts.default_ipv6_pool.is_some() && !opts.ip_family.has_v6() {
         return Err(LabError::Invalid(
             "--default-ipv6-pool needs a lab with IPv6: add --ip-family ipv6 or dual".to_string(),
@@ -264,8 +260,8 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
                 Ok(n) if n.addr().is_ipv6() == v6 => {}
                 _ => {
                     return Err(LabError::Invalid(format!(
-                        "{flag} {c:?} is not an IPv{} CIDR",
-                        if v6 { 6 } else { 4 }
+                        "{flag} {c:?} is not an {} CIDR",
+                        state::family_name(v6)
                     )));
                 }
             }
@@ -1091,6 +1087,10 @@ mod tests {
         o.default_ipv4_pool = Some("10.9.0.0/16".into());
         let e = up(&o).unwrap_err().to_string();
         assert!(e.contains("needs a lab with IPv4"), "{e}");
+        o.default_ipv4_pool = None;
+        o.encap = Encap::Ipip;
+        let e = up(&o).unwrap_err().to_string();
+        assert!(e.contains("IPv4 only"), "{e}");
         assert!(!state::lab_dir("t0").exists());
     }
 }

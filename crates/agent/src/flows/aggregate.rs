@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write;
 
 use tern_api::flow::{
-    AggregateMinute, AggregateQuery, AggregateReply, AggregateRow, FlowDirection, FlowRecord,
-    FlowVerdict, MAX_AGGREGATE_REPLY_BYTES,
+    AggregateMinute, AggregateQuery, AggregateReply, AggregateRow, FlowDirection, FlowPolicy,
+    FlowRecord, FlowVerdict, MAX_FLOW_REPLY_BYTES,
 };
 
 /// What one aggregate counts: the ends by namespace (or kind), the port, the direction, the
@@ -30,11 +30,20 @@ fn side(e: &tern_api::flow::FlowEnd) -> String {
     }
 }
 
-/// `Kind/namespace/name` of a record's first policy.
+/// Writes `Kind/namespace/name` of `p` (no namespace for a global policy) to `out`.
+fn write_policy_id(out: &mut String, p: &FlowPolicy) {
+    let _ = match &p.namespace {
+        Some(ns) => write!(out, "{}/{ns}/{}", p.kind, p.name),
+        None => write!(out, "{}/{}", p.kind, p.name),
+    };
+}
+
+/// `Kind/namespace/name` of a record's first policy (the aggregates' key; tests compare with it).
 pub fn policy_id(r: &FlowRecord) -> Option<String> {
-    r.policies.first().map(|p| match &p.namespace {
-        Some(ns) => format!("{}/{ns}/{}", p.kind, p.name),
-        None => format!("{}/{}", p.kind, p.name),
+    r.policies.first().map(|p| {
+        let mut id = String::new();
+        write_policy_id(&mut id, p);
+        id
     })
 }
 
@@ -109,63 +118,87 @@ impl Aggregates {
         self.buf.iter()
     }
 
-    /// The answer to `q` at node `node`: the minutes it selects, oldest first, each minute's
-    /// rows most counted first. At most [`MAX_AGGREGATE_REPLY_BYTES`] of JSON, filled from the
-    /// newest minute back: rows past the bound are summed into their minute's `overflow`, and
-    /// the reply says `truncated`.
+    /// The answer to `q` at node `node`: [`reply_of`] the minutes [`Aggregates::select`]s.
     pub fn reply(&self, node: &str, q: &AggregateQuery) -> AggregateReply {
-        let selected: Vec<&Minute> = self
+        reply_of(node, self.select(q))
+    }
+
+    /// Copies of the minutes `q` selects, oldest first: all a reply needs of the aggregates
+    /// (so the service holds its lock for the copy only, not for sorting and sizing).
+    pub fn select(&self, q: &AggregateQuery) -> Vec<Minute> {
+        let selected = self
             .buf
             .iter()
-            .filter(|m| q.since_ms.is_none_or(|t| (m.minute + 1) * 60_000 > t))
-            .collect();
-        let from = q.minutes.map_or(0, |n| selected.len().saturating_sub(n));
-        let mut budget = MAX_AGGREGATE_REPLY_BYTES;
-        let mut truncated = false;
-        let mut out: Vec<AggregateMinute> = Vec::new();
-        for m in selected[from..].iter().rev() {
-            let mut keys: Vec<(&AggKey, &u64)> = m.counts.iter().collect();
-            keys.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-            let mut am = AggregateMinute {
-                minute: m.minute * 60_000,
-                overflow: m.overflow,
-                rows: Vec::new(),
-            };
-            // The minute's own fields, whatever its rows.
-            budget = budget.saturating_sub(96);
-            for (k, c) in keys {
-                let row = k.row(*c);
-                let size = serde_json::to_vec(&row).map_or(0, |v| v.len()) + 1;
-                if truncated || size > budget {
-                    truncated = true;
-                    am.overflow += c;
-                    continue;
-                }
-                budget -= size;
-                am.rows.push(row);
-            }
+            .filter(|m| q.since_ms.is_none_or(|t| (m.minute + 1) * 60_000 > t));
+        let from = q
+            .minutes
+            .map_or(0, |n| selected.clone().count().saturating_sub(n));
+        selected.skip(from).cloned().collect()
+    }
+}
+
+/// The reply of node `node` with `minutes` (oldest first, as [`Aggregates::select`] gives
+/// them), each minute's rows most counted first. At most [`MAX_FLOW_REPLY_BYTES`] of
+/// JSON, filled from the newest minute back: rows past the bound are summed into their
+/// minute's `overflow`, and the reply says `truncated`.
+pub fn reply_of(node: &str, minutes: Vec<Minute>) -> AggregateReply {
+    let mut budget = MAX_FLOW_REPLY_BYTES;
+    let mut truncated = false;
+    let mut out: Vec<AggregateMinute> = Vec::with_capacity(minutes.len());
+    // One buffer to size every row in.
+    let mut json: Vec<u8> = Vec::new();
+    for m in minutes.into_iter().rev() {
+        let mut am = AggregateMinute {
+            minute: m.minute * 60_000,
+            overflow: m.overflow,
+            rows: Vec::new(),
+        };
+        // The minute's own fields, whatever its rows.
+        budget = budget.saturating_sub(96);
+        if truncated {
+            am.overflow += m.counts.values().sum::<u64>();
             out.push(am);
+            continue;
         }
-        out.reverse();
-        AggregateReply {
-            node: node.to_string(),
-            minutes: out,
-            truncated,
+        let mut keys: Vec<(AggKey, u64)> = m.counts.into_iter().collect();
+        keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        for (k, c) in keys {
+            if truncated {
+                am.overflow += c;
+                continue;
+            }
+            let row = k.into_row(c);
+            json.clear();
+            let size = serde_json::to_writer(&mut json, &row).map_or(0, |()| json.len()) + 1;
+            if size > budget {
+                truncated = true;
+                am.overflow += c;
+                continue;
+            }
+            budget -= size;
+            am.rows.push(row);
         }
+        out.push(am);
+    }
+    out.reverse();
+    AggregateReply {
+        node: node.to_string(),
+        minutes: out,
+        truncated,
     }
 }
 
 impl AggKey {
     /// The key as a reply's row, with its count.
-    pub fn row(&self, count: u64) -> AggregateRow {
+    fn into_row(self, count: u64) -> AggregateRow {
         AggregateRow {
             direction: self.direction,
             verdict: self.verdict,
-            src: self.src.clone(),
-            dst: self.dst.clone(),
-            proto: self.proto.clone(),
+            src: self.src,
+            dst: self.dst,
+            proto: self.proto,
             port: self.port,
-            policy: self.policy.clone(),
+            policy: self.policy,
             count,
         }
     }
@@ -225,10 +258,7 @@ impl Counts {
         }
         for p in &r.policies {
             self.id.clear();
-            let _ = match &p.namespace {
-                Some(ns) => write!(self.id, "{}/{ns}/{}", p.kind, p.name),
-                None => write!(self.id, "{}/{}", p.kind, p.name),
-            };
+            write_policy_id(&mut self.id, p);
             if let Some(c) = self.denies.get_mut(self.id.as_str()) {
                 *c += 1;
             } else if self.denies.len() < MAX_POLICY_KEYS {

@@ -21,7 +21,7 @@
 //! source port, which no rule reads), for one model generation ([`FlowModel::generation`], read
 //! without the lock; any change of the model moves it and empties the cache). A batch whose
 //! events all hit takes no model lock at all; one with misses takes it once, as before. Hits
-//! and misses are counted (`tern_flows_resolve_cache_{hits,misses}_total`).
+//! and misses are counted (`tern_flow_resolve_cache_{hits,misses}_total`).
 //!
 //! Memory is bounded whatever the flood: the ring ([`FlowsConfig::ring`] records), the
 //! aggregates (minutes x keys, the rest counted as overflow), denies per policy (1,000 names,
@@ -177,18 +177,10 @@ impl Flows {
 
     /// The answer to an aggregate query (`Request::FlowAggregates`).
     pub fn aggregate_reply(&self, q: &AggregateQuery) -> AggregateReply {
-        self.state.lock().unwrap().aggregates.reply(&self.node, q)
-    }
-
-    /// The per-minute aggregates kept now, oldest first.
-    pub fn aggregates(&self) -> Vec<aggregate::Minute> {
-        self.state
-            .lock()
-            .unwrap()
-            .aggregates
-            .minutes()
-            .cloned()
-            .collect()
+        // Under the lock only the copy of the selected minutes: `take` waits on this lock,
+        // and the NFLOG socket drops what it cannot buffer meanwhile.
+        let minutes = self.state.lock().unwrap().aggregates.select(q);
+        aggregate::reply_of(&self.node, minutes)
     }
 
     /// Takes one batch from the reader: counts the kernel's losses, samples, resolves what is
@@ -312,7 +304,11 @@ impl Flows {
             s.cache_hits.fetch_add(hits, Ordering::Relaxed);
             s.cache_misses.fetch_add(misses, Ordering::Relaxed);
         }
-        out.into_iter().flatten().collect()
+        // Every slot is filled: the hits above, the misses under the model lock. A hole would
+        // shift every later record onto another event's packet in `take`.
+        out.into_iter()
+            .map(|r| r.expect("resolved under the model lock"))
+            .collect()
     }
 
     /// Starts the reader thread: binds the group in this network namespace (again after a
@@ -421,12 +417,12 @@ impl Flows {
                 &s.malformed,
             ),
             (
-                "tern_flows_resolve_cache_hits_total",
+                "tern_flow_resolve_cache_hits_total",
                 "Flow records resolved from the cache (the policy model unchanged since).",
                 &s.cache_hits,
             ),
             (
-                "tern_flows_resolve_cache_misses_total",
+                "tern_flow_resolve_cache_misses_total",
                 "Flow records resolved against the policy model (under its lock).",
                 &s.cache_misses,
             ),
@@ -741,8 +737,8 @@ mod tests {
         f.render_metrics("n1", &mut page);
         let text = page.into_string();
         crate::metrics::exposition::check(&text).unwrap();
-        assert!(text.contains("tern_flows_resolve_cache_hits_total{node=\"n1\"} 10\n"));
-        assert!(text.contains("tern_flows_resolve_cache_misses_total{node=\"n1\"} 10\n"));
+        assert!(text.contains("tern_flow_resolve_cache_hits_total{node=\"n1\"} 10\n"));
+        assert!(text.contains("tern_flow_resolve_cache_misses_total{node=\"n1\"} 10\n"));
     }
 
     /// Events of one batch with one key resolve once; distinct keys past the bound keep the

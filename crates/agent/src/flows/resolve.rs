@@ -19,7 +19,7 @@ use tern_linux::nflog::PacketHeaders;
 use tern_model::Protocol;
 use tern_policy::compile::short_hash;
 use tern_policy::flowtag::FlowTag;
-use tern_policy::{Direction, Endpoint, Flow, IrPolicy, PolicyKey, PolicySet, Reason};
+use tern_policy::{Direction, Endpoint, Flow, PolicyRef, PolicySet, Reason};
 
 /// Node addresses (underlay and tunnel) by address: the host ends of flows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -118,24 +118,6 @@ fn complete_end(e: &mut FlowEnd, hosts: &Hosts, ip: IpAddr, port: Option<u16>) {
     }
 }
 
-fn flow_policy(p: &IrPolicy, rule: Option<String>) -> FlowPolicy {
-    FlowPolicy {
-        kind: p.key.kind.as_str().to_string(),
-        namespace: p.key.namespace.clone(),
-        name: p.key.name.clone(),
-        rule,
-    }
-}
-
-fn flow_policy_ref(p: &tern_policy::PolicyRef) -> FlowPolicy {
-    FlowPolicy {
-        kind: p.kind.as_str().to_string(),
-        namespace: p.namespace.clone(),
-        name: p.name.clone(),
-        rule: p.rule.map(|r| r.to_string()),
-    }
-}
-
 fn dir_str(d: Direction) -> &'static str {
     tern_policy::explain::direction_str(d)
 }
@@ -191,41 +173,36 @@ pub fn resolve_cause(set: &PolicySet, node: &str, tag: &FlowTag, pkt: &PacketHea
             policy_hash, index, ..
         } => {
             let rule = format!("{}[{index}]", dir_str(dir));
-            let hashed = |p: &&IrPolicy| short_hash(&p.key.to_string()) == *policy_hash;
+            let hashed = |p: &&PolicyRef| short_hash(&p.id()) == *policy_hash;
             // The policy the model names, when the kernel's tag names it too (the usual case:
-            // no walk over the endpoint's policies); else the first of them the tag names.
-            let deciding = expl
-                .as_ref()
-                .filter(|x| x.reason == Reason::Rule)
-                .and_then(|x| x.policies.first())
-                .and_then(|d| {
-                    set.policy(&PolicyKey {
-                        kind: d.kind,
-                        namespace: d.namespace.clone(),
-                        name: d.name.clone(),
-                    })
-                })
-                .filter(hashed);
-            let named = deciding.or_else(|| {
-                ep.map(|e| set.policies_for(e, dir))
-                    .unwrap_or_default()
-                    .into_iter()
-                    .find(hashed)
+            // one hash); else the first of the endpoint's policies (explain's `selecting`, in
+            // evaluation order) the tag names.
+            let named = expl.as_ref().and_then(|x| {
+                x.policies
+                    .first()
+                    .filter(|_| x.reason == Reason::Rule)
+                    .filter(hashed)
+                    .or_else(|| x.selecting.iter().find(hashed))
             });
             if let Some(x) = &expl {
                 let same = named.is_some_and(|p| {
                     x.reason == Reason::Rule
                         && x.policies.first().is_some_and(|d| {
-                            d.kind == p.key.kind
-                                && d.namespace == p.key.namespace
-                                && d.name == p.key.name
+                            d.kind == p.kind
+                                && d.namespace == p.namespace
+                                && d.name == p.name
                                 && d.rule.is_some_and(|r| r.index == *index)
                         })
                 });
                 disagrees = !same || x.verdict.is_allowed() != tag.allows();
             }
             let policies = named
-                .map(|p| vec![flow_policy(p, Some(rule))])
+                .map(|p| {
+                    vec![FlowPolicy {
+                        rule: Some(rule),
+                        ..p.flow_policy()
+                    }]
+                })
                 .unwrap_or_default();
             (FlowReason::Rule, policies)
         }
@@ -236,14 +213,14 @@ pub fn resolve_cause(set: &PolicySet, node: &str, tag: &FlowTag, pkt: &PacketHea
             // Every policy selecting the endpoint in this direction, as explain lists them.
             let policies = expl
                 .as_ref()
-                .map(|x| x.selecting.iter().map(flow_policy_ref).collect())
+                .map(|x| x.selecting.iter().map(PolicyRef::flow_policy).collect())
                 .unwrap_or_default();
             (FlowReason::DefaultDeny, policies)
         }
         FlowTag::FastPath(_) => match &expl {
             Some(x) if x.reason == Reason::Rule && x.verdict.is_allowed() => (
                 FlowReason::Rule,
-                x.policies.iter().map(flow_policy_ref).collect(),
+                x.policies.iter().map(PolicyRef::flow_policy).collect(),
             ),
             Some(_) => {
                 disagrees = true;

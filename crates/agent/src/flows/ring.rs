@@ -3,11 +3,7 @@
 
 use std::collections::VecDeque;
 
-use tern_api::flow::{FlowQuery, FlowRecord};
-
-/// JSON bytes of records one reply carries at most: under `tern_api::MAX_FRAME` with room
-/// for the envelope. A reply that stops there says `more`.
-pub const MAX_REPLY_BYTES: usize = 768 * 1024;
+use tern_api::flow::{FlowQuery, FlowRecord, MAX_FLOW_REPLY_BYTES};
 
 /// The most recent records, at most `cap`.
 #[derive(Debug)]
@@ -73,7 +69,7 @@ impl Ring {
         let mut bytes = 0;
         let mut fits = |r: &FlowRecord| {
             bytes += serde_json::to_vec(r).map_or(0, |v| v.len()) + 1;
-            bytes <= MAX_REPLY_BYTES
+            bytes <= MAX_FLOW_REPLY_BYTES
         };
         let mut out = Vec::new();
         let mut more = false;
@@ -180,7 +176,7 @@ pub(crate) mod tests {
             .iter()
             .map(|x| serde_json::to_vec(x).unwrap().len() + 1)
             .sum();
-        assert!(bytes <= MAX_REPLY_BYTES);
+        assert!(bytes <= MAX_FLOW_REPLY_BYTES);
         let recent = r.select(&FlowQuery::default());
         assert!(recent.more);
         assert_eq!(recent.records.last().unwrap().seq, 20_000);

@@ -567,20 +567,11 @@ fn lab_steps(ternctl: &Path, s: &mut LabState, o: &DemoOptions, v: &mut Verdict)
         }
     }
 
-    let families: Vec<bool> = [false, true]
-        .into_iter()
-        .filter(|v6| {
-            if *v6 {
-                s.ip_family.has_v6()
-            } else {
-                s.ip_family.has_v4()
-            }
-        })
-        .collect();
+    let families = s.ip_family.families();
     for &v6 in families.iter().filter(|_| multi) {
         section(&format!(
-            "traffic: every pod -> every other pod (tcp, udp) over IPv{}, across nodes",
-            if v6 { 6 } else { 4 }
+            "traffic: every pod -> every other pod (tcp, udp) over {}, across nodes",
+            state::family_name(v6)
         ));
         match tern_lab::mesh::check_mesh_family(
             s,

@@ -219,10 +219,8 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                     continue;
                 }
                 println!("--- {} ({}) ---", n.name, n.addresses().join(", "));
-                for v6 in [false, true] {
-                    if (v6 && st.ip_family.has_v6()) || (!v6 && st.ip_family.has_v4()) {
-                        print!("{}", tern_lab::mesh::routes_of(&st, &n.name, v6)?);
-                    }
+                for v6 in st.ip_family.families() {
+                    print!("{}", tern_lab::mesh::routes_of(&st, &n.name, v6)?);
                 }
             }
             Ok(0)

@@ -48,23 +48,11 @@ pub fn recording_agent_args() -> Vec<String> {
         .to_vec()
 }
 
-/// An explained direction's cause, written as [`record_cause`] writes a record's.
+/// An explained direction's cause ([`DirectionExplanation::flow_cause`]), written as
+/// [`record_cause`] writes a record's.
 pub fn explained_cause(d: &DirectionExplanation) -> (String, Vec<String>) {
-    let mut ps: Vec<String> = d
-        .policies
-        .iter()
-        .map(|p| {
-            format!(
-                "{}/{}/{} {}",
-                p.kind.as_str(),
-                p.namespace.as_deref().unwrap_or(""),
-                p.name,
-                p.rule.map(|r| r.to_string()).unwrap_or_default()
-            )
-        })
-        .collect();
-    ps.sort();
-    (d.reason.as_str().to_string(), ps)
+    let c = d.flow_cause();
+    (c.reason.as_str().to_string(), policy_names(&c.policies))
 }
 
 type Key = (FlowDirection, IpAddr, IpAddr, String, Option<u16>);
@@ -92,9 +80,21 @@ impl Latest {
         }
     }
 
+    /// The newest record of direction `d` from `src` to `dst`:`port` over `proto` (`tcp`,
+    /// `udp` or `sctp`).
+    pub fn newest(
+        &self,
+        d: FlowDirection,
+        src: IpAddr,
+        dst: IpAddr,
+        proto: &str,
+        port: u16,
+    ) -> Option<&FlowRecord> {
+        self.0.get(&(d, src, dst, proto.to_string(), Some(port)))
+    }
+
     fn get(&self, d: FlowDirection, c: &Probed) -> Option<&FlowRecord> {
-        self.0
-            .get(&(d, c.src, c.dst, c.proto.to_string(), Some(c.port)))
+        self.newest(d, c.src, c.dst, c.proto, c.port)
     }
 }
 

@@ -45,6 +45,37 @@ pub fn lab_name(tag: &str) -> String {
     format!("{tag}{}", tern_lab::process::random_hex(3))
 }
 
+/// The seed of a random lab: `TERN_RANDOM_SEED` (decimal or `0x` hex; `clock` for a new one
+/// each run), or `default` without it.
+pub fn random_seed(default: u64) -> u64 {
+    match std::env::var("TERN_RANDOM_SEED").as_deref() {
+        Err(_) => default,
+        Ok("clock") => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            // splitmix64's finaliser: close clocks give unrelated seeds.
+            let mut x = t.as_nanos() as u64;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (x ^ (x >> 31)) | 1
+        }
+        Ok(s) => {
+            let s = s.trim();
+            let v = match s.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16),
+                None => s.parse(),
+            };
+            match v {
+                Ok(v) if v != 0 => v,
+                _ => panic!(
+                    "TERN_RANDOM_SEED={s:?}: want a non-zero decimal or 0x hex number, or clock"
+                ),
+            }
+        }
+    }
+}
+
 /// What a `ternctl` run printed.
 pub struct Run {
     pub out: Output,
@@ -175,6 +206,17 @@ impl Lab {
         }
         tern_lab::start_server(&mut self.st, pod, &ternctl(), tcp, udp)
             .unwrap_or_else(|e| panic!("echo server in {pod}: {e}"));
+    }
+
+    /// `per_node` pods on each of nodes 1 to `nodes` (`p<node>x<k>`), each with an echo server
+    /// on TCP and UDP `port`.
+    pub fn add_echo_pods(&mut self, nodes: usize, per_node: usize, port: u16) {
+        for n in 1..=nodes {
+            for k in 1..=per_node {
+                let (node, pod) = (format!("node{n}"), format!("p{n}x{k}"));
+                self.add_echo_pod(&node, &pod, Some(port), Some(port));
+            }
+        }
     }
 }
 

@@ -557,6 +557,32 @@ pub fn node_leaving(st: &mut LabState, node: &str, done: &mut Vec<String>) -> Re
     }
     let mut errors = Vec::new();
     node::teardown(&k, &kn, done, &mut errors);
+    // The node's pods stay in the API after its Node object and kubelet are gone, until the
+    // PodGC controller collects orphans (a 40 s quarantine, then its 20 s loop); a teardown
+    // sooner than that waits on a pod no kubelet will confirm (the DaemonSet's tern-node pod:
+    // `daemonset::uninstall`'s `kubectl wait --for=delete`). Their containers were stopped
+    // above, so they are removed from the API now, as an operator does after removing a node.
+    let selector = format!("spec.nodeName={node}");
+    match kubectl(
+        &k,
+        &[
+            "delete",
+            "pods",
+            "-A",
+            "--field-selector",
+            &selector,
+            "--force",
+            "--grace-period=0",
+            "--wait=false",
+        ],
+    ) {
+        Ok(out) if !out.trim().is_empty() => done.push(format!(
+            "removed the pods of {node} from the API: {}",
+            out.trim().replace('\n', "; ")
+        )),
+        Ok(_) => {}
+        Err(e) => errors.push(format!("removing the pods of {node} from the API: {e}")),
+    }
     if let Some(k) = st.kube.as_mut() {
         k.nodes.retain(|n| n.name != node);
     }

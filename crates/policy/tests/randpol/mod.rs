@@ -530,7 +530,22 @@ pub enum Found {
     Rule(String, usize, bool),
 }
 
+/// A string of `'static` life (the generator's names and nets hold such; a few per run).
+pub fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
 impl World {
+    /// The TCP flow from pod `i` to pod `j` on `port`.
+    pub fn tcp_flow(&self, i: usize, j: usize, port: u16) -> Flow {
+        Flow {
+            src: self.pods[i].ip.into(),
+            dst: self.pods[j].ip.into(),
+            protocol: Protocol::Tcp,
+            dst_port: port,
+        }
+    }
+
     pub fn pod_at(&self, ip: Ipv4Addr) -> Option<&Pod> {
         self.pods.iter().find(|p| p.ip == ip)
     }
