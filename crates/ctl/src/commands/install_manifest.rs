@@ -269,6 +269,9 @@ pub fn validate(o: &ManifestOptions) -> anyhow::Result<()> {
     } else if o.no_ipv4_pool {
         bail!("--no-ipv4-pool needs --ipv6-pool: a cluster needs a pool of some family");
     }
+    if o.no_ipv4_pool && o.encap == Encap::Ipip {
+        bail!("--encap ipip carries IPv4 only; an IPv6-only cluster takes none or vxlan");
+    }
     check_plain("--log-level", &o.log_level)?;
     // A level, or a filter as ternd takes it (`info,tern_agent::bgp=debug`).
     let level = ["error", "warn", "info", "debug", "trace"].contains(&o.log_level.as_str());
@@ -301,10 +304,12 @@ fn modes(e: Encap) -> (&'static str, &'static str) {
 const IPV6_BLOCK_SIZE: u8 = 122;
 
 /// The ConfigMap's `ippool.yaml` (replaces `@IPPOOLS@`): the IPv4 pool unless
-/// `--no-ipv4-pool`, then the IPv6 pool when given, in the same encapsulation.
+/// `--no-ipv4-pool`, then the IPv6 pool when given, in the same encapsulation except IPIP,
+/// which carries IPv4 only (the IPv6 pool of an IPIP cluster routes directly, as Calico's).
 fn ippools(o: &ManifestOptions) -> String {
-    let (vxlan, ipip) = modes(o.encap);
+    let (vxlan, ipip4) = modes(o.encap);
     let pool = |name: &str, cidr: &str, block: Option<u8>| {
+        let ipip = if block.is_some() { "Never" } else { ipip4 };
         let block = block
             .map(|b| format!("      blockSize: {b}\n"))
             .unwrap_or_default();
@@ -688,6 +693,18 @@ mod tests {
             "{pools}"
         );
         assert_eq!(pools.matches("vxlanMode: Always").count(), 2, "{pools}");
+        // IPIP carries IPv4 only: the IPv6 pool of an IPIP cluster routes directly.
+        let ipip = ManifestOptions {
+            encap: Encap::Ipip,
+            ..dual.clone()
+        };
+        let di = docs(&render(&ipip).unwrap());
+        let pools_ipip = di[3]["data"]["ippool.yaml"].as_str().unwrap();
+        let (p4, p6) = pools_ipip.split_once("---").unwrap();
+        assert!(
+            p4.contains("ipipMode: Always") && p6.contains("ipipMode: Never"),
+            "{pools_ipip}"
+        );
         let ds = &d[4]["spec"]["template"]["spec"];
         let cni_conf: Vec<&str> = ds["containers"][1]["args"]
             .as_array()
@@ -745,6 +762,13 @@ mod tests {
                     ..ManifestOptions::default()
                 },
                 "--no-ipv4-pool needs --ipv6-pool",
+            ),
+            (
+                ManifestOptions {
+                    encap: Encap::Ipip,
+                    ..v6.clone()
+                },
+                "carries IPv4 only",
             ),
         ] {
             let e = format!("{:#}", render(&o).unwrap_err());
