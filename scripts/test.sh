@@ -25,7 +25,7 @@
 #               already built as the build step ended (a warm cache), this step runs before
 #               test and e2e, beside upstream's specs, and two groups run after it, beside
 #               test and e2e, each in a lane (test-kube-wait: lab_kube_netpol; test-kube-more:
-#               lab_kube_etcd_tls, lab_kube_backend, lab_kube_demo)
+#               lab_kube_etcd_tls, lab_kube_backend, lab_kube_demo, lab_kube_dual)
 # Every step runs even when an earlier one failed, so one run reports everything; a step that
 # needs what a failed step makes is counted failed. A test that cannot run fails saying what is
 # missing (tern-testkit's guards); only this kernel's limits (IPIP, dummy, GRE, WireGuard, SCTP)
@@ -167,13 +167,14 @@ export TERN_TEST_SKIP_LOG=$test_skip_log
 # their 300 s. So two groups run beside the plain tests instead, each in a lane of its own:
 # $beside_netpol (lab_kube_netpol, 190-290 s, which mostly waits on the probes a policy must
 # drop) and $beside_more (lab_kube_etcd_tls, lab_kube_backend, lab_kube_demo: about 180 s
-# alone). Measured in docs/benchmarks.md ("CI run time").
+# alone; lab_kube_dual, a dual-stack and an IPv6-only cluster, about 110 s more, still
+# within the plain tests' 300 s). Measured in docs/benchmarks.md ("CI run time").
 beside_netpol=" lab_kube_netpol "
 # The plain target that takes longest (netpol, the 3-node lab's truth tables: about 200 s of
 # the plain tests' 300, mostly waiting on the probes a policy drops) runs in a lane of its own
 # beside the others (test-netpol).
 plain_lane=" netpol "
-beside_more=" lab_kube_etcd_tls lab_kube_backend lab_kube_demo "
+beside_more=" lab_kube_etcd_tls lab_kube_backend lab_kube_demo lab_kube_dual "
 other_targets=() plain_beside=() kube_targets=() kube_beside=() kube_more=()
 while read -r t; do
   if [[ $plain_lane == *" $t "* ]]; then
