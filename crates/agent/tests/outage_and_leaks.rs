@@ -236,6 +236,22 @@ impl Setup {
     }
 }
 
+/// Starts the agent's maintenance, waits until leak repair released `n` addresses, and
+/// returns the addresses still allocated.
+fn reclaimed(s: &Setup, ipam: &Ipam, n: u64) -> Vec<std::net::IpAddr> {
+    s.agent.start_maintenance().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || s.agent.gc_reclamations() == n),
+        "{n} addresses not reclaimed: {:?}",
+        ipam.allocations(None).unwrap()
+    );
+    ipam.allocations(None)
+        .unwrap()
+        .iter()
+        .map(|a| a.ip)
+        .collect()
+}
+
 #[test]
 fn leak_repair_releases_orphans_and_keeps_what_is_used() {
     with_agent(1, 2, |s, ipam, addrs| {
@@ -291,18 +307,7 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
         assert_eq!(first.suspects, 2, "{first:?}");
         assert!(first.released.is_empty(), "{first:?}");
 
-        s.agent.start_maintenance().unwrap();
-        assert!(
-            wait_until(Duration::from_secs(15), || s.agent.gc_reclamations() == 2),
-            "orphans not reclaimed: {:?}",
-            ipam.allocations(None).unwrap()
-        );
-        let left: Vec<std::net::IpAddr> = ipam
-            .allocations(None)
-            .unwrap()
-            .iter()
-            .map(|a| a.ip)
-            .collect();
+        let left = reclaimed(s, ipam, 2);
         assert!(left.contains(&live_ip));
         assert!(left.contains(&foreign_ip));
         assert!(!left.contains(&orphan_ip));
@@ -397,19 +402,8 @@ fn leak_repair_of_dual_stack_allocations_in_ipv6_blocks() {
             .collect();
         assert_eq!(blocks6.len(), 2, "one /122 per node: {blocks6:?}");
 
-        s.agent.start_maintenance().unwrap();
         // One reclamation per address: the orphan's two.
-        assert!(
-            wait_until(Duration::from_secs(15), || s.agent.gc_reclamations() == 2),
-            "the orphan was not reclaimed: {:?}",
-            ipam.allocations(None).unwrap()
-        );
-        let left: Vec<std::net::IpAddr> = ipam
-            .allocations(None)
-            .unwrap()
-            .iter()
-            .map(|a| a.ip)
-            .collect();
+        let left = reclaimed(s, ipam, 2);
         assert!(orphan.iter().all(|ip| !left.contains(ip)), "{left:?}");
         assert!(foreign.iter().all(|ip| left.contains(ip)), "{left:?}");
 
