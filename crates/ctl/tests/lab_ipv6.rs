@@ -162,7 +162,8 @@ fn context(lab: &Lab) -> String {
 }
 
 /// Every pod has one address of each family of the lab, in that family's pool, and none of
-/// another family.
+/// another family; its default route of each family goes to Calico's gateway
+/// (169.254.1.1, fe80::ecee:eeff:feee:eeee).
 fn check_pod_addresses(lab: &Lab) {
     let v4_pool: ipnet::IpNet = tern_model::defaults::IPV4_POOL.parse().unwrap();
     let v6_pool: ipnet::IpNet = tern_model::defaults::IPV6_POOL.parse().unwrap();
@@ -183,6 +184,23 @@ fn check_pod_addresses(lab: &Lab) {
                 of.iter().all(|a| pool.contains(*a)),
                 "pod {}: {ips:?} not in {pool}",
                 p.name
+            );
+            // Calico's gateways, answered by the host side (proxy ARP / proxy NDP): the
+            // pod's default route of each of its families.
+            let routes =
+                tern_lab::process::ip_in(&p.netns, &[if v6 { "-6" } else { "-4" }, "route"])
+                    .unwrap();
+            let gw = if v6 {
+                "fe80::ecee:eeff:feee:eeee"
+            } else {
+                "169.254.1.1"
+            };
+            assert_eq!(
+                routes.contains(&format!("default via {gw} dev eth0")),
+                lab.st.ip_family.has(v6),
+                "pod {} {} routes:\n{routes}",
+                p.name,
+                fam(v6)
             );
         }
     }
