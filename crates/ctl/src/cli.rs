@@ -572,8 +572,7 @@ pub enum LabCommand {
         /// each.
         #[arg(long, value_enum, default_value_t = IpFamily::Ipv4)]
         ip_family: IpFamily,
-        /// Run the agents with `--bgp` (the default with --encap none, several nodes and
-        /// --ip-family ipv4).
+        /// Run the agents with `--bgp` (the default with --encap none and several nodes).
         #[arg(long, conflicts_with = "no_bgp")]
         bgp: bool,
         /// Do not run BGP: with --encap none, ternd programs the routes from the store.

@@ -787,7 +787,14 @@ fn demo_ipv6() {
     let out = &run.stdout;
     assert!(run.ok(), "{out}\n{}", run.stderr);
     assert!(out.contains("PASS: all "), "{out}");
-    assert!(out.contains("via 2001:db8::12 dev eth0 proto 84"), "{out}");
+    // Routed by BGP (the default without encapsulation): MP-BGP IPv6 unicast over the IPv6
+    // session with node2.
+    assert!(out.contains("via 2001:db8::12 dev eth0 proto 85"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("| 2001:db8::12 ") && l.contains("Established")),
+        "{out}"
+    );
     assert!(!out.contains("over IPv4"), "{out}");
     // The mesh (2 pairs, TCP and UDP) and node-to-pod (3 probes) lines, every one IPv6.
     let ok: Vec<&str> = out

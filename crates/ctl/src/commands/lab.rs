@@ -151,13 +151,9 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
                         _ if *kubernetes && store.is_none() => StoreKind::Kubernetes,
                         s => s,
                     },
-                    // BGP carries the routes when nothing else does (no encapsulation); with
-                    // IPv6, ternd programs them from the store unless --bgp is given.
-                    bgp: *bgp
-                        || (!*no_bgp
-                            && *encap == tern_lab::Encap::None
-                            && *nodes > 1
-                            && *ip_family == tern_lab::IpFamily::Ipv4),
+                    // BGP carries the routes when nothing else does (no encapsulation), in
+                    // every family (IPv6 blocks as MP-BGP IPv6 unicast).
+                    bgp: *bgp || (!*no_bgp && *encap == tern_lab::Encap::None && *nodes > 1),
                     kubernetes: kubernetes.then(|| {
                         k8s_bin_dir
                             .clone()
