@@ -161,6 +161,39 @@ fn context(lab: &Lab) -> String {
     format!("{}{}", lab.logs(15), mesh::all_routes(&lab.st))
 }
 
+/// The nodes start as stock hosts (forwarding off in both families); with an IPv6 pool each
+/// agent turned IPv6 forwarding on and said so, as it does IPv4's.
+fn check_forwarding(lab: &Lab) {
+    for n in &lab.st.nodes {
+        for v6 in lab.st.ip_family.families() {
+            let (path, name) = if v6 {
+                (
+                    "/proc/sys/net/ipv6/conf/all/forwarding",
+                    "net.ipv6.conf.all.forwarding",
+                )
+            } else {
+                ("/proc/sys/net/ipv4/ip_forward", "net.ipv4.ip_forward")
+            };
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &n.netns, "cat", path])
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "1",
+                "{} {name}",
+                n.name
+            );
+            let log = tern_lab::topology::log_tail(n, 400);
+            assert!(
+                log.contains(&format!("set {name} = 1 (was 0)")),
+                "{}: {name} not set by the agent:\n{log}",
+                n.name
+            );
+        }
+    }
+}
+
 /// Every pod has one address of each family of the lab, in that family's pool, and none of
 /// another family; its default route of each family goes to Calico's gateway
 /// (169.254.1.1, fe80::ecee:eeff:feee:eeee).
@@ -360,6 +393,7 @@ fn run(c: &Case) -> Lab {
     );
     check_pod_addresses(&lab);
     check_node_addresses(&lab);
+    check_forwarding(&lab);
     for v6 in c.family.families() {
         check_mesh(&lab, v6);
         check_node_to_pod(&lab, v6);
@@ -763,7 +797,9 @@ fn bad_family_options_are_refused() {
         "{}",
         run.stderr
     );
-    let run = common::ternctl_lab(&name, dir, &["up", "--ip-family", "ipv6", "--kubernetes"]);
+    // `lab up --kubernetes` builds dual-stack and IPv6-only clusters (lab_kube_dual.rs); the
+    // demo's cluster is IPv4 and says where to go instead.
+    let run = common::lab_demo(&name, dir, &["--ip-family", "ipv6", "--kubernetes"]);
     assert!(!run.ok());
     assert!(run.stderr.contains("IPv4 cluster"), "{}", run.stderr);
     let run = common::ternctl_lab(&name, dir, &["up", "--ip-family", "triple"]);
