@@ -871,6 +871,7 @@ mod tests {
             dst: "10.0.1.5".parse().unwrap(),
             protocol,
             dst_port,
+            icmp: None,
         };
         let ingress = tern_policy::Direction::Ingress;
         // A staged Delete of web: 81/TCP, denied by web's default deny, would meet no policy.

@@ -250,6 +250,7 @@ fn record_problems(
                     dst: b.ip,
                     protocol,
                     dst_port: port,
+                    icmp: None,
                 });
                 let cell = Probed {
                     what: format!("{}/{port} {} -> {}", l4.as_str(), a.id(), b.id()),

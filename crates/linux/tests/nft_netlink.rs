@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use tern_linux::LinuxError;
 use tern_linux::nft_netlink::NftSocket;
 use tern_nft::{
-    Addr, DataType, Element, ElementChange, Family, Key, Match, Rule, SetType, Stmt, TableChange,
-    Verdict,
+    Addr, DataType, Element, ElementChange, Family, IcmpField, Key, L4Proto, Match, Rule, SetType,
+    Stmt, TableChange, Verdict,
 };
 
 const TABLE: &str = "\
@@ -532,5 +532,59 @@ fn fast_path_lookups_over_netlink_are_the_expressions_nft_sends() {
             )
             .unwrap_err();
         assert!(err.to_string().contains("@nope"), "{err}");
+    });
+}
+
+#[test]
+fn icmp_type_and_code_over_netlink_are_the_expressions_nft_sends() {
+    const TEXTS: [&str; 3] = [
+        "meta l4proto icmp icmp type 8 icmp code 0 accept",
+        "meta l4proto ipv6-icmp icmpv6 type != 128 accept",
+        "meta l4proto ipv6-icmp icmpv6 type 128 icmpv6 code != 0 accept",
+    ];
+    let icmp = |v6, field, negate, value| Match::Icmp {
+        v6,
+        field,
+        negate,
+        value,
+    };
+    let accept = |m: Vec<Match>| Rule::new(m, vec![Stmt::Verdict(Verdict::Accept)]);
+    let rules = [
+        accept(vec![
+            Match::L4Proto(L4Proto::Icmp),
+            icmp(false, IcmpField::Type, false, 8),
+            icmp(false, IcmpField::Code, false, 0),
+        ]),
+        accept(vec![
+            Match::L4Proto(L4Proto::Icmpv6),
+            icmp(true, IcmpField::Type, true, 128),
+        ]),
+        accept(vec![
+            Match::L4Proto(L4Proto::Icmpv6),
+            icmp(true, IcmpField::Type, false, 128),
+            icmp(true, IcmpField::Code, true, 0),
+        ]),
+    ];
+    in_netns(move || {
+        setup();
+        let mut script = String::from("add chain inet tern by-nft\n");
+        for r in TEXTS {
+            script.push_str(&format!("add rule inet tern by-nft {r}\n"));
+        }
+        tern_linux::nft::apply(&script).unwrap();
+        for (r, text) in rules.iter().zip(TEXTS) {
+            assert_eq!(r.to_string(), text);
+        }
+        let mut s = NftSocket::new().unwrap();
+        s.apply("tern", &add_chain_ops("by-netlink", &rules))
+            .unwrap();
+        let want = chain_exprs("by-nft");
+        assert!(
+            want.iter()
+                .any(|l| l.contains("payload load 1b @ transport header + 1")),
+            "{want:?}"
+        );
+        assert_eq!(chain_exprs("by-netlink"), want);
+        assert_eq!(chain_rules("by-netlink"), chain_rules("by-nft"));
     });
 }

@@ -50,7 +50,7 @@ pub use kinds::k8s_policy::{
 pub use kinds::namespace::{Namespace, NamespaceSpec};
 pub use kinds::node::{Node, NodeAddress, NodeBgpSpec, NodeSpec};
 pub use kinds::policy::{
-    Action, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec, NetworkPolicy,
+    Action, EntityRule, GlobalNetworkPolicy, GlobalNetworkPolicySpec, IcmpFields, NetworkPolicy,
     NetworkPolicySpec, Rule, validate_tern_spec,
 };
 pub use kinds::shared::{EndpointPort, IntOrString, PolicyType, Port, Protocol};

@@ -272,6 +272,8 @@ fn stored_values_skip_write_time_count_and_charset_limits() {
     let mut r = Rule {
         action: Action::Deny,
         protocol: None,
+        icmp: None,
+        not_icmp: None,
         source: EntityRule::default(),
         destination: EntityRule::default(),
     };
@@ -358,6 +360,8 @@ fn annotations_and_resource_size_are_bounded() {
         let mut r = Rule {
             action: Action::Allow,
             protocol: None,
+            icmp: None,
+            not_icmp: None,
             source: EntityRule::default(),
             destination: EntityRule::default(),
         };

@@ -158,6 +158,25 @@ fn tern_policies_parse() {
 }
 
 #[test]
+fn tern_policy_icmp_fields_parse_and_round_trip() {
+    let text = format!(
+        "{TERN}  ingress:\n  - action: Allow\n    protocol: ICMPv6\n    icmp: {{type: 128, code: 0}}\n  - action: Deny\n    protocol: ICMP\n    notICMP: {{type: 8}}\n    icmp: {{}}\n"
+    );
+    let Resource::NetworkPolicy(p) = one(&text) else {
+        panic!("not a NetworkPolicy")
+    };
+    let r = &p.spec.ingress;
+    assert_eq!(r[0].icmp.unwrap().bytes(), (Some(128), Some(0)));
+    assert_eq!(r[0].not_icmp, None);
+    assert_eq!(r[1].not_icmp.unwrap().bytes(), (Some(8), None));
+    assert_eq!(r[1].icmp.unwrap().bytes(), (None, None));
+    let json = serde_json::to_string(&p.spec).unwrap();
+    assert!(json.contains(r#""icmp":{"type":128,"code":0}"#), "{json}");
+    assert!(json.contains(r#""notICMP":{"type":8}"#), "{json}");
+    Resource::NetworkPolicy(p).validate().unwrap();
+}
+
+#[test]
 fn tern_policy_bad_input() {
     for (body, want) in [
         (
@@ -195,6 +214,34 @@ fn tern_policy_bad_input() {
         (
             "  ingress: [{action: Allow}]\n  bogus: 1\n",
             "unknown field `bogus`",
+        ),
+        (
+            "  ingress: [{action: Allow, icmp: {type: 8}}]\n",
+            "spec.ingress[0].icmp: ICMP matches require protocol ICMP or ICMPv6",
+        ),
+        (
+            "  egress: [{action: Allow, protocol: TCP, notICMP: {type: 8}}]\n",
+            "spec.egress[0].notICMP: ICMP matches require protocol ICMP or ICMPv6",
+        ),
+        (
+            "  ingress: [{action: Allow, protocol: ICMP, icmp: {type: 255}}]\n",
+            "spec.ingress[0].icmp.type: 255 is not an ICMP type 0-254",
+        ),
+        (
+            "  ingress: [{action: Allow, protocol: ICMPv6, icmp: {type: 1, code: 256}}]\n",
+            "spec.ingress[0].icmp.code: 256 is not an ICMP code 0-255",
+        ),
+        (
+            "  ingress: [{action: Allow, protocol: ICMP, notICMP: {code: 0}}]\n",
+            "spec.ingress[0].notICMP.code: an ICMP code needs a type",
+        ),
+        (
+            "  ingress: [{action: Allow, protocol: ICMP, icmp: {type: 8, kode: 0}}]\n",
+            "unknown field `kode`",
+        ),
+        (
+            "  ingress: [{action: Allow, protocol: ICMP, icmp: {type: -1}}]\n",
+            "spec.ingress[0].icmp.type: invalid type: integer `-1`",
         ),
     ] {
         let e = invalid(&format!("{TERN}{body}"));

@@ -30,7 +30,8 @@ pub mod table;
 pub use chain::{BaseChain, Chain, ChainPolicy, ChainType, Hook};
 pub use render::{ElementOrder, render, render_changes, render_delta, render_full_merged};
 pub use rule::{
-    Addr, AddrField, CtState, Family, Iface, L4Proto, Match, PortRange, Rule, Span, Stmt, Verdict,
+    Addr, AddrField, CtState, Family, IcmpField, Iface, L4Proto, Match, PortRange, Rule, Span,
+    Stmt, Verdict,
 };
 pub use set::{AddrRange, DataType, Element, Key, Set, SetType, addr_bits};
 pub use table::{

@@ -265,10 +265,37 @@ pub enum Match {
     /// `ip saddr . meta l4proto . th dport @set`: address, protocol and destination port in a
     /// named interval set of `addr . inet_proto . inet_service`.
     AddrProtoDportInSet { addr: Addr, set: String },
+    /// `icmp type 8`, `icmpv6 code != 0`: a byte of the ICMP (v6 when `v6`) header, type at
+    /// transport offset 0, code at 1; after a `meta l4proto` match of that protocol.
+    Icmp {
+        v6: bool,
+        field: IcmpField,
+        negate: bool,
+        value: u8,
+    },
     /// `meta mark and BITS == BITS`: every bit of `BITS` is set in the packet mark.
     MarkAll(u32),
     /// `ct state established,related`: the connection is in one of the states.
     CtState(CtState),
+}
+
+/// The ICMP header byte an [`Match::Icmp`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IcmpField {
+    /// Offset 0.
+    Type,
+    /// Offset 1.
+    Code,
+}
+
+impl IcmpField {
+    /// The byte's offset in the ICMP / ICMPv6 header.
+    pub fn offset(self) -> u32 {
+        match self {
+            IcmpField::Type => 0,
+            IcmpField::Code => 1,
+        }
+    }
 }
 
 fn join<T: fmt::Display>(f: &mut fmt::Formatter<'_>, items: &[T]) -> fmt::Result {
@@ -304,6 +331,21 @@ impl fmt::Display for Match {
             Match::AddrProtoDportInSet { addr, set } => {
                 write!(f, "{addr} . meta l4proto . th dport @{set}")
             }
+            Match::Icmp {
+                v6,
+                field,
+                negate,
+                value,
+            } => write!(
+                f,
+                "{} {} {}{value}",
+                if *v6 { "icmpv6" } else { "icmp" },
+                match field {
+                    IcmpField::Type => "type",
+                    IcmpField::Code => "code",
+                },
+                not(*negate)
+            ),
             Match::MarkAll(bits) => write!(f, "meta mark and {bits:#x} == {bits:#x}"),
             Match::CtState(s) => write!(f, "ct state {s}"),
         }

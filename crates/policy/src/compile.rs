@@ -34,13 +34,14 @@ use std::collections::BTreeMap;
 use sha1::{Digest, Sha1};
 use tern_model::{Action, Port, Protocol};
 use tern_nft::{
-    Addr, AddrField, BaseChain, Chain, ChainPolicy, ChainType, CtState, Hook, Iface, Key, L4Proto,
-    Match, PortRange, Rule, Ruleset, Set, SetType, Stmt, Verdict,
+    Addr, AddrField, BaseChain, Chain, ChainPolicy, ChainType, CtState, Hook, IcmpField, Iface,
+    Key, L4Proto, Match, PortRange, Rule, Ruleset, Set, SetType, Stmt, Verdict,
 };
 
 use crate::flowtag::{FlowTag, TagAction};
 use crate::model::{
-    Direction, Endpoint, EndpointSelector, IrPolicy, IrRule, Match as Side, PolicyKey, PolicySet,
+    Direction, Endpoint, EndpointSelector, IcmpMatch, IrPolicy, IrRule, Match as Side, PolicyKey,
+    PolicySet,
 };
 
 /// Address family of a compiled set or rule.
@@ -658,6 +659,10 @@ impl<'a> Compiler<'a> {
                 };
                 head.extend(src);
                 head.extend(dst);
+                let v6 = fam == Family::V6;
+                if let Some(m) = r.icmp {
+                    head.extend(icmp_matches(m, v6, false));
+                }
                 let mut variants = Vec::new();
                 if r.dst.ports.is_empty() {
                     variants.push(None);
@@ -676,13 +681,73 @@ impl<'a> Compiler<'a> {
                         }
                     }
                 }
+                // notICMP {type, code} is "type != T or code != C": two disjoint rules,
+                // `type != T` and `type T code != C`, so a Log rule logs a packet once.
+                let not_icmp: Vec<Vec<Match>> = match r.not_icmp {
+                    None => vec![Vec::new()],
+                    Some(m) => not_icmp_variants(m, v6),
+                };
                 for v in variants {
-                    let mut matches = head.clone();
-                    matches.extend(v);
-                    out.push(Rule::new(matches, verdict.clone()));
+                    for n in &not_icmp {
+                        let mut matches = head.clone();
+                        matches.extend(v.clone());
+                        matches.extend(n.iter().cloned());
+                        out.push(Rule::new(matches, verdict.clone()));
+                    }
                 }
             }
         }
         out
     }
+}
+
+/// `icmp type T icmp code C` (v6: `icmpv6`), for the fields given; negated: `!=` each.
+fn icmp_matches(m: IcmpMatch, v6: bool, negate: bool) -> Vec<Match> {
+    [(IcmpField::Type, m.icmp_type), (IcmpField::Code, m.code)]
+        .into_iter()
+        .filter_map(|(field, value)| {
+            value.map(|value| Match::Icmp {
+                v6,
+                field,
+                negate,
+                value,
+            })
+        })
+        .collect()
+}
+
+/// The disjoint alternatives of notICMP: `type != T`, and with a code `type T code != C`;
+/// notICMP `{}` holds for no ICMP message, so no alternative.
+fn not_icmp_variants(m: IcmpMatch, v6: bool) -> Vec<Vec<Match>> {
+    let mut out = Vec::new();
+    if let Some(t) = m.icmp_type {
+        out.push(icmp_matches(
+            IcmpMatch {
+                icmp_type: Some(t),
+                code: None,
+            },
+            v6,
+            true,
+        ));
+        if m.code.is_some() {
+            let mut v = icmp_matches(
+                IcmpMatch {
+                    icmp_type: Some(t),
+                    code: None,
+                },
+                v6,
+                false,
+            );
+            v.extend(icmp_matches(
+                IcmpMatch {
+                    icmp_type: None,
+                    code: m.code,
+                },
+                v6,
+                true,
+            ));
+            out.push(v);
+        }
+    }
+    out
 }

@@ -437,6 +437,7 @@ mod tests {
             dst: dst.parse().unwrap(),
             protocol: Protocol::Tcp,
             dst_port: port,
+            icmp: None,
         }
     }
 

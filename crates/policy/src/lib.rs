@@ -31,8 +31,8 @@ pub use compile::{FlowLog, compile, compile_with};
 pub use explain::{DirectionExplanation, Explanation, PolicyRef, Reason, RuleRef, Verdict};
 pub use incremental::{Changes, Incremental, Script, policy_key};
 pub use model::{
-    Direction, Endpoint, EndpointSelector, Flow, IrPolicy, IrRule, Labels, Match, PolicyKey,
-    PolicySet, StagedPolicy,
+    Direction, Endpoint, EndpointSelector, Flow, IcmpMatch, IrPolicy, IrRule, Labels, Match,
+    PolicyKey, PolicySet, StagedPolicy,
 };
 pub use tern_nft as nft;
 pub use tern_nft::{Chain, ElementChange, Ruleset, Set, TableChange, render_delta};

@@ -137,8 +137,28 @@ pub struct IrRule {
     pub index: usize,
     pub action: Action,
     pub protocol: Option<Protocol>,
+    /// ICMP type and code the packet must have (`None` in a pair = any).
+    pub icmp: Option<IcmpMatch>,
+    /// ICMP type and code the packet must not have (both, when both are given).
+    pub not_icmp: Option<IcmpMatch>,
     pub src: Match,
     pub dst: Match,
+}
+
+/// An ICMP / ICMPv6 type and code of a rule (the protocol is the rule's); `None` = any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IcmpMatch {
+    pub icmp_type: Option<u8>,
+    pub code: Option<u8>,
+}
+
+impl IcmpMatch {
+    /// Whether an ICMP message of `(type, code)` has this type and code; a flow without an
+    /// ICMP type (`None`) has neither.
+    pub fn holds(&self, msg: Option<(u8, u8)>) -> bool {
+        let eq = |want: Option<u8>, got: Option<u8>| want.is_none_or(|w| got == Some(w));
+        eq(self.icmp_type, msg.map(|m| m.0)) && eq(self.code, msg.map(|m| m.1))
+    }
 }
 
 /// Identity of a policy.
@@ -197,6 +217,8 @@ pub struct Flow {
     pub protocol: Protocol,
     /// Destination port (ignored for protocols without ports).
     pub dst_port: u16,
+    /// ICMP / ICMPv6 type and code (`None`: not ICMP, or unknown).
+    pub icmp: Option<(u8, u8)>,
 }
 
 /// An endpoint as a [`PolicySet`] keeps it: one allocation shared by the endpoint map and
@@ -775,6 +797,9 @@ impl PolicySet {
         if r.protocol.is_some_and(|p| p != f.protocol) {
             return false;
         }
+        if r.icmp.is_some_and(|m| !m.holds(f.icmp)) || r.not_icmp.is_some_and(|m| m.holds(f.icmp)) {
+            return false;
+        }
         if !self.side_matches(&r.src, f.src, src) || !self.side_matches(&r.dst, f.dst, dst) {
             return false;
         }
@@ -888,6 +913,8 @@ fn k8s_ir(p: &K8sNetworkPolicy, kind: Kind) -> Result<IrPolicy, PolicyError> {
                     index,
                     action: Action::Allow,
                     protocol: *proto,
+                    icmp: None,
+                    not_icmp: None,
                     src,
                     dst,
                 });
@@ -937,6 +964,12 @@ fn k8s_ir(p: &K8sNetworkPolicy, kind: Kind) -> Result<IrPolicy, PolicyError> {
         egress,
     };
     Ok(ir)
+}
+
+/// A validated rule's ICMP fields in the IR.
+fn icmp_match(f: tern_model::IcmpFields) -> IcmpMatch {
+    let (icmp_type, code) = f.bytes();
+    IcmpMatch { icmp_type, code }
 }
 
 /// A tern policy in the IR, keyed by `key` (its own kind, or the staged kind).
@@ -992,6 +1025,8 @@ fn calico_ir(
                     index: i,
                     action: r.action,
                     protocol: r.protocol,
+                    icmp: r.icmp.map(icmp_match),
+                    not_icmp: r.not_icmp.map(icmp_match),
                     src: entity(&r.source, &format!("{dir}[{i}].source"))?,
                     dst: entity(&r.destination, &format!("{dir}[{i}].destination"))?,
                 })

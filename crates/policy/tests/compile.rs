@@ -27,6 +27,7 @@ fn flow(src: &str, dst: &str, protocol: Protocol, dst_port: u16) -> Flow {
         dst: dst.parse().unwrap(),
         protocol,
         dst_port,
+        icmp: None,
     }
 }
 
@@ -351,4 +352,81 @@ fn not_nets_of_one_family_leave_the_other_copy_bound_to_its_family() {
     );
     // The evaluator agrees: b (10.0.0.2) is inside the notNets, so the Deny does not apply.
     assert!(set.allowed(&flow("10.0.0.2", "10.0.0.1", Protocol::Tcp, 80)));
+}
+
+fn icmp_flow(src: &str, dst: &str, protocol: Protocol, ty: u8, code: u8) -> Flow {
+    Flow {
+        icmp: Some((ty, code)),
+        ..flow(src, dst, protocol, 0)
+    }
+}
+
+/// The `add rule` lines of b's policy chain that accept.
+fn accepting_policy_rules(set: &PolicySet) -> Vec<String> {
+    compile(set, "n1")
+        .render_full()
+        .lines()
+        .filter(|l| l.starts_with("add rule") && l.contains(" pol-") && l.ends_with(" accept"))
+        .map(|l| {
+            l.split_once(" pol-")
+                .unwrap()
+                .1
+                .split_once(' ')
+                .unwrap()
+                .1
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn icmp_type_and_code_compile_per_family_and_judge_flows() {
+    let mut set = base_set();
+    set.upsert_endpoint(ep("d", "b6", "fd00::2", &[("app", "b6")]));
+    load(
+        &mut set,
+        "apiVersion: tern.dev/v1\nkind: GlobalNetworkPolicy\nmetadata: {name: p}\nspec:\n  selector: app == 'b' || app == 'b6'\n  ingress:\n  - action: Allow\n    protocol: ICMP\n    icmp: {type: 8, code: 0}\n  - action: Allow\n    protocol: ICMPv6\n    icmp: {type: 128}\n",
+    );
+    assert_eq!(
+        accepting_policy_rules(&set),
+        vec![
+            "meta l4proto icmp icmp type 8 icmp code 0 accept",
+            "meta l4proto ipv6-icmp icmpv6 type 128 accept",
+        ]
+    );
+    let v4 = |ty, code| set.allowed(&icmp_flow("10.0.0.1", "10.0.0.2", Protocol::Icmp, ty, code));
+    assert!(v4(8, 0));
+    assert!(!v4(8, 1), "another code");
+    assert!(!v4(13, 0), "another type");
+    let v6 = |ty, code| set.allowed(&icmp_flow("fd00::1", "fd00::2", Protocol::IcmpV6, ty, code));
+    assert!(v6(128, 0));
+    assert!(v6(128, 5), "any code");
+    assert!(!v6(129, 0));
+    // The ICMP rule's type 8 does not allow ICMPv6 type 8.
+    assert!(!v6(8, 0));
+}
+
+#[test]
+fn not_icmp_is_type_or_code_different() {
+    let mut set = base_set();
+    set.upsert_endpoint(ep("d", "b6", "fd00::2", &[("app", "b")]));
+    load(
+        &mut set,
+        "apiVersion: tern.dev/v1\nkind: GlobalNetworkPolicy\nmetadata: {name: p}\nspec:\n  selector: app == 'b'\n  ingress:\n  - action: Allow\n    protocol: ICMPv6\n    notICMP: {type: 128, code: 0}\n  - action: Allow\n    protocol: ICMP\n    notICMP: {type: 8}\n",
+    );
+    assert_eq!(
+        accepting_policy_rules(&set),
+        vec![
+            "meta l4proto ipv6-icmp icmpv6 type != 128 accept",
+            "meta l4proto ipv6-icmp icmpv6 type 128 icmpv6 code != 0 accept",
+            "meta l4proto icmp icmp type != 8 accept",
+        ]
+    );
+    let v4 = |ty| set.allowed(&icmp_flow("10.0.0.1", "10.0.0.2", Protocol::Icmp, ty, 0));
+    assert!(!v4(8));
+    assert!(v4(0));
+    let v6 = |ty, code| set.allowed(&icmp_flow("fd00::1", "fd00::2", Protocol::IcmpV6, ty, code));
+    assert!(!v6(128, 0));
+    assert!(v6(128, 1));
+    assert!(v6(129, 0));
 }

@@ -93,6 +93,7 @@ fn explain_agrees_with_an_independent_evaluator_on_random_policies() {
                         dst: dst.into(),
                         protocol,
                         dst_port,
+                        icmp: None,
                     };
                     flows += 1;
                     let e = set.explain(&f);

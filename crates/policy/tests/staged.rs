@@ -63,6 +63,7 @@ fn tcp(src: &str, dst: &str, port: u16) -> Flow {
         dst: dst.parse().unwrap(),
         protocol: Protocol::Tcp,
         dst_port: port,
+        icmp: None,
     }
 }
 

@@ -155,6 +155,7 @@ pub fn resolve_cause(set: &PolicySet, node: &str, tag: &FlowTag, pkt: &PacketHea
         dst: pkt.dst,
         protocol: protocol(pkt.proto),
         dst_port: pkt.dst_port.unwrap_or(0),
+        icmp: None,
     };
     let local_ip = match dir {
         Direction::Ingress => pkt.dst,

@@ -360,6 +360,7 @@ impl State {
             dst: dst.ip,
             protocol,
             dst_port: port,
+            icmp: None,
         };
         let explanation = self.set.explain(&flow);
         let pending = Pending::of(&self.set, &flow, &explanation);

@@ -7,10 +7,11 @@
 //!   bytes, or masks the address when it does not end on a byte; a port range is `>=` and
 //!   `<=`); of more, a constant anonymous set created just before the rule, interval sets
 //!   holding merged ranges;
+//! - `icmp type T icmp code C` (both equal, adjacent) is one 2-byte load and compare;
 //! - a concatenation loads its fields into consecutive 32-bit registers, and a protocol in an
 //!   interval concatenation goes through a (no-op) `byteorder`, as nft emits it.
 
-use tern_nft::{Addr, AddrField, Family, Iface, Match, PortRange, Rule, Stmt, Verdict};
+use tern_nft::{Addr, AddrField, Family, IcmpField, Iface, Match, PortRange, Rule, Stmt, Verdict};
 
 use crate::error::Result;
 
@@ -397,6 +398,21 @@ impl Lowering<'_> {
                 self.dport(reg32(words + 1));
                 lookup(self.b, set, None, false);
             }
+            Match::Icmp {
+                field,
+                negate,
+                value,
+                ..
+            } => {
+                payload(
+                    self.b,
+                    NFT_REG_1,
+                    NFT_PAYLOAD_TRANSPORT_HEADER,
+                    field.offset(),
+                    1,
+                );
+                cmp(self.b, if *negate { Cmp::Neq } else { Cmp::Eq }, &[*value]);
+            }
             Match::MarkAll(bits) => {
                 meta_load(self.b, NFT_META_MARK, NFT_REG_1);
                 bitwise(self.b, &bits.to_ne_bytes(), &0u32.to_ne_bytes());
@@ -455,8 +471,33 @@ pub(super) fn encode_rule(b: &mut Batch, rule: &Rule, anon: &[u32]) -> Result<()
     b.begin_nest(NFTA_RULE_EXPRESSIONS);
     let mut ids = anon.iter().copied();
     let mut l = Lowering { b, checked: None };
-    for m in &rule.matches {
-        l.matches(m, &mut ids);
+    let mut i = 0;
+    while i < rule.matches.len() {
+        // nft merges `icmp type T icmp code C` (equal both, adjacent) into one 2-byte load.
+        if let [
+            Match::Icmp {
+                v6,
+                field: IcmpField::Type,
+                negate: false,
+                value: t,
+            },
+            Match::Icmp {
+                v6: v6c,
+                field: IcmpField::Code,
+                negate: false,
+                value: c,
+            },
+            ..,
+        ] = &rule.matches[i..]
+            && v6 == v6c
+        {
+            payload(l.b, NFT_REG_1, NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2);
+            cmp(l.b, Cmp::Eq, &[*t, *c]);
+            i += 2;
+            continue;
+        }
+        l.matches(&rule.matches[i], &mut ids);
+        i += 1;
     }
     for s in &rule.stmts {
         l.stmt(s)?;

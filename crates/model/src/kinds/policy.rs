@@ -1,7 +1,7 @@
 //! tern's own policies with Calico v3's fields: [`NetworkPolicy`] (namespaced) and
 //! [`GlobalNetworkPolicy`] (cluster-scoped): `order`, `selector`, `types`, rules with
-//! `action`, `protocol`, `source`/`destination` {`selector`, `namespaceSelector`, `nets`,
-//! `notNets`, `ports`}.
+//! `action`, `protocol`, `icmp` / `notICMP` {`type`, `code`}, `source`/`destination`
+//! {`selector`, `namespaceSelector`, `nets`, `notNets`, `ports`}.
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -70,6 +70,49 @@ impl EntityRule {
     }
 }
 
+/// An ICMP (or ICMPv6) type and code to match, Calico's `ICMPFields`: `type` 0-254, `code`
+/// 0-255 and only with a type; absent fields match any value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IcmpFields {
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub icmp_type: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u32>,
+}
+
+impl IcmpFields {
+    /// The highest ICMP type Calico accepts (255 is reserved).
+    pub const MAX_TYPE: u32 = 254;
+    /// The highest ICMP code.
+    pub const MAX_CODE: u32 = 255;
+
+    fn validate(&self, field: &str) -> Result<(), FieldError> {
+        if let Some(t) = self.icmp_type
+            && t > Self::MAX_TYPE
+        {
+            return Err((
+                format!("{field}.type"),
+                format!("{t} is not an ICMP type 0-{}", Self::MAX_TYPE),
+            ));
+        }
+        match (self.icmp_type, self.code) {
+            (_, Some(c)) if c > Self::MAX_CODE => Err((
+                format!("{field}.code"),
+                format!("{c} is not an ICMP code 0-{}", Self::MAX_CODE),
+            )),
+            (None, Some(_)) => Err((format!("{field}.code"), "an ICMP code needs a type".into())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Type and code as bytes, once validated (`None` = any).
+    pub fn bytes(&self) -> (Option<u8>, Option<u8>) {
+        let b = |v: Option<u32>| v.and_then(|v| u8::try_from(v).ok());
+        (b(self.icmp_type), b(self.code))
+    }
+}
+
 /// One rule of a tern policy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -77,6 +120,12 @@ pub struct Rule {
     pub action: Action,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
+    /// ICMP type/code to match (requires protocol ICMP or ICMPv6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp: Option<IcmpFields>,
+    /// ICMP type/code the packet must not have (requires protocol ICMP or ICMPv6).
+    #[serde(default, rename = "notICMP", skip_serializing_if = "Option::is_none")]
+    pub not_icmp: Option<IcmpFields>,
     #[serde(default)]
     pub source: EntityRule,
     #[serde(default)]
@@ -219,6 +268,17 @@ pub fn validate_tern_spec(s: &NetworkPolicySpec) -> Result<(), FieldError> {
                     format!("{f}.destination.ports"),
                     "ports require protocol TCP, UDP, SCTP or UDPLite".into(),
                 ));
+            }
+            for (name, icmp) in [("icmp", &r.icmp), ("notICMP", &r.not_icmp)] {
+                if let Some(icmp) = icmp {
+                    if !matches!(r.protocol, Some(Protocol::Icmp | Protocol::IcmpV6)) {
+                        return Err((
+                            format!("{f}.{name}"),
+                            "ICMP matches require protocol ICMP or ICMPv6".into(),
+                        ));
+                    }
+                    icmp.validate(&format!("{f}.{name}"))?;
+                }
             }
         }
     }

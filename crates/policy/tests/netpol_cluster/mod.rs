@@ -165,6 +165,7 @@ pub fn for_each_cell(mut check: impl FnMut(&Cell)) -> usize {
                                 dst: c.ips[to.as_str()],
                                 protocol,
                                 dst_port: port,
+                                icmp: None,
                             },
                             want: glyph == '.',
                         });

@@ -543,6 +543,7 @@ impl World {
             dst: self.pods[j].ip.into(),
             protocol: Protocol::Tcp,
             dst_port: port,
+            icmp: None,
         }
     }
 
