@@ -5,7 +5,8 @@
 //! Triggers: start-up, a store watch on `/tern/v1/` (debounced, so an event reaches the kernel
 //! within ~100 ms), and the periodic resync. Only tern-owned state is ever removed: routes with
 //! protocol 84 in the main table that do not go out of a tern veth (those are the endpoint
-//! code's per-pod routes), neighbour / FDB entries on `vxlan.tern`, and tern's own BGP routes
+//! code's per-pod routes), neighbour / FDB entries on `vxlan.tern` and `vxlan-v6.tern` (the
+//! IPv6 pools' VXLAN device over the IPv6 underlay), and tern's own BGP routes
 //! (protocol 85) once no speaker routes them (`Dataplane::adopt_bgp_routes`: the switch from
 //! BGP to VXLAN, or ternd restarted without `--bgp`).
 
@@ -16,7 +17,7 @@ mod tests;
 use crate::mtu;
 use crate::nat::NatTable;
 use crate::routes::{
-    self, Desired, IPIP_DEVICE, Target, VXLAN_DEVICE, VXLAN_PORT, VXLAN_VNI, Vtep,
+    self, Desired, IPIP_DEVICE, Target, VXLAN_DEVICE, VXLAN_PORT, VXLAN_V6_DEVICE, VXLAN_VNI, Vtep,
 };
 use crate::snapshot::{NodeInfo, PoolInfo, Snapshot, load_snapshot, reconciler_owns};
 use ipnet::IpNet;
@@ -167,8 +168,11 @@ impl Dataplane {
         let v4 = addresses.iter().find(|a| a.addr().is_ipv4()).copied();
         let vx = node::tunnel_pools(&snap.pools, true);
         let ii = node::tunnel_pools(&snap.pools, false);
+        let vx6 = node::vxlan_v6_pools(&snap.pools);
         let vxlan_tunnel_addr =
             node::ensure_tunnel_address(&self.ipam, me, &node::vxlan_handle(me), &vx)?;
+        let vxlan_tunnel_addr_v6 =
+            node::ensure_tunnel_address(&self.ipam, me, &node::vxlan_v6_handle(me), &vx6)?;
         let ipip_tunnel_addr =
             node::ensure_tunnel_address(&self.ipam, me, &node::ipip_handle(me), &ii)?;
         let primary = v4.or(addresses.first().copied()).map(|a| a.addr());
@@ -186,6 +190,7 @@ impl Dataplane {
         let reg = Registration {
             addresses,
             vxlan_tunnel_addr,
+            vxlan_tunnel_addr_v6,
             ipip_tunnel_addr,
             pod_mtu,
         };
@@ -262,9 +267,11 @@ impl Dataplane {
         r: &mut SyncReport,
     ) {
         let me = snap.nodes.iter().find(|n| n.name == self.cfg.node_name);
-        let vxlan_idx = self.sync_vxlan(k, desired, me, r);
+        let vxlan_idx = self.sync_vxlan(k, VxlanDev::V4, desired, me, r);
+        let vxlan6_idx = self.sync_vxlan(k, VxlanDev::V6, desired, me, r);
         let ipip_idx = self.sync_ipip(k, desired, r);
-        self.sync_routes(k, desired, snap, vxlan_idx, ipip_idx, r);
+        let tunnels = [vxlan_idx, ipip_idx, vxlan6_idx];
+        self.sync_routes(k, desired, snap, tunnels, r);
         self.sync_nat(nft, &snap.pools, full, r);
     }
 
@@ -330,11 +337,14 @@ impl Dataplane {
         r
     }
 
-    /// Ensures `vxlan.tern` (when some pool uses VXLAN and this node has its tunnel address)
-    /// with its permanent neighbours and FDB entries; removes it otherwise. Returns its index.
+    /// Ensures the VXLAN device `dev` (`vxlan.tern` when some IPv4 pool uses VXLAN,
+    /// `vxlan-v6.tern` when some IPv6 pool does, and this node has its tunnel address of that
+    /// family and an underlay address of that family) with its permanent neighbours (ARP or
+    /// NDP) and FDB entries; removes it otherwise. Returns its index.
     fn sync_vxlan(
         &self,
         k: &mut dyn Netlink,
+        dev: VxlanDev,
         d: &Desired,
         me: Option<&NodeInfo>,
         r: &mut SyncReport,
@@ -346,71 +356,77 @@ impl Dataplane {
                 return None;
             }
         };
-        let ours = devices.iter().find(|v| v.name == VXLAN_DEVICE);
+        let name = dev.name;
+        let ours = devices.iter().find(|v| v.name == name);
         let want = me.and_then(|n| {
-            let tip = n.vxlan_tunnel_addr?;
+            let tip = dev.tunnel_addr(n)?;
             let local = n.address_like(&tip)?.addr();
             Some((tip, local))
         });
-        let Some((tip, local)) = want.filter(|_| d.vxlan) else {
+        let Some((tip, local)) = want.filter(|_| dev.wanted(d)) else {
             if let Some(v) = ours {
                 match k.delete_link(&v.name) {
-                    Ok(_) => log::info!("removed {VXLAN_DEVICE}: no pool uses VXLAN"),
-                    Err(e) => r.errors.push(format!("removing {VXLAN_DEVICE}: {e}")),
+                    Ok(_) => log::info!("removed {name}: no IPv{} pool uses VXLAN", dev.family()),
+                    Err(e) => r.errors.push(format!("removing {name}: {e}")),
                 }
             }
-            if d.vxlan {
+            if dev.wanted(d) {
                 r.errors.push(format!(
-                    "{VXLAN_DEVICE} not created: node {} has no VXLAN tunnel address or IPv4 underlay address yet",
-                    self.cfg.node_name
+                    "{name} not created: node {} has no IPv{fam} VXLAN tunnel address or IPv{fam} underlay address yet",
+                    self.cfg.node_name,
+                    fam = dev.family()
                 ));
             }
             return None;
         };
+        // The kernel refuses a second device of a VNI and port only within one family
+        // (a device without a local address is IPv4): `vxlan.tern` and `vxlan-v6.tern` share
+        // both.
         if let Some(other) = devices.iter().find(|v| {
-            v.name != VXLAN_DEVICE && v.vni == Some(VXLAN_VNI) && v.port == Some(VXLAN_PORT)
+            v.name != name
+                && v.vni == Some(VXLAN_VNI)
+                && v.port == Some(VXLAN_PORT)
+                && v.local.is_some_and(|l| l.is_ipv6()) == dev.v6
         }) {
             r.errors.push(format!(
-                "cannot create {VXLAN_DEVICE}: VNI {VXLAN_VNI} on UDP port {VXLAN_PORT} is already used by device {}",
+                "cannot create {name}: VNI {VXLAN_VNI} on UDP port {VXLAN_PORT} is already used by device {}",
                 other.name
             ));
             return None;
         }
-        let mac = routes::vtep_mac(&self.cfg.node_name);
-        let mtu = underlay_mtu(k, Some(local)).saturating_sub(mtu::VXLAN_OVERHEAD);
+        let mac = dev.mac(&self.cfg.node_name);
+        let mtu = underlay_mtu(k, Some(local)).saturating_sub(dev.overhead());
         let stale = ours.is_some_and(|v| {
             v.vni != Some(VXLAN_VNI) || v.port != Some(VXLAN_PORT) || v.local != Some(local)
         });
         if stale {
-            log::info!("re-creating {VXLAN_DEVICE}: VNI, port or local address changed");
-            let _ = k.delete_link(VXLAN_DEVICE);
+            log::info!("re-creating {name}: VNI, port or local address changed");
+            let _ = k.delete_link(name);
         }
         if ours.is_none() || stale {
-            if let Err(e) = k.create_vxlan(VXLAN_DEVICE, VXLAN_VNI, local, None, VXLAN_PORT) {
+            if let Err(e) = k.create_vxlan(name, VXLAN_VNI, local, None, VXLAN_PORT) {
                 r.errors.push(format!(
-                    "cannot create {VXLAN_DEVICE} (VNI {VXLAN_VNI}, UDP port {VXLAN_PORT}, local {local}): {e}"
+                    "cannot create {name} (VNI {VXLAN_VNI}, UDP port {VXLAN_PORT}, local {local}): {e}"
                 ));
                 return None;
             }
-            log::info!(
-                "created {VXLAN_DEVICE} (VNI {VXLAN_VNI}, port {VXLAN_PORT}, local {local})"
-            );
+            log::info!("created {name} (VNI {VXLAN_VNI}, port {VXLAN_PORT}, local {local})");
         }
-        let link = match k.link_by_name(VXLAN_DEVICE) {
+        let link = match k.link_by_name(name) {
             Ok(Some(l)) => l,
             Ok(None) => {
-                r.errors.push(format!("{VXLAN_DEVICE} vanished"));
+                r.errors.push(format!("{name} vanished"));
                 return None;
             }
             Err(e) => {
-                r.errors.push(format!("reading {VXLAN_DEVICE}: {e}"));
+                r.errors.push(format!("reading {name}: {e}"));
                 return None;
             }
         };
         let idx = link.index;
         let mut step = |res: tern_linux::Result<()>, what: &str| {
             if let Err(e) = res {
-                r.errors.push(format!("{VXLAN_DEVICE}: {what}: {e}"));
+                r.errors.push(format!("{name}: {what}: {e}"));
             }
         };
         if link.mac != Some(mac) {
@@ -432,17 +448,27 @@ impl Dataplane {
             && let Err(e) = k.set_link_up(idx)
         {
             r.errors.push(format!(
-                "cannot bring {VXLAN_DEVICE} up (is UDP port {VXLAN_PORT} used by another socket or device?): {e}"
+                "cannot bring {name} up (is UDP port {VXLAN_PORT} used by another socket or device?): {e}"
             ));
             return None;
         }
-        self.sync_vteps(k, idx, &d.vteps, r);
+        let vteps: std::collections::BTreeSet<Vtep> = d
+            .vteps
+            .iter()
+            .filter(|v| v.tunnel_ip.is_ipv6() == dev.v6)
+            .cloned()
+            .collect();
+        self.sync_vteps(k, dev, idx, &vteps, r);
         Some(idx)
     }
 
+    /// The permanent neighbours and FDB entries of `want` (the VTEPs of `dev`'s family) on
+    /// `dev`; other entries with a remote address are removed. The kernel's own neighbours of
+    /// the device (IPv6 link-local and multicast) are left alone.
     fn sync_vteps(
         &self,
         k: &mut dyn Netlink,
+        dev: VxlanDev,
         idx: u32,
         want: &std::collections::BTreeSet<Vtep>,
         r: &mut SyncReport,
@@ -461,7 +487,7 @@ impl Dataplane {
                         }
                     }
                 }
-                for n in have {
+                for n in have.into_iter().filter(|n| !kernel_neighbour(&n.ip)) {
                     if !want.iter().any(|v| v.tunnel_ip == n.ip) {
                         match k.delete_neighbour(idx, n.ip) {
                             Ok(_) => r.vtep_changes += 1,
@@ -472,7 +498,7 @@ impl Dataplane {
             }
             Err(e) => r
                 .errors
-                .push(format!("listing neighbours of {VXLAN_DEVICE}: {e}")),
+                .push(format!("listing neighbours of {}: {e}", dev.name)),
         }
         // FDB: MAC -> remote underlay address.
         match k.fdb(idx) {
@@ -498,7 +524,7 @@ impl Dataplane {
                     }
                 }
             }
-            Err(e) => r.errors.push(format!("listing FDB of {VXLAN_DEVICE}: {e}")),
+            Err(e) => r.errors.push(format!("listing FDB of {}: {e}", dev.name)),
         }
     }
 
@@ -549,12 +575,11 @@ impl Dataplane {
         k: &mut dyn Netlink,
         d: &Desired,
         snap: &Snapshot,
-        vxlan: Option<u32>,
-        ipip: Option<u32>,
+        [vxlan, ipip, vxlan6]: [Option<u32>; 3],
         r: &mut SyncReport,
     ) {
         use crate::routes::plan::{self, RouteOp};
-        let want = plan::kernel_routes(d, vxlan, ipip);
+        let want = plan::kernel_routes(d, vxlan, ipip, vxlan6);
         let links: Vec<_> = match k.links() {
             Ok(l) => l
                 .into_iter()
@@ -832,6 +857,72 @@ impl Dataplane {
                 }
             }
         }
+    }
+}
+
+/// One of tern's VXLAN devices: `vxlan.tern` for the IPv4 pools over the IPv4 underlay, or
+/// `vxlan-v6.tern` for the IPv6 pools over the IPv6 underlay (as Calico's `vxlan.calico` and
+/// `vxlan-v6.calico`). Both have VNI [`VXLAN_VNI`] and UDP port [`VXLAN_PORT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct VxlanDev {
+    name: &'static str,
+    v6: bool,
+}
+
+impl VxlanDev {
+    const V4: VxlanDev = VxlanDev {
+        name: VXLAN_DEVICE,
+        v6: false,
+    };
+    const V6: VxlanDev = VxlanDev {
+        name: VXLAN_V6_DEVICE,
+        v6: true,
+    };
+
+    fn family(self) -> u8 {
+        if self.v6 { 6 } else { 4 }
+    }
+
+    /// Some pool of the device's family uses VXLAN.
+    fn wanted(self, d: &Desired) -> bool {
+        if self.v6 { d.vxlan_v6 } else { d.vxlan }
+    }
+
+    /// The node's tunnel address on this device.
+    fn tunnel_addr(self, n: &NodeInfo) -> Option<IpAddr> {
+        if self.v6 {
+            n.vxlan_tunnel_addr_v6
+        } else {
+            n.vxlan_tunnel_addr
+        }
+    }
+
+    /// The device's deterministic MAC on node `node`.
+    fn mac(self, node: &str) -> [u8; 6] {
+        if self.v6 {
+            routes::vtep_mac_v6(node)
+        } else {
+            routes::vtep_mac(node)
+        }
+    }
+
+    /// What encapsulation over the device's underlay family costs.
+    fn overhead(self) -> u32 {
+        if self.v6 {
+            mtu::VXLAN_V6_OVERHEAD
+        } else {
+            mtu::VXLAN_OVERHEAD
+        }
+    }
+}
+
+/// A neighbour the kernel keeps on a device by itself (IPv6 link-local and multicast
+/// addresses: router solicitations, NDP of the device's own link-local address), never one of
+/// tern's VTEPs.
+fn kernel_neighbour(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(a) => a.is_multicast() || a.is_unicast_link_local(),
+        IpAddr::V4(a) => a.is_multicast(),
     }
 }
 

@@ -16,6 +16,10 @@
 //!   (cross-subnet pools, a route being moved between the tunnel and the underlay). Felix,
 //!   for comparison, sets strict `rp_filter=1` on each workload interface as anti-spoofing;
 //!   tern keeps anti-spoofing in its nftables chains and leaves workload interfaces alone.
+//!   `vxlan-v6.tern` (IPv6 pools over an IPv6 underlay) has no such requirement: IPv6 has no
+//!   reverse-path sysctl (the kernel's IPv6 stack does no rp_filter), and the IPv4 one on that
+//!   device never sees a packet, since only IPv6 travels inside it; its requirement is the
+//!   IPv6 forwarding above, which its IPv6 pool already brings.
 //!
 //! What cannot be met is logged as a warning (once per change), reported in `/readiness`
 //! (HTTP 503 naming the sysctl) and exported as `tern_host_prerequisite_ok`.

@@ -13,13 +13,14 @@ pub const VXLAN_V6_OVERHEAD: u32 = 70;
 pub const MTU_ANNOTATION: &str = "tern.dev/pod-mtu";
 
 /// The largest overhead of the encapsulations the pools enable (0 when none do): every pod
-/// must fit the worst path it may take. `v6_underlay` selects VXLAN over IPv6.
+/// must fit the worst path it may take. `v6_underlay` selects VXLAN over IPv6; an IPv6 pool's
+/// VXLAN always goes over IPv6 (`vxlan-v6.tern`).
 pub fn encap_overhead(pools: &[PoolInfo], v6_underlay: bool) -> u32 {
     pools
         .iter()
         .map(|p| {
             if p.vxlan != EncapMode::Never {
-                if v6_underlay {
+                if v6_underlay || p.cidr.addr().is_ipv6() {
                     VXLAN_V6_OVERHEAD
                 } else {
                     VXLAN_OVERHEAD
@@ -81,6 +82,24 @@ mod tests {
             8950
         );
         assert_eq!(pod_mtu(1500, &[], false), 1500);
+    }
+
+    /// An IPv6 pool with VXLAN rides `vxlan-v6.tern` (70 bytes) even when the node's first
+    /// underlay address is IPv4; beside an IPv4 VXLAN pool the larger overhead wins.
+    #[test]
+    fn an_ipv6_vxlan_pool_costs_70_bytes() {
+        use EncapMode::*;
+        let v6 = |vxlan| PoolInfo {
+            cidr: "fd00:10:244::/48".parse().unwrap(),
+            ..p(vxlan, Never)
+        };
+        assert_eq!(pod_mtu(1500, &[v6(Always)], false), 1430);
+        assert_eq!(
+            pod_mtu(1500, &[p(Always, Never), v6(CrossSubnet)], false),
+            1430
+        );
+        assert_eq!(pod_mtu(1500, &[p(Always, Never), v6(Never)], false), 1450);
+        assert_eq!(pod_mtu(9000, &[v6(Never)], true), 9000);
     }
 
     #[test]

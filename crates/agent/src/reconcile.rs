@@ -53,6 +53,7 @@ impl Agent {
         self.host.check(
             &*self.store,
             self.cfg.set_sysctls,
+            // Not `vxlan-v6.tern`: only IPv6 travels in it, and IPv6 has no rp_filter.
             &[crate::routes::VXLAN_DEVICE, crate::routes::IPIP_DEVICE],
         );
     }

@@ -16,8 +16,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use tern_model::EncapMode;
 
-/// Name of tern's VXLAN device.
+/// Name of tern's VXLAN device (IPv4 pools over the IPv4 underlay).
 pub const VXLAN_DEVICE: &str = "vxlan.tern";
+/// Name of tern's IPv6 VXLAN device (IPv6 pools over the IPv6 underlay), as Calico's
+/// `vxlan-v6.calico`: same VNI and port as [`VXLAN_DEVICE`], which the kernel allows because
+/// the two devices are of different families.
+pub const VXLAN_V6_DEVICE: &str = "vxlan-v6.tern";
 /// VXLAN network identifier of tern's overlay.
 pub const VXLAN_VNI: u32 = 4096;
 /// UDP destination port of tern's VXLAN traffic.
@@ -54,13 +58,16 @@ pub enum Target {
     Blackhole,
     /// `via <node underlay address>` (direct routing).
     Direct(IpAddr),
-    /// `via <remote tunnel address> dev vxlan.tern onlink`.
+    /// `via <remote tunnel address> dev vxlan.tern onlink` (`dev vxlan-v6.tern` for an IPv6
+    /// tunnel address).
     Vxlan(IpAddr),
     /// `via <remote underlay address> dev tunl0 onlink`.
     Ipip(IpAddr),
 }
 
-/// A remote VTEP: the permanent ARP and FDB entries on `vxlan.tern`.
+/// A remote VTEP: the permanent ARP and FDB entries on `vxlan.tern` (an IPv4 tunnel address),
+/// or the permanent NDP and FDB entries on `vxlan-v6.tern` (an IPv6 one: its underlay is the
+/// node's IPv6 address).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Vtep {
     /// Remote node.
@@ -82,6 +89,8 @@ pub struct Desired {
     pub vteps: BTreeSet<Vtep>,
     /// Some IPv4 pool uses VXLAN: `vxlan.tern` must exist.
     pub vxlan: bool,
+    /// Some IPv6 pool uses VXLAN: `vxlan-v6.tern` must exist.
+    pub vxlan_v6: bool,
     /// Some pool uses IPIP: `tunl0` must exist.
     pub ipip: bool,
     /// Problems (missing node address, missing VTEP, ...): routes affected are left out.
@@ -107,14 +116,24 @@ pub fn vtep_mac(node: &str) -> [u8; 6] {
     mac
 }
 
+/// The deterministic MAC of a node's IPv6 VTEP (`vxlan-v6.tern`): [`vtep_mac`] of
+/// `<node>/v6`, which no node name can be (names are DNS subdomains), so it differs from
+/// every node's IPv4 VTEP MAC.
+pub fn vtep_mac_v6(node: &str) -> [u8; 6] {
+    vtep_mac(&format!("{node}/v6"))
+}
+
 /// Computes the desired state of node `me`. `local_subnets` are the node's own interface
 /// networks (for CrossSubnet).
 pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
-    let mut d = Desired {
-        vxlan: s
-            .pools
+    let vxlan_pool = |v6: bool| {
+        s.pools
             .iter()
-            .any(|p| p.vxlan != EncapMode::Never && p.cidr.addr().is_ipv4()),
+            .any(|p| p.vxlan != EncapMode::Never && p.cidr.addr().is_ipv6() == v6)
+    };
+    let mut d = Desired {
+        vxlan: vxlan_pool(false),
+        vxlan_v6: vxlan_pool(true),
         ipip: s.pools.iter().any(|p| p.ipip != EncapMode::Never),
         ..Desired::default()
     };
@@ -125,12 +144,11 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
             .filter(|p| p.cidr.contains(cidr))
             .max_by_key(|p| p.cidr.prefix_len())
     };
-    if d.vxlan {
-        for n in &s.nodes {
-            if n.name == me {
-                continue;
-            }
-            let (Some(tip), Some(mac)) = (n.vxlan_tunnel_addr, n.vtep_mac) else {
+    for n in s.nodes.iter().filter(|n| n.name != me) {
+        let v4 = (n.vxlan_tunnel_addr, n.vtep_mac);
+        let v6 = (n.vxlan_tunnel_addr_v6, n.vtep_mac_v6);
+        for (on, vtep) in [(d.vxlan, v4), (d.vxlan_v6, v6)] {
+            let (true, Some(tip), Some(mac)) = (on, vtep.0, vtep.1) else {
                 continue;
             };
             match n.address_like(&tip) {
@@ -143,13 +161,20 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
                     });
                 }
                 None => d.errors.push(format!(
-                    "node {} has a VXLAN tunnel address but no IPv4 underlay address",
-                    n.name
+                    "node {} has a VXLAN tunnel address {tip} but no IPv{} underlay address",
+                    n.name,
+                    if tip.is_ipv4() { 4 } else { 6 }
                 )),
             }
         }
     }
-    let vtep_of = |node: &str| d.vteps.iter().find(|v| v.node == node).cloned();
+    // A node's VTEP of the family of `dst`: a pool's VXLAN tunnel is of the pool's family.
+    let vtep_of = |node: &str, dst: &IpNet| {
+        d.vteps
+            .iter()
+            .find(|v| v.node == node && v.tunnel_ip.is_ipv4() == dst.addr().is_ipv4())
+            .cloned()
+    };
     // The route towards `dst` on `node` through `pool` (none, for a podCIDR outside every
     // pool: routed directly), or why there is none.
     let target = |dst: &IpNet, node: &str, pool: Option<&PoolInfo>| -> Result<Target, String> {
@@ -167,10 +192,11 @@ pub fn compute(s: &Snapshot, me: &str, local_subnets: &[IpNet]) -> Desired {
         match encap {
             Encap::None => Ok(Target::Direct(addr)),
             Encap::Ipip => Ok(Target::Ipip(addr)),
-            Encap::Vxlan => match vtep_of(node) {
+            Encap::Vxlan => match vtep_of(node, dst) {
                 Some(v) => Ok(Target::Vxlan(v.tunnel_ip)),
                 None => Err(format!(
-                    "node {node} has no VXLAN tunnel address / VTEP MAC yet; {dst} not routed"
+                    "node {node} has no IPv{} VXLAN tunnel address / VTEP MAC yet; {dst} not routed",
+                    fam(dst)
                 )),
             },
         }
@@ -282,6 +308,7 @@ mod tests {
             addresses: vec![addr.parse().unwrap()],
             vxlan_tunnel_addr: tunnel.map(|t| t.parse().unwrap()),
             vtep_mac: tunnel.map(|_| vtep_mac(name)),
+            ..Default::default()
         }
     }
 
@@ -655,6 +682,199 @@ mod tests {
             "{:?}",
             d.errors
         );
+    }
+
+    /// Dual-stack nodes (a 198.18.0.0/24 + 2001:db8:1::/64, b on the same subnets, c on
+    /// 198.18.5.0/24 + 2001:db8:2::/64) with both VTEPs, an IPv4 and an IPv6 pool of these
+    /// VXLAN modes, and one block of each pool per node.
+    fn dual(v4: EncapMode, v6: EncapMode) -> Snapshot {
+        let node = |name: &str, i: u8, sub: u8, v4sub: u8| NodeInfo {
+            name: name.into(),
+            addresses: vec![
+                n(&format!("198.18.{v4sub}.{i}/24")),
+                n(&format!("2001:db8:{sub}::{}/64", 10 + i)),
+            ],
+            vxlan_tunnel_addr: Some(ip(&format!("10.244.{}.1", i - 1))),
+            vtep_mac: Some(vtep_mac(name)),
+            vxlan_tunnel_addr_v6: Some(ip(&format!("fd00:10:244::{:x}", (i as u32 - 1) * 64 + 1))),
+            vtep_mac_v6: Some(vtep_mac_v6(name)),
+        };
+        let mut s = Snapshot {
+            pools: vec![
+                pool("10.244.0.0/16", v4, EncapMode::Never),
+                pool("fd00:10:244::/48", v6, EncapMode::Never),
+            ],
+            nodes: vec![node("a", 1, 1, 0), node("b", 2, 1, 0), node("c", 3, 2, 5)],
+            ..Snapshot::default()
+        };
+        for (i, owner) in ["a", "b", "c"].iter().enumerate() {
+            s.blocks
+                .push(block(&format!("10.244.{i}.0/26"), owner, &[]));
+            s.blocks
+                .push(block(&format!("fd00:10:244::{:x}/122", i * 64), owner, &[]));
+        }
+        s
+    }
+
+    fn local_dual() -> Vec<IpNet> {
+        vec![n("198.18.0.1/24"), n("2001:db8:1::11/64")]
+    }
+
+    #[test]
+    fn vxlan_v6_routes_v6_blocks_through_v6_vteps_on_the_v6_underlay() {
+        let d = compute(
+            &dual(EncapMode::Always, EncapMode::Always),
+            "a",
+            &local_dual(),
+        );
+        assert!(d.vxlan && d.vxlan_v6 && !d.ipip);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_routes(
+            &d,
+            &[
+                ("fd00:10:244::/122", Target::Blackhole),
+                ("fd00:10:244::40/122", Target::Vxlan(ip("fd00:10:244::41"))),
+                ("fd00:10:244::80/122", Target::Vxlan(ip("fd00:10:244::81"))),
+                // The IPv4 pool keeps its own VTEPs.
+                ("10.244.1.0/26", Target::Vxlan(ip("10.244.1.1"))),
+                ("10.244.2.0/26", Target::Vxlan(ip("10.244.2.1"))),
+            ],
+        );
+        let vteps: Vec<_> = d
+            .vteps
+            .iter()
+            .map(|v| (v.node.as_str(), v.tunnel_ip, v.underlay, v.mac))
+            .collect();
+        assert_eq!(
+            vteps,
+            vec![
+                ("b", ip("10.244.1.1"), ip("198.18.0.2"), vtep_mac("b")),
+                (
+                    "b",
+                    ip("fd00:10:244::41"),
+                    ip("2001:db8:1::12"),
+                    vtep_mac_v6("b")
+                ),
+                ("c", ip("10.244.2.1"), ip("198.18.5.3"), vtep_mac("c")),
+                (
+                    "c",
+                    ip("fd00:10:244::81"),
+                    ip("2001:db8:2::13"),
+                    vtep_mac_v6("c")
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn vxlan_v6_alone_needs_no_ipv4_vtep_and_ipv4_vxlan_alone_no_ipv6_one() {
+        // IPv6-only nodes: no IPv4 address, no IPv4 tunnel, only the IPv6 pool.
+        let mut s = dual(EncapMode::Never, EncapMode::Always);
+        s.pools.remove(0);
+        s.blocks.retain(|b| b.cidr.addr().is_ipv6());
+        for node in &mut s.nodes {
+            node.addresses.retain(|a| a.addr().is_ipv6());
+            node.vxlan_tunnel_addr = None;
+            node.vtep_mac = None;
+        }
+        let d = compute(&s, "a", &local_dual()[1..]);
+        assert!(!d.vxlan && d.vxlan_v6);
+        assert!(d.errors.is_empty(), "{:?}", d.errors);
+        assert_eq!(d.vteps.len(), 2);
+        assert!(
+            d.vteps
+                .iter()
+                .all(|v| v.tunnel_ip.is_ipv6() && v.underlay.is_ipv6())
+        );
+        assert_routes(
+            &d,
+            &[("fd00:10:244::40/122", Target::Vxlan(ip("fd00:10:244::41")))],
+        );
+        // VXLAN on the IPv4 pool only: the IPv6 blocks route directly, no IPv6 VTEP.
+        let d = compute(
+            &dual(EncapMode::Always, EncapMode::Never),
+            "a",
+            &local_dual(),
+        );
+        assert!(d.vxlan && !d.vxlan_v6);
+        assert!(d.vteps.iter().all(|v| v.tunnel_ip.is_ipv4()));
+        assert_routes(
+            &d,
+            &[("fd00:10:244::40/122", Target::Direct(ip("2001:db8:1::12")))],
+        );
+    }
+
+    #[test]
+    fn vxlan_v6_cross_subnet_goes_by_the_ipv6_subnet() {
+        let d = compute(
+            &dual(EncapMode::Never, EncapMode::CrossSubnet),
+            "a",
+            &local_dual(),
+        );
+        assert!(d.vxlan_v6 && !d.vxlan);
+        assert_routes(
+            &d,
+            &[
+                // b shares a's IPv6 subnet, c does not.
+                ("fd00:10:244::40/122", Target::Direct(ip("2001:db8:1::12"))),
+                ("fd00:10:244::80/122", Target::Vxlan(ip("fd00:10:244::81"))),
+            ],
+        );
+        // Only the IPv4 subnet shared: b is across an IPv6 subnet boundary, encapsulated.
+        let d = compute(
+            &dual(EncapMode::Never, EncapMode::CrossSubnet),
+            "a",
+            &[n("198.18.0.1/24"), n("2001:db8:9::11/64")],
+        );
+        assert_routes(
+            &d,
+            &[("fd00:10:244::40/122", Target::Vxlan(ip("fd00:10:244::41")))],
+        );
+    }
+
+    #[test]
+    fn a_missing_ipv6_vtep_or_underlay_is_reported_and_the_other_family_still_routed() {
+        let mut s = dual(EncapMode::Always, EncapMode::Always);
+        s.nodes[1].vxlan_tunnel_addr_v6 = None;
+        s.nodes[2].addresses.retain(|a| a.addr().is_ipv4());
+        let d = compute(&s, "a", &local_dual());
+        for (bad, why) in [
+            (
+                "fd00:10:244::40/122",
+                "node b has no IPv6 VXLAN tunnel address",
+            ),
+            ("fd00:10:244::80/122", "node c has no IPv6 address"),
+        ] {
+            assert!(!d.routes.contains_key(&n(bad)), "{bad}");
+            assert!(
+                d.errors.iter().any(|e| e.contains(why)),
+                "{why}: {:?}",
+                d.errors
+            );
+        }
+        assert!(
+            d.errors.iter().any(|e| e.contains(
+                "node c has a VXLAN tunnel address fd00:10:244::81 but no IPv6 underlay"
+            )),
+            "{:?}",
+            d.errors
+        );
+        assert_routes(
+            &d,
+            &[
+                ("10.244.1.0/26", Target::Vxlan(ip("10.244.1.1"))),
+                ("10.244.2.0/26", Target::Vxlan(ip("10.244.2.1"))),
+            ],
+        );
+    }
+
+    #[test]
+    fn the_ipv6_vtep_mac_is_stable_and_differs_from_the_ipv4_one() {
+        let m = vtep_mac_v6("node-1");
+        assert_eq!(m, vtep_mac_v6("node-1"));
+        assert_ne!(m, vtep_mac("node-1"));
+        assert_ne!(m, vtep_mac_v6("node-2"));
+        assert_eq!(m[0] & 0x03, 0x02, "unicast, locally administered");
     }
 
     #[test]

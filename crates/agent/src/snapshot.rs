@@ -28,7 +28,7 @@ pub struct PoolInfo {
 }
 
 /// One node, as the dataplane sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     /// Node name.
     pub name: String,
@@ -38,6 +38,10 @@ pub struct NodeInfo {
     pub vxlan_tunnel_addr: Option<IpAddr>,
     /// MAC of the node's VXLAN device.
     pub vtep_mac: Option<[u8; 6]>,
+    /// Address of the node's IPv6 VXLAN device (`vxlan-v6.tern`).
+    pub vxlan_tunnel_addr_v6: Option<IpAddr>,
+    /// MAC of the node's IPv6 VXLAN device.
+    pub vtep_mac_v6: Option<[u8; 6]>,
 }
 
 impl NodeInfo {
@@ -155,29 +159,50 @@ pub fn load_snapshot(store: &dyn Store) -> Result<Snapshot, String> {
                         )),
                     }
                 }
-                let vxlan_tunnel_addr = n.spec.ipv4_vxlan_tunnel_addr.as_deref().and_then(|t| {
+                // A tunnel address of the field's family, or the error naming the field.
+                let mut tunnel = |field: &str, value: &Option<String>, v6: bool| {
+                    let t = value.as_deref()?;
                     let ip = t.split('/').next().unwrap_or_default();
-                    ip.parse::<IpAddr>()
-                        .map_err(|e| {
+                    match ip.parse::<IpAddr>() {
+                        Ok(ip) if ip.is_ipv6() == v6 => Some(ip),
+                        Ok(_) => {
                             s.errors.push(format!(
-                                "Node {node}: spec.ipv4VXLANTunnelAddr {t:?} ignored: {e}"
-                            ))
-                        })
-                        .ok()
-                });
-                let vtep_mac = n.spec.vxlan_tunnel_mac_addr.as_deref().and_then(|m| {
-                    m.parse::<MacAddr>()
-                        .map_err(|e| {
+                                "Node {node}: spec.{field} {t:?} ignored: not an IPv{} address",
+                                if v6 { 6 } else { 4 }
+                            ));
+                            None
+                        }
+                        Err(e) => {
                             s.errors
-                                .push(format!("Node {node}: spec.vxlanTunnelMACAddr ignored: {e}"))
-                        })
-                        .ok()
-                });
+                                .push(format!("Node {node}: spec.{field} {t:?} ignored: {e}"));
+                            None
+                        }
+                    }
+                };
+                let vxlan_tunnel_addr =
+                    tunnel("ipv4VXLANTunnelAddr", &n.spec.ipv4_vxlan_tunnel_addr, false);
+                let vxlan_tunnel_addr_v6 =
+                    tunnel("ipv6VXLANTunnelAddr", &n.spec.ipv6_vxlan_tunnel_addr, true);
+                let mut mac = |field: &str, value: &Option<String>| {
+                    value.as_deref().and_then(|m| {
+                        m.parse::<MacAddr>()
+                            .map_err(|e| {
+                                s.errors
+                                    .push(format!("Node {node}: spec.{field} ignored: {e}"))
+                            })
+                            .ok()
+                            .map(MacAddr::octets)
+                    })
+                };
+                let vtep_mac = mac("vxlanTunnelMACAddr", &n.spec.vxlan_tunnel_mac_addr);
+                let vtep_mac_v6 = mac("vxlanTunnelMACAddrV6", &n.spec.vxlan_tunnel_mac_addr_v6);
                 s.nodes.push(NodeInfo {
                     name: node.clone(),
                     addresses,
                     vxlan_tunnel_addr,
-                    vtep_mac: vtep_mac.map(MacAddr::octets),
+                    vtep_mac,
+                    vxlan_tunnel_addr_v6,
+                    vtep_mac_v6,
                 });
                 for c in n.spec.pod_cidrs.iter().flatten() {
                     // Validated on write (`spec.podCIDRs[i]`); a bad one written past the model
@@ -257,35 +282,71 @@ mod tests {
 
     /// A Node record written past validation: each bad value is reported naming the node, the
     /// field and the value, and the node's good fields still count.
-    #[test]
-    fn a_bad_node_field_is_reported_by_name_not_dropped_silently() {
+    /// The snapshot of a store holding only the Node record `spec` of node `n1`, as written.
+    fn with_node(spec: serde_json::Value) -> Snapshot {
         let store = tern_store::mem::MemStore::new();
         let node = serde_json::json!({
             "apiVersion": "tern.dev/v1",
             "kind": "Node",
             "metadata": {"name": "n1"},
-            "spec": {
-                "addresses": [{"address": "198.18.0.1/24"}, {"address": "not-an-ip"}],
-                "ipv4VXLANTunnelAddr": "10.244.0.0.1",
-                "vxlanTunnelMACAddr": "ee:ee:zz:ee:ee:ee"
-            }
+            "spec": spec
         });
         let key = keys::resource(Kind::Node.as_str(), "n1");
         store
             .put(&key, node.to_string().as_bytes())
             .expect("put the record");
-        let s = load_snapshot(&store).expect("snapshot");
+        load_snapshot(&store).expect("snapshot")
+    }
+
+    #[test]
+    fn a_bad_node_field_is_reported_by_name_not_dropped_silently() {
+        let s = with_node(serde_json::json!({
+            "addresses": [{"address": "198.18.0.1/24"}, {"address": "not-an-ip"}],
+            "ipv4VXLANTunnelAddr": "10.244.0.0.1",
+            "vxlanTunnelMACAddr": "ee:ee:zz:ee:ee:ee",
+            "ipv6VXLANTunnelAddr": "10.244.0.9",
+            "vxlanTunnelMACAddrV6": "ee:ee"
+        }));
         let n = s.nodes.iter().find(|n| n.name == "n1").expect("node kept");
         assert_eq!(n.addresses, vec!["198.18.0.1/24".parse::<IpNet>().unwrap()]);
         assert_eq!(n.vxlan_tunnel_addr, None);
         assert_eq!(n.vtep_mac, None);
+        assert_eq!((n.vxlan_tunnel_addr_v6, n.vtep_mac_v6), (None, None));
         let errors = s.errors.join("\n");
         for want in [
             "Node n1: spec.addresses entry \"not-an-ip\" ignored",
             "Node n1: spec.ipv4VXLANTunnelAddr \"10.244.0.0.1\" ignored",
             "Node n1: spec.vxlanTunnelMACAddr ignored: \"ee:ee:zz:ee:ee:ee\" is not a MAC address",
+            "Node n1: spec.ipv6VXLANTunnelAddr \"10.244.0.9\" ignored: not an IPv6 address",
+            "Node n1: spec.vxlanTunnelMACAddrV6 ignored: \"ee:ee\" is not a MAC address",
         ] {
             assert!(errors.contains(want), "missing {want:?} in:\n{errors}");
         }
+    }
+
+    /// A node's IPv6 VXLAN address and MAC reach the snapshot beside the IPv4 ones.
+    #[test]
+    fn both_vteps_of_a_dual_stack_node_are_loaded() {
+        let s = with_node(serde_json::json!({
+            "addresses": [{"address": "198.18.0.1/24"}, {"address": "2001:db8::11/64"}],
+            "ipv4VXLANTunnelAddr": "10.244.0.1",
+            "vxlanTunnelMACAddr": "66:00:00:00:00:04",
+            "ipv6VXLANTunnelAddr": "fd00:10:244::1",
+            "vxlanTunnelMACAddrV6": "66:00:00:00:00:06"
+        }));
+        assert!(s.errors.is_empty(), "{:?}", s.errors);
+        let n = &s.nodes[0];
+        assert_eq!(n.vxlan_tunnel_addr, Some("10.244.0.1".parse().unwrap()));
+        assert_eq!(n.vtep_mac, Some([0x66, 0, 0, 0, 0, 4]));
+        assert_eq!(
+            n.vxlan_tunnel_addr_v6,
+            Some("fd00:10:244::1".parse().unwrap())
+        );
+        assert_eq!(n.vtep_mac_v6, Some([0x66, 0, 0, 0, 0, 6]));
+        let v6 = n.vxlan_tunnel_addr_v6.unwrap();
+        assert_eq!(
+            n.address_like(&v6),
+            Some("2001:db8::11/64".parse().unwrap())
+        );
     }
 }

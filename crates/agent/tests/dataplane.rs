@@ -37,11 +37,15 @@ impl NodeNs {
         let ns = Ns::new(name);
         u.attach(&ns, cidr, gw);
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        let ip: IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
+        NodeNs::in_ns(name, ns, cidr)
+    }
+
+    /// The node `name` in `ns`, its underlay address the address of `cidr`.
+    fn in_ns(name: &str, ns: Ns, cidr: &str) -> NodeNs {
         NodeNs {
             name: name.to_string(),
             ns,
-            ip,
+            ip: cidr.split('/').next().unwrap().parse().unwrap(),
             dp: None,
             stop: Arc::new(AtomicBool::new(false)),
         }
@@ -64,6 +68,21 @@ impl NodeNs {
             dp
         });
         self.dp = Some(dp);
+    }
+
+    /// A node on an IPv6-only underlay: `eth0` on the bridge with `cidr` (added `nodad`, so
+    /// usable at once), IPv6 forwarding on.
+    fn new_v6(name: &str, u: &Underlay, cidr: &str) -> NodeNs {
+        let ns = Ns::new(name);
+        let port = tern_testkit::netns::unique_name("u");
+        u.ns.ip(&[
+            "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+        ]);
+        u.ns.ip(&["link", "set", &port, "master", "br0", "up"]);
+        ns.ip(&["-6", "addr", "add", cidr, "dev", "eth0", "nodad"]);
+        ns.ip(&["link", "set", "eth0", "up"]);
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        NodeNs::in_ns(name, ns, cidr)
     }
 
     fn sync(&self) -> tern_agent::dataplane::SyncReport {
@@ -89,6 +108,11 @@ struct Pod {
 }
 
 fn add_pod(node: &NodeNs, ipam: &Ipam, tag: &str) -> Pod {
+    add_pod_of(node, ipam, tag, false)
+}
+
+/// [`add_pod`] with an IPv6 address instead when `v6`.
+fn add_pod_of(node: &NodeNs, ipam: &Ipam, tag: &str, v6: bool) -> Pod {
     let ns = Ns::new(tag);
     let handle = format!("test.{}", ns.name);
     let ip = ipam
@@ -100,7 +124,8 @@ fn add_pod(node: &NodeNs, ipam: &Ipam, tag: &str) -> Pod {
                 pod: tag.into(),
                 ..Default::default()
             },
-            num_v4: 1,
+            num_v4: usize::from(!v6),
+            num_v6: usize::from(v6),
             ..Default::default()
         })
         .unwrap()[0];
@@ -329,13 +354,7 @@ fn cross_subnet_encapsulates_only_across_the_router() {
     c_ns.ip(&["link", "set", "eth0", "up"]);
     c_ns.ip(&["route", "add", "default", "via", "198.18.1.254"]);
     c_ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-    let mut c = NodeNs {
-        name: "c".into(),
-        ns: c_ns,
-        ip: "198.18.1.3".parse().unwrap(),
-        dp: None,
-        stop: Arc::new(AtomicBool::new(false)),
-    };
+    let mut c = NodeNs::in_ns("c", c_ns, "198.18.1.3");
     for n in [&mut a, &mut b, &mut c] {
         n.start(&s, false);
     }
@@ -610,4 +629,131 @@ fn bgp_routes_are_taken_over_when_the_pool_switches_to_vxlan() {
         udp_echo(&pa.ns.path(), &pb.ns.path(), pb.ip).unwrap(),
         pa.ip
     );
+}
+
+/// Reads a counter of `dev` in the node's namespace.
+fn counter(n: &NodeNs, dev: &str, what: &str) -> u64 {
+    let path = format!("/sys/class/net/{dev}/statistics/{what}");
+    n.ns.exec(&["cat", &path]).trim().parse().unwrap()
+}
+
+/// IPv6 pools over an IPv6-only underlay (2001:db8::/64): each node registers an IPv6 VXLAN
+/// tunnel address and VTEP MAC, creates `vxlan-v6.tern` (VNI 4096, port 4789, local = its IPv6
+/// address, MTU 1500 - 70), programs the other node's permanent NDP neighbour and FDB entry
+/// and routes its /122 block through it; TCP between pods crosses the device both ways.
+/// Switching the pool's VXLAN off removes the device and the tunnel address.
+#[test]
+fn vxlan_v6_between_two_nodes_on_an_ipv6_underlay() {
+    tern_testkit::need_root();
+    let (_d, s) = store();
+    let mut spec = IpPoolSpec::new("fd00:10:244::/48");
+    spec.vxlan_mode = EncapMode::Always;
+    let pool = IpPool::new("default-ipv6-ippool".to_string(), spec);
+    tern_model::put_resource(&*s, &Resource::IpPool(pool.clone())).unwrap();
+    let u = Underlay::new();
+    let mut a = NodeNs::new_v6("a", &u, "2001:db8::11/64");
+    let mut b = NodeNs::new_v6("b", &u, "2001:db8::12/64");
+    a.start(&s, false);
+    b.start(&s, false);
+    let ipam = Ipam::new(s.clone());
+    sync_all(&[&a, &b]);
+    assert_eq!(a.dp.as_ref().unwrap().pod_mtu(), 1430);
+    let link = a.ns.ip(&["-d", "link", "show", "vxlan-v6.tern"]);
+    for want in [
+        "vxlan id 4096",
+        "local 2001:db8::11",
+        "dstport 4789",
+        "nolearning",
+        "mtu 1430",
+    ] {
+        assert!(link.contains(want), "{want}: {link}");
+    }
+    assert!(
+        !a.ns.links().contains("vxlan.tern:"),
+        "no IPv4 pool, no vxlan.tern: {}",
+        a.ns.links()
+    );
+    let pa = add_pod_of(&a, &ipam, "pa", true);
+    let pb = add_pod_of(&b, &ipam, "pb", true);
+    sync_all(&[&a, &b]);
+    let node = |name: &str| match tern_model::get_resource(&*s, Kind::Node, None, name).unwrap() {
+        Some(Resource::Node(n)) => n,
+        _ => panic!("no Node {name}"),
+    };
+    let (na, nb) = (node("a"), node("b"));
+    let tip = nb
+        .spec
+        .ipv6_vxlan_tunnel_addr
+        .clone()
+        .expect("b's v6 tunnel");
+    let mac = nb
+        .spec
+        .vxlan_tunnel_mac_addr_v6
+        .clone()
+        .expect("b's v6 MAC");
+    assert!(tip.parse::<IpAddr>().unwrap().is_ipv6());
+    assert_eq!(nb.spec.ipv4_vxlan_tunnel_addr, None);
+    assert_ne!(
+        na.spec.vxlan_tunnel_mac_addr_v6,
+        nb.spec.vxlan_tunnel_mac_addr_v6
+    );
+    // The device carries the node's own tunnel address and VTEP MAC.
+    let a_tip = na.spec.ipv6_vxlan_tunnel_addr.clone().unwrap();
+    let addrs = a.ns.ip(&["-6", "addr", "show", "dev", "vxlan-v6.tern"]);
+    assert!(addrs.contains(&format!("{a_tip}/128")), "{addrs}");
+    assert!(
+        link.contains(na.spec.vxlan_tunnel_mac_addr_v6.as_deref().unwrap()),
+        "{link}"
+    );
+    let bb = block_of(&ipam, pb.ip);
+    assert_eq!(bb.prefix_len(), 122);
+    let ra = a.ns.ip(&["-6", "route", "show", "proto", "84"]);
+    assert!(
+        ra.contains(&format!("{bb} via {tip} dev vxlan-v6.tern")) && ra.contains("onlink"),
+        "{ra}"
+    );
+    let neigh = a.ns.ip(&["-6", "neigh", "show", "dev", "vxlan-v6.tern"]);
+    assert!(
+        neigh.contains(&tip) && neigh.contains(&mac) && neigh.contains("PERMANENT"),
+        "{neigh}"
+    );
+    let fdb =
+        a.ns.exec(&["bridge", "fdb", "show", "dev", "vxlan-v6.tern"]);
+    assert!(fdb.contains(&format!("{mac} dst 2001:db8::12")), "{fdb}");
+    let (tx, rx) = (
+        counter(&a, "vxlan-v6.tern", "tx_packets"),
+        counter(&a, "vxlan-v6.tern", "rx_packets"),
+    );
+    tcp(&pa.ns, &pb.ns, pb.ip).unwrap();
+    tcp(&pb.ns, &pa.ns, pa.ip).unwrap();
+    assert!(counter(&a, "vxlan-v6.tern", "tx_packets") > tx);
+    assert!(counter(&a, "vxlan-v6.tern", "rx_packets") > rx);
+
+    // The NDP neighbour deleted behind the reconciler's back is repaired by the resync.
+    a.ns.ip(&["-6", "neigh", "del", &tip, "dev", "vxlan-v6.tern"]);
+    a.sync();
+    assert!(
+        a.ns.ip(&["-6", "neigh", "show", "dev", "vxlan-v6.tern"])
+            .contains(&tip)
+    );
+
+    // VXLAN off: the device goes, the tunnel address is given back.
+    let mut off = pool;
+    off.spec.vxlan_mode = EncapMode::Never;
+    tern_model::put_resource(&*s, &Resource::IpPool(off)).unwrap();
+    sync_all(&[&a, &b]);
+    assert!(!a.ns.links().contains("vxlan-v6.tern"), "{}", a.ns.links());
+    assert_eq!(node("a").spec.ipv6_vxlan_tunnel_addr, None);
+    assert!(
+        ipam.ips_by_handle("vxlan-v6-tunnel-addr-a")
+            .unwrap()
+            .is_empty(),
+        "tunnel address not released"
+    );
+    let ra = a.ns.ip(&["-6", "route", "show", "proto", "84"]);
+    assert!(
+        ra.contains(&format!("{bb} via 2001:db8::12 dev eth0")),
+        "{ra}"
+    );
+    tcp(&pa.ns, &pb.ns, pb.ip).unwrap();
 }

@@ -446,6 +446,7 @@ fn bgp_snapshot(on: bool) -> Snapshot {
         addresses: vec![a.parse().unwrap()],
         vxlan_tunnel_addr: None,
         vtep_mac: None,
+        ..Default::default()
     };
     Snapshot {
         nodes: vec![node("a", "198.18.0.11/24"), node("b", "198.18.0.12/24")],

@@ -147,6 +147,7 @@ fn node_info(n: &Node) -> NodeInfo {
         addresses: n.addresses.clone(),
         vxlan_tunnel_addr: n.vxlan_tunnel_addr,
         vtep_mac: n.vxlan_tunnel_addr.map(|_| routes::vtep_mac(&n.name)),
+        ..Default::default()
     }
 }
 
@@ -298,7 +299,12 @@ fn step(
             writeln!(out, "  {e}").unwrap();
         }
     }
-    let want = plan::kernel_routes(&d, d.vxlan.then_some(VXLAN_IDX), d.ipip.then_some(IPIP_IDX));
+    let want = plan::kernel_routes(
+        &d,
+        d.vxlan.then_some(VXLAN_IDX),
+        d.ipip.then_some(IPIP_IDX),
+        None,
+    );
     let ops = plan::plan(&want, table, &HashSet::new());
     writeln!(out, "ops:").unwrap();
     for op in &ops {

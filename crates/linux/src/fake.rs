@@ -12,7 +12,8 @@
 //!   the device it resolved to;
 //! - an address on an up link has its connected route (protocol kernel, scope link) in the
 //!   dump, as long as both exist;
-//! - a second link of a name is EEXIST, a second VXLAN device of a VNI and port too; a link
+//! - a second link of a name is EEXIST, a second VXLAN device of a VNI and port in the same
+//!   family (of its local address) too; a link
 //!   kind marked [`FakeKernel::unsupported`] is EOPNOTSUPP.
 //! - namespaces: a [`NetNs`] handed to it (any descriptor: the fake tells them apart by the
 //!   file they refer to) is a namespace of its own, created with `lo` at first sight. A veth
@@ -668,11 +669,12 @@ impl Links for FakeKernel {
         if let Some(d) = dev_index {
             st.link(d).map_err(|_| err(libc::ENODEV, what()))?;
         }
-        if st
-            .links
-            .values()
-            .any(|l| l.vxlan.is_some_and(|v| v.0 == vni && v.1 == port))
-        {
+        // As the kernel: one device per VNI and port within a family (`vxlan.tern` and
+        // `vxlan-v6.tern` share both).
+        if st.links.values().any(|l| {
+            l.vxlan
+                .is_some_and(|v| v.0 == vni && v.1 == port && v.2.is_ipv6() == local.is_ipv6())
+        }) {
             return Err(err(libc::EEXIST, what()));
         }
         let link = Link {
@@ -1111,6 +1113,16 @@ mod tests {
             )
             .unwrap_err();
         assert!(e.is_already_exists());
+        // The other family's device of the same VNI and port is allowed, as in the kernel.
+        k.create_vxlan(
+            "vxlan-v6.tern",
+            4096,
+            "2001:db8::11".parse().unwrap(),
+            None,
+            4789,
+        )
+        .unwrap();
+        assert!(k.delete_link("vxlan-v6.tern").unwrap());
         let vx = k.link("vxlan.tern").unwrap();
         assert!(!vx.up);
         k.set_link_up(vx.index).unwrap();

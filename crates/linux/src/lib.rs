@@ -95,8 +95,11 @@ pub fn has_pod_veth_shape(name: &str, prefix: &str) -> bool {
             .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
 }
 
-/// Name of tern's VXLAN tunnel device (the only non-veth device tern creates and may delete).
+/// Name of tern's VXLAN tunnel device (with [`VXLAN_V6_TUNNEL_DEVICE`], the only non-veth
+/// devices tern creates and may delete).
 pub const VXLAN_TUNNEL_DEVICE: &str = "vxlan.tern";
+/// Name of tern's IPv6 VXLAN tunnel device (IPv6 pools over an IPv6 underlay).
+pub const VXLAN_V6_TUNNEL_DEVICE: &str = "vxlan-v6.tern";
 
 /// Why tern refuses to delete an interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,11 +141,12 @@ pub fn pod_veth_ours(link: &netlink::Link, prefix: &str) -> std::result::Result<
     Ok(())
 }
 
-/// Whether `link` is any device tern made: a pod veth ([`pod_veth_ours`]) or tern's VXLAN
-/// tunnel device.
+/// Whether `link` is any device tern made: a pod veth ([`pod_veth_ours`]) or one of tern's
+/// VXLAN tunnel devices.
 pub fn tern_device(link: &netlink::Link, prefix: &str) -> bool {
     pod_veth_ours(link, prefix).is_ok()
-        || (link.name == VXLAN_TUNNEL_DEVICE && link.kind.as_deref() == Some("vxlan"))
+        || ([VXLAN_TUNNEL_DEVICE, VXLAN_V6_TUNNEL_DEVICE].contains(&link.name.as_str())
+            && link.kind.as_deref() == Some("vxlan"))
 }
 
 /// What [`delete_pod_veth`] did.
@@ -289,6 +293,8 @@ mod tests {
         );
         assert!(tern_device(&link("vxlan.tern", Some("vxlan")), "tern"));
         assert!(!tern_device(&link("vxlan.tern", Some("bridge")), "tern"));
+        assert!(tern_device(&link("vxlan-v6.tern", Some("vxlan")), "tern"));
+        assert!(!tern_device(&link("vxlan-v6.tern", Some("veth")), "tern"));
         assert!(pod_veth_ours(&link("vxlan.tern", Some("vxlan")), "tern").is_err());
     }
 

@@ -364,6 +364,86 @@ fn bridge_vxlan_neighbours_and_fdb() {
     });
 }
 
+/// `vxlan-v6.tern` beside `vxlan.tern`: the kernel takes a second device of the same VNI and
+/// port when its local address is of the other family (and refuses one of the same family);
+/// the seam lists its IPv6 local address, and programs its permanent NDP neighbour, its FDB
+/// entry towards an IPv6 underlay address and an IPv6 block route `via <tunnel> onlink`.
+#[test]
+fn vxlan_v6_device_beside_the_v4_one_with_ndp_fdb_and_onlink_routes() {
+    use tern_linux::netlink::{Route, RouteKind};
+    in_private_netns(|| {
+        let mut h = Handle::new().unwrap();
+        let (u, _) = veth_pair_up(&mut h, "u0", "u1");
+        h.add_address(u.index, net("198.18.0.1/24")).unwrap();
+        h.add_address(u.index, net("2001:db8::11/64")).unwrap();
+        let local4: IpAddr = "198.18.0.1".parse().unwrap();
+        let local6: IpAddr = "2001:db8::11".parse().unwrap();
+        h.create_vxlan("vxlan.tern", 4096, local4, None, 4789)
+            .unwrap();
+        h.create_vxlan("vxlan-v6.tern", 4096, local6, None, 4789)
+            .unwrap();
+        let e = h
+            .create_vxlan("vxlan-v6.x", 4096, local6, None, 4789)
+            .unwrap_err();
+        assert!(e.is_already_exists(), "{e}");
+        let devs = h.vxlan_devices().unwrap();
+        let v6 = devs
+            .iter()
+            .find(|d| d.name == "vxlan-v6.tern")
+            .expect("listed");
+        assert_eq!(
+            (v6.vni, v6.port, v6.local),
+            (Some(4096), Some(4789), Some(local6))
+        );
+        // Both up: the kernel opens a UDP socket of each family on port 4789.
+        for d in &devs {
+            h.set_link_up(d.index).unwrap();
+        }
+        let idx = v6.index;
+        h.add_address(idx, net("fd00:10:244::1/128")).unwrap();
+        let tip: IpAddr = "fd00:10:244::41".parse().unwrap();
+        let mac = [0x66, 0, 0, 0, 0, 6];
+        let remote: IpAddr = "2001:db8::12".parse().unwrap();
+        h.add_neighbour(idx, tip, mac).unwrap();
+        h.add_neighbour(idx, tip, mac).unwrap(); // replace
+        h.add_fdb(idx, mac, remote).unwrap();
+        let n = h.neighbours(Some(idx)).unwrap();
+        let n = n.iter().find(|n| n.ip == tip).expect("NDP neighbour");
+        assert_eq!((n.mac, n.state), (Some(mac), 0x80), "NUD_PERMANENT");
+        let fdb = h.fdb(idx).unwrap();
+        assert!(
+            fdb.iter().any(|f| f.mac == mac && f.dst == Some(remote)),
+            "{fdb:?}"
+        );
+        let route = Route {
+            dst: net("fd00:10:244::40/122"),
+            kind: RouteKind::Unicast,
+            gateway: Some(tip),
+            oif: Some(idx),
+            onlink: true,
+            scope: Scope::Universe,
+            protocol: TERN_ROUTE_PROTOCOL,
+            table: MAIN_TABLE,
+        };
+        h.replace_route_full(&route).unwrap();
+        let got = h.routes_full(true, MAIN_TABLE).unwrap();
+        let r = got
+            .iter()
+            .find(|r| r.dst == route.dst)
+            .expect("the v6 block route");
+        assert_eq!(
+            (r.gateway, r.oif, r.onlink, r.protocol),
+            (Some(tip), Some(idx), true, TERN_ROUTE_PROTOCOL),
+            "{r:?}"
+        );
+        assert!(h.delete_route_full(&route).unwrap());
+        assert!(h.delete_fdb(idx, mac, remote).unwrap());
+        assert!(!h.delete_fdb(idx, mac, remote).unwrap());
+        assert!(h.delete_neighbour(idx, tip).unwrap());
+        assert!(!h.delete_neighbour(idx, tip).unwrap());
+    });
+}
+
 #[test]
 fn sysctl_is_per_thread_namespace() {
     in_private_netns(|| {

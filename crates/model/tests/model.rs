@@ -328,6 +328,62 @@ fn other_validation() {
     );
 }
 
+/// The IPv6 VXLAN fields (Calico's names) round-trip and are checked like the IPv4 ones: an
+/// IPv6 address, a MAC.
+#[test]
+fn node_ipv6_vxlan_fields() {
+    let doc = "\
+apiVersion: tern.dev/v1
+kind: Node
+metadata: {name: n1}
+spec:
+  ipv4VXLANTunnelAddr: 10.244.0.1
+  vxlanTunnelMACAddr: 66:1f:2a:00:00:01
+  ipv6VXLANTunnelAddr: fd00:10:244::1
+  vxlanTunnelMACAddrV6: 66:1f:2a:00:00:02
+";
+    let r = parse_documents(doc, "n.yaml").unwrap().remove(0);
+    r.validate().unwrap();
+    let Resource::Node(n) = &r else { panic!() };
+    assert_eq!(
+        n.spec.ipv6_vxlan_tunnel_addr.as_deref(),
+        Some("fd00:10:244::1")
+    );
+    assert_eq!(
+        n.spec.vxlan_tunnel_mac_addr_v6.as_deref(),
+        Some("66:1f:2a:00:00:02")
+    );
+    let json = r.to_json();
+    assert!(
+        json.contains("\"ipv6VXLANTunnelAddr\":\"fd00:10:244::1\""),
+        "{json}"
+    );
+    assert!(json.contains("\"vxlanTunnelMACAddrV6\""), "{json}");
+    assert_eq!(parse_documents(&r.to_yaml(), "again.yaml").unwrap()[0], r);
+    let with = |addr: Option<&str>, mac: Option<&str>| {
+        Node::new(
+            "n1",
+            NodeSpec {
+                ipv6_vxlan_tunnel_addr: addr.map(str::to_string),
+                vxlan_tunnel_mac_addr_v6: mac.map(str::to_string),
+                ..Default::default()
+            },
+        )
+    };
+    assert_eq!(
+        invalid(with(Some("10.244.0.1"), None)),
+        "Node \"n1\": spec.ipv6VXLANTunnelAddr: \"10.244.0.1\" is not an IPv6 address"
+    );
+    assert_eq!(
+        invalid(with(Some("fd00::1/128"), None)),
+        "Node \"n1\": spec.ipv6VXLANTunnelAddr: \"fd00::1/128\" is not an IPv6 address"
+    );
+    assert_eq!(
+        invalid(with(None, Some("66:1f:2a:00:00"))),
+        "Node \"n1\": spec.vxlanTunnelMACAddrV6: \"66:1f:2a:00:00\" is not a MAC address"
+    );
+}
+
 #[test]
 fn kind_names() {
     assert_eq!("ippools".parse::<Kind>().unwrap(), Kind::IpPool);

@@ -184,18 +184,21 @@ fn policy() -> ImportPolicy {
             addresses: vec![n("198.18.0.11/24")],
             vxlan_tunnel_addr: None,
             vtep_mac: None,
+            ..Default::default()
         },
         NodeInfo {
             name: "b".into(),
             addresses: vec![n("198.18.0.12/24")],
             vxlan_tunnel_addr: None,
             vtep_mac: None,
+            ..Default::default()
         },
         NodeInfo {
             name: "c".into(),
             addresses: vec![n("198.18.5.13/24")],
             vxlan_tunnel_addr: None,
             vtep_mac: None,
+            ..Default::default()
         },
     ];
     let pools = vec![
@@ -347,6 +350,7 @@ fn import_policy_refuses_hijacks_of_other_nodes_pods() {
             addresses: vec![n(a)],
             vxlan_tunnel_addr: None,
             vtep_mac: None,
+            ..Default::default()
         })
         .collect();
     let pools = vec![PoolRange {

@@ -1,8 +1,8 @@
-//! Node registration: the Node resource (underlay addresses, VXLAN tunnel address and VTEP MAC,
-//! IPIP tunnel address, pod MTU), tunnel addresses allocated through IPAM, and the liveness
-//! lease.
+//! Node registration: the Node resource (underlay addresses, VXLAN tunnel address and VTEP MAC
+//! of each family, IPIP tunnel address, pod MTU), tunnel addresses allocated through IPAM, and
+//! the liveness lease.
 
-use crate::routes::vtep_mac;
+use crate::routes::{vtep_mac, vtep_mac_v6};
 use crate::snapshot::PoolInfo;
 use ipnet::IpNet;
 use std::net::IpAddr;
@@ -47,6 +47,11 @@ pub fn vxlan_handle(node: &str) -> String {
     format!("vxlan-tunnel-addr-{node}")
 }
 
+/// The handle of a node's IPv6 VXLAN tunnel address (`vxlan-v6.tern`).
+pub fn vxlan_v6_handle(node: &str) -> String {
+    format!("vxlan-v6-tunnel-addr-{node}")
+}
+
 /// The handle of a node's IPIP tunnel address.
 pub fn ipip_handle(node: &str) -> String {
     format!("ipip-tunnel-addr-{node}")
@@ -54,7 +59,8 @@ pub fn ipip_handle(node: &str) -> String {
 
 /// Ensures the node holds a tunnel address under `handle` from one of `pools` when `pools` is
 /// not empty (preferring its own blocks: the allocator fills affine blocks first), and holds
-/// none otherwise. Returns the address held.
+/// none otherwise. Returns the address held. The address is of the pools' family (one family
+/// per handle: [`tunnel_pools`] and [`vxlan_v6_pools`] each give pools of one).
 pub fn ensure_tunnel_address(
     ipam: &Ipam,
     node: &str,
@@ -74,9 +80,10 @@ pub fn ensure_tunnel_address(
         }
         return Ok(None);
     }
+    let v6 = pools[0].cidr.addr().is_ipv6();
     if let Some(ip) = held
         .iter()
-        .find(|ip| ip.is_ipv4() && pools.iter().any(|p| p.cidr.contains(*ip)))
+        .find(|ip| ip.is_ipv6() == v6 && pools.iter().any(|p| p.cidr.contains(*ip)))
     {
         return Ok(Some(*ip));
     }
@@ -102,14 +109,18 @@ pub fn ensure_tunnel_address(
                 node: node.to_string(),
                 ..Default::default()
             },
-            num_v4: 1,
-            num_v6: 0,
-            v4_pools: pools.iter().map(|p| p.name.clone()).collect(),
-            v6_pools: vec![],
+            num_v4: usize::from(!v6),
+            num_v6: usize::from(v6),
+            v4_pools: if v6 { vec![] } else { names(pools) },
+            v6_pools: if v6 { names(pools) } else { vec![] },
         })
         .map_err(err)?;
     log::info!("allocated tunnel address {got:?} ({handle})");
     Ok(got.first().copied())
+}
+
+fn names(pools: &[&PoolInfo]) -> Vec<String> {
+    pools.iter().map(|p| p.name.clone()).collect()
 }
 
 /// What this node records about itself.
@@ -119,6 +130,8 @@ pub struct Registration {
     pub addresses: Vec<IpNet>,
     /// VXLAN tunnel address, when a VXLAN pool exists.
     pub vxlan_tunnel_addr: Option<IpAddr>,
+    /// IPv6 VXLAN tunnel address, when an IPv6 VXLAN pool exists.
+    pub vxlan_tunnel_addr_v6: Option<IpAddr>,
     /// IPIP tunnel address, when an IPIP pool exists.
     pub ipip_tunnel_addr: Option<IpAddr>,
     /// Pod MTU computed by this node.
@@ -134,6 +147,14 @@ pub fn tunnel_pools(pools: &[PoolInfo], vxlan: bool) -> Vec<&PoolInfo> {
             let m = if vxlan { p.vxlan } else { p.ipip };
             m != EncapMode::Never
         })
+        .collect()
+}
+
+/// Pools that need an IPv6 VXLAN tunnel address (enabled IPv6 pools using VXLAN).
+pub fn vxlan_v6_pools(pools: &[PoolInfo]) -> Vec<&PoolInfo> {
+    pools
+        .iter()
+        .filter(|p| !p.disabled && p.cidr.addr().is_ipv6() && p.vxlan != EncapMode::Never)
         .collect()
 }
 
@@ -174,6 +195,10 @@ pub fn write_node(
         n.spec.vxlan_tunnel_mac_addr = reg
             .vxlan_tunnel_addr
             .map(|_| tern_linux::netlink::format_mac(&vtep_mac(node)));
+        n.spec.ipv6_vxlan_tunnel_addr = reg.vxlan_tunnel_addr_v6.map(|a| a.to_string());
+        n.spec.vxlan_tunnel_mac_addr_v6 = reg
+            .vxlan_tunnel_addr_v6
+            .map(|_| tern_linux::netlink::format_mac(&vtep_mac_v6(node)));
         match reg.ipip_tunnel_addr {
             Some(a) => {
                 n.metadata

@@ -55,6 +55,7 @@ fn fixture(p: PoolInfo) -> Fixture {
         addresses: vec![n(&format!("198.18.0.{i}/24"))],
         vxlan_tunnel_addr: Some(ip(&format!("10.244.{}.0", i - 1))),
         vtep_mac: Some(routes::vtep_mac(name)),
+        ..Default::default()
     };
     let block = |i: u8, owner: &str| BlockInfo {
         cidr: n(&format!("10.244.{}.0/26", i - 1)),
@@ -143,7 +144,7 @@ fn tern_route(dst: &str, t: Target) -> Route {
         routes: [(n(dst), t)].into(),
         ..Desired::default()
     };
-    routes::plan::kernel_routes(&d, None, None).remove(0)
+    routes::plan::kernel_routes(&d, None, None, None).remove(0)
 }
 
 fn routes_blackhole(dst: &str) -> Route {
@@ -442,4 +443,129 @@ fn a_failed_nat_apply_is_reported_and_reapplied_by_the_next_pass() {
     assert!(
         matches!(f.k.nft_applied().last(), Some(NftApplied::Script(s)) if s.contains("table inet tern"))
     );
+}
+
+/// [`fixture`] dual-stack: a's eth0 also holds 2001:db8::11/64, every node an IPv6 address,
+/// IPv6 VXLAN tunnel address and MAC, a /122 of an IPv6 pool of `v6_vxlan` beside the IPv4
+/// pool of `v4_vxlan`.
+fn dual_fixture(v4_vxlan: EncapMode, v6_vxlan: EncapMode) -> Fixture {
+    let mut f = fixture(pool(v4_vxlan, EncapMode::Never, false));
+    let eth0 = f.k.link("eth0").unwrap().index;
+    f.k.add_address(eth0, n("2001:db8::11/64")).unwrap();
+    f.snap.pools.push(PoolInfo {
+        name: "v6".into(),
+        cidr: n("fd00:10:244::/48"),
+        ..pool(v6_vxlan, EncapMode::Never, false)
+    });
+    for (i, node) in f.snap.nodes.iter_mut().enumerate() {
+        node.addresses.push(n(&format!("2001:db8::{}/64", 11 + i)));
+        node.vxlan_tunnel_addr_v6 = Some(ip(&format!("fd00:10:244::{:x}", i * 64)));
+        node.vtep_mac_v6 = Some(routes::vtep_mac_v6(&node.name));
+        f.snap.blocks.push(BlockInfo {
+            cidr: n(&format!("fd00:10:244::{:x}/122", i * 64)),
+            affinity: Some(node.name.clone()),
+            allocations: Vec::new(),
+        });
+    }
+    f
+}
+
+impl Fixture {
+    fn dual_pass(&self) -> SyncReport {
+        let d = self
+            .dp
+            .desired(&self.snap, &[n("198.18.0.1/24"), n("2001:db8::11/64")]);
+        let mut r = SyncReport::default();
+        let (mut k, mut nft) = (self.k.clone(), self.k.clone());
+        self.dp
+            .apply_desired(&mut k, &mut nft, &self.snap, &d, true, &mut r);
+        r
+    }
+}
+
+#[test]
+fn ipv6_pools_get_vxlan_v6_beside_vxlan_each_with_the_vteps_of_its_family() {
+    let mut f = dual_fixture(EncapMode::Always, EncapMode::Always);
+    let r = f.dual_pass();
+    clean(&r);
+    assert_eq!(
+        r.vtep_changes, 8,
+        "two neighbours and two FDB entries per device"
+    );
+    let mut k = f.k.clone();
+    let devs = k.vxlan_devices().unwrap();
+    let v6 = devs.iter().find(|d| d.name == VXLAN_V6_DEVICE).unwrap();
+    let v4 = devs.iter().find(|d| d.name == VXLAN_DEVICE).unwrap();
+    assert_eq!(
+        (v6.vni, v6.port, v6.local),
+        (Some(VXLAN_VNI), Some(VXLAN_PORT), Some(ip("2001:db8::11")))
+    );
+    assert_eq!(v4.local, Some(ip("198.18.0.1")));
+    let link = f.k.link(VXLAN_V6_DEVICE).unwrap();
+    assert!(link.up);
+    assert_eq!(link.mac, Some(routes::vtep_mac_v6(ME)));
+    assert_ne!(link.mac, f.k.link(VXLAN_DEVICE).unwrap().mac);
+    assert_eq!(link.mtu, 1500 - mtu::VXLAN_V6_OVERHEAD);
+    assert!(
+        f.k.all_addresses()
+            .contains(&(v6.index, n("fd00:10:244::/128")))
+    );
+    for (dev, want_v6) in [(v4.index, false), (v6.index, true)] {
+        let neigh = k.neighbours(Some(dev)).unwrap();
+        assert_eq!(neigh.len(), 2, "{neigh:?}");
+        assert!(neigh.iter().all(|x| x.ip.is_ipv6() == want_v6), "{neigh:?}");
+        let fdb = k.fdb(dev).unwrap();
+        assert_eq!(fdb.len(), 2, "{fdb:?}");
+        assert!(
+            fdb.iter()
+                .all(|e| e.dst.is_some_and(|d| d.is_ipv6() == want_v6)),
+            "{fdb:?}"
+        );
+    }
+    assert!(
+        k.fdb(v6.index)
+            .unwrap()
+            .iter()
+            .any(|e| e.mac == routes::vtep_mac_v6("b") && e.dst == Some(ip("2001:db8::12")))
+    );
+    let to_b6 = f.route("fd00:10:244::40/122").unwrap();
+    assert_eq!(
+        (to_b6.gateway, to_b6.oif, to_b6.onlink),
+        (Some(ip("fd00:10:244::40")), Some(v6.index), true)
+    );
+    assert_eq!(f.route("10.244.1.0/26").unwrap().oif, Some(v4.index));
+    let r = f.dual_pass();
+    assert_eq!((r.routes_set, r.routes_removed, r.vtep_changes), (0, 0, 0));
+
+    // The IPv6 pool stops using VXLAN: vxlan-v6.tern goes, its blocks route directly over
+    // the IPv6 underlay, vxlan.tern stays.
+    f.snap.pools[1].vxlan = EncapMode::Never;
+    clean(&f.dual_pass());
+    assert!(f.k.link(VXLAN_V6_DEVICE).is_none());
+    assert!(f.k.link(VXLAN_DEVICE).is_some());
+    assert_eq!(
+        f.route("fd00:10:244::40/122").unwrap().gateway,
+        Some(ip("2001:db8::12"))
+    );
+}
+
+#[test]
+fn a_foreign_device_on_the_vni_and_port_blocks_only_its_own_family() {
+    let f = dual_fixture(EncapMode::Always, EncapMode::Always);
+    let mut k = f.k.clone();
+    k.create_vxlan("other6", VXLAN_VNI, ip("2001:db8::11"), None, VXLAN_PORT)
+        .unwrap();
+    let r = f.dual_pass();
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    assert!(
+        r.errors[0].contains("cannot create vxlan-v6.tern")
+            && r.errors[0].contains("already used by device other6"),
+        "{:?}",
+        r.errors
+    );
+    assert!(f.k.link(VXLAN_V6_DEVICE).is_none());
+    assert!(f.k.link(VXLAN_DEVICE).is_some());
+    // Without the device the IPv6 tunnel routes wait; the IPv4 ones are there.
+    assert!(f.route("fd00:10:244::40/122").is_none());
+    assert!(f.route("10.244.1.0/26").is_some());
 }

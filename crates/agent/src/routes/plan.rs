@@ -69,9 +69,16 @@ pub fn same_route(want: &Route, have: &Route) -> bool {
         && want.onlink == have.onlink
 }
 
-/// The kernel routes of the desired state. `vxlan` / `ipip` are the tunnel device indexes;
-/// a route through a tunnel that does not exist (yet) is left out.
-pub fn kernel_routes(d: &Desired, vxlan: Option<u32>, ipip: Option<u32>) -> Vec<Route> {
+/// The kernel routes of the desired state. `vxlan` / `ipip` / `vxlan_v6` are the tunnel
+/// device indexes (`vxlan.tern`, `tunl0`, `vxlan-v6.tern`: a VXLAN route takes the device of
+/// its tunnel address's family); a route through a tunnel that does not exist (yet) is left
+/// out.
+pub fn kernel_routes(
+    d: &Desired,
+    vxlan: Option<u32>,
+    ipip: Option<u32>,
+    vxlan_v6: Option<u32>,
+) -> Vec<Route> {
     let mut out = Vec::with_capacity(d.routes.len());
     for (dst, t) in &d.routes {
         let base = Route {
@@ -101,6 +108,7 @@ pub fn kernel_routes(d: &Desired, vxlan: Option<u32>, ipip: Option<u32>) -> Vec<
                 gateway: Some(gw),
                 ..base.clone()
             }),
+            Target::Vxlan(gw) if gw.is_ipv6() => tunnel(gw, vxlan_v6),
             Target::Vxlan(gw) => tunnel(gw, vxlan),
             Target::Ipip(gw) => tunnel(gw, ipip),
         };
@@ -252,6 +260,7 @@ mod tests {
             ]),
             Some(VXLAN_IDX),
             None,
+            None,
         )
     }
 
@@ -321,6 +330,7 @@ mod tests {
                 ("10.244.2.0/26", Target::Vxlan(ip("10.244.2.1"))),
             ]),
             Some(VXLAN_IDX),
+            None,
             None,
         );
         assert_eq!(w.len(), 1);

@@ -162,6 +162,7 @@ fn node_addresses(n: &tern_model::NodeSpec) -> Vec<IpAddr> {
         .chain(bgp.and_then(|b| b.ipv4_address.as_deref()))
         .chain(bgp.and_then(|b| b.ipv6_address.as_deref()))
         .chain(n.ipv4_vxlan_tunnel_addr.as_deref())
+        .chain(n.ipv6_vxlan_tunnel_addr.as_deref())
         .filter_map(|a| a.split('/').next()?.parse().ok())
         .collect()
 }

@@ -1,7 +1,7 @@
 //! The `Node` kind: a node of the cluster, with its addresses, pod CIDRs, BGP settings and
 //! VXLAN tunnel device. Written by each node's `ternd`.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -68,6 +68,20 @@ pub struct NodeSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub vxlan_tunnel_mac_addr: Option<String>,
+    /// Address of the node's IPv6 VXLAN device (`vxlan-v6.tern`), allocated from an IPv6 pool.
+    #[serde(
+        default,
+        rename = "ipv6VXLANTunnelAddr",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ipv6_vxlan_tunnel_addr: Option<String>,
+    /// MAC of the node's IPv6 VXLAN device.
+    #[serde(
+        default,
+        rename = "vxlanTunnelMACAddrV6",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vxlan_tunnel_mac_addr_v6: Option<String>,
 }
 
 /// Write-time checks of a [`Node`].
@@ -128,13 +142,26 @@ pub(crate) fn validate_node(n: &Node) -> Result<(), FieldError> {
             format!("{a:?} is not an IPv4 address"),
         ));
     }
-    if let Some(m) = &n.spec.vxlan_tunnel_mac_addr
-        && !valid_mac(m)
+    if let Some(a) = &n.spec.ipv6_vxlan_tunnel_addr
+        && a.parse::<Ipv6Addr>().is_err()
     {
         return Err(invalid(
-            "spec.vxlanTunnelMACAddr",
-            format!("{m:?} is not a MAC address"),
+            "spec.ipv6VXLANTunnelAddr",
+            format!("{a:?} is not an IPv6 address"),
         ));
+    }
+    for (field, m) in [
+        ("spec.vxlanTunnelMACAddr", &n.spec.vxlan_tunnel_mac_addr),
+        (
+            "spec.vxlanTunnelMACAddrV6",
+            &n.spec.vxlan_tunnel_mac_addr_v6,
+        ),
+    ] {
+        if let Some(m) = m
+            && !valid_mac(m)
+        {
+            return Err(invalid(field, format!("{m:?} is not a MAC address")));
+        }
     }
     Ok(())
 }
