@@ -37,7 +37,9 @@
 #
 # Environment: TERN_K8S_CACHE (default /var/cache/tern); for --run: TERN_BIN_DIR (the
 # workspace's binaries, default <repo>/target/debug), E2E_FOCUS, E2E_SKIP, E2E_PROCS
-# (default 1), E2E_NODES, E2E_OUT, E2E_TIMEOUT (ginkgo's suite timeout, default 90m).
+# (default 1), E2E_NODES, E2E_OUT, E2E_TIMEOUT (ginkgo's suite timeout, default 90m),
+# E2E_IP_FAMILY (the lab's --ip-family: ipv4, the default, dual or ipv6; the dual-stack specs
+# run with E2E_IP_FAMILY=dual E2E_FOCUS='\[Feature:IPv6DualStack\]').
 set -euo pipefail
 RUN=0
 AGNHOST_ONLY=0
@@ -278,10 +280,11 @@ down() {
 trap 'stop_child; down' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-log "lab $LAB: up --nodes ${E2E_NODES:-2} --kubernetes ..."
+log "lab $LAB: up --nodes ${E2E_NODES:-2} --kubernetes --ip-family ${E2E_IP_FAMILY:-ipv4} ..."
 start=$SECONDS
 env -u TERN_STORE "$BIN_DIR/ternctl" lab --name "$LAB" --bin-dir "$BIN_DIR" up --nodes "${E2E_NODES:-2}" \
-  --kubernetes --k8s-bin-dir "$BIN" >"$OUT/lab-up.log" 2>&1 || { cat "$OUT/lab-up.log" >&2; die "lab up failed"; }
+  --kubernetes --ip-family "${E2E_IP_FAMILY:-ipv4}" --k8s-bin-dir "$BIN" >"$OUT/lab-up.log" 2>&1 ||
+  { cat "$OUT/lab-up.log" >&2; die "lab up failed"; }
 KUBECONFIG=$(sed -n 's/^export KUBECONFIG=//p' "$OUT/lab-up.log" | tail -1)
 [ -f "$KUBECONFIG" ] || die "no kubeconfig in $OUT/lab-up.log"
 log "lab $LAB up in $((SECONDS - start)) s; e2e.test (procs $PROCS) ..."

@@ -437,6 +437,7 @@ fn start_dataplane(
         crate::dataplane::DataplaneConfig {
             node_name: cfg.node_name.clone(),
             node_ip: cfg.node_ip,
+            node_ip6: cfg.node_ip6,
             interface_prefix: cfg.interface_prefix.clone(),
             mtu: cfg.mtu,
         },

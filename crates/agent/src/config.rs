@@ -47,6 +47,9 @@ pub struct AgentConfig {
     /// Underlay address of this node (`--node-ip`); None = the default-route interface's
     /// addresses. Must be on a local interface.
     pub node_ip: Option<std::net::IpAddr>,
+    /// The node's IPv6 underlay address next to an IPv4 `node_ip` (dual stack: `--node-ip`
+    /// given as `v4,v6`). Must be on a local interface.
+    pub node_ip6: Option<std::net::IpAddr>,
     /// Run the dataplane reconciler (node registration with tunnel addresses, routes to
     /// remote blocks, VXLAN/IPIP, natOutgoing). On by default.
     pub dataplane: bool,
@@ -136,6 +139,7 @@ impl AgentConfig {
             etcd_cert: None,
             etcd_key: None,
             node_ip: None,
+            node_ip6: None,
             dataplane: true,
             bgp: false,
             use_pod_cidr: false,

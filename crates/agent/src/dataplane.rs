@@ -41,6 +41,8 @@ pub struct DataplaneConfig {
     pub node_name: String,
     /// Underlay address (`--node-ip`); None = the default-route interface's addresses.
     pub node_ip: Option<IpAddr>,
+    /// The IPv6 underlay address next to an IPv4 `node_ip` (dual stack), registered with it.
+    pub node_ip6: Option<IpAddr>,
     /// Host veth prefix: proto-84 routes out of such interfaces belong to the endpoint code.
     pub interface_prefix: String,
     /// Pod MTU forced by configuration (0 = computed).
@@ -89,8 +91,8 @@ impl Dataplane {
     /// A reconciler for `cfg.node_name` over `store`. Validates `--node-ip` at once: an
     /// address that is not on a local interface is an error (the agent refuses to start).
     pub fn new(cfg: DataplaneConfig, store: Arc<dyn Store>) -> Result<Dataplane, NodeError> {
-        if let Some(ip) = cfg.node_ip {
-            crate::host::local_address(ip)?;
+        for ip in cfg.node_ip.iter().chain(&cfg.node_ip6) {
+            crate::host::local_address(*ip)?;
         }
         Ok(Dataplane {
             ipam: Ipam::new(store.clone()),
@@ -152,11 +154,14 @@ impl Dataplane {
         self.liveness.revoke(&*self.store);
     }
 
-    /// The node's underlay addresses: `--node-ip` (with its interface prefix) or the
-    /// default-route interface's addresses.
+    /// The node's underlay addresses: `--node-ip` (one, or one of each family, with their
+    /// interface prefixes) or the default-route interface's addresses.
     fn underlay(&self) -> Result<Vec<IpNet>, NodeError> {
         match self.cfg.node_ip {
-            Some(ip) => Ok(vec![crate::host::local_address(ip)?]),
+            Some(ip) => std::iter::once(ip)
+                .chain(self.cfg.node_ip6)
+                .map(|ip| Ok(crate::host::local_address(ip)?))
+                .collect(),
             None => Ok(crate::host::node_addresses()),
         }
     }

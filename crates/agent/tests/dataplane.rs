@@ -55,6 +55,7 @@ impl NodeNs {
         let cfg = DataplaneConfig {
             node_name: self.name.clone(),
             node_ip: Some(self.ip),
+            node_ip6: None,
             interface_prefix: "tern".into(),
             mtu: 0,
         };
@@ -467,6 +468,7 @@ fn bad_input_is_reported_and_the_rest_keeps_working() {
                 DataplaneConfig {
                     node_name: "a".into(),
                     node_ip: Some("198.19.9.9".parse().unwrap()),
+                    node_ip6: None,
                     interface_prefix: "tern".into(),
                     mtu: 0,
                 },

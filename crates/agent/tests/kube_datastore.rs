@@ -271,6 +271,18 @@ fn kubernetes_datastore_conformance_crds_and_kubectl() {
                 ..Default::default()
             },
         ),
+        (
+            "kube dual-stack exhaustion",
+            tern_ipam::storm::StormOptions {
+                pool_cidr: "10.239.0.0/26".into(),
+                other_family_pool: Some("fd00:239::/122".into()),
+                block_size: 29,
+                max_held: 24,
+                alloc_percent: 70,
+                seed: 41,
+                ..Default::default()
+            },
+        ),
     ] {
         let report = in_netns(&ns, || {
             let factory = || -> Arc<dyn Store> {

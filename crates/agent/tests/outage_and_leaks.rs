@@ -236,6 +236,22 @@ impl Setup {
     }
 }
 
+/// Starts the agent's maintenance, waits until leak repair released `n` addresses, and
+/// returns the addresses still allocated.
+fn reclaimed(s: &Setup, ipam: &Ipam, n: u64) -> Vec<std::net::IpAddr> {
+    s.agent.start_maintenance().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(15), || s.agent.gc_reclamations() == n),
+        "{n} addresses not reclaimed: {:?}",
+        ipam.allocations(None).unwrap()
+    );
+    ipam.allocations(None)
+        .unwrap()
+        .iter()
+        .map(|a| a.ip)
+        .collect()
+}
+
 #[test]
 fn leak_repair_releases_orphans_and_keeps_what_is_used() {
     with_agent(1, 2, |s, ipam, addrs| {
@@ -291,18 +307,7 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
         assert_eq!(first.suspects, 2, "{first:?}");
         assert!(first.released.is_empty(), "{first:?}");
 
-        s.agent.start_maintenance().unwrap();
-        assert!(
-            wait_until(Duration::from_secs(15), || s.agent.gc_reclamations() == 2),
-            "orphans not reclaimed: {:?}",
-            ipam.allocations(None).unwrap()
-        );
-        let left: Vec<std::net::IpAddr> = ipam
-            .allocations(None)
-            .unwrap()
-            .iter()
-            .map(|a| a.ip)
-            .collect();
+        let left = reclaimed(s, ipam, 2);
         assert!(left.contains(&live_ip));
         assert!(left.contains(&foreign_ip));
         assert!(!left.contains(&orphan_ip));
@@ -351,5 +356,62 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
             "{metrics}"
         );
         drop(pod);
+    });
+}
+
+/// Issue 22: leak repair and the cluster check for IPv6 blocks. With an IPv6 pool beside the
+/// IPv4 one, a dual-stack allocation whose ADD died (no endpoint) loses both its addresses
+/// after the grace period; another node's dual-stack allocation keeps both and is what the
+/// cluster check reports as allocated and unused.
+#[test]
+fn leak_repair_of_dual_stack_allocations_in_ipv6_blocks() {
+    with_agent(1, 2, |s, ipam, _| {
+        let mut spec = tern_model::IpPoolSpec::new("fd00:77::/120");
+        spec.block_size = 122;
+        tern_model::put_resource(&*s.store, &tern_model::IpPool::new("v6", spec).into()).unwrap();
+        let assign = |handle: &str, node: &str| {
+            let ips = ipam
+                .auto_assign(&AssignArgs {
+                    handle: handle.into(),
+                    node: node.into(),
+                    attrs: AllocationAttrs {
+                        node: node.into(),
+                        container_id: handle.into(),
+                        ..Default::default()
+                    },
+                    num_v4: 1,
+                    num_v6: 1,
+                    ..Default::default()
+                })
+                .unwrap();
+            assert_eq!(
+                ips.iter().map(|a| a.is_ipv6()).collect::<Vec<_>>(),
+                [false, true],
+                "{ips:?}"
+            );
+            ips
+        };
+        let orphan = assign("k8s-pod-network.crashed6", "n1");
+        let foreign = assign("k8s-pod-network.elsewhere6", "n2");
+        let blocks6: Vec<String> = ipam
+            .blocks()
+            .unwrap()
+            .iter()
+            .filter(|b| b.cidr.addr().is_ipv6())
+            .map(|b| b.cidr.to_string())
+            .collect();
+        assert_eq!(blocks6.len(), 2, "one /122 per node: {blocks6:?}");
+
+        // One reclamation per address: the orphan's two.
+        let left = reclaimed(s, ipam, 2);
+        assert!(orphan.iter().all(|ip| !left.contains(ip)), "{left:?}");
+        assert!(foreign.iter().all(|ip| left.contains(ip)), "{left:?}");
+
+        let report = tern_agent::audit::check(&*s.store, ipam).unwrap();
+        let mut leaked: Vec<std::net::IpAddr> =
+            report.allocated_not_in_use.iter().map(|l| l.ip).collect();
+        leaked.sort();
+        assert_eq!(leaked, foreign, "{report:?}");
+        assert!(report.duplicates.is_empty(), "{report:?}");
     });
 }

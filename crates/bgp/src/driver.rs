@@ -47,6 +47,11 @@ pub struct SpeakerConfig {
     /// Where to accept connections; `None` accepts none (every peer must be active). A
     /// specific address is also the source address of outbound connections.
     pub listen: Option<SocketAddr>,
+    /// A second address to accept connections on, of the other family (a dual-stack node
+    /// listens on its IPv4 and its IPv6 address); also the source address of outbound
+    /// connections of its family.
+    #[serde(default)]
+    pub listen_also: Option<SocketAddr>,
     /// With a cluster ID this speaker is a route reflector for its `rr_client` peers.
     pub cluster_id: Option<Ipv4Addr>,
     /// Graceful-restart Restart Time to advertise (seconds); `None` disables graceful restart.
@@ -86,6 +91,7 @@ impl SpeakerConfig {
             asn,
             router_id,
             listen: Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), BGP_PORT)),
+            listen_also: None,
             cluster_id: None,
             graceful_restart_time: Some(120),
             restarting: false,
@@ -265,14 +271,19 @@ impl Speaker {
     /// Sockets are created in the network namespace of the calling thread.
     pub async fn start(config: SpeakerConfig) -> Result<SpeakerHandle, SpeakerError> {
         let (io_tx, io_rx) = mpsc::unbounded_channel();
-        let mut listener_fd = None;
-        let mut accept_task = None;
-        if let Some(address) = config.listen {
-            let listener = bind_listener(address)
-                .map_err(|source| SpeakerError::Listen { address, source })?;
-            listener_fd = Some(listener.as_raw_fd());
+        let mut listener_fds = Vec::new();
+        let mut accept_tasks = Vec::new();
+        for address in config.listen.into_iter().chain(config.listen_also) {
+            let listener = match bind_listener(address) {
+                Ok(l) => l,
+                Err(source) => {
+                    accept_tasks.iter().for_each(JoinHandle::abort);
+                    return Err(SpeakerError::Listen { address, source });
+                }
+            };
+            listener_fds.push((address, listener.as_raw_fd()));
             let tx = io_tx.clone();
-            accept_task = Some(tokio::spawn(async move {
+            accept_tasks.push(tokio::spawn(async move {
                 loop {
                     match listener.accept().await {
                         Ok((stream, remote)) => {
@@ -304,9 +315,9 @@ impl Speaker {
             events: ev_tx,
             io_tx,
             next_id: 1,
-            listener_fd,
+            listener_fds,
         };
-        let task = tokio::spawn(core.run(cmd_rx, io_rx, accept_task));
+        let task = tokio::spawn(core.run(cmd_rx, io_rx, accept_tasks));
         Ok(SpeakerHandle {
             cmd: cmd_tx,
             events: Some(ev_rx),
@@ -561,7 +572,8 @@ struct Core {
     events: mpsc::UnboundedSender<RouteEvent>,
     io_tx: mpsc::UnboundedSender<Io>,
     next_id: u64,
-    listener_fd: Option<RawFd>,
+    /// The listening sockets (at most one per family) and their addresses.
+    listener_fds: Vec<(SocketAddr, RawFd)>,
 }
 
 fn collision_notification() -> Message {
@@ -575,7 +587,7 @@ impl Core {
         mut self,
         mut cmd_rx: mpsc::UnboundedReceiver<Command>,
         mut io_rx: mpsc::UnboundedReceiver<Io>,
-        accept_task: Option<JoinHandle<()>>,
+        accept_tasks: Vec<JoinHandle<()>>,
     ) {
         let started = Instant::now();
         loop {
@@ -597,7 +609,7 @@ impl Core {
             }
             self.sync();
         }
-        if let Some(t) = accept_task {
+        for t in accept_tasks {
             t.abort();
         }
     }
@@ -661,8 +673,10 @@ impl Core {
         if self.peers.contains_key(&address) {
             return Err(SpeakerError::PeerExists(address));
         }
-        if let (Some(pw), Some(fd)) = (&p.password, self.listener_fd) {
-            md5::set_key(fd, address, Some(pw.as_bytes()))?;
+        if let Some(pw) = &p.password {
+            for fd in self.listener_fds_for(address) {
+                md5::set_key(fd, address, Some(pw.as_bytes()))?;
+            }
         }
         self.rib.add_peer(rib::PeerConfig {
             address,
@@ -714,14 +728,30 @@ impl Core {
         if let Some((_, t)) = &peer.connecting {
             t.abort();
         }
-        if peer.config.password.is_some()
-            && let Some(fd) = self.listener_fd
-        {
-            let _ = md5::set_key(fd, address, None);
+        if peer.config.password.is_some() {
+            for fd in self.listener_fds_for(address) {
+                let _ = md5::set_key(fd, address, None);
+            }
         }
         self.timers.retain(|(a, _), _| *a != address);
         self.rib.remove_peer(address)?;
         Ok(())
+    }
+
+    /// The listening sockets that accept `peer`: those of its family, or every one when none
+    /// is (an IPv4 peer on a dual-stack `[::]` listener).
+    fn listener_fds_for(&self, peer: IpAddr) -> Vec<RawFd> {
+        let same: Vec<RawFd> = self
+            .listener_fds
+            .iter()
+            .filter(|(a, _)| a.is_ipv4() == peer.is_ipv4())
+            .map(|(_, fd)| *fd)
+            .collect();
+        if same.is_empty() {
+            self.listener_fds.iter().map(|(_, fd)| *fd).collect()
+        } else {
+            same
+        }
     }
 
     fn status(&self) -> Vec<PeerStatus> {
@@ -967,7 +997,13 @@ impl Core {
                     let id = self.next_id;
                     self.next_id += 1;
                     let target = SocketAddr::new(p.config.address, p.config.port);
-                    let source = self.config.listen.map(|l| l.ip());
+                    let source = self
+                        .config
+                        .listen
+                        .into_iter()
+                        .chain(self.config.listen_also)
+                        .map(|l| l.ip())
+                        .find(|s| s.is_ipv4() == target.is_ipv4());
                     let pw = p.config.password.clone();
                     let io = self.io_tx.clone();
                     let task = tokio::spawn(async move {

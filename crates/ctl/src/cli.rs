@@ -334,6 +334,13 @@ pub struct InstallManifestArgs {
     /// CIDR of the default IPv4 pool.
     #[arg(long, default_value = tern_model::defaults::IPV4_POOL)]
     pub pool: String,
+    /// CIDR of the default IPv6 pool (/122 blocks): every pod gets an IPv6 address too, and
+    /// ternd registers the node's addresses of both families (`status.hostIPs`).
+    #[arg(long, value_name = "CIDR")]
+    pub ipv6_pool: Option<String>,
+    /// No IPv4 pool and no IPv4 pod addresses: an IPv6-only cluster (needs --ipv6-pool).
+    #[arg(long, requires = "ipv6_pool")]
+    pub no_ipv4_pool: bool,
     /// Encapsulation of the default pool between nodes.
     #[arg(long, value_enum, default_value_t = Encap::None)]
     pub encap: Encap,
@@ -446,6 +453,13 @@ pub struct InstallCniArgs {
     /// Pod MTU; 0 lets the agent choose.
     #[arg(long, default_value_t = 0)]
     pub mtu: u32,
+    /// Give every pod an IPv6 address too (`"assign_ipv6": "true"` in the conflist: a
+    /// dual-stack cluster, or with --no-assign-ipv4 an IPv6-only one).
+    #[arg(long)]
+    pub assign_ipv6: bool,
+    /// Give pods no IPv4 address (`"assign_ipv4": "false"`; needs --assign-ipv6).
+    #[arg(long, requires = "assign_ipv6")]
+    pub no_assign_ipv4: bool,
     /// Directory to copy `tern` and `tern-ipam` from (default: ternctl's own directory).
     #[arg(long)]
     pub plugin_dir: Option<PathBuf>,

@@ -468,6 +468,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
                     .to_string(),
                 image: args.image,
                 pool: args.pool,
+                ipv6_pool: args.ipv6_pool,
+                no_ipv4_pool: args.no_ipv4_pool,
                 encap: args.encap,
                 bgp: args.bgp,
                 log_level: args.log_level,

@@ -30,6 +30,11 @@ fn allocate(ipam: &Ipam, cid: &str, node: &str) -> std::net::IpAddr {
 }
 
 fn endpoint(store: &dyn Store, cid: &str, ip: std::net::IpAddr) {
+    endpoint_of(store, cid, &[ip]);
+}
+
+/// A WorkloadEndpoint of pod `cid` on n1 with addresses `ips` (host routes).
+fn endpoint_of(store: &dyn Store, cid: &str, ips: &[std::net::IpAddr]) {
     let ep = Endpoint {
         node: "n1".into(),
         attachment: Attachment {
@@ -46,7 +51,7 @@ fn endpoint(store: &dyn Store, cid: &str, ip: std::net::IpAddr) {
         },
         host_ifname: format!("tern{cid}"),
         mac: Some(tern_model::MacAddr([0xee, 0xee, 0xee, 0xee, 0xee, 0x01])),
-        ip_networks: vec![format!("{ip}/32").parse().unwrap()],
+        ip_networks: ips.iter().map(|&ip| ipnet::IpNet::from(ip)).collect(),
         labels: BTreeMap::new(),
         ports: Vec::new(),
         delegated_ipam: false,
@@ -186,6 +191,106 @@ fn check_release_configure_show() {
     assert_eq!(code, 0);
     assert!(out.contains("| IP Pool  | 10.90.0.0/24"), "{out}");
     assert!(out.contains("| Block    |"), "{out}");
+}
+
+/// Issue 22: the IPAM commands over an IPv4 and an IPv6 pool (/122 blocks) with dual-stack
+/// pods: `ipam show --show-blocks` lists both pools and their blocks, `ipam show --ip` an IPv6
+/// address's owner, `ipam check` finds a leaked dual-stack allocation's two addresses and
+/// `ipam release --from-report` gives both back.
+#[test]
+fn ipam_commands_in_both_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("s.db").display());
+    let store: Arc<dyn Store> = tern_store::open(&url).unwrap();
+    let ipam = Ipam::new(store.clone());
+    assert!(ipam.ensure_default_pool("10.91.0.0/24").unwrap());
+    let mut spec = tern_model::IpPoolSpec::new("fd00:91::/120");
+    spec.block_size = 122;
+    tern_model::put_resource(&*store, &tern_model::IpPool::new("v6", spec).into()).unwrap();
+    let dual = |cid: &str| {
+        ipam.auto_assign(&AssignArgs {
+            handle: format!("k8s-pod-network.{cid}"),
+            node: "n1".into(),
+            attrs: AllocationAttrs {
+                namespace: "default".into(),
+                pod: format!("pod-{cid}"),
+                node: "n1".into(),
+                container_id: cid.into(),
+                ifname: "eth0".into(),
+            },
+            num_v4: 1,
+            num_v6: 1,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let used = dual("used");
+    assert!(used[1].is_ipv6(), "{used:?}");
+    endpoint_of(&*store, "used", &used);
+    let leaked = dual("leaked");
+
+    let (code, out, err) = ternctl(&url, &["ipam", "show", "--show-blocks"]);
+    assert_eq!(code, 0, "{err}");
+    let row = |what: &str| {
+        out.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("{what} not listed:\n{out}"))
+            .to_string()
+    };
+    assert!(
+        row("| IP Pool  | fd00:91::/120").contains("| 2 (1%)"),
+        "{out}"
+    );
+    let block6 = tern_ipam::Ipam::new(store.clone())
+        .blocks()
+        .unwrap()
+        .into_iter()
+        .find(|b| b.cidr.addr().is_ipv6())
+        .unwrap()
+        .cidr;
+    assert_eq!(block6.prefix_len(), 122);
+    assert!(
+        row(&format!("| Block    | {block6} ")).contains(" 64 | 2 (3%)"),
+        "{out}"
+    );
+    assert!(
+        row("| IP Pool  | 10.91.0.0/24").contains("| 2 (1%)"),
+        "{out}"
+    );
+
+    let (_, out, _) = ternctl(&url, &["ipam", "show", "--ip", &used[1].to_string()]);
+    assert!(out.contains(&format!("IP {} is in use", used[1])), "{out}");
+    assert!(out.contains("pod: pod-used"), "{out}");
+    assert!(out.contains(&format!("block: {block6}")), "{out}");
+
+    let report = dir.path().join("report.json");
+    let (code, out, err) = ternctl(&url, &["ipam", "check", "-o", report.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("Found 2 IPs allocated but not in use.\n"),
+        "{out}"
+    );
+    for ip in &leaked {
+        assert!(
+            out.contains(&format!("  {ip} handle k8s-pod-network.leaked node n1")),
+            "{out}"
+        );
+    }
+    let (code, out, err) = ternctl(
+        &url,
+        &["ipam", "release", "--from-report", report.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("Released 2 IP addresses; skipped 0.\n"),
+        "{out}"
+    );
+    assert!(
+        ipam.ips_by_handle("k8s-pod-network.leaked")
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(ipam.ips_by_handle("k8s-pod-network.used").unwrap(), used);
 }
 
 /// `datastore migrate` locks its source first and leaves it locked (an agent still on it

@@ -11,9 +11,11 @@
 //!   pods) over TCP and UDP, and the outside sees the pod's node's underlay address, not the
 //!   pod's: natOutgoing masquerades the family.
 //!
-//! The table is meant to grow: VXLAN and cross-subnet rows are written and marked `// enabled
-//! when vxlan-v6 lands` (they need the `vxlan-v6.tern` device of the agent), BGP rows `//
-//! enabled when BGP's IPv6 lands`; their tests are `#[ignore]`d until then.
+//! The table grows by rows: the VXLAN and cross-subnet rows run over the agent's
+//! `vxlan-v6.tern` (IPv6 pools) beside `vxlan.tern` (IPv4 pools). The BGP rows (`--bgp`,
+//! MP-BGP IPv6 unicast between the agents) also check the routes are BGP's (proto 85) and
+//! `ternctl node status`'s tables; the dual-stack one adds a BIRD 2 peer over IPv6 (a BGPPeer
+//! with an IPv6 `peerIP`).
 //! The IPv4 row runs the same checks on an IPv4 lab, so the families are compared like for
 //! like.
 //!
@@ -79,7 +81,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: false,
     },
-    // enabled when vxlan-v6 lands (the agent's `vxlan-v6.tern`)
+    // Over the agent's `vxlan-v6.tern`.
     Case {
         tag: "v6vx",
         family: IpFamily::Ipv6,
@@ -87,7 +89,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: false,
     },
-    // enabled when vxlan-v6 lands (pods across the router go over VXLAN)
+    // Pods across the router go over `vxlan-v6.tern`, pods on one subnet directly.
     Case {
         tag: "v6cs",
         family: IpFamily::Ipv6,
@@ -95,7 +97,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: false,
     },
-    // enabled when vxlan-v6 lands
+    // Both VXLAN devices: `vxlan.tern` for the IPv4 pool, `vxlan-v6.tern` for the IPv6 one.
     Case {
         tag: "dsvx",
         family: IpFamily::Dual,
@@ -103,7 +105,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: false,
     },
-    // enabled when BGP's IPv6 lands (MP-BGP IPv6 unicast between the agents)
+    // MP-BGP IPv6 unicast between the agents, over IPv6 sessions.
     Case {
         tag: "v6bgp",
         family: IpFamily::Ipv6,
@@ -111,7 +113,7 @@ const CASES: &[Case] = &[
         store: StoreKind::Sqlite,
         bgp: true,
     },
-    // enabled when BGP's IPv6 lands
+    // The mesh over IPv4 carries the IPv6 blocks too, with IPv6 next hops.
     Case {
         tag: "dsbgp",
         family: IpFamily::Dual,
@@ -394,33 +396,106 @@ fn ipv4_direct_same_checks() {
     run(case("v4dir"));
 }
 
+/// node1's tern routes (protocol 84) of family `v6` through `dev` onlink: one per remote
+/// block the tunnel carries.
+fn tunnel_routes(lab: &Lab, v6: bool, dev: &str) -> Vec<String> {
+    mesh::routes_of(&lab.st, "node1", v6)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&format!("dev {dev} proto 84")) && l.contains("onlink"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every Node of the lab: its VXLAN tunnel address of each family and its pod MTU.
+fn vxlan_registrations(lab: &Lab) -> Vec<(String, Option<String>, Option<String>, String)> {
+    tern_lab::cluster::with_store(&lab.st, |s| {
+        tern_model::list_resources(&*s, tern_model::Kind::Node)
+            .map_err(|e| tern_lab::LabError::Invalid(e.to_string()))
+    })
+    .unwrap()
+    .into_iter()
+    .filter_map(|r| match r {
+        tern_model::Resource::Node(n) => Some((
+            n.metadata.name.clone(),
+            n.spec.ipv4_vxlan_tunnel_addr.clone(),
+            n.spec.ipv6_vxlan_tunnel_addr.clone(),
+            n.metadata
+                .annotations
+                .get("tern.dev/pod-mtu")
+                .cloned()
+                .unwrap_or_default(),
+        )),
+        _ => None,
+    })
+    .collect()
+}
+
+/// IPv6 pool over VXLAN on an IPv6-only underlay: node1 routes the other two nodes' /122
+/// blocks through `vxlan-v6.tern`; every node holds an IPv6 tunnel address from the pool and
+/// no IPv4 one, and its pod MTU leaves 70 bytes for VXLAN over IPv6.
 #[test]
-#[ignore = "enabled when vxlan-v6 lands: needs the agent's vxlan-v6.tern device"]
 fn ipv6_vxlan() {
     let lab = run(case("v6vx"));
-    let routes = mesh::routes_of(&lab.st, "node1", true).unwrap();
-    assert_eq!(routes.matches("dev vxlan-v6.tern").count(), 2, "{routes}");
+    let via = tunnel_routes(&lab, true, "vxlan-v6.tern");
+    assert_eq!(via.len(), NODES - 1, "{}", context(&lab));
+    assert!(
+        via.iter().all(|l| l.contains("/122 via fd00:10:244:")),
+        "{via:?}"
+    );
+    let regs = vxlan_registrations(&lab);
+    assert_eq!(regs.len(), NODES, "{regs:?}");
+    for (node, v4, v6, mtu) in &regs {
+        assert_eq!(v4, &None, "{node}");
+        assert!(
+            v6.as_deref().is_some_and(|a| a.starts_with("fd00:10:244:")),
+            "{node}: {v6:?}"
+        );
+        assert_eq!(mtu, "1430", "{node}");
+    }
 }
 
+/// Dual stack over VXLAN: each family's blocks through its own device, both tunnel
+/// addresses registered, the pod MTU that of the larger (IPv6) overhead.
 #[test]
-#[ignore = "enabled when vxlan-v6 lands: needs the agent's vxlan-v6.tern device"]
 fn dual_stack_vxlan() {
-    run(case("dsvx"));
+    let lab = run(case("dsvx"));
+    let v4 = tunnel_routes(&lab, false, "vxlan.tern");
+    let v6 = tunnel_routes(&lab, true, "vxlan-v6.tern");
+    assert_eq!(
+        (v4.len(), v6.len()),
+        (NODES - 1, NODES - 1),
+        "{}",
+        context(&lab)
+    );
+    for (node, v4, v6, mtu) in vxlan_registrations(&lab) {
+        assert!(v4.is_some() && v6.is_some(), "{node}: {v4:?} {v6:?}");
+        assert_eq!(mtu, "1430", "{node}");
+    }
 }
 
+/// CrossSubnet on the routed IPv6 underlay (odd nodes on 2001:db8:1::/64, even ones on
+/// 2001:db8:2::/64): node1 reaches node3's block directly and node2's through
+/// `vxlan-v6.tern`.
 #[test]
-#[ignore = "enabled when vxlan-v6 lands: needs the agent's vxlan-v6.tern device"]
 fn ipv6_crosssubnet() {
-    run(case("v6cs"));
+    let lab = run(case("v6cs"));
+    let via = tunnel_routes(&lab, true, "vxlan-v6.tern");
+    assert_eq!(via.len(), 1, "{}", context(&lab));
+    let routes = mesh::routes_of(&lab.st, "node1", true).unwrap();
+    assert!(
+        routes
+            .lines()
+            .any(|l| l.contains("/122 via 2001:db8:1::13 dev eth0") && l.contains("proto 84")),
+        "{routes}"
+    );
 }
 
-#[test]
-#[ignore = "enabled when BGP's IPv6 lands: the agents' BGP carries IPv4 only so far"]
-fn ipv6_bgp() {
-    let lab = run(case("v6bgp"));
-    let routes = mesh::routes_of(&lab.st, "node1", true).unwrap();
-    // Learned over BGP (proto 85), next hop the peer's IPv6 address.
-    for peer in ["2001:db8::12", "2001:db8::13"] {
+/// Asserts node1's routes of family `v6` to the other nodes' blocks are BGP's (proto 85) via
+/// `peers`.
+fn assert_bgp_routes(lab: &Lab, v6: bool, peers: &[&str]) {
+    let routes = mesh::routes_of(&lab.st, "node1", v6).unwrap();
+    for peer in peers {
         assert!(
             routes
                 .lines()
@@ -428,12 +503,188 @@ fn ipv6_bgp() {
             "{routes}"
         );
     }
+    // No reconciler route (proto 84) to another node's block: BGP routes them.
+    assert!(
+        !routes
+            .lines()
+            .any(|l| l.contains("proto 84") && peers.iter().any(|p| l.contains(p))),
+        "{routes}"
+    );
+}
+
+/// `ternctl node status` of `node`.
+fn node_status(lab: &Lab, node: &str) -> String {
+    let n = lab.st.node(node).unwrap();
+    let out = std::process::Command::new(common::ternctl())
+        .args(["node", "status", "--socket"])
+        .arg(&n.socket)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The part of a node status report of one family's table.
+fn status_table(status: &str, v6: bool) -> &str {
+    let (_, v6_part) = status.split_once("IPv6 BGP status").unwrap_or((status, ""));
+    if v6 {
+        v6_part
+    } else {
+        status
+            .split_once("IPv6 BGP status")
+            .map_or(status, |(v4, _)| v4)
+    }
 }
 
 #[test]
-#[ignore = "enabled when BGP's IPv6 lands: the agents' BGP carries IPv4 only so far"]
-fn dual_stack_bgp() {
-    run(case("dsbgp"));
+fn ipv6_bgp() {
+    let lab = run(case("v6bgp"));
+    // Learned over BGP (proto 85), next hop the peer's IPv6 address.
+    assert_bgp_routes(&lab, true, &["2001:db8::12", "2001:db8::13"]);
+    // The sessions run over IPv6: calicoctl's IPv6 table, the IPv4 one empty.
+    let s = node_status(&lab, "node1");
+    let v6 = status_table(&s, true);
+    for peer in ["2001:db8::12", "2001:db8::13"] {
+        assert!(
+            v6.lines()
+                .any(|l| l.contains(peer) && l.contains("node-to-node mesh") && l.contains("up")),
+            "{s}"
+        );
+    }
+    assert!(
+        status_table(&s, false).contains("No IPv4 peers found."),
+        "{s}"
+    );
+}
+
+#[test]
+fn dual_stack_bgp_with_a_bird_peer_over_ipv6() {
+    tern_testkit::need_root();
+    common::need_bird();
+    let mut lab = run(case("dsbgp"));
+    // One mesh session per pair, over IPv4, carrying both families: each with the node's
+    // address of its family as next hop.
+    assert_bgp_routes(&lab, false, &["198.18.0.12", "198.18.0.13"]);
+    assert_bgp_routes(&lab, true, &["2001:db8::12", "2001:db8::13"]);
+    // A BIRD 2 in AS 65001 at 2001:db8::250, peering over IPv6 with every node (a global
+    // BGPPeer), originating a prefix its BGPPeer admits (outside every pool) and a default
+    // route it does not.
+    let bird_ip = "2001:db8::250";
+    let mut conf = String::from(
+        "log stderr all;\nrouter id 198.18.0.250;\nprotocol device { scan time 1; }\n\
+         protocol static st { ipv6;\n  route 2001:db8:99::/64 blackhole;\n  \
+         route ::/0 blackhole;\n}\n",
+    );
+    for (i, n) in lab.st.nodes.iter().enumerate() {
+        let peer = n.address_of(true).unwrap();
+        conf.push_str(&format!(
+            "protocol bgp e{i} {{\n  local {bird_ip} as 65001;\n  neighbor {peer} as 64512;\n  \
+             graceful restart;\n  connect retry time 1;\n  \
+             ipv6 {{ import all; export all; }};\n}}\n"
+        ));
+    }
+    let bird = tern_lab::bird::BirdPeer::start_with(&mut lab.st, "e6", &[bird_ip], &conf).unwrap();
+    let peer = tern_model::BgpPeer::new(
+        "tor6".to_string(),
+        tern_model::BgpPeerSpec {
+            peer_ip: Some(bird_ip.into()),
+            as_number: Some(65001),
+            accept_prefixes: vec![tern_model::AcceptPrefix {
+                cidr: "2001:db8:99::/48".into(),
+                max_length: Some(64),
+            }],
+            ..Default::default()
+        },
+    );
+    tern_lab::cluster::with_store(&lab.st, move |s| {
+        tern_model::put_resource(&*s, &tern_model::Resource::BgpPeer(peer))
+            .map(drop)
+            .map_err(|e| tern_lab::LabError::Invalid(e.to_string()))
+    })
+    .unwrap();
+    // BIRD learns every node's IPv6 block, via that node's IPv6 address.
+    let v6_blocks: Vec<(String, String)> = lab
+        .st
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            let via = n.address_of(true).unwrap().to_string();
+            let holes =
+                tern_lab::process::ip_in(&n.netns, &["-6", "route", "show", "type", "blackhole"])
+                    .unwrap_or_default();
+            holes
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+                .map(move |b| (b, via.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(v6_blocks.len() >= NODES, "{v6_blocks:?}");
+    common::wait_until(
+        "BIRD learns the nodes' IPv6 blocks",
+        40,
+        || bird.log(),
+        || {
+            let missing: Vec<String> = v6_blocks
+                .iter()
+                .filter(|(b, via)| {
+                    let out = bird
+                        .birdc(&format!("show route for {b}"))
+                        .unwrap_or_default();
+                    !(out.contains(b.as_str()) && out.contains(&format!("via {via}")))
+                })
+                .map(|(b, via)| format!("{b} via {via}"))
+                .collect();
+            (!missing.is_empty()).then(|| {
+                format!(
+                    "missing {missing:?}:\n{}",
+                    bird.birdc("show route").unwrap_or_default()
+                )
+            })
+        },
+    );
+    // The nodes learn BIRD's admitted prefix, never its default route.
+    common::wait_until(
+        "the nodes learn BIRD's prefix",
+        40,
+        || context(&lab),
+        || {
+            lab.st.nodes.iter().find_map(|n| {
+                let r = mesh::routes_of(&lab.st, &n.name, true).unwrap_or_default();
+                (!r.contains(&format!("2001:db8:99::/64 via {bird_ip} dev eth0 proto 85")))
+                    .then(|| format!("{}: {r}", n.name))
+            })
+        },
+    );
+    let r = mesh::routes_of(&lab.st, "node1", true).unwrap();
+    assert!(
+        !r.lines()
+            .any(|l| l.starts_with("default") && l.contains(bird_ip)),
+        "{r}"
+    );
+    // Both of calicoctl's tables filled: the mesh over IPv4, BIRD over IPv6.
+    common::wait_until(
+        "node status shows the BIRD session up",
+        30,
+        || context(&lab),
+        || {
+            let s = node_status(&lab, "node1");
+            let v6 = status_table(&s, true);
+            let bird_up = v6
+                .lines()
+                .any(|l| l.contains(bird_ip) && l.contains("global") && l.contains("up"));
+            let mesh = status_table(&s, false);
+            let mesh_up = ["198.18.0.12", "198.18.0.13"].iter().all(|p| {
+                mesh.lines()
+                    .any(|l| l.contains(p) && l.contains("node-to-node mesh") && l.contains("up"))
+            });
+            (!(bird_up && mesh_up)).then_some(s)
+        },
+    );
+    // Pods still reach each other in both families.
+    for v6 in [false, true] {
+        check_mesh(&lab, v6);
+    }
+    drop(bird);
 }
 
 /// The cross-subnet IPv6 underlay itself: node1 (2001:db8:1::11) reaches node2

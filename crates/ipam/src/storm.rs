@@ -39,8 +39,13 @@ pub struct StormOptions {
     /// With `release_empty_blocks`: a worker also runs on until it released this many empty
     /// blocks (same bound).
     pub min_blocks_released: u64,
-    /// The one pool the storm allocates from (small pools exercise exhaustion).
+    /// The pool the storm allocates from (small pools exercise exhaustion), of either family.
     pub pool_cidr: String,
+    /// A second pool, of the other family: every allocation then takes addresses of both
+    /// families (a dual-stack pod), all or nothing. Its blocks hold as many addresses as the
+    /// first pool's (`block_size` ± 96).
+    #[serde(default)]
+    pub other_family_pool: Option<String>,
     pub block_size: u8,
     pub strict_affinity: bool,
     /// 0 = unlimited.
@@ -69,6 +74,7 @@ impl Default for StormOptions {
             min_releases: 10,
             min_blocks_released: 0,
             pool_cidr: "10.99.0.0/24".into(),
+            other_family_pool: None,
             block_size: 28,
             strict_affinity: false,
             max_blocks_per_host: 0,
@@ -175,6 +181,16 @@ pub fn setup(store: Arc<dyn Store>, opts: &StormOptions) -> Result<()> {
     let mut spec = IpPoolSpec::new(&opts.pool_cidr);
     spec.block_size = opts.block_size;
     tern_model::put_resource(&*store, &IpPool::new("storm", spec).into())?;
+    if let Some(cidr) = &opts.other_family_pool {
+        let mut spec = IpPoolSpec::new(cidr);
+        // As many addresses per block as the first pool's.
+        spec.block_size = if cidr.contains(':') {
+            opts.block_size + 96
+        } else {
+            opts.block_size.saturating_sub(96)
+        };
+        tern_model::put_resource(&*store, &IpPool::new("storm-other", spec).into())?;
+    }
     Ipam::new(store).put_config(&IpamConfigSpec {
         strict_affinity: opts.strict_affinity,
         max_blocks_per_host: opts.max_blocks_per_host,
@@ -211,6 +227,12 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
         node: node.clone(),
         ..WorkerReport::default()
     };
+    // Addresses per family an allocation asks for: the families of the storm's pools.
+    let v6 = |c: &str| c.contains(':');
+    let pools: Vec<&str> = std::iter::once(opts.pool_cidr.as_str())
+        .chain(opts.other_family_pool.as_deref())
+        .collect();
+    let (has_v4, has_v6) = (pools.iter().any(|c| !v6(c)), pools.iter().any(|c| v6(c)));
     let start = Instant::now();
     let mut serial = 0u64;
     loop {
@@ -238,14 +260,18 @@ pub fn worker(store: Arc<dyn Store>, index: usize, opts: &StormOptions) -> Worke
                     container_id: handle.clone(),
                     ifname: "eth0".into(),
                 },
-                num_v4: n,
+                num_v4: if has_v4 { n } else { 0 },
+                num_v6: if has_v6 { n } else { 0 },
                 ..AssignArgs::default()
             };
             match ipam.auto_assign(&args) {
                 Ok(ips) => {
-                    if ips.len() != n {
-                        rep.errors
-                            .push(format!("{handle}: asked for {n} addresses, got {ips:?}"));
+                    if ips.len() != n * pools.len()
+                        || ips.iter().filter(|a| a.is_ipv6()).count() != if has_v6 { n } else { 0 }
+                    {
+                        rep.errors.push(format!(
+                            "{handle}: asked for {n} addresses of each of {pools:?}, got {ips:?}"
+                        ));
                     }
                     rep.allocations += 1;
                     rep.borrowed += count_borrowed(

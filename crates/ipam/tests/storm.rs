@@ -52,6 +52,41 @@ fn process_storm_exhaustion_and_borrowing() {
     common::process_storm("processes", "storm_child", &db, sqlite, opts);
 }
 
+#[test]
+fn thread_storm_ipv6_exhaustion_and_borrowing() {
+    let (_dir, db) = db();
+    let opts = common::exhaustion6("fd00:97::/122", 23);
+    let r = common::thread_storm("ipv6 exhaustion", &db, sqlite, opts);
+    common::assert_exhausted_and_borrowed(&r);
+}
+
+#[test]
+fn thread_storm_dual_stack_exhaustion_and_borrowing() {
+    let (_dir, db) = db();
+    let opts = common::dual_exhaustion("10.93.0.0/26", "fd00:93::/122", 29);
+    let r = common::thread_storm("dual-stack exhaustion", &db, sqlite, opts);
+    common::assert_exhausted_and_borrowed(&r);
+}
+
+#[test]
+fn thread_storm_ipv6_strict_affinity_with_block_release() {
+    let (_dir, db) = db();
+    let opts = tern_ipam::storm::StormOptions {
+        pool_cidr: "fd00:96::/121".into(),
+        block_size: 125,
+        ..common::strict_release()
+    };
+    let r = common::thread_storm("ipv6 strict+release", &db, sqlite, opts);
+    common::assert_strict_release(&r);
+}
+
+#[test]
+fn process_storm_ipv6_exhaustion_and_borrowing() {
+    let (_dir, db) = db();
+    let opts = common::exhaustion6("fd00:95::/122", 31);
+    common::process_storm("ipv6 processes", "storm_child", &db, sqlite, opts);
+}
+
 /// Not a test of its own: the body of a child process of `common::process_storm`.
 #[test]
 fn storm_child() {

@@ -50,6 +50,24 @@ fn etcd_thread_storm_exhaustion_and_borrowing() {
 }
 
 #[test]
+fn etcd_thread_storm_ipv6_exhaustion_and_borrowing() {
+    with_etcd(|url| {
+        let opts = common::exhaustion6("fd00:97::/122", 23);
+        let r = common::thread_storm("etcd ipv6 exhaustion", url, open, opts);
+        common::assert_exhausted_and_borrowed(&r);
+    });
+}
+
+#[test]
+fn etcd_process_storm_dual_stack_exhaustion_and_borrowing() {
+    with_etcd(|url| {
+        let opts = common::dual_exhaustion("10.92.0.0/26", "fd00:92::/122", 37);
+        let r = common::process_storm("etcd dual processes", "storm_etcd_child", url, open, opts);
+        common::assert_exhausted_and_borrowed(&r);
+    });
+}
+
+#[test]
 fn etcd_thread_storm_strict_affinity_with_block_release() {
     with_etcd(|url| {
         let opts = common::strict_release();

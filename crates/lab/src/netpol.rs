@@ -23,7 +23,7 @@ use tern_model::{EndpointPort, Kind, Namespace, NamespaceSpec, Resource};
 
 use crate::cluster::with_store;
 use crate::netns::in_netns;
-use crate::pod::{netconf, result_addresses};
+use crate::pod::{netconf_for, result_addresses};
 use crate::process;
 use crate::state::{self, LabState, PodState};
 use crate::{LabError, Result};
@@ -70,7 +70,7 @@ pub struct K8sPod {
     pub node: String,
     /// Its network namespace.
     pub netns: String,
-    /// Its IPv4 address.
+    /// Its address (its first: IPv4 in an IPv4 or dual-stack lab, IPv6 in an IPv6-only one).
     pub ip: IpAddr,
 }
 
@@ -86,14 +86,15 @@ pub fn lab_pod_name(namespace: &str, name: &str) -> String {
     format!("{namespace}-{name}")
 }
 
-/// The netconf for a pod with `labels` (as `args.cni.labels`) and optionally a fixed address
-/// (as `runtimeConfig.ips`).
+/// The netconf for a pod of a lab of `family` with `labels` (as `args.cni.labels`) and
+/// optionally a fixed address (as `runtimeConfig.ips`).
 pub fn k8s_netconf(
     node: &state::NodeState,
+    family: crate::IpFamily,
     labels: &BTreeMap<String, String>,
     ip: Option<IpAddr>,
 ) -> serde_json::Value {
-    let mut c = netconf(node);
+    let mut c = netconf_for(node, family);
     let labels: Vec<serde_json::Value> = labels
         .iter()
         .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
@@ -136,15 +137,18 @@ pub fn cni_add(
         pod: lab_pod.clone(),
         message,
     };
-    let conf = k8s_netconf(&node, labels, ip).to_string();
+    let conf = k8s_netconf(&node, st.ip_family, labels, ip).to_string();
     let stdout = crate::pod::exec_plugin(st, &node, &p, "ADD", (namespace, name), &conf)?;
     let result: serde_json::Value = serde_json::from_str(&stdout)
         .map_err(|e| err(format!("result is not JSON ({e}): {stdout}")))?;
     let addresses = result_addresses(&result);
-    let ip = addresses
+    let ips: Vec<IpAddr> = addresses.iter().filter_map(|a| a.parse().ok()).collect();
+    let ip = ips
         .iter()
-        .find_map(|a| a.parse::<IpAddr>().ok().filter(|a| a.is_ipv4()))
-        .ok_or_else(|| err(format!("result has no IPv4 address: {stdout}")))?;
+        .find(|a| a.is_ipv4())
+        .or(ips.first())
+        .copied()
+        .ok_or_else(|| err(format!("result has no address: {stdout}")))?;
     if let Some(sp) = st.pods.iter_mut().find(|x| x.name == lab_pod) {
         sp.addresses = addresses;
     }
@@ -304,16 +308,34 @@ fn sctp_socket(v6: bool) -> std::io::Result<RawFd> {
     Ok(fd)
 }
 
-fn sockaddr_in(addr: SocketAddr) -> std::io::Result<libc::sockaddr_in> {
-    let SocketAddr::V4(a) = addr else {
-        return Err(std::io::Error::other("SCTP probes are IPv4 only"));
+/// `addr` as a C socket address of its family, and its length.
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any socket address.
+            let sa = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_port = a.port().to_be();
+            sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above.
+            let sa = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = a.port().to_be();
+            sa.sin6_addr.s6_addr = a.ip().octets();
+            sa.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
     };
-    // SAFETY: sockaddr_in is plain data; all-zero is a valid value.
-    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sa.sin_family = libc::AF_INET as libc::sa_family_t;
-    sa.sin_port = a.port().to_be();
-    sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-    Ok(sa)
+    (ss, len as libc::socklen_t)
 }
 
 /// Whether the kernel of the calling thread's namespace can make SCTP sockets (the module may
@@ -329,28 +351,37 @@ pub fn sctp_available() -> std::result::Result<(), String> {
     }
 }
 
-/// Listens for SCTP on `0.0.0.0:port`.
-pub fn sctp_listen(port: u16) -> std::io::Result<TcpListener> {
-    let fd = sctp_socket(false)?;
+/// Listens for SCTP on `0.0.0.0:port` or, with `v6`, on `[::]:port` (IPv6 only, so both
+/// listeners can hold the port).
+pub fn sctp_listen(port: u16, v6: bool) -> std::io::Result<TcpListener> {
+    let fd = sctp_socket(v6)?;
     // SAFETY: fd is ours; TcpListener takes ownership and closes it on drop (and on error).
     let l = unsafe { TcpListener::from_raw_fd(fd) };
     let one: libc::c_int = 1;
-    let sa = sockaddr_in(SocketAddr::from(([0, 0, 0, 0], port)))?;
-    // SAFETY: valid fd, pointers to live locals of the right sizes.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-        libc::bind(
-            fd,
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
+    let any = if v6 {
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port))
+    } else {
+        SocketAddr::from(([0, 0, 0, 0], port))
     };
+    let (sa, len) = sockaddr(any);
+    let opt = |level, name| {
+        // SAFETY: valid fd, a pointer to a live local of the right size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    opt(libc::SOL_SOCKET, libc::SO_REUSEADDR);
+    if v6 && opt(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: valid fd, a socket address of `len` bytes.
+    let rc = unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -366,16 +397,10 @@ pub fn sctp_connect(target: SocketAddr, timeout: Duration) -> std::io::Result<Tc
     let fd = sctp_socket(target.is_ipv6())?;
     // SAFETY: fd is ours; the stream owns it from here on.
     let s = unsafe { TcpStream::from_raw_fd(fd) };
-    let sa = sockaddr_in(target)?;
+    let (sa, len) = sockaddr(target);
     s.set_nonblocking(true)?;
-    // SAFETY: valid fd and address.
-    let rc = unsafe {
-        libc::connect(
-            fd,
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
+    // SAFETY: valid fd and a socket address of `len` bytes.
+    let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EINPROGRESS) {
@@ -408,7 +433,7 @@ pub fn sctp_connect(target: SocketAddr, timeout: Duration) -> std::io::Result<Tc
 
 // ---- servers and probes ----
 
-/// Echo servers on `ports` for every transport in `l4s`, bound inside network namespace
+/// Echo servers on `ports` for every transport in `l4s`, in both families, bound inside network namespace
 /// `netns` and served by threads of this process (sockets keep their namespace). The threads
 /// live as long as the process; the sockets die with it.
 pub fn serve_in(netns: &str, ports: &[u16], l4s: &[L4]) -> Result<()> {
@@ -417,10 +442,21 @@ pub fn serve_in(netns: &str, ports: &[u16], l4s: &[L4]) -> Result<()> {
         let mut udp = Vec::new();
         for &p in ports {
             for &l in l4s {
+                // `[::]` takes both families (net.ipv6.bindv6only is 0 in a new namespace);
+                // 0.0.0.0 where IPv6 is off.
                 match l {
-                    L4::Tcp => tcp.push(TcpListener::bind(("0.0.0.0", p))?),
-                    L4::Sctp => tcp.push(sctp_listen(p)?),
-                    L4::Udp => udp.push(UdpSocket::bind(("0.0.0.0", p))?),
+                    L4::Tcp => tcp.push(
+                        TcpListener::bind(("::", p))
+                            .or_else(|_| TcpListener::bind(("0.0.0.0", p)))?,
+                    ),
+                    L4::Sctp => {
+                        tcp.push(sctp_listen(p, false)?);
+                        // SCTP's v6 socket is IPv6 only: a second listener, where IPv6 is on.
+                        tcp.extend(sctp_listen(p, true).ok());
+                    }
+                    L4::Udp => udp.push(
+                        UdpSocket::bind(("::", p)).or_else(|_| UdpSocket::bind(("0.0.0.0", p)))?,
+                    ),
                 }
             }
         }
@@ -696,12 +732,17 @@ mod tests {
             ..Default::default()
         };
         let labels = BTreeMap::from([("pod".to_string(), "a".to_string())]);
-        let c = k8s_netconf(&n, &labels, Some("10.244.9.9".parse().unwrap()));
+        let c = k8s_netconf(
+            &n,
+            crate::IpFamily::Ipv4,
+            &labels,
+            Some("10.244.9.9".parse().unwrap()),
+        );
         assert_eq!(c["args"]["cni"]["labels"][0]["key"], "pod");
         assert_eq!(c["args"]["cni"]["labels"][0]["value"], "a");
         assert_eq!(c["runtimeConfig"]["ips"][0], "10.244.9.9/32");
         assert_eq!(c["name"], crate::pod::NETWORK_NAME);
-        let c = k8s_netconf(&n, &BTreeMap::new(), None);
+        let c = k8s_netconf(&n, crate::IpFamily::Ipv4, &BTreeMap::new(), None);
         assert!(c.get("runtimeConfig").is_none());
     }
 

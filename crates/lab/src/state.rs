@@ -524,8 +524,13 @@ pub struct KubeState {
     pub cp_netns: String,
     /// The control plane's underlay address.
     pub cp_address: String,
-    /// The pod CIDR given to kube-controller-manager and kube-proxy (tern's pool).
+    /// The pod CIDR given to kube-controller-manager and kube-proxy (tern's pool): the IPv4
+    /// pool's, or in an IPv6-only cluster the IPv6 pool's.
     pub cluster_cidr: String,
+    /// The IPv6 pool's CIDR of a dual-stack cluster (after `cluster_cidr` wherever both are
+    /// given); `None` in a single-stack one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_cidr6: Option<String>,
     /// Control-plane processes by component name (`etcd`, `kube-apiserver`, ...).
     pub control: Vec<Proc>,
     /// The relay for the operator's kubectl.
@@ -616,6 +621,22 @@ impl KubeState {
     /// The `kubectl` binary.
     pub fn kubectl_bin(&self) -> PathBuf {
         self.k8s_bin.join("kubectl")
+    }
+
+    /// The pod CIDRs, IPv4 first: `cluster_cidr`, then `cluster_cidr6` in a dual-stack cluster.
+    pub fn cluster_cidrs(&self) -> Vec<&str> {
+        std::iter::once(self.cluster_cidr.as_str())
+            .chain(self.cluster_cidr6.as_deref())
+            .collect()
+    }
+
+    /// Whether the cluster has IPv4 (pods, Services), and IPv6.
+    pub fn families(&self) -> (bool, bool) {
+        let cidrs = self.cluster_cidrs();
+        (
+            cidrs.iter().any(|c| !c.contains(':')),
+            cidrs.iter().any(|c| c.contains(':')),
+        )
     }
 }
 

@@ -234,13 +234,6 @@ pub fn up(opts: &UpOptions) -> Result<LabState> {
             "--etcd-tls is for the lab's etcd: add --store etcd".to_string(),
         ));
     }
-    if opts.store == StoreKind::Kubernetes && opts.ip_family != IpFamily::Ipv4 {
-        return Err(LabError::Invalid(format!(
-            "--ip-family {} is not available with the Kubernetes datastore yet (the cluster \
-             is IPv4); use --store sqlite or etcd",
-            opts.ip_family
-        )));
-    }
     if opts.encap == Encap::Ipip && opts.ip_family == IpFamily::Ipv6 {
         return Err(LabError::Invalid(
             "--encap ipip carries IPv4 only (IPv6 pools cannot use IPIP, as Calico's); an \
@@ -433,14 +426,10 @@ pub(crate) fn add_address(ns: &str, addr: &str, dev: &str) -> Result<()> {
     }
 }
 
-/// Plugs namespace `ns` into the underlay: a veth `ul_end` on `bridge` in the underlay
-/// namespace, `eth0` with `address` in `ns`, default route via `gateway`.
-pub(crate) fn plug(st: &LabState, ns: &str, ul_end: &str, p: &Placement) -> Result<()> {
-    plug_all(st, ns, ul_end, std::slice::from_ref(p))
-}
-
-/// As [`plug`], with every placement of `places` (one per family, on the same bridge): each
-/// address on `eth0` and a default route of its family via its gateway.
+/// Plugs namespace `ns` into the underlay: a veth `ul_end` on the first placement's bridge
+/// in the underlay namespace, and for every placement of `places` (one per family, on the
+/// same bridge) its address on `eth0` in `ns` and a default route of its family via its
+/// gateway.
 pub(crate) fn plug_all(st: &LabState, ns: &str, ul_end: &str, places: &[Placement]) -> Result<()> {
     let Some(first) = places.first() else {
         return Err(LabError::Invalid(format!("{ns}: no underlay address")));
@@ -630,7 +619,7 @@ fn add_node(st: &mut LabState, i: usize) -> Result<NodeState> {
     };
     st.nodes.push(node.clone());
     st.save()?;
-    // Proxy-ARP for 169.254.1.1 needs a route covering it: plug() adds the default route.
+    // Proxy-ARP for 169.254.1.1 needs a route covering it: plug_all() adds the default route.
     plug_all(st, &ns, &format!("n{i}"), &places)?;
     // A stock host: forwarding off, as distributions ship it (and whatever the machine's own
     // setting, which a new namespace may inherit). ternd must turn it on itself.
@@ -1102,10 +1091,6 @@ mod tests {
         o.encap = Encap::Ipip;
         let e = up(&o).unwrap_err().to_string();
         assert!(e.contains("IPv4 only"), "{e}");
-        o.encap = Encap::None;
-        o.store = StoreKind::Kubernetes;
-        let e = up(&o).unwrap_err().to_string();
-        assert!(e.contains("Kubernetes datastore"), "{e}");
         assert!(!state::lab_dir("t0").exists());
     }
 }

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use tern_bgp::rib::ImportFilter;
 use tern_model::Node;
 
-use super::plan::{is_rr, node_v4};
+use super::plan::{is_rr, node_addrs};
 use crate::snapshot::Snapshot;
 
 /// An IPPool as the import policy sees it.
@@ -200,15 +200,14 @@ impl ImportPolicy {
         p
     }
 
-    /// Records the peers that are nodes (by their BGP address) and which of them are route
-    /// reflectors, from the Node resources.
+    /// Records the peers that are nodes (by their BGP addresses, IPv4 and IPv6) and which of
+    /// them are route reflectors, from the Node resources.
     pub fn set_peer_nodes(&mut self, nodes: &[Node]) {
         for n in nodes {
-            if let Some(a) = node_v4(n) {
-                self.peer_nodes
-                    .insert(IpAddr::V4(a), n.metadata.name.clone());
+            for a in node_addrs(n) {
+                self.peer_nodes.insert(a, n.metadata.name.clone());
                 if is_rr(n) {
-                    self.reflectors.insert(IpAddr::V4(a));
+                    self.reflectors.insert(a);
                 }
             }
         }

@@ -382,6 +382,47 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_routes_are_installed_as_ipv4_ones() {
+        let (mut k, mut inst, _) = node();
+        let eth0 = k
+            .all_links()
+            .iter()
+            .find(|l| l.name == "eth0")
+            .unwrap()
+            .index;
+        k.add_address(eth0, n("2001:db8::11/64")).unwrap();
+        k.put_route(Route {
+            dst: n("::/0"),
+            gateway: Some(ip("2001:db8::1")),
+            oif: Some(eth0),
+            protocol: 3,
+            ..bgp_route(n("::/0"), None)
+        });
+        // A next hop on the link, and one off it (a reflected route from another subnet).
+        inst.sync_one(n("fd00:10:244::80/122"), Some(ip("2001:db8::12")));
+        inst.sync_one(n("fd00:10:244::c0/122"), Some(ip("2001:db8:2::12")));
+        let want = BTreeMap::from([
+            (n("fd00:10:244::80/122"), Some(ip("2001:db8::12"))),
+            (n("fd00:10:244::c0/122"), Some(ip("2001:db8::1"))),
+        ]);
+        assert_eq!(bgp_routes(&k), want);
+        // Both families in one pass: the IPv4 route goes in, the IPv6 ones stay.
+        inst.sync_all(
+            &BTreeMap::from([
+                (n("10.244.1.0/26"), ip("198.18.0.2")),
+                (n("fd00:10:244::80/122"), ip("2001:db8::12")),
+                (n("fd00:10:244::c0/122"), ip("2001:db8:2::12")),
+            ]),
+            true,
+            &|_| false,
+        );
+        assert_eq!(bgp_routes(&k).len(), 3);
+        // A withdrawal deletes.
+        inst.sync_one(n("fd00:10:244::c0/122"), None);
+        assert!(!bgp_routes(&k).contains_key(&n("fd00:10:244::c0/122")));
+    }
+
+    #[test]
     fn a_failed_listing_reopens_the_handle() {
         let (k, mut inst, opens) = node();
         k.fail_next(Op::RouteList, libc::ENOBUFS);

@@ -55,7 +55,7 @@ mod speaker;
 mod status;
 
 pub use import::{ImportPolicy, PoolRange, Rejection, RemoteBlock};
-pub use plan::{BgpError, PeerKind, Plan, originated, plan};
+pub use plan::{BgpError, PeerKind, Plan, originated, plan, router_id_hash};
 pub use runner::BgpSettings;
 pub use speaker::Bgp;
 

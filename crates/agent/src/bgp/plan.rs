@@ -1,9 +1,17 @@
-//! What the speaker of one node should be doing ([`plan`]): its AS, router ID, peers (mesh,
-//! global and node-specific BGPPeers, route-reflector clients) and the prefixes it originates,
-//! computed from a store snapshot. Pure.
+//! What the speaker of one node should be doing ([`plan`]): its AS, router ID, session
+//! addresses, peers (mesh, global and node-specific BGPPeers, route-reflector clients) and the
+//! prefixes it originates, computed from a store snapshot. Pure.
+//!
+//! IPv6, as Calico's BIRD: a node's sessions use `spec.bgp.ipv4Address` and
+//! `spec.bgp.ipv6Address`. The router ID is the IPv4 address, or on a node without one a hash
+//! of the node name ([`router_id_hash`], Calico's `CALICO_ROUTER_ID=hash`). A mesh session
+//! between two nodes runs over IPv4 when both have an IPv4 address, else over IPv6 when both
+//! have an IPv6 one; every session carries both families (MP-BGP), each with the node's own
+//! address of that family as next hop. An explicit BGPPeer of a family the node has no address
+//! of is left out (Calico writes it to no BIRD).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use tern_bgp::driver::PeerConfig;
@@ -38,8 +46,12 @@ impl PeerKind {
 pub struct Plan {
     /// Our AS.
     pub asn: u32,
-    /// Router ID and listen / session address.
+    /// Router ID: the IPv4 address, else [`router_id_hash`] of the node name.
     pub router_id: Ipv4Addr,
+    /// IPv4 listen / session address and next hop of IPv4 routes.
+    pub v4: Option<Ipv4Addr>,
+    /// IPv6 listen / session address and next hop of IPv6 routes.
+    pub v6: Option<Ipv6Addr>,
     /// Listen port.
     pub port: u16,
     /// Set when this node is a route reflector.
@@ -56,8 +68,11 @@ pub struct Plan {
 /// Errors of BGP configuration and start-up.
 #[derive(Debug, thiserror::Error)]
 pub enum BgpError {
-    /// This node has no IPv4 BGP address yet.
-    #[error("node {0} has no spec.bgp.ipv4Address (and no IPv4 underlay address to use)")]
+    /// This node has no BGP address yet.
+    #[error(
+        "node {0} has neither spec.bgp.ipv4Address nor spec.bgp.ipv6Address (and no underlay \
+         address to use)"
+    )]
     NoAddress(String),
     /// A resource is malformed.
     #[error("{0}")]
@@ -76,6 +91,32 @@ pub(super) fn node_v4(n: &Node) -> Option<Ipv4Addr> {
         IpAddr::V4(v) => Some(v),
         IpAddr::V6(_) => None,
     }
+}
+
+pub(super) fn node_v6(n: &Node) -> Option<Ipv6Addr> {
+    let a = n.spec.bgp.as_ref()?.ipv6_address.as_deref()?;
+    match a.split('/').next()?.parse::<IpAddr>().ok()? {
+        IpAddr::V6(v) => Some(v),
+        IpAddr::V4(_) => None,
+    }
+}
+
+/// The node's BGP addresses, both families.
+pub(super) fn node_addrs(n: &Node) -> impl Iterator<Item = IpAddr> {
+    node_v4(n)
+        .map(IpAddr::V4)
+        .into_iter()
+        .chain(node_v6(n).map(IpAddr::V6))
+}
+
+/// The router ID of a node without an IPv4 address, as Calico's `CALICO_ROUTER_ID=hash`: the
+/// first four bytes of the SHA-256 of the node name, the first lowered by 32 when above 223 (a
+/// router ID outside the multicast and reserved ranges). Stable across restarts.
+pub fn router_id_hash(node: &str) -> Ipv4Addr {
+    use sha2::Digest;
+    let h = sha2::Sha256::digest(node.as_bytes());
+    let first = if h[0] > 223 { h[0] - 32 } else { h[0] };
+    Ipv4Addr::new(first, h[1], h[2], h[3])
 }
 
 pub(super) fn is_rr(n: &Node) -> bool {
@@ -97,7 +138,23 @@ pub fn plan(
         .iter()
         .find(|n| n.metadata.name == me)
         .ok_or_else(|| BgpError::NoAddress(me.to_string()))?;
-    let router_id = node_v4(own).ok_or_else(|| BgpError::NoAddress(me.to_string()))?;
+    let (v4, v6) = (node_v4(own), node_v6(own));
+    if v4.is_none() && v6.is_none() {
+        return Err(BgpError::NoAddress(me.to_string()));
+    }
+    let router_id = v4.unwrap_or_else(|| router_id_hash(me));
+    let mine = |a: &IpAddr| match a {
+        IpAddr::V4(a) => v4 == Some(*a),
+        IpAddr::V6(a) => v6 == Some(*a),
+    };
+    // Whether this node has an address of `a`'s family to run a session from.
+    let has_family = |a: &IpAddr| {
+        if a.is_ipv4() {
+            v4.is_some()
+        } else {
+            v6.is_some()
+        }
+    };
     let asn_of = |n: &Node| {
         n.spec
             .bgp
@@ -123,8 +180,13 @@ pub fn plan(
     let mut out = BTreeMap::new();
     let mut accept: BTreeMap<IpAddr, Vec<(IpNet, u8)>> = BTreeMap::new();
     let node_peer = |n: &Node, port: u16| -> Option<PeerConfig> {
-        let addr = node_v4(n)?;
-        let mut p = PeerConfig::new(IpAddr::V4(addr), asn_of(n));
+        // Over IPv4 when both nodes have it, else over IPv6.
+        let addr = match (v4, node_v4(n), v6, node_v6(n)) {
+            (Some(_), Some(a), _, _) => IpAddr::V4(a),
+            (_, _, Some(_), Some(a)) => IpAddr::V6(a),
+            _ => return None,
+        };
+        let mut p = PeerConfig::new(addr, asn_of(n));
         p.port = port;
         p.rr_client = i_am_rr && !is_rr(n) && asn_of(n) == asn;
         Some(p)
@@ -157,7 +219,7 @@ pub fn plan(
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut add = |mut p: PeerConfig| {
-            if p.address == IpAddr::V4(router_id) || out.contains_key(&p.address) {
+            if mine(&p.address) || !has_family(&p.address) || out.contains_key(&p.address) {
                 return;
             }
             p.password = s.password.clone();
@@ -210,6 +272,8 @@ pub fn plan(
     Ok(Plan {
         asn,
         router_id,
+        v4,
+        v6,
         port: config.listen_port,
         cluster_id,
         peers: out,

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::import::{ImportPolicy, PoolRange};
 use super::install::Installer;
-use super::plan::{BgpError, PeerKind, Plan, node_v4, plan};
+use super::plan::{BgpError, PeerKind, Plan, node_v4, node_v6, plan};
 use super::status::Shared;
 use crate::snapshot::{PoolInfo, load_snapshot, reconciler_owns};
 
@@ -38,7 +38,8 @@ pub(super) enum Msg {
 pub struct BgpSettings {
     /// This node.
     pub node_name: String,
-    /// `--node-ip`: the address written to `spec.bgp.ipv4Address` when unset.
+    /// `--node-ip`: the address written to `spec.bgp.ipv4Address` (or `ipv6Address`) when
+    /// unset.
     pub node_ip: Option<IpAddr>,
     /// `--use-pod-cidr`: advertise this node's podCIDRs, accept the other nodes'.
     pub use_pod_cidr: bool,
@@ -59,6 +60,23 @@ pub(super) fn watched_prefixes() -> Vec<String> {
     .collect();
     p.push(keys::BLOCKS.to_string());
     p
+}
+
+/// `fe80::/10`.
+fn is_link_local(a: IpAddr) -> bool {
+    matches!(a, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// The speaker's listen addresses, for the log.
+fn listen_addresses(plan: &Plan) -> String {
+    let mut v: Vec<String> = Vec::new();
+    if let Some(a) = plan.v4 {
+        v.push(SocketAddr::new(IpAddr::V4(a), plan.port).to_string());
+    }
+    if let Some(a) = plan.v6 {
+        v.push(SocketAddr::new(IpAddr::V6(a), plan.port).to_string());
+    }
+    v.join(" and ")
 }
 
 pub(super) fn watch_loop(store: &dyn Store, tx: &mpsc::UnboundedSender<Msg>, stop: &AtomicBool) {
@@ -245,20 +263,41 @@ impl Runner {
         self.shared.lock().unwrap().last_error = None;
         let restart = match &self.speaker {
             Some((_, cur)) => {
-                (cur.asn, cur.router_id, cur.port, cur.cluster_id)
-                    != (plan.asn, plan.router_id, plan.port, plan.cluster_id)
+                (
+                    cur.asn,
+                    cur.router_id,
+                    cur.v4,
+                    cur.v6,
+                    cur.port,
+                    cur.cluster_id,
+                ) != (
+                    plan.asn,
+                    plan.router_id,
+                    plan.v4,
+                    plan.v6,
+                    plan.port,
+                    plan.cluster_id,
+                )
             }
             None => true,
         };
         if restart {
             if let Some((h, _)) = self.speaker.take() {
                 log::info!(
-                    "BGP: AS, router ID, port or cluster ID changed: restarting the speaker"
+                    "BGP: AS, router ID, address, port or cluster ID changed: restarting the speaker"
                 );
                 h.shutdown().await;
             }
             let mut c = SpeakerConfig::new(plan.asn, plan.router_id);
-            c.listen = Some(SocketAddr::new(IpAddr::V4(plan.router_id), plan.port));
+            // Listen on (and connect from) the node's address of each family; routes of each
+            // family carry the node's address of that family as next hop, whatever the
+            // session's family (IPv6 blocks over an IPv4 session, as Calico's BIRD).
+            let v4 = plan.v4.map(|a| SocketAddr::new(IpAddr::V4(a), plan.port));
+            let v6 = plan.v6.map(|a| SocketAddr::new(IpAddr::V6(a), plan.port));
+            c.listen = v4.or(v6);
+            c.listen_also = v4.and(v6);
+            c.next_hop_v4 = plan.v4;
+            c.next_hop_v6 = plan.v6;
             c.cluster_id = plan.cluster_id;
             c.graceful_restart_time = Some(RESTART_TIME);
             c.restarting = self.stale.is_some();
@@ -267,10 +306,10 @@ impl Runner {
             match Speaker::start(c).await {
                 Ok(mut h) => {
                     log::info!(
-                        "BGP speaker AS {} router ID {} listening on port {}{}",
+                        "BGP speaker AS {} router ID {} listening on {}{}",
                         plan.asn,
                         plan.router_id,
-                        plan.port,
+                        listen_addresses(&plan),
                         if plan.cluster_id.is_some() {
                             " (route reflector)"
                         } else {
@@ -355,15 +394,30 @@ impl Runner {
             })
             .collect();
         if let Some(own) = nodes.iter_mut().find(|n| n.metadata.name == me)
-            && node_v4(own).is_none()
-            && let Some(addr) = self.underlay_v4()
+            && (node_v4(own).is_none() || node_v6(own).is_none())
         {
-            let bgp = own.spec.bgp.get_or_insert_with(Default::default);
-            bgp.ipv4_address = Some(addr.to_string());
-            // resourceVersion makes this a compare-and-swap: a concurrent write wins and the
-            // next pass retries.
-            tern_model::put_resource(store, &Resource::Node(own.clone())).map_err(st)?;
-            log::info!("BGP: recorded spec.bgp.ipv4Address {addr} on Node {me}");
+            let (v4, v6) = self.underlay();
+            let mut recorded = Vec::new();
+            if node_v4(own).is_none()
+                && let Some(addr) = v4
+            {
+                let bgp = own.spec.bgp.get_or_insert_with(Default::default);
+                bgp.ipv4_address = Some(addr.to_string());
+                recorded.push(format!("spec.bgp.ipv4Address {addr}"));
+            }
+            if node_v6(own).is_none()
+                && let Some(addr) = v6
+            {
+                let bgp = own.spec.bgp.get_or_insert_with(Default::default);
+                bgp.ipv6_address = Some(addr.to_string());
+                recorded.push(format!("spec.bgp.ipv6Address {addr}"));
+            }
+            if !recorded.is_empty() {
+                // resourceVersion makes this a compare-and-swap: a concurrent write wins and
+                // the next pass retries.
+                tern_model::put_resource(store, &Resource::Node(own.clone())).map_err(st)?;
+                log::info!("BGP: recorded {} on Node {me}", recorded.join(" and "));
+            }
         }
         let config = match tern_model::get_resource(
             store,
@@ -412,13 +466,24 @@ impl Runner {
         Ok(plan)
     }
 
-    pub(super) fn underlay_v4(&self) -> Option<IpNet> {
-        match self.settings.node_ip {
-            Some(ip) => crate::host::local_address(ip).ok(),
-            None => crate::host::node_addresses()
-                .into_iter()
-                .find(|a| a.addr().is_ipv4()),
-        }
+    /// The node's underlay addresses to record as its BGP addresses, IPv4 and IPv6: the
+    /// family of `--node-ip` from it, the other (and both without it) from the
+    /// default-route interface. Link-local IPv6 addresses are never a session address.
+    pub(super) fn underlay(&self) -> (Option<IpNet>, Option<IpNet>) {
+        let given = self
+            .settings
+            .node_ip
+            .and_then(|ip| crate::host::local_address(ip).ok());
+        let found = crate::host::node_addresses();
+        let pick = |v6: bool| {
+            given.filter(|a| a.addr().is_ipv6() == v6).or_else(|| {
+                found
+                    .iter()
+                    .find(|a| a.addr().is_ipv6() == v6 && !is_link_local(a.addr()))
+                    .copied()
+            })
+        };
+        (pick(false), pick(true))
     }
 
     pub(super) fn wanted(&self, prefix: &IpNet) -> bool {

@@ -459,3 +459,289 @@ fn encapsulating_pools_stay_with_the_reconciler() {
     assert!(reconciler_owns(&pools, &"10.245.1.0/26".parse().unwrap()));
     assert!(!reconciler_owns(&pools, &"10.99.0.0/24".parse().unwrap()));
 }
+
+/// A node with BGP addresses of either or both families (`/64` for IPv6, `/24` for IPv4).
+fn node46(name: &str, v4: Option<&str>, v6: Option<&str>, rr: bool) -> Node {
+    let mut n = node(name, v4, rr, &[]);
+    let bgp = n.spec.bgp.get_or_insert_with(|| NodeBgpSpec {
+        route_reflector_cluster_id: rr.then(|| "224.0.0.1".to_string()),
+        ..Default::default()
+    });
+    bgp.ipv6_address = v6.map(|a| format!("{a}/64"));
+    n
+}
+
+/// Snapshot with a v4 and a v6 block of a, and a v6 block of b.
+fn snap46() -> Snapshot {
+    let mut s = snap();
+    s.blocks.push(BlockInfo {
+        cidr: n("fd00:10:244::40/122"),
+        affinity: Some("a".into()),
+        allocations: vec![(ip("fd00:10:244::41"), "a".into())],
+    });
+    s.blocks.push(BlockInfo {
+        cidr: n("fd00:10:244::80/122"),
+        affinity: Some("b".into()),
+        allocations: vec![(ip("fd00:10:244::81"), "b".into())],
+    });
+    s
+}
+
+#[test]
+fn dual_stack_mesh_runs_over_ipv4_and_originates_both_families() {
+    let ns = vec![
+        node46("a", Some("198.18.0.11"), Some("2001:db8::11"), false),
+        node46("b", Some("198.18.0.12"), Some("2001:db8::12"), false),
+        // Only IPv6: the session with it runs over IPv6.
+        node46("c", None, Some("2001:db8::13"), false),
+        // Only IPv4.
+        node46("d", Some("198.18.0.14"), None, false),
+    ];
+    let p = plan("a", &ns, &Default::default(), &[], &snap46()).unwrap();
+    assert_eq!(p.router_id, "198.18.0.11".parse::<Ipv4Addr>().unwrap());
+    assert_eq!(p.v4, Some("198.18.0.11".parse().unwrap()));
+    assert_eq!(p.v6, Some("2001:db8::11".parse().unwrap()));
+    let addrs: Vec<_> = p.peers.keys().copied().collect();
+    assert_eq!(
+        addrs,
+        vec![ip("198.18.0.12"), ip("198.18.0.14"), ip("2001:db8::13")]
+    );
+    let o: Vec<String> = p.originate.iter().map(|n| n.to_string()).collect();
+    assert_eq!(
+        o,
+        vec!["10.244.1.0/26", "10.244.2.9/32", "fd00:10:244::40/122"]
+    );
+    // c (IPv6 only) and d (IPv4 only) share no family: no session between them.
+    let pc = plan("c", &ns, &Default::default(), &[], &snap46()).unwrap();
+    let addrs: Vec<_> = pc.peers.keys().copied().collect();
+    assert_eq!(addrs, vec![ip("2001:db8::11"), ip("2001:db8::12")]);
+    let pd = plan("d", &ns, &Default::default(), &[], &snap46()).unwrap();
+    assert_eq!(pd.v6, None);
+    let addrs: Vec<_> = pd.peers.keys().copied().collect();
+    assert_eq!(addrs, vec![ip("198.18.0.11"), ip("198.18.0.12")]);
+}
+
+#[test]
+fn ipv6_only_nodes_hash_their_router_id_and_peer_over_ipv6() {
+    // Calico's hashToIPv4: the first four bytes of SHA-256("node1") are 202.18.243.27; for
+    // "node16" the first byte, 232, is above 223 and lowered by 32.
+    assert_eq!(router_id_hash("node1"), Ipv4Addr::new(202, 18, 243, 27));
+    assert_eq!(router_id_hash("node16"), Ipv4Addr::new(200, 251, 245, 244));
+    let ns = vec![
+        node46("node1", None, Some("2001:db8::11"), false),
+        node46("node2", None, Some("2001:db8::12"), false),
+        node46("node3", None, None, false),
+    ];
+    let p = plan("node1", &ns, &Default::default(), &[], &Snapshot::default()).unwrap();
+    assert_eq!(p.router_id, router_id_hash("node1"));
+    assert_eq!((p.v4, p.v6), (None, Some("2001:db8::11".parse().unwrap())));
+    let addrs: Vec<_> = p.peers.keys().copied().collect();
+    assert_eq!(addrs, vec![ip("2001:db8::12")]);
+    assert_eq!(p.peers[&ip("2001:db8::12")].1, PeerKind::Mesh);
+    // Two nodes, two router IDs (the hash is of the name).
+    let p2 = plan("node2", &ns, &Default::default(), &[], &Snapshot::default()).unwrap();
+    assert_ne!(p.router_id, p2.router_id);
+    // A node with no address of either family is still an error, naming both fields.
+    let e = plan("node3", &ns, &Default::default(), &[], &Snapshot::default()).unwrap_err();
+    assert!(matches!(e, BgpError::NoAddress(_)));
+    assert!(e.to_string().contains("ipv6Address"), "{e}");
+}
+
+#[test]
+fn ipv6_route_reflector_has_ipv6_clients() {
+    let ns = vec![
+        node46("a", None, Some("2001:db8::11"), false),
+        node46("b", None, Some("2001:db8::12"), false),
+        node46("rr", None, Some("2001:db8::20"), true),
+    ];
+    let cfg = BgpConfigurationSpec {
+        node_to_node_mesh_enabled: false,
+        ..Default::default()
+    };
+    // Every node peers with the reflectors (Calico's peerSelector / nodeSelector pair).
+    let to_rr = BgpPeerSpec {
+        node_selector: Some("all()".into()),
+        peer_selector: Some("has(rr)".into()),
+        ..Default::default()
+    };
+    let rr_to_all = BgpPeerSpec {
+        node_selector: Some("has(rr)".into()),
+        peer_selector: Some("all()".into()),
+        ..Default::default()
+    };
+    let mut ns = ns;
+    ns[2].metadata.labels.insert("rr".into(), "yes".into());
+    let peers = vec![peer("to-rr", to_rr), peer("rr-to-all", rr_to_all)];
+    let pr = plan("rr", &ns, &cfg, &peers, &Snapshot::default()).unwrap();
+    assert_eq!(pr.cluster_id, Some("224.0.0.1".parse().unwrap()));
+    let clients: Vec<_> = pr
+        .peers
+        .iter()
+        .map(|(a, (c, _))| (*a, c.rr_client))
+        .collect();
+    assert_eq!(
+        clients,
+        vec![(ip("2001:db8::11"), true), (ip("2001:db8::12"), true)]
+    );
+    let pa = plan("a", &ns, &cfg, &peers, &Snapshot::default()).unwrap();
+    let addrs: Vec<_> = pa.peers.keys().copied().collect();
+    assert_eq!(addrs, vec![ip("2001:db8::20")]);
+    assert!(!pa.peers[&ip("2001:db8::20")].0.rr_client);
+}
+
+#[test]
+fn explicit_ipv6_peers_apply_to_nodes_with_ipv6() {
+    let ns = vec![
+        node46("a", Some("198.18.0.11"), Some("2001:db8::11"), false),
+        node46("d", Some("198.18.0.14"), None, false),
+    ];
+    let cfg = BgpConfigurationSpec {
+        node_to_node_mesh_enabled: false,
+        ..Default::default()
+    };
+    let mut tor6 = explicit("2001:db8::250", 65001);
+    tor6.password = Some("pw".into());
+    let peers = vec![
+        peer("tor6", tor6),
+        peer("tor6-port", explicit("[2001:db8::251]:2179", 65002)),
+        peer("tor4", explicit("198.18.0.250", 65001)),
+        // Our own address is never a peer.
+        peer("self", explicit("2001:db8::11", 64512)),
+    ];
+    let p = plan("a", &ns, &cfg, &peers, &Snapshot::default()).unwrap();
+    let addrs: Vec<_> = p.peers.keys().copied().collect();
+    assert_eq!(
+        addrs,
+        vec![ip("198.18.0.250"), ip("2001:db8::250"), ip("2001:db8::251")]
+    );
+    let t = &p.peers[&ip("2001:db8::250")];
+    assert_eq!((t.1, t.0.asn, t.0.port), (PeerKind::Global, 65001, 179));
+    assert_eq!(t.0.password.as_deref(), Some("pw"));
+    assert_eq!(p.peers[&ip("2001:db8::251")].0.port, 2179);
+    // A node without IPv6 has nothing to run an IPv6 session from: left out, as Calico.
+    let pd = plan("d", &ns, &cfg, &peers, &Snapshot::default()).unwrap();
+    let addrs: Vec<_> = pd.peers.keys().copied().collect();
+    assert_eq!(addrs, vec![ip("198.18.0.250")]);
+}
+
+/// The import policy of dual-stack node a for IPv6: pool fd00:10:244::/48 in /122 blocks, a's
+/// block ::40/122, b's block ::80/122, underlay 2001:db8::/64.
+#[test]
+fn import_policy_for_ipv6_as_for_ipv4() {
+    let mut s = snap46();
+    s.nodes = ["a", "b", "c"]
+        .iter()
+        .zip([
+            ["198.18.0.11/24", "2001:db8::11/64"],
+            ["198.18.0.12/24", "2001:db8::12/64"],
+            ["198.18.0.13/24", "2001:db8::13/64"],
+        ])
+        .map(|(name, a)| NodeInfo {
+            name: name.to_string(),
+            addresses: a.iter().map(|a| n(a)).collect(),
+            ..NodeInfo::default()
+        })
+        .collect();
+    let pools = vec![
+        PoolRange {
+            cidr: n("10.244.0.0/16"),
+            block_size: 26,
+            disabled: false,
+        },
+        PoolRange {
+            cidr: n("fd00:10:244::/48"),
+            block_size: 122,
+            disabled: false,
+        },
+    ];
+    let tor6 = ip("2001:db8::250");
+    let mut accept = BTreeMap::new();
+    accept.insert(tor6, vec![(n("::/0"), 0), (n("2001:db8:99::/48"), 64)]);
+    let mut p = ImportPolicy::new(
+        "a",
+        &s,
+        pools,
+        vec![n("198.18.0.0/24"), n("2001:db8::/64"), n("fe80::/64")],
+        accept,
+    );
+    p.set_peer_nodes(&[
+        node46("b", Some("198.18.0.12"), Some("2001:db8::12"), false),
+        node46("c", Some("198.18.0.13"), Some("2001:db8::13"), false),
+        node46("rr", None, Some("2001:db8::20"), true),
+    ]);
+    let (b4, b6, c6, rr) = (
+        ip("198.18.0.12"),
+        ip("2001:db8::12"),
+        ip("2001:db8::13"),
+        ip("2001:db8::20"),
+    );
+    let blk = n("fd00:10:244::80/122");
+    let cases: &[(&str, &[IpAddr], Result<(), Rejection>)] = &[
+        // b's block from b, over its IPv4 or its IPv6 session, or relayed by the reflector.
+        ("fd00:10:244::80/122", &[b4, b6, rr], Ok(())),
+        // A block in no known allocation yet, at block size or longer.
+        ("fd00:10:244::1000/122", &[b6], Ok(())),
+        ("fd00:10:244::1000/128", &[b6], Ok(())),
+        // Not b's block from c.
+        (
+            "fd00:10:244::80/122",
+            &[c6],
+            Err(Rejection::NotBlockOwner(blk)),
+        ),
+        // A more specific inside b's block: refused from anyone.
+        (
+            "fd00:10:244::80/123",
+            &[b6, rr],
+            Err(Rejection::InsideRemoteBlock(blk)),
+        ),
+        // Shorter than blockSize.
+        (
+            "fd00:10:244::/64",
+            &[b6],
+            Err(Rejection::ShorterThanBlock {
+                pool: n("fd00:10:244::/48"),
+                block_size: 122,
+            }),
+        ),
+        // Our own block and our pod: never, whoever sends it.
+        (
+            "fd00:10:244::40/122",
+            &[b6, tor6],
+            Err(Rejection::OwnBlock(n("fd00:10:244::40/122"))),
+        ),
+        (
+            "fd00:10:244::41/128",
+            &[b6],
+            Err(Rejection::OwnBlock(n("fd00:10:244::40/122"))),
+        ),
+        // Outside every pool, the default route, the underlay, a node's address.
+        ("2001:db8:99::/64", &[b6], Err(Rejection::OutsidePools)),
+        ("::/0", &[b6], Err(Rejection::DefaultRoute)),
+        (
+            "2001:db8::/64",
+            &[b6, tor6],
+            Err(Rejection::Underlay(n("2001:db8::/64"))),
+        ),
+        (
+            "2001:db8::13/128",
+            &[tor6],
+            Err(Rejection::Underlay(n("2001:db8::/64"))),
+        ),
+        // The ToR's acceptPrefixes admit what they list.
+        ("::/0", &[tor6], Ok(())),
+        ("2001:db8:99::/64", &[tor6], Ok(())),
+        ("2001:db8:99::/65", &[tor6], Err(Rejection::OutsidePools)),
+    ];
+    for (prefix, peers, want) in cases {
+        for from in *peers {
+            assert_eq!(&p.evaluate(*from, &n(prefix)), want, "{prefix} from {from}");
+        }
+    }
+    // An external reflector: b's block counts as b's when the next hop is b's IPv6 address.
+    let bird = ip("2001:db8::30");
+    assert_eq!(p.evaluate_via(bird, &blk, Some(b6)), Ok(()));
+    assert_eq!(
+        p.evaluate_via(bird, &blk, Some(bird)),
+        Err(Rejection::NotBlockOwner(blk))
+    );
+}

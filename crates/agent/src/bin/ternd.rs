@@ -57,10 +57,12 @@ struct Args {
     /// Client key for an etcd store over TLS.
     #[arg(long, env = "TERN_ETCD_KEY", value_parser = path_or_empty)]
     etcd_key: Option<PathBuf>,
-    /// This node's underlay address (must be on a local interface); default: the addresses
-    /// of the interface carrying the default route.
-    #[arg(long, env = "TERN_NODE_IP")]
-    node_ip: Option<std::net::IpAddr>,
+    /// This node's underlay address (must be on a local interface), or one of each family
+    /// separated by a comma (`198.18.0.11,2001:db8::11`: a dual-stack node, as the downward
+    /// API's `status.hostIPs` gives them); default: the addresses of the interfaces carrying
+    /// the default routes.
+    #[arg(long, env = "TERN_NODE_IP", value_parser = node_ips)]
+    node_ip: Option<NodeIps>,
     /// Disable the dataplane reconciler (routes to other nodes, VXLAN/IPIP, natOutgoing).
     #[arg(long, env = "TERN_NO_DATAPLANE")]
     no_dataplane: bool,
@@ -127,6 +129,35 @@ struct Args {
     log_level: String,
 }
 
+/// `--node-ip`: one address, or one of each family (an empty value: not given).
+#[derive(Debug, Clone, Default)]
+struct NodeIps(Vec<std::net::IpAddr>);
+
+/// Parses `--node-ip`: at most two addresses separated by commas, of different families.
+fn node_ips(s: &str) -> Result<NodeIps, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(NodeIps::default());
+    }
+    let ips = s
+        .split(',')
+        .map(|a| {
+            a.trim()
+                .parse::<std::net::IpAddr>()
+                .map_err(|e| format!("{a:?}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    match ips[..] {
+        [_] => Ok(NodeIps(ips)),
+        [a, b] if a.is_ipv4() != b.is_ipv4() => Ok(NodeIps(ips)),
+        [_, _] => Err("two addresses must be one IPv4 and one IPv6".into()),
+        _ => Err(format!(
+            "{} addresses: expected one, or one IPv4 and one IPv6",
+            ips.len()
+        )),
+    }
+}
+
 /// A path that may be empty (`TERN_ETCD_CA=""`: not given, see `main`); clap's own path
 /// parser would refuse it.
 fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
@@ -185,7 +216,9 @@ fn main() {
     cfg.etcd_ca = non_empty(args.etcd_ca);
     cfg.etcd_cert = non_empty(args.etcd_cert);
     cfg.etcd_key = non_empty(args.etcd_key);
-    cfg.node_ip = args.node_ip;
+    let node_ips = args.node_ip.unwrap_or_default().0;
+    cfg.node_ip = node_ips.first().copied();
+    cfg.node_ip6 = node_ips.get(1).copied();
     cfg.dataplane = !args.no_dataplane;
     cfg.bgp = args.bgp;
     cfg.use_pod_cidr = args.use_pod_cidr;
@@ -261,4 +294,25 @@ fn handle_termination(agent: Arc<OnceLock<Arc<Agent>>>) -> std::io::Result<()> {
         }
         Err(e) => log::warn!("sigwait failed: {e}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_ips;
+
+    #[test]
+    fn node_ip_takes_one_address_or_one_of_each_family() {
+        assert!(node_ips("").unwrap().0.is_empty());
+        assert_eq!(node_ips("198.18.0.11").unwrap().0.len(), 1);
+        let both = node_ips("198.18.0.11, 2001:db8::11").unwrap().0;
+        assert_eq!(both[1], "2001:db8::11".parse::<std::net::IpAddr>().unwrap());
+        assert!(
+            node_ips("198.18.0.11,198.18.0.12")
+                .unwrap_err()
+                .contains("one IPv4")
+        );
+        assert!(node_ips("a,b,c").is_err());
+        let three = node_ips("198.18.0.11,2001:db8::11,198.18.0.12").unwrap_err();
+        assert!(three.contains("3 addresses"), "{three}");
+    }
 }

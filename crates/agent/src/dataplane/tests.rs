@@ -43,6 +43,7 @@ fn fixture(p: PoolInfo) -> Fixture {
     let cfg = DataplaneConfig {
         node_name: ME.into(),
         node_ip: None,
+        node_ip6: None,
         interface_prefix: "tern".into(),
         mtu: 0,
     };

@@ -27,7 +27,7 @@ pub fn conflist(args: &InstallCniArgs, bandwidth: bool, portmap: bool) -> Value 
         "agent_socket": args.agent_socket,
         "state_dir": args.state_dir,
         "mtu": args.mtu,
-        "ipam": {"type": "tern-ipam", "assign_ipv4": "true"},
+        "ipam": ipam(args),
     })];
     if bandwidth {
         plugins.push(json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}));
@@ -44,6 +44,19 @@ pub fn conflist(args: &InstallCniArgs, bandwidth: bool, portmap: bool) -> Value 
         "cniVersion": args.cni_version,
         "plugins": plugins,
     })
+}
+
+/// The conflist's `ipam`: tern-ipam with the families asked for (`assign_ipv4` always
+/// written, `assign_ipv6` only when on, so a single-stack conflist is as before).
+fn ipam(args: &InstallCniArgs) -> Value {
+    let mut ipam = json!({
+        "type": "tern-ipam",
+        "assign_ipv4": if args.no_assign_ipv4 { "false" } else { "true" },
+    });
+    if args.assign_ipv6 {
+        ipam["assign_ipv6"] = json!("true");
+    }
+    ipam
 }
 
 /// Whether plugin `name` is available to the runtime: in `bin_dir` or [`SYSTEM_CNI_DIR`].
@@ -225,6 +238,8 @@ mod tests {
             name: "k8s-pod-network".into(),
             cni_version: "0.3.1".into(),
             mtu: 0,
+            assign_ipv6: false,
+            no_assign_ipv4: false,
             plugin_dir: None,
             skip_conflist: false,
             conflist_only: false,
@@ -259,6 +274,21 @@ mod tests {
         assert_eq!(only["plugins"].as_array().unwrap().len(), 1);
         let pm = conflist(&a, false, true);
         assert_eq!(pm["plugins"][1]["type"], "portmap");
+    }
+
+    #[test]
+    fn conflist_asks_for_the_families_given() {
+        let mut a = args(Path::new("/x"), Path::new("/y"));
+        a.assign_ipv6 = true;
+        let dual = &conflist(&a, false, false)["plugins"][0]["ipam"];
+        assert_eq!(
+            *dual,
+            json!({"type": "tern-ipam", "assign_ipv4": "true", "assign_ipv6": "true"})
+        );
+        a.no_assign_ipv4 = true;
+        let v6 = &conflist(&a, false, false)["plugins"][0]["ipam"];
+        assert_eq!(v6["assign_ipv4"], "false");
+        assert_eq!(v6["assign_ipv6"], "true");
     }
 
     #[test]

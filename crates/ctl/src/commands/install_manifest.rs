@@ -145,6 +145,12 @@ pub struct ManifestOptions {
     pub image: String,
     /// CIDR of the default IPv4 pool.
     pub pool: String,
+    /// CIDR of the default IPv6 pool (`--ipv6-pool`): pods get an IPv6 address too (a
+    /// dual-stack cluster); `None`: IPv4 only.
+    pub ipv6_pool: Option<String>,
+    /// No IPv4 pool and no IPv4 pod addresses (`--no-ipv4-pool`, with `ipv6_pool`: an
+    /// IPv6-only cluster).
+    pub no_ipv4_pool: bool,
     /// Encapsulation of the default pool.
     pub encap: Encap,
     /// Run ternd's BGP speaker.
@@ -165,6 +171,8 @@ impl Default for ManifestOptions {
             store: DEFAULT_STORE.into(),
             image: DEFAULT_IMAGE.into(),
             pool: tern_model::defaults::IPV4_POOL.into(),
+            ipv6_pool: None,
+            no_ipv4_pool: false,
             encap: Encap::None,
             bgp: false,
             log_level: "info".into(),
@@ -248,6 +256,22 @@ pub fn validate(o: &ManifestOptions) -> anyhow::Result<()> {
     o.pool
         .parse::<ipnet::Ipv4Net>()
         .with_context(|| format!("--pool {:?}: not an IPv4 CIDR", o.pool))?;
+    if let Some(p6) = &o.ipv6_pool {
+        let net = p6
+            .parse::<ipnet::Ipv6Net>()
+            .with_context(|| format!("--ipv6-pool {p6:?}: not an IPv6 CIDR"))?;
+        if net.prefix_len() > IPV6_BLOCK_SIZE {
+            bail!(
+                "--ipv6-pool {p6:?}: smaller than one /{IPV6_BLOCK_SIZE} block (the pool's \
+                 blockSize)"
+            );
+        }
+    } else if o.no_ipv4_pool {
+        bail!("--no-ipv4-pool needs --ipv6-pool: a cluster needs a pool of some family");
+    }
+    if o.no_ipv4_pool && o.encap == Encap::Ipip {
+        bail!("--encap ipip carries IPv4 only; an IPv6-only cluster takes none or vxlan");
+    }
     check_plain("--log-level", &o.log_level)?;
     // A level, or a filter as ternd takes it (`info,tern_agent::bgp=debug`).
     let level = ["error", "warn", "info", "debug", "trace"].contains(&o.log_level.as_str());
@@ -274,6 +298,68 @@ fn modes(e: Encap) -> (&'static str, &'static str) {
     };
     let (v, i) = e.pool_modes();
     (name(v), name(i))
+}
+
+/// Block size of the IPv6 pool (Calico's default for IPv6).
+const IPV6_BLOCK_SIZE: u8 = 122;
+
+/// The ConfigMap's `ippool.yaml` (replaces `@IPPOOLS@`): the IPv4 pool unless
+/// `--no-ipv4-pool`, then the IPv6 pool when given, in the same encapsulation except IPIP,
+/// which carries IPv4 only (the IPv6 pool of an IPIP cluster routes directly, as Calico's).
+fn ippools(o: &ManifestOptions) -> String {
+    let (vxlan, ipip4) = modes(o.encap);
+    let pool = |name: &str, cidr: &str, block: Option<u8>| {
+        let ipip = if block.is_some() { "Never" } else { ipip4 };
+        let block = block
+            .map(|b| format!("      blockSize: {b}\n"))
+            .unwrap_or_default();
+        format!(
+            "    apiVersion: tern.dev/v1
+    kind: IPPool
+    metadata:
+      name: {name}
+    spec:
+      cidr: {cidr}
+{block}      vxlanMode: {vxlan}
+      ipipMode: {ipip}
+      natOutgoing: true
+"
+        )
+    };
+    let mut docs = Vec::new();
+    if !o.no_ipv4_pool {
+        docs.push(pool(tern_model::defaults::IPV4_POOL_NAME, &o.pool, None));
+    }
+    if let Some(p6) = &o.ipv6_pool {
+        docs.push(pool(
+            tern_model::defaults::IPV6_POOL_NAME,
+            p6,
+            Some(IPV6_BLOCK_SIZE),
+        ));
+    }
+    docs.join("    ---\n")
+}
+
+/// The cni-conf container's extra `install-cni` arguments (replaces `@CNI_FAMILIES@`): the
+/// address families every pod gets, when not IPv4 only.
+fn cni_families(o: &ManifestOptions) -> String {
+    let mut s = String::new();
+    if o.ipv6_pool.is_some() {
+        s.push_str("        - --assign-ipv6\n");
+    }
+    if o.no_ipv4_pool {
+        s.push_str("        - --no-assign-ipv4\n");
+    }
+    s
+}
+
+/// The families of the default pools, as the ConfigMap's comment names them.
+fn pool_families(o: &ManifestOptions) -> &'static str {
+    match (o.no_ipv4_pool, o.ipv6_pool.is_some()) {
+        (true, _) => "IPv6",
+        (false, true) => "IPv4 and IPv6",
+        (false, false) => "IPv4",
+    }
 }
 
 /// The fields of a container that runs the image's ternctl (replaces `@TERNCTL@`, before
@@ -345,6 +431,12 @@ fn args_line(o: &ManifestOptions) -> String {
     if o.pool != d.pool {
         let _ = write!(s, " --pool {}", o.pool);
     }
+    if let Some(p6) = &o.ipv6_pool {
+        let _ = write!(s, " --ipv6-pool {p6}");
+    }
+    if o.no_ipv4_pool {
+        s.push_str(" --no-ipv4-pool");
+    }
     if o.encap != d.encap {
         let _ = write!(s, " --encap {}", o.encap.as_str());
     }
@@ -373,7 +465,6 @@ fn args_line(o: &ManifestOptions) -> String {
 /// Renders the manifest (validated options only).
 pub fn render(o: &ManifestOptions) -> anyhow::Result<String> {
     validate(o)?;
-    let (vxlan, ipip) = modes(o.encap);
     let port = HEALTH_ADDR
         .rsplit_once(':')
         .map(|(_, p)| p)
@@ -402,9 +493,29 @@ pub fn render(o: &ManifestOptions) -> anyhow::Result<String> {
         .replace("@ETCD_MOUNT@", ETCD_MOUNT)
         .replace("@BGP@", if o.bgp { "true" } else { "false" })
         .replace("@LOG_LEVEL@", &o.log_level)
-        .replace("@POOL@", &o.pool)
-        .replace("@VXLAN@", vxlan)
-        .replace("@IPIP@", ipip)
+        .replace("@POOL_FAMILIES@", pool_families(o))
+        .replace("@IPPOOLS@", &ippools(o))
+        // Only the cni-conf container writes the conflist, so only it is told the families.
+        .replace("@CNI_FAMILIES@", &cni_families(o))
+        .replace(
+            "@HOST_IPS@",
+            if o.ipv6_pool.is_some() {
+                "status.hostIPs"
+            } else {
+                "status.hostIP"
+            },
+        )
+        .replace(
+            "@TERND_FAMILY_ENV@",
+            if o.no_ipv4_pool {
+                "        # IPv6 only: ternd creates no IPv4 pool when it finds none.
+        - name: TERN_NO_DEFAULT_IPV4_POOL
+          value: \"true\"
+"
+            } else {
+                ""
+            },
+        )
         .replace("@IMAGE@", &o.image)
         .replace("@HEALTH_ADDR@", HEALTH_ADDR)
         .replace("@HEALTH_PORT@", port)
@@ -560,6 +671,109 @@ mod tests {
         let pool = d[3]["data"]["ippool.yaml"].as_str().unwrap();
         let parsed = tern_model::parse::parse_stream(pool, "ippool.yaml").unwrap();
         assert_eq!(parsed.len(), 1);
+    }
+
+    /// `--ipv6-pool`: a second IPPool (/122 blocks, same encapsulation) in `ippool.yaml`, the
+    /// cni-conf container asks for both families, ternd gets both node addresses;
+    /// `--no-ipv4-pool` leaves the IPv4 pool and IPv4 pod addresses out.
+    #[test]
+    fn ipv6_pool_renders_dual_and_ipv6_only_clusters() {
+        let dual = ManifestOptions {
+            ipv6_pool: Some("fd00:10:244::/48".into()),
+            encap: Encap::Vxlan,
+            ..ManifestOptions::default()
+        };
+        let d = docs(&render(&dual).unwrap());
+        let pools = d[3]["data"]["ippool.yaml"].as_str().unwrap();
+        let parsed = tern_model::parse::parse_stream(pools, "ippool.yaml").unwrap();
+        assert_eq!(parsed.len(), 2, "{pools}");
+        assert!(pools.contains("name: default-ipv6-ippool"), "{pools}");
+        assert!(
+            pools.contains("cidr: fd00:10:244::/48\n  blockSize: 122\n"),
+            "{pools}"
+        );
+        assert_eq!(pools.matches("vxlanMode: Always").count(), 2, "{pools}");
+        // IPIP carries IPv4 only: the IPv6 pool of an IPIP cluster routes directly.
+        let ipip = ManifestOptions {
+            encap: Encap::Ipip,
+            ..dual.clone()
+        };
+        let di = docs(&render(&ipip).unwrap());
+        let pools_ipip = di[3]["data"]["ippool.yaml"].as_str().unwrap();
+        let (p4, p6) = pools_ipip.split_once("---").unwrap();
+        assert!(
+            p4.contains("ipipMode: Always") && p6.contains("ipipMode: Never"),
+            "{pools_ipip}"
+        );
+        let ds = &d[4]["spec"]["template"]["spec"];
+        let cni_conf: Vec<&str> = ds["containers"][1]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(cni_conf.contains(&"--assign-ipv6"), "{cni_conf:?}");
+        assert!(!cni_conf.contains(&"--no-assign-ipv4"), "{cni_conf:?}");
+        let env = ds["containers"][0]["env"].as_array().unwrap();
+        let node_ip = env.iter().find(|e| e["name"] == "TERN_NODE_IP").unwrap();
+        assert_eq!(
+            node_ip["valueFrom"]["fieldRef"]["fieldPath"],
+            "status.hostIPs"
+        );
+        assert!(!env.iter().any(|e| e["name"] == "TERN_NO_DEFAULT_IPV4_POOL"));
+
+        let v6 = ManifestOptions {
+            no_ipv4_pool: true,
+            ..dual.clone()
+        };
+        let text = render(&v6).unwrap();
+        assert!(text.contains("# Rendered by `ternctl install manifest --ipv6-pool fd00:10:244::/48 --no-ipv4-pool --encap vxlan`."));
+        let d = docs(&text);
+        let pools = d[3]["data"]["ippool.yaml"].as_str().unwrap();
+        assert!(!pools.contains("default-ipv4-ippool"), "{pools}");
+        let ds = &d[4]["spec"]["template"]["spec"];
+        assert!(
+            ds["containers"][1]["args"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from("--no-assign-ipv4"))
+        );
+        let env = ds["containers"][0]["env"].as_array().unwrap();
+        assert!(env.iter().any(|e| e["name"] == "TERN_NO_DEFAULT_IPV4_POOL"));
+
+        for (o, want) in [
+            (
+                ManifestOptions {
+                    ipv6_pool: Some("10.9.0.0/16".into()),
+                    ..ManifestOptions::default()
+                },
+                "not an IPv6 CIDR",
+            ),
+            (
+                ManifestOptions {
+                    ipv6_pool: Some("fd00::/124".into()),
+                    ..ManifestOptions::default()
+                },
+                "smaller than one /122 block",
+            ),
+            (
+                ManifestOptions {
+                    no_ipv4_pool: true,
+                    ..ManifestOptions::default()
+                },
+                "--no-ipv4-pool needs --ipv6-pool",
+            ),
+            (
+                ManifestOptions {
+                    encap: Encap::Ipip,
+                    ..v6.clone()
+                },
+                "carries IPv4 only",
+            ),
+        ] {
+            let e = format!("{:#}", render(&o).unwrap_err());
+            assert!(e.contains(want), "{o:?}: {e}");
+        }
     }
 
     #[test]

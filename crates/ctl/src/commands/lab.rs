@@ -61,12 +61,6 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             host_ternd,
             etcd_tls,
         } => {
-            if *kubernetes && *ip_family != tern_lab::IpFamily::Ipv4 {
-                bail!(
-                    "--kubernetes builds an IPv4 cluster; --ip-family {ip_family} is for labs \
-                     without it so far"
-                );
-            }
             let mut o = tern_lab::UpOptions::new(&args.name, &bin_dir);
             o.nodes = *nodes;
             o.default_ipv4_pool = default_ipv4_pool.clone();
@@ -139,8 +133,8 @@ pub fn run(args: &LabArgs, store: Option<&str>) -> anyhow::Result<i32> {
             }
             if *kubernetes && *ip_family != tern_lab::IpFamily::Ipv4 {
                 bail!(
-                    "--kubernetes builds an IPv4 cluster; --ip-family {ip_family} is for labs \
-                     without it so far"
+                    "lab demo --kubernetes shows an IPv4 cluster; for --ip-family {ip_family} \
+                     use `lab up --kubernetes --ip-family {ip_family}`"
                 );
             }
             super::demo::run(

@@ -145,4 +145,41 @@ No IPv6 peers found.
             "\n{off}"
         );
     }
+
+    #[test]
+    fn ipv6_sessions_fill_the_ipv6_table() {
+        let now = UNIX_EPOCH + Duration::from_secs(20_000 * 86_400 + 7_230);
+        let peer = |a: &str, t: &str| BgpPeerStatus {
+            address: a.parse().unwrap(),
+            peer_type: t.into(),
+            state: PeerState::Up,
+            since_unix: 20_000 * 86_400 + 7_030,
+            info: "Established".into(),
+        };
+        let s = BgpStatusReply {
+            enabled: true,
+            asn: 64512,
+            router_id: "202.18.243.27".into(),
+            peers: vec![
+                peer("2001:db8::250", "global"),
+                peer("2001:db8::12", "node-to-node mesh"),
+            ],
+        };
+        let out = render(&s, now);
+        let want = "tern agent is running.
+
+IPv4 BGP status
+No IPv4 peers found.
+
+IPv6 BGP status
++---------------+-------------------+-------+----------+-------------+
+| PEER ADDRESS  |     PEER TYPE     | STATE |  SINCE   |    INFO     |
++---------------+-------------------+-------+----------+-------------+
+| 2001:db8::12  | node-to-node mesh | up    | 01:57:10 | Established |
+| 2001:db8::250 | global            | up    | 01:57:10 | Established |
++---------------+-------------------+-------+----------+-------------+
+
+";
+        assert_eq!(out, want, "\n{out}");
+    }
 }

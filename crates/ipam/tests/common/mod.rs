@@ -108,6 +108,23 @@ pub fn exhaustion(pool: &str, seed: u64) -> StormOptions {
     }
 }
 
+/// [`exhaustion`] in IPv6: `pool` a /122 in 8 blocks of 8 (/125).
+pub fn exhaustion6(pool: &str, seed: u64) -> StormOptions {
+    StormOptions {
+        block_size: 125,
+        ..exhaustion(pool, seed)
+    }
+}
+
+/// [`exhaustion`] with dual-stack pods: every allocation takes addresses from `v4` (a /26 in
+/// blocks of 8) and `v6` (a /122 in blocks of 8), all or nothing.
+pub fn dual_exhaustion(v4: &str, v6: &str, seed: u64) -> StormOptions {
+    StormOptions {
+        other_family_pool: Some(v6.into()),
+        ..exhaustion(v4, seed)
+    }
+}
+
 /// Asserts what [`exhaustion`] must bring about.
 pub fn assert_exhausted_and_borrowed(r: &StormReport) {
     assert!(r.total(|w| w.exhausted) > 0, "pool never ran dry");

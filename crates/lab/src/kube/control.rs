@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::certs::{self, CertSpec, San};
 use super::{
-    APISERVER_PORT, KUBERNETES_SERVICE_IP, KubeState, Proc, SERVICE_CIDR, kubectl, mkdir, spawn,
-    wait_for,
+    APISERVER_PORT, KUBERNETES_SERVICE_IP, KUBERNETES_SERVICE_IP6, KubeState, Proc, kubectl, mkdir,
+    spawn, wait_for,
 };
 use crate::process::{self, netns_add, netns_exec};
 use crate::state::LabState;
@@ -26,18 +26,19 @@ pub fn up(st: &mut LabState) -> Result<()> {
     let ns = kube_mut(st).cp_netns.clone();
     netns_add(&ns)?;
     st.namespaces.push(ns.clone());
-    let mut p = topology::etcd_placement(st.encap);
-    // The lab's own etcd (for --store etcd) has .2 on the same subnet.
-    p.address = match p.address.rsplit_once('.') {
-        Some((net, _)) => format!("{net}.3"),
-        None => p.address,
-    };
-    kube_mut(st).cp_address = p.address.clone();
+    // One address per family of the lab (IPv4 first); the lab's own etcd (for --store etcd)
+    // has .2 (::2) on the same subnet, the control plane .3 (::3).
+    let mut places = topology::etcd_placements(st.ip_family, st.encap);
+    for p in &mut places {
+        p.address = cp_address(&p.address);
+    }
+    let addresses: Vec<String> = places.iter().map(|p| p.address.clone()).collect();
+    kube_mut(st).cp_address = addresses[0].clone();
     st.save()?;
-    topology::plug(st, &ns, "cp", &p)?;
+    topology::plug_all(st, &ns, "cp", &places)?;
 
     let k = st.kube.clone().expect("cluster state");
-    pki(&k)?;
+    pki(&k, &addresses)?;
 
     let etcd = start_etcd(&k)?;
     kube_mut(st).control.push(etcd.clone());
@@ -116,24 +117,49 @@ pub fn up(st: &mut LabState) -> Result<()> {
     st.save()
 }
 
-/// The CA, the control plane's certificates and kubeconfigs.
-fn pki(k: &KubeState) -> Result<()> {
+/// The control plane's address of the lab's etcd's `etcd` (same subnet): `.3`, or `::3`.
+fn cp_address(etcd: &str) -> String {
+    match etcd.rsplit_once(['.', ':']) {
+        Some((net, _)) if etcd.contains(':') => format!("{net}:3"),
+        Some((net, _)) => format!("{net}.3"),
+        None => etcd.to_string(),
+    }
+}
+
+/// The `https://` URL of the API server at `address` (in brackets when IPv6).
+pub fn apiserver_url(address: &str) -> String {
+    format!(
+        "https://{}",
+        crate::state::host_port(address, APISERVER_PORT)
+    )
+}
+
+/// The CA, the control plane's certificates (for each of its `addresses`) and kubeconfigs.
+fn pki(k: &KubeState, addresses: &[String]) -> Result<()> {
     let dir = k.pki();
     mkdir(&dir)?;
     let (ca, ca_files) = certs::ca(&dir)?;
-    let sans = vec![
-        certs::ip_san(&k.cp_address)?,
-        certs::ip_san(KUBERNETES_SERVICE_IP)?,
+    let (v4, v6) = k.families();
+    let mut sans = Vec::new();
+    for a in addresses {
+        sans.push(certs::ip_san(a)?);
+    }
+    for (on, ip) in [(v4, KUBERNETES_SERVICE_IP), (v6, KUBERNETES_SERVICE_IP6)] {
+        if on {
+            sans.push(certs::ip_san(ip)?);
+        }
+    }
+    sans.extend([
         San::Ip([127, 0, 0, 1].into()),
         San::dns("localhost"),
         San::dns("kubernetes"),
         San::dns("kubernetes.default"),
         San::dns("kubernetes.default.svc"),
         San::dns("kubernetes.default.svc.cluster.local"),
-    ];
+    ]);
     certs::issue_apiserver(&dir, &ca, sans)?;
     certs::service_account_keys(&dir)?;
-    let server = format!("https://{}:{APISERVER_PORT}", k.cp_address);
+    let server = apiserver_url(&k.cp_address);
     let clients: [(&str, &str, Option<&str>, Option<&Path>); 5] = [
         (
             "admin",
@@ -206,8 +232,11 @@ fn start_apiserver(k: &KubeState) -> Result<Proc> {
     let pki = k.pki();
     let p = |f: &str| pki.join(f).display().to_string();
     let mut c = netns_exec(&k.cp_netns, &k.k8s_bin.join("kube-apiserver"));
+    let services = super::service_cidrs(k.families()).join(",");
+    // `::` takes IPv4 too (the namespace's bindv6only is 0); an IPv4 cluster keeps 0.0.0.0.
+    let bind = if k.families().1 { "::" } else { "0.0.0.0" };
     c.args(["--etcd-servers", "http://127.0.0.1:2379"])
-        .args(["--bind-address", "0.0.0.0"])
+        .args(["--bind-address", bind])
         .args(["--advertise-address", &k.cp_address])
         .args(["--secure-port", &APISERVER_PORT.to_string()])
         .arg("--cert-dir")
@@ -228,7 +257,7 @@ fn start_apiserver(k: &KubeState) -> Result<Proc> {
         ])
         .args(["--service-account-key-file", &p("sa.pub")])
         .args(["--service-account-signing-key-file", &p("sa.key")])
-        .args(["--service-cluster-ip-range", SERVICE_CIDR])
+        .args(["--service-cluster-ip-range", &services])
         .args(["--authorization-mode", "Node,RBAC"])
         .args(["--enable-admission-plugins", "NodeRestriction"])
         .arg("--allow-privileged=true")
@@ -258,9 +287,12 @@ fn start_controller_manager(k: &KubeState) -> Result<Proc> {
         .args(["--cluster-signing-cert-file", &p("ca.crt")])
         .args(["--cluster-signing-key-file", &p("ca.key")])
         .arg("--allocate-node-cidrs=true")
-        .args(["--cluster-cidr", &k.cluster_cidr])
-        .args(["--node-cidr-mask-size", "24"])
-        .args(["--service-cluster-ip-range", SERVICE_CIDR])
+        .args(["--cluster-cidr", &k.cluster_cidrs().join(",")])
+        .args(node_cidr_masks(k.families()))
+        .args([
+            "--service-cluster-ip-range",
+            &super::service_cidrs(k.families()).join(","),
+        ])
         .args(["--v", "1"]);
     spawn(
         "kube-controller-manager",
@@ -268,6 +300,25 @@ fn start_controller_manager(k: &KubeState) -> Result<Proc> {
         &k.dir.display().to_string(),
         &k.dir.join("kube-controller-manager.log"),
     )
+}
+
+/// kube-controller-manager's node CIDR sizes: `--node-cidr-mask-size` for one family, the
+/// per-family flags in a dual-stack cluster (where it refuses the former).
+fn node_cidr_masks(families: (bool, bool)) -> Vec<String> {
+    match families {
+        (true, true) => vec![
+            format!("--node-cidr-mask-size-ipv4={}", super::NODE_CIDR_MASK_V4),
+            format!("--node-cidr-mask-size-ipv6={}", super::NODE_CIDR_MASK_V6),
+        ],
+        (false, _) => vec![format!(
+            "--node-cidr-mask-size={}",
+            super::NODE_CIDR_MASK_V6
+        )],
+        (true, false) => vec![format!(
+            "--node-cidr-mask-size={}",
+            super::NODE_CIDR_MASK_V4
+        )],
+    }
 }
 
 fn start_scheduler(k: &KubeState) -> Result<Proc> {
@@ -301,7 +352,7 @@ fn start_relay(st: &LabState, k: &KubeState) -> Result<Proc> {
     let mut c = std::process::Command::new(&ternctl);
     c.args(["lab", "--name", &st.name, "relay", "--netns", &k.cp_netns])
         .arg("--to")
-        .arg(format!("{}:{APISERVER_PORT}", k.cp_address))
+        .arg(crate::state::host_port(&k.cp_address, APISERVER_PORT))
         .arg("--ready-file")
         .arg(&ready);
     spawn(
@@ -318,5 +369,36 @@ pub fn teardown(k: &KubeState, done: &mut Vec<String>) {
         if process::stop(p.pid, &p.marker, Duration::from_secs(5)) {
             done.push(format!("stopped {} {}", p.name, p.pid));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_plane_addresses_and_flags_per_family() {
+        assert_eq!(cp_address("198.18.0.2"), "198.18.0.3");
+        assert_eq!(cp_address("2001:db8::2"), "2001:db8::3");
+        assert_eq!(cp_address("2001:db8:1::2"), "2001:db8:1::3");
+        assert_eq!(apiserver_url("198.18.0.3"), "https://198.18.0.3:6443");
+        assert_eq!(apiserver_url("2001:db8::3"), "https://[2001:db8::3]:6443");
+        assert_eq!(node_cidr_masks((true, false)), ["--node-cidr-mask-size=24"]);
+        assert_eq!(node_cidr_masks((false, true)), ["--node-cidr-mask-size=64"]);
+        assert_eq!(
+            node_cidr_masks((true, true)),
+            [
+                "--node-cidr-mask-size-ipv4=24",
+                "--node-cidr-mask-size-ipv6=64"
+            ]
+        );
+        assert_eq!(
+            super::super::service_cidrs((true, true)),
+            ["10.96.0.0/16", "fd00:10:96::/112"]
+        );
+        assert_eq!(
+            super::super::service_cidrs((false, true)),
+            ["fd00:10:96::/112"]
+        );
     }
 }

@@ -243,7 +243,8 @@ pub fn install(st: &LabState, k: &KubeState) -> Result<PathBuf> {
             StoreKind::Kubernetes => "kubernetes".to_string(),
             StoreKind::Sqlite => single_node_store(),
         })
-        .args(["--pool", &k.cluster_cidr, "--encap", st.encap.as_str()])
+        .args(pool_args(k))
+        .args(["--encap", st.encap.as_str()])
         .args(["--cni-bin-dir", CNI_BIN_DIR, "--cni-conf-dir", CNI_CONF_DIR])
         // A TLS etcd: the client's files go into the manifest's Secret tern-etcd-certs.
         .args(st.store_tls_args());
@@ -273,6 +274,24 @@ pub fn install(st: &LabState, k: &KubeState) -> Result<PathBuf> {
         ))
     })?;
     Ok(path)
+}
+
+/// `ternctl install manifest`'s pool arguments for the cluster's families: `--pool` (IPv4),
+/// `--ipv6-pool` (dual stack, IPv6 only) and `--no-ipv4-pool` (IPv6 only).
+fn pool_args(k: &KubeState) -> Vec<String> {
+    let mut a = Vec::new();
+    for cidr in k.cluster_cidrs() {
+        let flag = if cidr.contains(':') {
+            "--ipv6-pool"
+        } else {
+            "--pool"
+        };
+        a.extend([flag.to_string(), cidr.to_string()]);
+    }
+    if !k.families().0 {
+        a.push("--no-ipv4-pool".to_string());
+    }
+    a
 }
 
 /// The store of a one-node SQLite lab's DaemonSet (the node's own `/var/lib/tern`).
@@ -344,6 +363,26 @@ pub fn uninstall(k: &KubeState, manifest: &Path, done: &mut Vec<String>, errors:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pools_of_each_family_go_into_the_manifest() {
+        let mut k = KubeState {
+            cluster_cidr: "10.244.0.0/16".into(),
+            ..KubeState::default()
+        };
+        assert_eq!(pool_args(&k), ["--pool", "10.244.0.0/16"]);
+        k.cluster_cidr6 = Some("fd00:10:244::/48".into());
+        assert_eq!(
+            pool_args(&k),
+            ["--pool", "10.244.0.0/16", "--ipv6-pool", "fd00:10:244::/48"]
+        );
+        k.cluster_cidr = "fd00:10:244::/48".into();
+        k.cluster_cidr6 = None;
+        assert_eq!(
+            pool_args(&k),
+            ["--ipv6-pool", "fd00:10:244::/48", "--no-ipv4-pool"]
+        );
+    }
 
     #[test]
     fn node_pods_are_parsed_from_kubectl() {

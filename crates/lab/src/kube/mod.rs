@@ -71,6 +71,24 @@ pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.56";
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// ClusterIP of the `kubernetes` Service.
 pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+/// The IPv6 Service CIDR of a dual-stack or IPv6-only cluster (the API server's largest: a
+/// /112).
+pub const SERVICE_CIDR6: &str = "fd00:10:96::/112";
+/// ClusterIP of the `kubernetes` Service in an IPv6-only cluster (its IPv6 address).
+pub const KUBERNETES_SERVICE_IP6: &str = "fd00:10:96::1";
+/// Node CIDR sizes kube-controller-manager allocates from the cluster CIDRs (`spec.podCIDRs`;
+/// tern's IPAM does not use them).
+pub const NODE_CIDR_MASK_V4: u8 = 24;
+pub const NODE_CIDR_MASK_V6: u8 = 64;
+
+/// The Service CIDRs of a cluster with IPv4 and/or IPv6 (`families`), IPv4 first.
+pub fn service_cidrs(families: (bool, bool)) -> Vec<&'static str> {
+    let (v4, v6) = families;
+    [(v4, SERVICE_CIDR), (v6, SERVICE_CIDR6)]
+        .into_iter()
+        .filter_map(|(on, c)| on.then_some(c))
+        .collect()
+}
 /// The API server's port in the control-plane namespace.
 pub const APISERVER_PORT: u16 = 6443;
 /// The binaries a cluster needs from the components directory.
@@ -281,7 +299,19 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
                 .into(),
         ));
     }
-    let cluster_cidr = pool_cidr(st)?;
+    if opts.reference_cni && st.ip_family != crate::IpFamily::Ipv4 {
+        return Err(LabError::Invalid(
+            "--reference-cni builds an IPv4 network only (its bridge + host-local on the \
+             nodes' IPv4 podCIDRs)"
+                .into(),
+        ));
+    }
+    let (v4, v6) = pool_cidrs(st)?;
+    let (cluster_cidr, cluster_cidr6) = match (v4, v6) {
+        (Some(v4), v6) => (v4, v6),
+        (None, Some(v6)) => (v6, None),
+        (None, None) => unreachable!("a lab has a family"),
+    };
     let dir = cluster_dir(&st.dir());
     mkdir(&dir)?;
     st.kube = Some(KubeState {
@@ -290,6 +320,7 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
         dir,
         cp_netns: crate::state::ns_prefix(&st.name) + "cp",
         cluster_cidr,
+        cluster_cidr6,
         reference_cni: opts.reference_cni,
         ..KubeState::default()
     });
@@ -331,7 +362,7 @@ pub fn up(st: &mut LabState, opts: &KubeOptions) -> Result<()> {
 
 /// Writes tern's starting state into the Kubernetes datastore, the lab's store, once the API
 /// server runs: tern's CustomResourceDefinitions (`tern_store::kube::crds_yaml`, applied and
-/// Established) and the lab's default IPPool, as `topology::up` applies it to an etcd or
+/// Established) and the lab's default IPPools (one per family), as `topology::up` applies it to an etcd or
 /// SQLite store before any agent starts. The rest (the cluster ID, Nodes, blocks) is the
 /// DaemonSet's ternd's to write, as on any new store.
 fn bootstrap_store(st: &LabState) -> Result<()> {
@@ -350,30 +381,46 @@ fn bootstrap_store(st: &LabState) -> Result<()> {
         ],
     )?;
     // Through the KubeStore on the admin kubeconfig, from the control plane's namespace.
-    crate::cluster::apply_default_pool(st, &k.cluster_cidr)
+    for cidr in k.cluster_cidrs() {
+        crate::cluster::apply_default_pool(st, cidr)?;
+    }
+    Ok(())
 }
 
-/// The lab's pool CIDR (what the lab applied; see `cluster::apply_default_pool`). The
-/// Kubernetes datastore does not exist yet: the CIDR the lab will apply there.
-fn pool_cidr(st: &LabState) -> Result<String> {
-    if st.store == StoreKind::Kubernetes {
-        return Ok(st
-            .pool_cidr
+/// The lab's pool CIDR of each of its families, IPv4 then IPv6 (what the lab applied; see
+/// `cluster::apply_default_pool`). The Kubernetes datastore does not exist yet: the CIDRs the
+/// lab will apply there.
+fn pool_cidrs(st: &LabState) -> Result<(Option<String>, Option<String>)> {
+    let (has_v4, has_v6) = (st.ip_family.has_v4(), st.ip_family.has_v6());
+    let default4 = || {
+        st.pool_cidr
             .clone()
-            .unwrap_or_else(|| tern_model::defaults::IPV4_POOL.to_string()));
+            .unwrap_or_else(|| tern_model::defaults::IPV4_POOL.to_string())
+    };
+    let default6 = || {
+        st.pool6_cidr
+            .clone()
+            .unwrap_or_else(|| tern_model::defaults::IPV6_POOL.to_string())
+    };
+    if st.store == StoreKind::Kubernetes {
+        return Ok((has_v4.then(default4), has_v6.then(default6)));
     }
     let pools = crate::cluster::with_store(st, |s| {
         tern_model::list_resources(&*s, tern_model::Kind::IpPool)
             .map_err(|e| LabError::Invalid(format!("cannot list IPPools: {e}")))
     })?;
-    for p in pools {
-        if let tern_model::Resource::IpPool(p) = p
-            && p.spec.cidr.contains('.')
-        {
-            return Ok(p.spec.cidr.clone());
-        }
-    }
-    Ok(tern_model::defaults::IPV4_POOL.to_string())
+    let find = |v6: bool| {
+        pools.iter().find_map(|p| match p {
+            tern_model::Resource::IpPool(p) if p.spec.cidr.contains(':') == v6 => {
+                Some(p.spec.cidr.clone())
+            }
+            _ => None,
+        })
+    };
+    Ok((
+        has_v4.then(|| find(false).unwrap_or_else(default4)),
+        has_v6.then(|| find(true).unwrap_or_else(default6)),
+    ))
 }
 
 /// The cluster as the base lab's add-on ([`Addon`]): what `lab node add`/`node del`, `lab
@@ -572,8 +619,11 @@ pub fn agent_status(st: &LabState) -> Option<String> {
 /// Lines for `lab status`.
 pub fn status(k: &KubeState) -> String {
     let mut out = format!(
-        "kubernetes {K8S_VERSION}  control plane netns {} eth0 {}  pods {}  services {SERVICE_CIDR}\n",
-        k.cp_netns, k.cp_address, k.cluster_cidr
+        "kubernetes {K8S_VERSION}  control plane netns {} eth0 {}  pods {}  services {}\n",
+        k.cp_netns,
+        k.cp_address,
+        k.cluster_cidrs().join(","),
+        service_cidrs(k.families()).join(",")
     );
     for p in &k.control {
         out.push_str(&format!(

@@ -323,7 +323,8 @@ pub fn start_kubelet(st: &mut LabState, name: &str) -> Result<Proc> {
         .arg("--cert-dir")
         .arg(dir.join("pki"))
         .args(["--hostname-override", name])
-        .args(["--node-ip", &n.address])
+        // One address per family (IPv4 first): the Node's InternalIPs, the pods' hostIPs.
+        .args(["--node-ip", &n.addresses().join(",")])
         .args(["--v", "2"]);
     let p = spawn(
         "kubelet",
@@ -396,10 +397,13 @@ fn node_pki(k: &KubeState, n: &NodeState, dir: &Path) -> Result<()> {
     let cn = format!("system:node:{}", n.name);
     let client = CertSpec::client(&cn).org("system:nodes");
     let client = certs::issue(&pki, "kubelet-client", &ca, client)?;
-    let sans = [certs::ip_san(&n.address)?, San::dns(&n.name)];
+    let mut sans = vec![San::dns(&n.name)];
+    for a in n.addresses() {
+        sans.push(certs::ip_san(a)?);
+    }
     let serving = CertSpec::server(&cn, sans).org("system:nodes");
     certs::issue(&pki, "kubelet-serving", &ca, serving)?;
-    let server = format!("https://{}:{}", k.cp_address, super::APISERVER_PORT);
+    let server = super::control::apiserver_url(&k.cp_address);
     certs::write_kubeconfig(
         &dir.join("kubelet.conf"),
         &server,
@@ -530,8 +534,9 @@ serializeImagePulls: false
     )
 }
 
-/// kube-proxy in iptables mode; leaves the kernel-wide conntrack settings alone (they can
-/// only be set from the root namespace).
+/// kube-proxy in iptables mode (with both cluster CIDRs in a dual-stack cluster, it runs its
+/// iptables and ip6tables proxiers); leaves the kernel-wide conntrack settings alone (they
+/// can only be set from the root namespace).
 pub fn kube_proxy_config(name: &str, k: &KubeState) -> String {
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -552,7 +557,7 @@ conntrack:
   tcpCloseWaitTimeout: 0s
 "#,
         conf = k.dir.join("kube-proxy.conf").display(),
-        cidr = k.cluster_cidr,
+        cidr = k.cluster_cidrs().join(","),
     )
 }
 
@@ -575,10 +580,23 @@ fn install_cni(st: &LabState, n: &NodeState, dir: &Path) -> Result<()> {
             .arg(&n.state_dir)
             .arg("--plugin-dir")
             .arg(&st.bin_dir)
+            .args(assign_args(st.ip_family))
             // Debian's bandwidth and portmap speak at most 1.0.0.
             .args(["--cni-version", "1.0.0"]),
     )
     .map(drop)
+}
+
+/// The address families every pod gets, as `ternctl install-cni` arguments.
+fn assign_args(family: crate::IpFamily) -> Vec<&'static str> {
+    let mut a = Vec::new();
+    if family.has_v6() {
+        a.push("--assign-ipv6");
+    }
+    if !family.has_v4() {
+        a.push("--no-assign-ipv4");
+    }
+    a
 }
 
 /// Copies the reference plugins tern chains (bandwidth, portmap) and the loopback plugin
@@ -813,5 +831,18 @@ mod tests {
         let p = kube_proxy_config("node1", &k);
         assert!(p.contains("mode: iptables") && p.contains("maxPerCore: 0"));
         assert!(p.contains(r#"clusterCIDR: "10.244.0.0/16""#));
+        let dual = KubeState {
+            cluster_cidr6: Some("fd00:10:244::/48".into()),
+            ..k
+        };
+        let p = kube_proxy_config("node1", &dual);
+        assert!(p.contains(r#"clusterCIDR: "10.244.0.0/16,fd00:10:244::/48""#));
+        assert_eq!(dual.families(), (true, true));
+        assert!(assign_args(crate::IpFamily::Ipv4).is_empty());
+        assert_eq!(assign_args(crate::IpFamily::Dual), ["--assign-ipv6"]);
+        assert_eq!(
+            assign_args(crate::IpFamily::Ipv6),
+            ["--assign-ipv6", "--no-assign-ipv4"]
+        );
     }
 }
