@@ -1,9 +1,12 @@
 //! Network benchmarks across lab nodes (`tern-bench net`, `tern-bench converge`).
 //!
-//! `net`: cross-node pod-to-pod TCP throughput with iperf3, on a two-node tern lab (direct and
-//! VXLAN) side by side with the same path built by hand with `ip` commands and no tern: a veth
-//! per pod, `/32` routes, and for VXLAN a device per node with static FDB/ARP entries and the
-//! same MTU tern gives pods (1450). `converge`: from the start of a pod's CNI ADD on node A to
+//! `net`: cross-node pod-to-pod TCP throughput with iperf3 and request/response latency (64-byte
+//! round trips over one TCP connection, p50/p99), on a two-node tern lab (direct and VXLAN) side
+//! by side with the same path built by hand with `ip` commands and no tern: a veth per pod, `/32`
+//! (IPv6: `/128`) routes, and for VXLAN a device per node with static FDB/neighbour entries and
+//! the MTU of the family's encapsulation (1450 = 1500-50 over IPv4, 1430 = 1500-70 over IPv6).
+//! With IPv6 among the families (`--families v4,v6`) each mode's lab is one `--ip-family dual`
+//! lab, so both families are measured on the same lab. `converge`: from the start of a pod's CNI ADD on node A to
 //! the first packet from a pod on node B that reaches it (a TCP connection attempt to a closed
 //! port: the pod's RST proves the packet arrived), p50/p99 over many pods.
 //!
@@ -15,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tern_lab::process::{self, ip_in, netns_add, netns_del, netns_exec, sysctl_in};
-use tern_lab::state::{Encap, LabState, StoreKind};
+use tern_lab::state::{Encap, IpFamily, LabState, StoreKind, family_name};
 use tern_lab::topology::{self, UpOptions};
 use tern_lab::{LabError, Result, mesh, netns, pod};
 
@@ -26,17 +29,72 @@ pub const THROUGHPUT_TARGET: f64 = 0.95;
 /// Target: p99 of route convergence.
 pub const CONVERGE_P99_TARGET: Duration = Duration::from_millis(200);
 
+/// Most request/response round trips kept per path (one 16-byte sample each); a run stops
+/// measuring when it is reached.
+pub const MAX_RR_SAMPLES: usize = 1_000_000;
+/// Size of a request (and of its response) in the request/response measurement.
+pub const RR_MESSAGE_BYTES: usize = 64;
+/// Port of the request/response server in the server pod.
+const RR_PORT: u16 = 7000;
+
 /// One throughput measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Throughput {
     /// `direct` or `vxlan`.
     pub mode: &'static str,
+    /// `IPv4` or `IPv6` ([`family_name`]).
+    pub family: &'static str,
     /// `tern` or `hand-built`.
     pub path: &'static str,
     /// Median of the runs, bits per second.
     pub bits_per_second: f64,
     /// Every run.
     pub runs: Vec<f64>,
+    /// Request/response round trips: p50 and p99 over every round trip of every run.
+    pub rr: RrLatency,
+}
+
+/// p50 and p99 of request/response round trips.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RrLatency {
+    pub p50: Duration,
+    pub p99: Duration,
+    /// Round trips measured.
+    pub samples: usize,
+}
+
+impl RrLatency {
+    /// The quantiles of `samples` (zero when empty).
+    pub fn of(samples: &[Duration]) -> RrLatency {
+        RrLatency {
+            p50: quantile(samples, 0.5),
+            p99: quantile(samples, 0.99),
+            samples: samples.len(),
+        }
+    }
+}
+
+/// Parses one address family of `--families`: `v4`/`ipv4`/`4` or `v6`/`ipv6`/`6`; true for
+/// IPv6 (as [`tern_lab::state::family_name`]).
+pub fn parse_family(s: &str) -> std::result::Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "v4" | "ipv4" | "4" => Ok(false),
+        "v6" | "ipv6" | "6" => Ok(true),
+        other => Err(format!(
+            "unknown address family {other:?} (expected v4 or v6)"
+        )),
+    }
+}
+
+/// The lab family that carries `families` (IPv4 first when both): the lab of each mode is
+/// built once, dual stack when both families are measured; `None` when `families` is empty.
+pub fn lab_family(families: &[bool]) -> Option<IpFamily> {
+    match (families.contains(&false), families.contains(&true)) {
+        (true, true) => Some(IpFamily::Dual),
+        (true, false) => Some(IpFamily::Ipv4),
+        (false, true) => Some(IpFamily::Ipv6),
+        (false, false) => None,
+    }
 }
 
 /// Median of a non-empty list (0 when empty).
@@ -104,28 +162,113 @@ fn iperf(server_ns: &str, client_ns: &str, server_ip: &str, seconds: u32) -> Res
     iperf_bps(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// Measures tern on a two-node lab with encapsulation `encap`.
+/// Request/response round trips from `client_ns` to a server started in `server_ns` at
+/// `server_ip`: one TCP connection (no Nagle), [`RR_MESSAGE_BYTES`] each way, for `seconds`
+/// (or until [`MAX_RR_SAMPLES`] in `into`); each round trip's time is pushed to `into`.
+fn request_response(
+    server_ns: &str,
+    client_ns: &str,
+    server_ip: IpAddr,
+    seconds: u32,
+    into: &mut Vec<Duration>,
+) -> Result<()> {
+    use std::io::{Read, Write};
+    let bad = |e: anyhow::Error| LabError::Invalid(format!("request/response: {e:#}"));
+    let server = crate::policybench::PpServer::start_at(
+        server_ns,
+        SocketAddr::new(server_ip, RR_PORT),
+        None,
+        crate::policybench::pp_echo,
+    )
+    .map_err(bad)?;
+    let d = Duration::from_secs(seconds.into());
+    let room = MAX_RR_SAMPLES.saturating_sub(into.len());
+    let measured = netns::in_netns(client_ns, move || -> std::io::Result<Vec<Duration>> {
+        let target = SocketAddr::new(server_ip, RR_PORT);
+        let mut c = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+        c.set_nodelay(true)?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut buf = [7u8; RR_MESSAGE_BYTES];
+        let mut v = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < d && v.len() < room {
+            let t = Instant::now();
+            c.write_all(&buf)?;
+            c.read_exact(&mut buf)?;
+            v.push(t.elapsed());
+        }
+        Ok(v)
+    });
+    let stopped = server.stop().map_err(bad);
+    let v = measured?
+        .map_err(|e| LabError::Invalid(format!("request/response to {server_ip}: {e}")))?;
+    stopped?;
+    into.extend(v);
+    Ok(())
+}
+
+/// Throughput runs and request/response latency of one path: `runs` times an iperf3 run and a
+/// request/response run, each of `seconds`.
+fn measure(
+    server_ns: &str,
+    client_ns: &str,
+    server_ip: &str,
+    seconds: u32,
+    runs: usize,
+) -> Result<(Vec<f64>, RrLatency)> {
+    let ip: IpAddr = server_ip
+        .parse()
+        .map_err(|_| LabError::Invalid(format!("bad server address {server_ip}")))?;
+    let mut bps = Vec::with_capacity(runs);
+    let mut rr = Vec::new();
+    for _ in 0..runs {
+        bps.push(iperf(server_ns, client_ns, server_ip, seconds)?);
+        request_response(server_ns, client_ns, ip, seconds, &mut rr)?;
+    }
+    Ok((bps, RrLatency::of(&rr)))
+}
+
+/// Measures tern on a two-node lab with encapsulation `encap`, in each of `families` (true:
+/// IPv6) on the same lab: per family, the throughput runs and the request/response latency.
 fn tern_throughput(
     name: &str,
     bin_dir: &Path,
     encap: Encap,
+    families: &[bool],
     seconds: u32,
     runs: usize,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<(Vec<f64>, RrLatency)>> {
+    let family = lab_family(families)
+        .ok_or_else(|| LabError::Invalid("no address family to measure".into()))?;
     let _ = tern_lab::down(name);
     let mut o = UpOptions::new(name, bin_dir);
     o.nodes = 2;
     o.encap = encap;
-    let result = (|| -> Result<Vec<f64>> {
+    o.ip_family = family;
+    let result = (|| -> Result<Vec<(Vec<f64>, RrLatency)>> {
         let mut st = topology::up(&o)?;
         // The hand-built path has no NAT; measure the same pod-to-pod path (a masquerading
         // pool would put every packet through conntrack on both sides).
         without_nat_outgoing(&st)?;
         let a = pod::add_pod(&mut st, "node1", "a")?;
         let b = pod::add_pod(&mut st, "node2", "b")?;
-        wait_reachable(&st, "a", &b.addresses[0], Duration::from_secs(10))?;
-        (0..runs)
-            .map(|_| iperf(&b.netns, &a.netns, &b.addresses[0], seconds))
+        families
+            .iter()
+            .map(|&v6| {
+                let ip = b
+                    .addresses
+                    .iter()
+                    .find(|a| a.contains(':') == v6)
+                    .ok_or_else(|| {
+                        LabError::Invalid(format!(
+                            "pod b has no {} address: {:?}",
+                            family_name(v6),
+                            b.addresses
+                        ))
+                    })?;
+                wait_reachable(&st, "a", ip, Duration::from_secs(10))?;
+                measure(&b.netns, &a.netns, ip, seconds, runs)
+            })
             .collect()
     })();
     let down = tern_lab::down(name);
@@ -134,18 +277,28 @@ fn tern_throughput(
     Ok(v)
 }
 
-/// Turns natOutgoing off on the lab's default pool and gives the agents a moment to drop their
+/// Turns natOutgoing off on the lab's default pools and gives the agents a moment to drop their
 /// nat chain.
 fn without_nat_outgoing(st: &LabState) -> Result<()> {
-    let mut pool = tern_lab::cluster::default_pool(st, tern_model::defaults::IPV4_POOL);
-    if let tern_model::Resource::IpPool(p) = &mut pool {
-        p.spec.nat_outgoing = false;
+    let cidrs = [
+        st.ip_family.has_v4().then(|| {
+            st.pool_cidr
+                .as_deref()
+                .unwrap_or(tern_model::defaults::IPV4_POOL)
+        }),
+        st.pool6_cidr.as_deref(),
+    ];
+    for cidr in cidrs.into_iter().flatten() {
+        let mut pool = tern_lab::cluster::default_pool(st, cidr);
+        if let tern_model::Resource::IpPool(p) = &mut pool {
+            p.spec.nat_outgoing = false;
+        }
+        tern_lab::cluster::with_store(st, move |s| {
+            tern_model::put_resource(&*s, &pool).map(drop).map_err(|e| {
+                LabError::Invalid(format!("cannot update the default IPPool {cidr}: {e}"))
+            })
+        })?;
     }
-    tern_lab::cluster::with_store(st, move |s| {
-        tern_model::put_resource(&*s, &pool)
-            .map(drop)
-            .map_err(|e| LabError::Invalid(format!("cannot update the default IPPool: {e}")))
-    })?;
     std::thread::sleep(Duration::from_millis(500));
     Ok(())
 }
@@ -194,8 +347,77 @@ impl Drop for HandBuilt {
     }
 }
 
-/// Builds the hand-made path and returns the pods' namespaces and the server pod's address.
-fn hand_built(name: &str, vxlan: bool) -> Result<(HandBuilt, String, String, String)> {
+/// Addresses and sizes of a hand-built path in one family.
+struct HandPlan {
+    v6: bool,
+    vxlan: bool,
+}
+
+impl HandPlan {
+    /// Node `i`'s underlay address (as the lab's: 198.18.0.<10+i>, 2001:db8::<10+i>).
+    fn node_ip(&self, i: usize) -> String {
+        if self.v6 {
+            format!("2001:db8::{}", 10 + i)
+        } else {
+            format!("198.18.0.{}", 10 + i)
+        }
+    }
+    fn node_prefix(&self) -> &'static str {
+        if self.v6 { "64" } else { "24" }
+    }
+    fn pod_ip(&self, i: usize) -> String {
+        if self.v6 {
+            format!("fd00:250:{i}::2")
+        } else {
+            format!("10.250.{i}.2")
+        }
+    }
+    /// A host route's prefix length.
+    fn host(&self) -> &'static str {
+        if self.v6 { "128" } else { "32" }
+    }
+    /// The pod's gateway, owned by the node side of the pod's veth.
+    fn gateway(&self) -> &'static str {
+        if self.v6 { "fe80::1" } else { "169.254.1.1" }
+    }
+    fn vtep_ip(&self, i: usize) -> String {
+        if self.v6 {
+            format!("fd00:250:{i}::")
+        } else {
+            format!("10.250.{i}.0")
+        }
+    }
+    fn vtep_mac(&self, i: usize) -> String {
+        format!("02:00:00:00:00:0{i}")
+    }
+    /// The pods' MTU: 1500 direct, less the VXLAN overhead of the underlay's family (50 over
+    /// IPv4, 70 over IPv6), as tern's.
+    fn mtu(&self) -> &'static str {
+        match (self.vxlan, self.v6) {
+            (false, _) => "1500",
+            (true, false) => "1450",
+            (true, true) => "1430",
+        }
+    }
+    /// `ip` with the family's option (`-4`/`-6`: `default` and `nodad` need it).
+    fn ip(&self, ns: &str, args: &[&str]) -> Result<String> {
+        let mut a = vec![if self.v6 { "-6" } else { "-4" }];
+        a.extend(args);
+        ip_in(ns, &a)
+    }
+    /// Adds `addr` to `dev`; IPv6 ones `nodad`, usable at once.
+    fn addr(&self, ns: &str, addr: &str, dev: &str) -> Result<String> {
+        let mut a = vec!["addr", "add", addr, "dev", dev];
+        if self.v6 {
+            a.push("nodad");
+        }
+        self.ip(ns, &a)
+    }
+}
+
+/// Builds the hand-made path in one family (IPv6 when `v6`) and returns the pods' namespaces
+/// and the server pod's address.
+fn hand_built(name: &str, vxlan: bool, v6: bool) -> Result<(HandBuilt, String, String, String)> {
     let prefix = format!("tl-{name}-");
     let guard = HandBuilt {
         prefix: prefix.clone(),
@@ -203,14 +425,12 @@ fn hand_built(name: &str, vxlan: bool) -> Result<(HandBuilt, String, String, Str
     for ns in process::netns_with_prefix(&prefix) {
         netns_del(&ns)?;
     }
+    let h = HandPlan { v6, vxlan };
     let ul = format!("{prefix}ul");
     netns_add(&ul)?;
     ip_in(&ul, &["link", "add", "br0", "type", "bridge"])?;
     ip_in(&ul, &["link", "set", "br0", "up"])?;
-    let pod_ip = |i: usize| format!("10.250.{i}.2");
-    let node_ip = |i: usize| format!("198.18.0.{}", 10 + i);
-    let vtep_mac = |i: usize| format!("02:00:00:00:00:0{i}");
-    let vtep_ip = |i: usize| format!("10.250.{i}.0");
+    let mtu = h.mtu();
     for i in [1usize, 2] {
         let node = format!("{prefix}node{i}");
         let pod = format!("{prefix}pod{i}");
@@ -235,63 +455,42 @@ fn hand_built(name: &str, vxlan: bool) -> Result<(HandBuilt, String, String, Str
             &ul,
             &["link", "set", &format!("n{i}"), "master", "br0", "up"],
         )?;
-        ip_in(
+        h.addr(
             &node,
-            &["addr", "add", &format!("{}/24", node_ip(i)), "dev", "eth0"],
+            &format!("{}/{}", h.node_ip(i), h.node_prefix()),
+            "eth0",
         )?;
         ip_in(&node, &["link", "set", "eth0", "up"])?;
         ip_in(&node, &["link", "set", "lo", "up"])?;
-        sysctl_in(&node, "net.ipv4.ip_forward", "1")?;
-        // Pod: /32 address, a link route to a node-side address and a default route via it.
+        if v6 {
+            sysctl_in(&node, "net.ipv6.conf.all.forwarding", "1")?;
+        } else {
+            sysctl_in(&node, "net.ipv4.ip_forward", "1")?;
+        }
+        // Pod: a host address, a link route to a node-side address and a default route via it.
         ip_in(
             &node,
             &[
                 "link", "add", "hostveth", "type", "veth", "peer", "name", "eth0", "netns", &pod,
             ],
         )?;
-        let mtu = if vxlan { "1450" } else { "1500" };
         ip_in(&node, &["link", "set", "hostveth", "mtu", mtu, "up"])?;
-        ip_in(&node, &["addr", "add", "169.254.1.1/32", "dev", "hostveth"])?;
-        ip_in(
-            &node,
-            &[
-                "route",
-                "add",
-                &format!("{}/32", pod_ip(i)),
-                "dev",
-                "hostveth",
-            ],
-        )?;
+        let gw = h.gateway();
+        let gw_prefix = if v6 { "64" } else { "32" };
+        h.addr(&node, &format!("{gw}/{gw_prefix}"), "hostveth")?;
+        let pod_host = format!("{}/{}", h.pod_ip(i), h.host());
+        h.ip(&node, &["route", "add", &pod_host, "dev", "hostveth"])?;
         ip_in(&pod, &["link", "set", "lo", "up"])?;
         ip_in(&pod, &["link", "set", "eth0", "mtu", mtu, "up"])?;
-        ip_in(
-            &pod,
-            &["addr", "add", &format!("{}/32", pod_ip(i)), "dev", "eth0"],
-        )?;
-        ip_in(
-            &pod,
-            &[
-                "route",
-                "add",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-                "scope",
-                "link",
-            ],
-        )?;
-        ip_in(
-            &pod,
-            &[
-                "route",
-                "add",
-                "default",
-                "via",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-            ],
-        )?;
+        h.addr(&pod, &pod_host, "eth0")?;
+        if v6 {
+            // A link-local address of its own (nodad) for the neighbour exchange with the
+            // gateway; fe80::/64 is on-link with it.
+            h.addr(&pod, "fe80::2/64", "eth0")?;
+        } else {
+            ip_in(&pod, &["route", "add", gw, "dev", "eth0", "scope", "link"])?;
+        }
+        h.ip(&pod, &["route", "add", "default", "via", gw, "dev", "eth0"])?;
         if vxlan {
             ip_in(
                 &node,
@@ -306,7 +505,7 @@ fn hand_built(name: &str, vxlan: bool) -> Result<(HandBuilt, String, String, Str
                     "dstport",
                     "4789",
                     "local",
-                    &node_ip(i),
+                    &h.node_ip(i),
                     "dev",
                     "eth0",
                     "nolearning",
@@ -319,35 +518,30 @@ fn hand_built(name: &str, vxlan: bool) -> Result<(HandBuilt, String, String, Str
                     "set",
                     "vxlan.hand",
                     "address",
-                    &vtep_mac(i),
+                    &h.vtep_mac(i),
                     "mtu",
-                    "1450",
+                    mtu,
                     "up",
                 ],
             )?;
-            ip_in(
+            h.addr(
                 &node,
-                &[
-                    "addr",
-                    "add",
-                    &format!("{}/32", vtep_ip(i)),
-                    "dev",
-                    "vxlan.hand",
-                ],
+                &format!("{}/{}", h.vtep_ip(i), h.host()),
+                "vxlan.hand",
             )?;
         }
     }
     for (i, j) in [(1usize, 2usize), (2, 1)] {
         let node = format!("{prefix}node{i}");
         if vxlan {
-            ip_in(
+            h.ip(
                 &node,
                 &[
                     "neigh",
                     "add",
-                    &vtep_ip(j),
+                    &h.vtep_ip(j),
                     "lladdr",
-                    &vtep_mac(j),
+                    &h.vtep_mac(j),
                     "dev",
                     "vxlan.hand",
                     "nud",
@@ -360,38 +554,50 @@ fn hand_built(name: &str, vxlan: bool) -> Result<(HandBuilt, String, String, Str
                 &node,
                 "fdb",
                 "add",
-                &vtep_mac(j),
+                &h.vtep_mac(j),
                 "dev",
                 "vxlan.hand",
                 "dst",
-                &node_ip(j),
+                &h.node_ip(j),
             ]))?;
         }
         // The other node's pod: through the tunnel (on-link via its VTEP) or the underlay.
         let (via, dev, onlink): (String, &str, &[&str]) = if vxlan {
-            (vtep_ip(j), "vxlan.hand", &["onlink"])
+            (h.vtep_ip(j), "vxlan.hand", &["onlink"])
         } else {
-            (node_ip(j), "eth0", &[])
+            (h.node_ip(j), "eth0", &[])
         };
-        let dst = format!("{}/32", pod_ip(j));
+        let dst = format!("{}/{}", h.pod_ip(j), h.host());
         let mut route = vec!["route", "add", &dst, "via", &via, "dev", dev];
         route.extend(onlink);
-        ip_in(&node, &route)?;
+        h.ip(&node, &route)?;
     }
-    // The node answers ARP for 169.254.1.1 on the pod side: it owns that address there.
+    // The node answers ARP / neighbour solicitations for the gateway on the pod side: it owns
+    // that address there.
     Ok((
         guard,
         format!("{prefix}pod1"),
         format!("{prefix}pod2"),
-        pod_ip(2),
+        h.pod_ip(2),
     ))
 }
 
-fn hand_throughput(name: &str, vxlan: bool, seconds: u32, runs: usize) -> Result<Vec<f64>> {
-    let (_guard, client, server, ip) = hand_built(name, vxlan)?;
-    (0..runs)
-        .map(|_| iperf(&server, &client, &ip, seconds))
-        .collect()
+fn hand_throughput(
+    name: &str,
+    vxlan: bool,
+    v6: bool,
+    seconds: u32,
+    runs: usize,
+) -> Result<(Vec<f64>, RrLatency)> {
+    let (_guard, client, server, ip) = hand_built(name, vxlan, v6)?;
+    // Neighbour discovery across the bridge (IPv6: after the nodes' router advertisements
+    // settle) takes a moment the first time.
+    let addr: IpAddr = ip
+        .parse()
+        .map_err(|_| LabError::Invalid(format!("bad pod address {ip}")))?;
+    netns::in_netns(&client, || first_contact(addr, Duration::from_secs(10)))?
+        .ok_or_else(|| LabError::Timeout(format!("hand-built {ip} not reachable within 10 s")))?;
+    measure(&server, &client, &ip, seconds, runs)
 }
 
 /// Options of `tern-bench net`.
@@ -399,10 +605,13 @@ fn hand_throughput(name: &str, vxlan: bool, seconds: u32, runs: usize) -> Result
 pub struct NetBenchOptions {
     /// Directory with `tern`, `tern-ipam`, `ternd`.
     pub bin_dir: PathBuf,
-    /// Seconds per iperf3 run.
+    /// Seconds per iperf3 run (and per request/response run).
     pub seconds: u32,
     /// Runs per path (the median is reported).
     pub runs: usize,
+    /// Address families to measure (true: IPv6), each once; with both, each mode's lab is
+    /// dual stack.
+    pub families: Vec<bool>,
 }
 
 /// Runs the throughput comparison; one line per path, and the ratios.
@@ -412,53 +621,62 @@ pub fn run_net(o: &NetBenchOptions) -> Result<(Vec<Throughput>, String)> {
             "{IPERF3} not found (apt-get install iperf3)"
         )));
     }
+    let mut families = o.families.clone();
+    families.sort();
+    families.dedup();
+    if families.is_empty() {
+        return Err(LabError::Invalid("no address family to measure".into()));
+    }
     let mut all = Vec::new();
     for (mode, encap, vx) in [
         ("direct", Encap::None, false),
         ("vxlan", Encap::Vxlan, true),
     ] {
-        let hand = hand_throughput("bnh", vx, o.seconds, o.runs)?;
-        let tern = tern_throughput("bnt", &o.bin_dir, encap, o.seconds, o.runs)?;
-        all.push(Throughput {
-            mode,
-            path: "hand-built",
-            bits_per_second: median(&hand),
-            runs: hand,
-        });
-        all.push(Throughput {
-            mode,
-            path: "tern",
-            bits_per_second: median(&tern),
-            runs: tern,
-        });
+        let mut hand = Vec::new();
+        for &v6 in &families {
+            hand.push(hand_throughput("bnh", vx, v6, o.seconds, o.runs)?);
+        }
+        let tern = tern_throughput("bnt", &o.bin_dir, encap, &families, o.seconds, o.runs)?;
+        for ((&v6, (hand, hand_rr)), (tern, tern_rr)) in families.iter().zip(hand).zip(tern) {
+            let family = family_name(v6);
+            all.push(Throughput {
+                mode,
+                family,
+                path: "hand-built",
+                bits_per_second: median(&hand),
+                runs: hand,
+                rr: hand_rr,
+            });
+            all.push(Throughput {
+                mode,
+                family,
+                path: "tern",
+                bits_per_second: median(&tern),
+                runs: tern,
+                rr: tern_rr,
+            });
+        }
     }
-    let mut out = format!(
-        "{:<8} {:<11} {:>12}  runs (Gbit/s)\n",
-        "MODE", "PATH", "MEDIAN Gbit/s"
-    );
-    for t in &all {
-        let runs: Vec<String> = t.runs.iter().map(|r| format!("{:.2}", r / 1e9)).collect();
-        out.push_str(&format!(
-            "{:<8} {:<11} {:>12.2}  {}\n",
-            t.mode,
-            t.path,
-            t.bits_per_second / 1e9,
-            runs.join(" ")
-        ));
-    }
-    for mode in ["direct", "vxlan"] {
+    Ok((all.clone(), render_net(&all)))
+}
+
+/// The report of `tern-bench net`: the IPv4 table as it always was (throughput runs and the
+/// ratio to hand-built per mode), then every family's rows with request/response latency and
+/// the ratios of the other families.
+pub fn render_net(all: &[Throughput]) -> String {
+    let v4_name = family_name(false);
+    let gbit = |t: &Throughput| t.bits_per_second / 1e9;
+    let ratio_line = |mode: &str, family: Option<&str>| -> Option<String> {
         let get = |p: &str| {
             all.iter()
-                .find(|t| t.mode == mode && t.path == p)
-                .map_or(0.0, |t| t.bits_per_second)
+                .find(|t| t.mode == mode && t.family == family.unwrap_or(v4_name) && t.path == p)
+                .map(|t| t.bits_per_second)
         };
-        let ratio = if get("hand-built") > 0.0 {
-            get("tern") / get("hand-built")
-        } else {
-            0.0
-        };
-        out.push_str(&format!(
-            "{mode}: tern = {:.1}% of hand-built (target >= {:.0}%): {}\n",
+        let (hand, tern) = (get("hand-built")?, get("tern")?);
+        let ratio = if hand > 0.0 { tern / hand } else { 0.0 };
+        let label = family.map_or(mode.to_string(), |f| format!("{mode} {f}"));
+        Some(format!(
+            "{label}: tern = {:.1}% of hand-built (target >= {:.0}%): {}\n",
             ratio * 100.0,
             THROUGHPUT_TARGET * 100.0,
             if ratio >= THROUGHPUT_TARGET {
@@ -466,9 +684,49 @@ pub fn run_net(o: &NetBenchOptions) -> Result<(Vec<Throughput>, String)> {
             } else {
                 "MISS"
             }
+        ))
+    };
+    let mut out = String::new();
+    let v4: Vec<&Throughput> = all.iter().filter(|t| t.family == v4_name).collect();
+    if !v4.is_empty() {
+        out.push_str(&format!(
+            "{:<8} {:<11} {:>12}  runs (Gbit/s)\n",
+            "MODE", "PATH", "MEDIAN Gbit/s"
+        ));
+        for t in &v4 {
+            let runs: Vec<String> = t.runs.iter().map(|r| format!("{:.2}", r / 1e9)).collect();
+            out.push_str(&format!(
+                "{:<8} {:<11} {:>12.2}  {}\n",
+                t.mode,
+                t.path,
+                gbit(t),
+                runs.join(" ")
+            ));
+        }
+        for mode in ["direct", "vxlan"] {
+            out.extend(ratio_line(mode, None));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "{:<8} {:<6} {:<11} {:>13}  {:>16}\n",
+        "MODE", "FAMILY", "PATH", "MEDIAN Gbit/s", "RR p50/p99 us"
+    ));
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    for t in all {
+        out.push_str(&format!(
+            "{:<8} {:<6} {:<11} {:>13.2}  {:>16}\n",
+            t.mode,
+            t.family,
+            t.path,
+            gbit(t),
+            format!("{:.0}/{:.0}", us(t.rr.p50), us(t.rr.p99))
         ));
     }
-    Ok((all, out))
+    for mode in ["direct", "vxlan"] {
+        out.extend(ratio_line(mode, Some(family_name(true))));
+    }
+    out
 }
 
 /// Options of `tern-bench converge`.
@@ -588,6 +846,75 @@ mod tests {
             .to_string();
         assert!(e.contains("unable to connect"), "{e}");
         assert!(iperf_bps("nope").is_err());
+    }
+
+    #[test]
+    fn families_parse_and_pick_the_lab() {
+        assert_eq!(parse_family("v4"), Ok(false));
+        assert_eq!(parse_family(" IPv6 "), Ok(true));
+        assert_eq!(parse_family("6"), Ok(true));
+        let e = parse_family("v5").unwrap_err();
+        assert!(e.contains("v5") && e.contains("v4 or v6"), "{e}");
+        assert_eq!(lab_family(&[false]), Some(IpFamily::Ipv4));
+        assert_eq!(lab_family(&[true]), Some(IpFamily::Ipv6));
+        assert_eq!(lab_family(&[true, false]), Some(IpFamily::Dual));
+        assert_eq!(lab_family(&[]), None);
+    }
+
+    #[test]
+    fn request_response_quantiles() {
+        let d: Vec<Duration> = (1..=1000).rev().map(Duration::from_micros).collect();
+        let rr = RrLatency::of(&d);
+        assert_eq!(rr.p50, Duration::from_micros(500));
+        assert_eq!(rr.p99, Duration::from_micros(990));
+        assert_eq!(rr.samples, 1000);
+        assert_eq!(RrLatency::of(&[]), RrLatency::default());
+    }
+
+    fn row(mode: &'static str, family: &'static str, path: &'static str, g: f64) -> Throughput {
+        Throughput {
+            mode,
+            family,
+            path,
+            bits_per_second: g * 1e9,
+            runs: vec![g * 1e9],
+            rr: RrLatency {
+                p50: Duration::from_micros(40),
+                p99: Duration::from_micros(95),
+                samples: 10,
+            },
+        }
+    }
+
+    #[test]
+    fn report_keeps_the_ipv4_table_and_adds_family_rows() {
+        let all = [
+            row("direct", "IPv4", "hand-built", 8.0),
+            row("direct", "IPv4", "tern", 7.9),
+            row("direct", "IPv6", "hand-built", 8.0),
+            row("direct", "IPv6", "tern", 6.0),
+        ];
+        let out = render_net(&all);
+        assert!(
+            out.contains("MODE     PATH        MEDIAN Gbit/s  runs (Gbit/s)\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("direct   tern                7.90  7.90\n"),
+            "{out}"
+        );
+        assert!(out.contains("direct: tern = 98.8% of hand-built (target >= 95%): PASS"));
+        assert!(out.contains("MODE     FAMILY PATH        MEDIAN Gbit/s     RR p50/p99 us"));
+        assert!(out.contains("direct   IPv6   tern                 6.00             40/95\n"));
+        assert!(out.contains("direct IPv6: tern = 75.0% of hand-built (target >= 95%): MISS"));
+        // No vxlan rows measured: no vxlan ratio.
+        assert!(!out.contains("vxlan"), "{out}");
+        // IPv6 alone: no IPv4 table.
+        let v6 = render_net(&all[2..]);
+        assert!(
+            !v6.contains("runs (Gbit/s)") && v6.contains("direct IPv6:"),
+            "{v6}"
+        );
     }
 
     #[test]

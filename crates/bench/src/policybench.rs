@@ -759,7 +759,7 @@ fn linger_zero(s: &std::net::TcpStream) -> anyhow::Result<()> {
 
 /// A TCP server in `server_ns` on `port`, serving each accepted connection with `serve` on
 /// one thread pinned to `cpu`, one connection at a time, until [`PpServer::stop`].
-struct PpServer {
+pub(crate) struct PpServer {
     listener: std::sync::Arc<std::net::TcpListener>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
@@ -772,13 +772,22 @@ impl PpServer {
         cpu: Option<usize>,
         serve: fn(std::net::TcpStream),
     ) -> anyhow::Result<Self> {
+        let any = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+        Self::start_at(server_ns, any, cpu, serve)
+    }
+
+    /// [`PpServer::start`] listening on `addr` (e.g. an IPv6 one).
+    pub(crate) fn start_at(
+        server_ns: &str,
+        addr: std::net::SocketAddr,
+        cpu: Option<usize>,
+        serve: fn(std::net::TcpStream),
+    ) -> anyhow::Result<Self> {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
         let listener = Arc::new(
-            tern_lab::netns::in_netns(server_ns, || {
-                std::net::TcpListener::bind(("0.0.0.0", port))
-            })?
-            .with_context(|| format!("binding a bench server on port {port} in {server_ns}"))?,
+            tern_lab::netns::in_netns(server_ns, || std::net::TcpListener::bind(addr))?
+                .with_context(|| format!("binding a bench server on {addr} in {server_ns}"))?,
         );
         let stop = Arc::new(AtomicBool::new(false));
         let (l, st) = (listener.clone(), stop.clone());
@@ -801,7 +810,7 @@ impl PpServer {
     }
 
     /// Ends the accept loop and returns the thread's result.
-    fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
         self.halt()
     }
 
@@ -827,7 +836,7 @@ impl Drop for PpServer {
 }
 
 /// Echoes 64-byte requests until the client closes.
-fn pp_echo(mut c: std::net::TcpStream) {
+pub(crate) fn pp_echo(mut c: std::net::TcpStream) {
     use std::io::Read;
     let _ = c.set_nodelay(true);
     let _ = c.set_read_timeout(Some(Duration::from_secs(5)));

@@ -27,7 +27,8 @@ struct Cli {
 enum Cmd {
     /// CNI ADD/DEL latency (sequential and concurrent), binary sizes and ternd's RSS.
     Cni(CniArgs),
-    /// Cross-node pod-to-pod TCP throughput (iperf3), tern vs the same path built by hand.
+    /// Cross-node pod-to-pod TCP throughput (iperf3) and request/response latency, tern vs the
+    /// same path built by hand, in IPv4 and/or IPv6.
     Net(NetArgs),
     /// Route convergence: a pod's ADD on node A to the first packet from node B.
     Converge(ConvergeArgs),
@@ -125,12 +126,16 @@ struct NetArgs {
     /// static ones of `scripts/static-plugins.sh`, with ternd still from --bin-dir.
     #[arg(long)]
     plugin_dir: Option<PathBuf>,
-    /// Seconds per iperf3 run.
+    /// Seconds per iperf3 run, and per request/response run.
     #[arg(long, default_value_t = 5)]
     seconds: u32,
     /// Runs per path; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Address families to measure: `v4`, `v6` or both (`v4,v6`: each mode's lab is dual
+    /// stack, both families on the same lab).
+    #[arg(long, value_delimiter = ',', default_value = "v4", value_parser = netbench::parse_family)]
+    families: Vec<bool>,
 }
 
 #[derive(Args)]
@@ -203,6 +208,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                 bin_dir: absolute(a.bin_dir)?,
                 seconds: a.seconds,
                 runs: a.runs,
+                families: a.families,
             })?;
             print!("{table}");
             return Ok(!table.contains("MISS"));
