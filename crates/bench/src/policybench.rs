@@ -105,6 +105,8 @@ fn endpoint(i: u32, node: &str) -> Endpoint {
 pub(crate) fn policy(i: u32, ipblocks: bool) -> Resource {
     let mut ingress = vec![Rule {
         action: Action::Allow,
+        icmp: None,
+        not_icmp: None,
         protocol: Some(Protocol::Tcp),
         source: EntityRule {
             selector: Some(format!("tier == 't{}' && app != 'x{i}'", i % 7)),
@@ -118,6 +120,8 @@ pub(crate) fn policy(i: u32, ipblocks: bool) -> Resource {
     if ipblocks {
         ingress.push(Rule {
             action: Action::Allow,
+            icmp: None,
+            not_icmp: None,
             protocol: Some(Protocol::Tcp),
             source: EntityRule {
                 nets: vec![format!("10.{}.{}.0/24", i / 256 % 256, i % 256)],
@@ -657,6 +661,8 @@ fn pp_policy_set(rules: u32) -> anyhow::Result<PolicySet> {
     };
     let rule = |i: u32| Rule {
         action: Action::Allow,
+        icmp: None,
+        not_icmp: None,
         protocol: Some(Protocol::Tcp),
         source: EntityRule {
             nets: vec![pp_source(i)],
@@ -683,6 +689,8 @@ fn pp_policy_set(rules: u32) -> anyhow::Result<PolicySet> {
         1e9,
         vec![Rule {
             action: Action::Allow,
+            icmp: None,
+            not_icmp: None,
             protocol: Some(Protocol::Tcp),
             source: EntityRule {
                 nets: vec![format!("{PP_CLIENT}/32")],

@@ -844,3 +844,103 @@ fn demo_ipv6() {
     );
     common::assert_lab_gone(&name);
 }
+
+/// A tern NetworkPolicy on pod b of namespace x: `rules` are its ingress rules.
+fn icmp_policy(rules: &str) -> String {
+    format!(
+        "apiVersion: tern.dev/v1\nkind: NetworkPolicy\nmetadata: {{name: icmp-in, namespace: x}}\n\
+         spec:\n  selector: pod == 'b'\n  types: [Ingress]\n  ingress:\n{rules}"
+    )
+}
+
+/// Policy with ICMP types in both families, with real echoes across nodes in a dual-stack
+/// lab: `icmp: {type: 128}` (ICMPv6 echo request) and `{type: 8, code: 0}` (ICMP) from pod a
+/// let a's echoes into b and nobody else's; `notICMP: {type: 128}` then refuses a's ICMPv6
+/// echo while the IPv4 one still passes.
+#[test]
+fn icmp_types_in_policy_across_nodes_in_both_families() {
+    use tern_lab::netpol;
+    use tern_lab::verdict::probe;
+    use tern_model::Protocol;
+    let dir = common::lab_ready();
+    let mut o = tern_lab::UpOptions::new(&common::lab_name("v6icmp"), dir);
+    o.nodes = 2;
+    o.ip_family = IpFamily::Dual;
+    let mut lab = Lab::up(&o);
+    netpol::put_namespace(&lab.st, "x", &[("ns".to_string(), "x".to_string())].into()).unwrap();
+    let mut pods = std::collections::BTreeMap::new();
+    for (p, node) in [("a", "node1"), ("b", "node2"), ("c", "node1")] {
+        let labels = [("pod".to_string(), p.to_string())].into();
+        let pod = netpol::add_k8s_pod(&mut lab.st, node, "x", p, &labels)
+            .unwrap_or_else(|e| panic!("add x/{p}: {e}{}", lab.logs(15)));
+        let addrs: Vec<IpAddr> = lab
+            .st
+            .pod(&pod.lab_pod)
+            .unwrap()
+            .addresses
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        pods.insert(p, (pod.netns.clone(), addrs));
+    }
+    // The verdicts (a->b v6, a->b v4, c->b v6, c->b v4) of one ICMP echo each.
+    let seen = || -> Vec<&'static str> {
+        let b = &pods["b"].1;
+        let mut out = Vec::new();
+        for from in ["a", "c"] {
+            for v6 in [true, false] {
+                let dst = *b.iter().find(|a| a.is_ipv6() == v6).unwrap();
+                let proto = if v6 { Protocol::IcmpV6 } else { Protocol::Icmp };
+                let ns = pods[from].0.clone();
+                out.push(
+                    tern_lab::netns::in_netns(&ns, move || {
+                        probe(
+                            proto,
+                            std::net::SocketAddr::new(dst, 0),
+                            Duration::from_millis(700),
+                        )
+                        .verdict()
+                    })
+                    .unwrap(),
+                );
+            }
+        }
+        out
+    };
+    let expect = |what: &str, want: [&str; 4]| {
+        common::wait_until(
+            what,
+            30,
+            || lab.logs(15),
+            || {
+                let got = seen();
+                (got != want).then(|| format!("a->b v6, v4, c->b v6, v4: {got:?}, want {want:?}"))
+            },
+        );
+    };
+    expect("no policy: every echo answered", ["allowed"; 4]);
+    netpol::apply_yaml(
+        &lab.st,
+        &icmp_policy(
+            "  - action: Allow\n    protocol: ICMPv6\n    icmp: {type: 128}\n    source: {selector: pod == 'a'}\n\
+             \x20 - action: Allow\n    protocol: ICMP\n    icmp: {type: 8, code: 0}\n    source: {selector: pod == 'a'}\n",
+        ),
+    )
+    .unwrap();
+    expect(
+        "icmp echo types from a only",
+        ["allowed", "allowed", "denied", "denied"],
+    );
+    netpol::apply_yaml(
+        &lab.st,
+        &icmp_policy(
+            "  - action: Allow\n    protocol: ICMPv6\n    notICMP: {type: 128}\n    source: {selector: pod == 'a'}\n\
+             \x20 - action: Allow\n    protocol: ICMP\n    icmp: {type: 8}\n    source: {selector: pod == 'a'}\n",
+        ),
+    )
+    .unwrap();
+    expect(
+        "notICMP refuses a's ICMPv6 echo",
+        ["denied", "allowed", "denied", "denied"],
+    );
+}
