@@ -657,7 +657,8 @@ pub fn run_net(o: &NetBenchOptions) -> Result<(Vec<Throughput>, String)> {
             });
         }
     }
-    Ok((all.clone(), render_net(&all)))
+    let table = render_net(&all);
+    Ok((all, table))
 }
 
 /// The report of `tern-bench net`: the IPv4 table as it always was (throughput runs and the
