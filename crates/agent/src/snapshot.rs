@@ -280,8 +280,6 @@ pub fn reconciler_owns(pools: &[PoolInfo], dst: &IpNet) -> bool {
 mod tests {
     use super::*;
 
-    /// A Node record written past validation: each bad value is reported naming the node, the
-    /// field and the value, and the node's good fields still count.
     /// The snapshot of a store holding only the Node record `spec` of node `n1`, as written.
     fn with_node(spec: serde_json::Value) -> Snapshot {
         let store = tern_store::mem::MemStore::new();
@@ -298,6 +296,8 @@ mod tests {
         load_snapshot(&store).expect("snapshot")
     }
 
+    /// A Node record written past validation: each bad value is reported naming the node, the
+    /// field and the value, and the node's good fields still count.
     #[test]
     fn a_bad_node_field_is_reported_by_name_not_dropped_silently() {
         let s = with_node(serde_json::json!({
