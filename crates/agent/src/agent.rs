@@ -204,6 +204,7 @@ impl Agent {
             let settings = crate::bgp::BgpSettings {
                 node_name: cfg.node_name.clone(),
                 node_ip: cfg.node_ip,
+                node_ip6: cfg.node_ip6,
                 use_pod_cidr: cfg.use_pod_cidr,
             };
             Some(crate::bgp::Bgp::start(settings, store.clone()).context("starting BGP")?)

@@ -93,6 +93,7 @@ impl Host {
         let settings = BgpSettings {
             node_name: self.name.clone(),
             node_ip: Some(node_ip.parse().unwrap()),
+            node_ip6: None,
             use_pod_cidr: false,
         };
         let store = store.clone();

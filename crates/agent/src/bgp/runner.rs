@@ -41,6 +41,9 @@ pub struct BgpSettings {
     /// `--node-ip`: the address written to `spec.bgp.ipv4Address` (or `ipv6Address`) when
     /// unset.
     pub node_ip: Option<IpAddr>,
+    /// The IPv6 address of a dual-stack `--node-ip` (`v4,v6`), written to
+    /// `spec.bgp.ipv6Address` when unset.
+    pub node_ip6: Option<IpAddr>,
     /// `--use-pod-cidr`: advertise this node's podCIDRs, accept the other nodes'.
     pub use_pod_cidr: bool,
 }
@@ -60,11 +63,6 @@ pub(super) fn watched_prefixes() -> Vec<String> {
     .collect();
     p.push(keys::BLOCKS.to_string());
     p
-}
-
-/// `fe80::/10`.
-fn is_link_local(a: IpAddr) -> bool {
-    matches!(a, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
 /// The speaker's listen addresses, for the log.
@@ -467,21 +465,21 @@ impl Runner {
     }
 
     /// The node's underlay addresses to record as its BGP addresses, IPv4 and IPv6: the
-    /// family of `--node-ip` from it, the other (and both without it) from the
-    /// default-route interface. Link-local IPv6 addresses are never a session address.
+    /// families of `--node-ip` from it, the others from the default-route interfaces
+    /// (`host::node_addresses`, which never gives a link-local address).
     pub(super) fn underlay(&self) -> (Option<IpNet>, Option<IpNet>) {
-        let given = self
-            .settings
-            .node_ip
-            .and_then(|ip| crate::host::local_address(ip).ok());
+        let given: Vec<IpNet> = [self.settings.node_ip, self.settings.node_ip6]
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| crate::host::local_address(ip).ok())
+            .collect();
         let found = crate::host::node_addresses();
         let pick = |v6: bool| {
-            given.filter(|a| a.addr().is_ipv6() == v6).or_else(|| {
-                found
-                    .iter()
-                    .find(|a| a.addr().is_ipv6() == v6 && !is_link_local(a.addr()))
-                    .copied()
-            })
+            given
+                .iter()
+                .chain(&found)
+                .find(|a| a.addr().is_ipv6() == v6)
+                .copied()
         };
         (pick(false), pick(true))
     }
