@@ -85,17 +85,23 @@ pub enum BgpError {
     Thread(#[from] std::io::Error),
 }
 
+/// The address of a `spec.bgp` address field (`198.18.0.11/24` or without a prefix).
+fn bgp_address(
+    field: impl Fn(&tern_model::NodeBgpSpec) -> Option<&String>,
+    n: &Node,
+) -> Option<IpAddr> {
+    field(n.spec.bgp.as_ref()?)?.split('/').next()?.parse().ok()
+}
+
 pub(super) fn node_v4(n: &Node) -> Option<Ipv4Addr> {
-    let a = n.spec.bgp.as_ref()?.ipv4_address.as_deref()?;
-    match a.split('/').next()?.parse::<IpAddr>().ok()? {
+    match bgp_address(|b| b.ipv4_address.as_ref(), n)? {
         IpAddr::V4(v) => Some(v),
         IpAddr::V6(_) => None,
     }
 }
 
 pub(super) fn node_v6(n: &Node) -> Option<Ipv6Addr> {
-    let a = n.spec.bgp.as_ref()?.ipv6_address.as_deref()?;
-    match a.split('/').next()?.parse::<IpAddr>().ok()? {
+    match bgp_address(|b| b.ipv6_address.as_ref(), n)? {
         IpAddr::V6(v) => Some(v),
         IpAddr::V4(_) => None,
     }
