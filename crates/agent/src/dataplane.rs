@@ -171,15 +171,12 @@ impl Dataplane {
         let me = &self.cfg.node_name;
         let addresses = self.underlay()?;
         let v4 = addresses.iter().find(|a| a.addr().is_ipv4()).copied();
-        let vx = node::tunnel_pools(&snap.pools, true);
-        let ii = node::tunnel_pools(&snap.pools, false);
-        let vx6 = node::vxlan_v6_pools(&snap.pools);
-        let vxlan_tunnel_addr =
-            node::ensure_tunnel_address(&self.ipam, me, &node::vxlan_handle(me), &vx)?;
-        let vxlan_tunnel_addr_v6 =
-            node::ensure_tunnel_address(&self.ipam, me, &node::vxlan_v6_handle(me), &vx6)?;
-        let ipip_tunnel_addr =
-            node::ensure_tunnel_address(&self.ipam, me, &node::ipip_handle(me), &ii)?;
+        let tunnel = |t: node::Tunnel| {
+            node::ensure_tunnel_address(&self.ipam, me, &t.handle(me), &t.pools(&snap.pools))
+        };
+        let vxlan_tunnel_addr = tunnel(node::Tunnel::Vxlan)?;
+        let vxlan_tunnel_addr_v6 = tunnel(node::Tunnel::VxlanV6)?;
+        let ipip_tunnel_addr = tunnel(node::Tunnel::Ipip)?;
         let primary = v4.or(addresses.first().copied()).map(|a| a.addr());
         let pod_mtu = if self.cfg.mtu > 0 {
             self.cfg.mtu

@@ -42,25 +42,49 @@ pub enum NodeError {
     },
 }
 
-/// The handle of a node's VXLAN tunnel address.
-pub fn vxlan_handle(node: &str) -> String {
-    format!("vxlan-tunnel-addr-{node}")
+/// A tunnel device whose address a node holds through IPAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tunnel {
+    /// `vxlan.tern`: IPv4 pools using VXLAN.
+    Vxlan,
+    /// `vxlan-v6.tern`: IPv6 pools using VXLAN.
+    VxlanV6,
+    /// `tunl0`: IPv4 pools using IPIP.
+    Ipip,
 }
 
-/// The handle of a node's IPv6 VXLAN tunnel address (`vxlan-v6.tern`).
-pub fn vxlan_v6_handle(node: &str) -> String {
-    format!("vxlan-v6-tunnel-addr-{node}")
-}
+impl Tunnel {
+    /// The IPAM handle of `node`'s address of this tunnel.
+    pub fn handle(self, node: &str) -> String {
+        match self {
+            Tunnel::Vxlan => format!("vxlan-tunnel-addr-{node}"),
+            Tunnel::VxlanV6 => format!("vxlan-v6-tunnel-addr-{node}"),
+            Tunnel::Ipip => format!("ipip-tunnel-addr-{node}"),
+        }
+    }
 
-/// The handle of a node's IPIP tunnel address.
-pub fn ipip_handle(node: &str) -> String {
-    format!("ipip-tunnel-addr-{node}")
+    /// The pools that need an address of this tunnel: enabled pools of its family using its
+    /// encapsulation.
+    pub fn pools(self, pools: &[PoolInfo]) -> Vec<&PoolInfo> {
+        pools
+            .iter()
+            .filter(|p| !p.disabled && p.cidr.addr().is_ipv6() == (self == Tunnel::VxlanV6))
+            .filter(|p| {
+                let m = if self == Tunnel::Ipip {
+                    p.ipip
+                } else {
+                    p.vxlan
+                };
+                m != EncapMode::Never
+            })
+            .collect()
+    }
 }
 
 /// Ensures the node holds a tunnel address under `handle` from one of `pools` when `pools` is
 /// not empty (preferring its own blocks: the allocator fills affine blocks first), and holds
 /// none otherwise. Returns the address held. The address is of the pools' family (one family
-/// per handle: [`tunnel_pools`] and [`vxlan_v6_pools`] each give pools of one).
+/// per handle: [`Tunnel::pools`] gives pools of one).
 pub fn ensure_tunnel_address(
     ipam: &Ipam,
     node: &str,
@@ -136,26 +160,6 @@ pub struct Registration {
     pub ipip_tunnel_addr: Option<IpAddr>,
     /// Pod MTU computed by this node.
     pub pod_mtu: u32,
-}
-
-/// Pools that need a tunnel address of the given kind (enabled IPv4 pools using it).
-pub fn tunnel_pools(pools: &[PoolInfo], vxlan: bool) -> Vec<&PoolInfo> {
-    pools
-        .iter()
-        .filter(|p| !p.disabled && p.cidr.addr().is_ipv4())
-        .filter(|p| {
-            let m = if vxlan { p.vxlan } else { p.ipip };
-            m != EncapMode::Never
-        })
-        .collect()
-}
-
-/// Pools that need an IPv6 VXLAN tunnel address (enabled IPv6 pools using VXLAN).
-pub fn vxlan_v6_pools(pools: &[PoolInfo]) -> Vec<&PoolInfo> {
-    pools
-        .iter()
-        .filter(|p| !p.disabled && p.cidr.addr().is_ipv6() && p.vxlan != EncapMode::Never)
-        .collect()
 }
 
 /// Writes the node's Node resource (compare-and-swap, retried), keeping fields others set.
