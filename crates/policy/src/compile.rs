@@ -661,7 +661,7 @@ impl<'a> Compiler<'a> {
                 head.extend(dst);
                 let v6 = fam == Family::V6;
                 if let Some(m) = r.icmp {
-                    head.extend(icmp_matches(m, v6, false));
+                    head.extend(icmp_matches(m, v6));
                 }
                 let mut variants = Vec::new();
                 if r.dst.ports.is_empty() {
@@ -701,53 +701,36 @@ impl<'a> Compiler<'a> {
     }
 }
 
-/// `icmp type T icmp code C` (v6: `icmpv6`), for the fields given; negated: `!=` each.
-fn icmp_matches(m: IcmpMatch, v6: bool, negate: bool) -> Vec<Match> {
+/// One ICMP (v6: ICMPv6) header match: `icmp type T`, `icmp code != C`, ...
+fn icmp_match(v6: bool, field: IcmpField, value: u8, negate: bool) -> Match {
+    Match::Icmp {
+        v6,
+        field,
+        negate,
+        value,
+    }
+}
+
+/// `icmp type T icmp code C` (v6: `icmpv6`), for the fields given.
+fn icmp_matches(m: IcmpMatch, v6: bool) -> Vec<Match> {
     [(IcmpField::Type, m.icmp_type), (IcmpField::Code, m.code)]
         .into_iter()
-        .filter_map(|(field, value)| {
-            value.map(|value| Match::Icmp {
-                v6,
-                field,
-                negate,
-                value,
-            })
-        })
+        .filter_map(|(field, value)| Some(icmp_match(v6, field, value?, false)))
         .collect()
 }
 
 /// The disjoint alternatives of notICMP: `type != T`, and with a code `type T code != C`;
 /// notICMP `{}` holds for no ICMP message, so no alternative.
 fn not_icmp_variants(m: IcmpMatch, v6: bool) -> Vec<Vec<Match>> {
-    let mut out = Vec::new();
-    if let Some(t) = m.icmp_type {
-        out.push(icmp_matches(
-            IcmpMatch {
-                icmp_type: Some(t),
-                code: None,
-            },
-            v6,
-            true,
-        ));
-        if m.code.is_some() {
-            let mut v = icmp_matches(
-                IcmpMatch {
-                    icmp_type: Some(t),
-                    code: None,
-                },
-                v6,
-                false,
-            );
-            v.extend(icmp_matches(
-                IcmpMatch {
-                    icmp_type: None,
-                    code: m.code,
-                },
-                v6,
-                true,
-            ));
-            out.push(v);
-        }
+    let Some(t) = m.icmp_type else {
+        return Vec::new();
+    };
+    let mut out = vec![vec![icmp_match(v6, IcmpField::Type, t, true)]];
+    if let Some(c) = m.code {
+        out.push(vec![
+            icmp_match(v6, IcmpField::Type, t, false),
+            icmp_match(v6, IcmpField::Code, c, true),
+        ]);
     }
     out
 }
