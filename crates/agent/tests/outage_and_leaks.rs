@@ -236,6 +236,29 @@ impl Setup {
     }
 }
 
+/// One IPv4 address and `num_v6` IPv6 ones for `handle` on `node`, straight from IPAM (no
+/// endpoint: an ADD that died, or another node's pod).
+fn assign_outside_the_agent(
+    ipam: &Ipam,
+    handle: &str,
+    node: &str,
+    num_v6: usize,
+) -> Vec<std::net::IpAddr> {
+    ipam.auto_assign(&AssignArgs {
+        handle: handle.into(),
+        node: node.into(),
+        attrs: AllocationAttrs {
+            node: node.into(),
+            container_id: handle.into(),
+            ..Default::default()
+        },
+        num_v4: 1,
+        num_v6,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// Starts the agent's maintenance, waits until leak repair released `n` addresses, and
 /// returns the addresses still allocated.
 fn reclaimed(s: &Setup, ipam: &Ipam, n: u64) -> Vec<std::net::IpAddr> {
@@ -285,20 +308,7 @@ fn leak_repair_releases_orphans_and_keeps_what_is_used() {
         std::fs::remove_file(&gone).unwrap();
 
         // An ADD that died after allocating (no endpoint), and another node's allocation.
-        let assign = |handle: &str, node: &str| {
-            ipam.auto_assign(&AssignArgs {
-                handle: handle.into(),
-                node: node.into(),
-                attrs: AllocationAttrs {
-                    node: node.into(),
-                    container_id: handle.into(),
-                    ..Default::default()
-                },
-                num_v4: 1,
-                ..Default::default()
-            })
-            .unwrap()[0]
-        };
+        let assign = |handle: &str, node: &str| assign_outside_the_agent(ipam, handle, node, 0)[0];
         let orphan_ip = assign("k8s-pod-network.crashed", "n1");
         let foreign_ip = assign("k8s-pod-network.elsewhere", "n2");
 
@@ -370,20 +380,7 @@ fn leak_repair_of_dual_stack_allocations_in_ipv6_blocks() {
         spec.block_size = 122;
         tern_model::put_resource(&*s.store, &tern_model::IpPool::new("v6", spec).into()).unwrap();
         let assign = |handle: &str, node: &str| {
-            let ips = ipam
-                .auto_assign(&AssignArgs {
-                    handle: handle.into(),
-                    node: node.into(),
-                    attrs: AllocationAttrs {
-                        node: node.into(),
-                        container_id: handle.into(),
-                        ..Default::default()
-                    },
-                    num_v4: 1,
-                    num_v6: 1,
-                    ..Default::default()
-                })
-                .unwrap();
+            let ips = assign_outside_the_agent(ipam, handle, node, 1);
             assert_eq!(
                 ips.iter().map(|a| a.is_ipv6()).collect::<Vec<_>>(),
                 [false, true],
