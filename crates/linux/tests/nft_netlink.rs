@@ -498,29 +498,19 @@ fn fast_path_lookups_over_netlink_are_the_expressions_nft_sends() {
     ];
     in_netns(move || {
         setup();
-        let mut script = String::from(
+        let mut s = NftSocket::new().unwrap();
+        let want = nft_and_netlink_agree(
+            &mut s,
             "add set inet tern fp-v4 { type ipv4_addr . inet_proto . inet_service; flags interval; }\n\
              add set inet tern fp-v6 { type ipv6_addr . inet_proto . inet_service; flags interval; }\n\
-             add element inet tern fp-v4 { 198.18.0.0/16 . 6 . 80 }\n\
-             add chain inet tern by-nft\n",
+             add element inet tern fp-v4 { 198.18.0.0/16 . 6 . 80 }\n",
+            &LOOKUPS,
+            &rules,
         );
-        for r in LOOKUPS {
-            script.push_str(&format!("add rule inet tern by-nft {r}\n"));
-        }
-        tern_linux::nft::apply(&script).unwrap();
-        for (r, text) in rules.iter().zip(LOOKUPS) {
-            assert_eq!(r.to_string(), text);
-        }
-        let mut s = NftSocket::new().unwrap();
-        s.apply("tern", &add_chain_ops("by-netlink", &rules))
-            .unwrap();
-        let want = chain_exprs("by-nft");
         assert!(
             want.iter().any(|l| l.contains("lookup reg 1 set fp-v6")),
             "{want:?}"
         );
-        assert_eq!(chain_exprs("by-netlink"), want);
-        assert_eq!(chain_rules("by-netlink"), chain_rules("by-nft"));
         // A lookup in a set that does not exist is refused and names the rule.
         let err = s
             .apply(
@@ -533,6 +523,31 @@ fn fast_path_lookups_over_netlink_are_the_expressions_nft_sends() {
             .unwrap_err();
         assert!(err.to_string().contains("@nope"), "{err}");
     });
+}
+
+/// Adds `texts` with nft (after `prelude`) to chain `by-nft` and `rules` over netlink to
+/// `by-netlink`; asserts each rule prints as its text and both chains hold the same
+/// expressions and rules. Returns the expressions.
+fn nft_and_netlink_agree(
+    s: &mut NftSocket,
+    prelude: &str,
+    texts: &[&str],
+    rules: &[Rule],
+) -> Vec<String> {
+    let mut script = format!("{prelude}add chain inet tern by-nft\n");
+    for r in texts {
+        script.push_str(&format!("add rule inet tern by-nft {r}\n"));
+    }
+    tern_linux::nft::apply(&script).unwrap();
+    for (r, text) in rules.iter().zip(texts) {
+        assert_eq!(r.to_string(), *text);
+    }
+    s.apply("tern", &add_chain_ops("by-netlink", rules))
+        .unwrap();
+    let want = chain_exprs("by-nft");
+    assert_eq!(chain_exprs("by-netlink"), want);
+    assert_eq!(chain_rules("by-netlink"), chain_rules("by-nft"));
+    want
 }
 
 #[test]
@@ -567,24 +582,12 @@ fn icmp_type_and_code_over_netlink_are_the_expressions_nft_sends() {
     ];
     in_netns(move || {
         setup();
-        let mut script = String::from("add chain inet tern by-nft\n");
-        for r in TEXTS {
-            script.push_str(&format!("add rule inet tern by-nft {r}\n"));
-        }
-        tern_linux::nft::apply(&script).unwrap();
-        for (r, text) in rules.iter().zip(TEXTS) {
-            assert_eq!(r.to_string(), text);
-        }
         let mut s = NftSocket::new().unwrap();
-        s.apply("tern", &add_chain_ops("by-netlink", &rules))
-            .unwrap();
-        let want = chain_exprs("by-nft");
+        let want = nft_and_netlink_agree(&mut s, "", &TEXTS, &rules);
         assert!(
             want.iter()
                 .any(|l| l.contains("payload load 1b @ transport header + 1")),
             "{want:?}"
         );
-        assert_eq!(chain_exprs("by-netlink"), want);
-        assert_eq!(chain_rules("by-netlink"), chain_rules("by-nft"));
     });
 }
